@@ -1,0 +1,8 @@
+"""`clef-operator` command line."""
+
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    print("clef-operator: no commands yet", file=sys.stderr)
+    return 2
