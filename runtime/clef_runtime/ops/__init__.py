@@ -1,1 +1,37 @@
+"""clef's Triton kernels, one module per op family (see `clef_runtime.opset` for the contract).
 
+Faults from `clef_runtime.faults` are read here, at call time, and passed to the kernels as
+compile-time flags: the fault-free kernels carry no extra work.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from clef_runtime.ops.conv import causal_conv1d, causal_conv1d_update
+from clef_runtime.ops.delta_rule_chunk import chunk_gated_delta_rule
+from clef_runtime.ops.delta_rule_recurrent import fused_recurrent_gated_delta_rule
+from clef_runtime.ops.gating import gdn_gating, l2norm
+from clef_runtime.ops.norm import gated_rmsnorm
+
+__all__ = [
+    "TRITON_OPS",
+    "causal_conv1d",
+    "causal_conv1d_update",
+    "chunk_gated_delta_rule",
+    "fused_recurrent_gated_delta_rule",
+    "gated_rmsnorm",
+    "gdn_gating",
+    "l2norm",
+]
+
+TRITON_OPS = SimpleNamespace(
+    name="triton",
+    causal_conv1d=causal_conv1d,
+    causal_conv1d_update=causal_conv1d_update,
+    gdn_gating=gdn_gating,
+    l2norm=l2norm,
+    chunk_gated_delta_rule=chunk_gated_delta_rule,
+    fused_recurrent_gated_delta_rule=fused_recurrent_gated_delta_rule,
+    gated_rmsnorm=gated_rmsnorm,
+)
