@@ -13,6 +13,9 @@ Layouts (all tensors contiguous unless stated):
 * conv: ``x`` is ``[B, T, D]`` (channels last, as the projections produce it), ``weight`` is
   ``[D, W]`` (depthwise, ``W`` the conv width), conv state is ``[N or pool, D, W - 1]`` holding
   the last ``W - 1`` inputs (pre-activation), oldest first, in the dtype of ``x``;
+* ``qkv_split`` (optional, conv ops): the sizes of the q, k and v channel bands of ``D`` in the
+  GDN layout ``[q | k | v]``.  The result never depends on it; kernels may use it to fuse work
+  per band, and the fault catalogue uses it to find the key band;
 * GDN: ``q, k`` are ``[B, T, H, K]``, ``v`` is ``[B, T, HV, V]`` with ``HV % H == 0``; value head
   ``i`` reads key head ``i // (HV // H)``; ``g`` (log-decay, ≤ 0) and ``beta`` are
   ``[B, T, HV]`` float32; the recurrent state is ``[N or pool, HV, K, V]`` float32;
@@ -52,6 +55,7 @@ class OpSet(Protocol):
         output_final_state: bool = False,
         cu_seqlens: torch.Tensor | None = None,
         activation: str | None = "silu",
+        qkv_split: tuple[int, int, int] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Depthwise causal conv over time (prefill).  ``y[t] = act(bias + sum_j w[:, j] *
         x[t - (W - 1) + j])``, inputs before the sequence start taken from ``initial_state``
@@ -67,6 +71,7 @@ class OpSet(Protocol):
         *,
         activation: str | None = "silu",
         state_indices: torch.Tensor | None = None,
+        qkv_split: tuple[int, int, int] | None = None,
     ) -> torch.Tensor:
         """Decode: ``x`` is ``[B, T, D]`` with a few new tokens per sequence (usually T = 1).
         ``conv_state`` (``[pool, D, W - 1]``) is read and shifted **in place**.  Returns y."""
