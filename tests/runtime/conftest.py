@@ -1,0 +1,102 @@
+"""Shared fixtures for the runtime kernel tests: device choice, seeded RNG, dtype parameters and the
+gating of the GPU tier.
+
+* CPU tier (unmarked tests): run wherever the suite runs -- on CPU under ``TRITON_INTERPRET=1``,
+  or on CUDA with compiled kernels when a GPU is present and the interpreter is off.
+* GPU tier (``@pytest.mark.gpu``): real model shapes on CUDA with compiled kernels; skipped with a
+  reason without a CUDA device or under the interpreter (too slow at those shapes).
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from collections.abc import Callable, Iterator
+
+import pytest
+import torch
+
+# Must precede the first `import triton` (see tests/conftest.py, which normally got here first).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+DTYPES: dict[str, torch.dtype] = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+
+RandN = Callable[..., torch.Tensor]
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
+
+
+def _gpu_skip_reason() -> str | None:
+    if not torch.cuda.is_available():
+        return "skip: no CUDA device"
+    if interpreting():
+        return "skip: TRITON_INTERPRET is set; the gpu tier runs compiled kernels (make test-gpu)"
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    reason = _gpu_skip_reason()
+    if reason is None:
+        return
+    here = os.path.dirname(os.path.abspath(__file__))
+    for item in items:
+        if "gpu" in item.keywords and str(item.path).startswith(here):
+            item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(scope="session")
+def device() -> torch.device:
+    """Where the CPU-tier tests run: CUDA when kernels are compiled for it, else the CPU."""
+    if torch.cuda.is_available() and not interpreting():
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+@pytest.fixture(scope="session")
+def gpu_device() -> torch.device:
+    """The device of ``@pytest.mark.gpu`` tests (which are skipped when it is missing)."""
+    return torch.device("cuda")
+
+
+@pytest.fixture(params=list(DTYPES))
+def dtype_name(request: pytest.FixtureRequest) -> str:
+    """ "f32", "bf16", "f16": the keys of `clef_runtime.tolerances`."""
+    return str(request.param)
+
+
+@pytest.fixture
+def dtype(dtype_name: str) -> torch.dtype:
+    return DTYPES[dtype_name]
+
+
+@pytest.fixture
+def rng(request: pytest.FixtureRequest) -> torch.Generator:
+    """A CPU generator seeded from the test's id: fresh inputs per test and per parameter set,
+    identical on every rerun and every machine."""
+    return torch.Generator().manual_seed(zlib.crc32(request.node.nodeid.encode()))
+
+
+@pytest.fixture
+def randn(rng: torch.Generator, device: torch.device) -> RandN:
+    """``randn(*shape, dtype=torch.float32, scale=1.0, on=None)``: normal samples drawn in float32
+    on the CPU (so values do not depend on the device), then cast and moved to ``on`` (default: the
+    `device` fixture)."""
+
+    def make(
+        *shape: int, dtype: torch.dtype = torch.float32, scale: float = 1.0, on: torch.device | None = None
+    ) -> torch.Tensor:
+        t = torch.randn(*shape, generator=rng, dtype=torch.float32) * scale
+        return t.to(dtype=dtype, device=on if on is not None else device)
+
+    return make
+
+
+@pytest.fixture(autouse=True)
+def _no_fault(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A fault left in the caller's environment must not change what an ordinary test computes;
+    fault tests set ``CLEF_RUNTIME_FAULT`` themselves."""
+    monkeypatch.delenv("CLEF_RUNTIME_FAULT", raising=False)
+    yield
