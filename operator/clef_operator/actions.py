@@ -1,0 +1,76 @@
+"""What the planner asks `kube` to do.  Each action is one API call (or one event)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class CreateJob:
+    manifest: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class DeleteJob:
+    name: str
+
+
+@dataclass(frozen=True)
+class CreateDeployment:
+    manifest: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class ScaleDeployment:
+    """Set replicas and (in the same patch) annotations; a None value removes an annotation."""
+
+    name: str
+    replicas: int
+    annotations: Mapping[str, str | None] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class AnnotateDeployment:
+    name: str
+    annotations: Mapping[str, str | None]
+
+
+@dataclass(frozen=True)
+class DeleteDeployment:
+    name: str
+
+
+@dataclass(frozen=True)
+class CreateService:
+    manifest: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class PatchServiceSelector:
+    """The only change clef ever makes to an existing Service: selector plus its own annotations."""
+
+    name: str
+    selector: Mapping[str, str]
+    annotations: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+Action = (
+    CreateJob
+    | DeleteJob
+    | CreateDeployment
+    | ScaleDeployment
+    | AnnotateDeployment
+    | DeleteDeployment
+    | CreateService
+    | PatchServiceSelector
+    | Event
+)

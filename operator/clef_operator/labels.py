@@ -1,0 +1,48 @@
+"""Label and annotation keys: the contract with the harness, kubectl users and dashboards
+(docs/architecture.md, "Labels and names")."""
+
+from __future__ import annotations
+
+PREFIX = "clef.riotpiao.com"
+
+MODEL = f"{PREFIX}/model"
+REVISION = f"{PREFIX}/revision"
+COMPONENT = f"{PREFIX}/component"
+VERIFICATION_KEY = f"{PREFIX}/verification-key"
+MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY_VALUE = "clef"
+
+COMPONENT_SERVING = "serving"
+COMPONENT_VERIFICATION = "verification"
+
+# On the ClefModel: any new value asks for a fresh verification of the current spec.
+REVERIFY = f"{PREFIX}/reverify"
+
+# On the Service: which model drives it and which revision it is meant to select.  Written in the
+# same patch as the selector, so a selector that disagrees with it was edited by someone else.
+SERVICE_MODEL = f"{PREFIX}/model"
+SERVICE_ACTIVE_REVISION = f"{PREFIX}/active-revision"
+
+# On serving Deployments: the verdict they were created from, so a rollback needs no Job even
+# when the ClefModel's status was lost.
+IMAGE = f"{PREFIX}/image"
+PINNED_IMAGE = f"{PREFIX}/pinned-image"
+VERDICT = f"{PREFIX}/verdict"
+VERDICT_SUMMARY = f"{PREFIX}/verdict-summary"
+VERIFIED_SUITE = f"{PREFIX}/suite"
+VERIFIED_DTYPE = f"{PREFIX}/dtype"
+GPU_CLASS = f"{PREFIX}/gpu-class"
+REVERIFY_TOKEN = f"{PREFIX}/reverify-token"
+VERIFIED_AT = f"{PREFIX}/verified-at"
+VERIFICATION_JOB = f"{PREFIX}/verification-job"
+# When a revision that no longer serves may be scaled to 0 (RFC 3339).
+SCALE_DOWN_AT = f"{PREFIX}/scale-down-at"
+
+# Node labels published by NVIDIA's GPU feature discovery.
+NODE_GPU_PRODUCT = "nvidia.com/gpu.product"
+NODE_GPU_MEMORY = "nvidia.com/gpu.memory"
+GPU_RESOURCE = "nvidia.com/gpu"
+
+
+def selector(model: str, revision: str) -> dict[str, str]:
+    return {MODEL: model, REVISION: revision}

@@ -1,0 +1,140 @@
+"""What the planner sees: plain, frozen snapshots of the ClefModel's children.
+
+`kube` fills these from the API server; tests build them by hand.  They hold only what a rollout
+decision needs, so the planner never touches a raw API object.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from clef_operator import labels
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    name: str
+    namespace: str
+    uid: str
+    generation: int
+    annotations: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def reverify_token(self) -> str:
+        return self.annotations.get(labels.REVERIFY, "")
+
+
+@dataclass(frozen=True)
+class DeploymentState:
+    name: str
+    revision: str
+    replicas: int
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    generation: int = 1
+    observed_generation: int = 1
+    status_replicas: int = 0
+    ready_replicas: int = 0
+    available_replicas: int = 0
+    updated_replicas: int = 0
+    created_at: datetime | None = None
+    deleting: bool = False
+
+    def is_available(self) -> bool:
+        """Every replica it should have is up to date and available (0 wanted: trivially)."""
+        if self.observed_generation < self.generation:
+            return False
+        return self.available_replicas >= self.replicas and self.updated_replicas >= self.replicas
+
+    @property
+    def drained(self) -> bool:
+        return self.replicas == 0 and self.status_replicas == 0
+
+
+@dataclass(frozen=True)
+class JobState:
+    name: str
+    key: str
+    complete: bool = False
+    failed: bool = False
+    failed_reason: str = ""
+    failed_message: str = ""
+    created_at: datetime | None = None
+    deleting: bool = False
+
+    @property
+    def finished(self) -> bool:
+        return self.complete or self.failed
+
+
+@dataclass(frozen=True)
+class PodState:
+    """One pod of the model (serving or verification), with its first container's state."""
+
+    name: str
+    component: str
+    revision: str = ""
+    job_name: str = ""
+    phase: str = "Pending"
+    reason: str = ""
+    message: str = ""
+    node_name: str = ""
+    unschedulable_message: str = ""
+    waiting_reason: str = ""
+    waiting_message: str = ""
+    terminated: bool = False
+    exit_code: int | None = None
+    terminated_reason: str = ""
+    termination_message: str = ""
+    last_termination_message: str = ""
+    last_terminated_reason: str = ""
+    restart_count: int = 0
+    image_id: str = ""
+    ready: bool = False
+    node_gpu_product: str = ""
+    node_gpu_memory_mib: int | None = None
+    created_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class ServiceState:
+    name: str
+    selector: Mapping[str, str]
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    owned: bool = False
+    cluster_ip: str = ""
+
+    @property
+    def model(self) -> str:
+        return self.annotations.get(labels.SERVICE_MODEL, "")
+
+    @property
+    def intended_revision(self) -> str:
+        return self.annotations.get(labels.SERVICE_ACTIVE_REVISION, "")
+
+
+@dataclass(frozen=True)
+class Observed:
+    deployments: tuple[DeploymentState, ...] = ()
+    jobs: tuple[JobState, ...] = ()
+    pods: tuple[PodState, ...] = ()
+    service: ServiceState | None = None
+
+    def deployment(self, revision: str) -> DeploymentState | None:
+        for d in self.deployments:
+            if d.revision == revision:
+                return d
+        return None
+
+    def job(self, name: str) -> JobState | None:
+        for j in self.jobs:
+            if j.name == name:
+                return j
+        return None
+
+    def pods_of_job(self, name: str) -> list[PodState]:
+        return [p for p in self.pods if p.job_name == name]
+
+    def pods_of_revision(self, revision: str) -> list[PodState]:
+        return [p for p in self.pods if p.component == labels.COMPONENT_SERVING and p.revision == revision]

@@ -1,0 +1,330 @@
+"""Pure manifest rendering: spec (+ revision facts) -> Deployment, verification Job, Service.
+
+Nothing here reads the cluster or the clock; the same inputs always give the same dicts, which is
+what makes revisions (hashes of these renderings) stable across operator restarts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from clef_operator import labels
+from clef_operator.api import API_VERSION, KIND, ClefModelSpec, Dtype, Engine, Suite
+from clef_operator.kvcache import kv_budget_bytes_per_gpu
+from clef_operator.revision import deployment_name, job_name, short_hash
+
+TERMINATION_LOG = "/dev/termination-log"
+VERIFY_CONTAINER = "verify"
+ENGINE_CONTAINER = "engine"
+JOB_TTL_SECONDS = 3600
+
+VLLM_DTYPE = {Dtype.F16: "float16", Dtype.BF16: "bfloat16", Dtype.F32: "float32"}
+READINESS_PATH = {Engine.CANDLE_VLLM: "/v1/models", Engine.VLLM: "/health"}
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The ClefModel that owns what is rendered."""
+
+    name: str
+    namespace: str
+    uid: str
+
+    def reference(self) -> dict[str, Any]:
+        return {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+
+def _fraction(value: float) -> str:
+    return f"{value:g}"
+
+
+def engine_argv(spec: ClefModelSpec) -> list[str]:
+    """The engine preset: spec fields -> the engine's own flags (docs/api.md, "Engine presets")."""
+    tp = spec.effective_tensor_parallel
+    port = str(spec.service.container_port)
+    if spec.engine is Engine.CANDLE_VLLM:
+        # candle-vllm wants the weight folder with its trailing slash, device ordinals for its
+        # tensor-parallel ranks, and a KV fraction of the memory left after loading.
+        weights = spec.model.path.rstrip("/") + "/"
+        argv = [
+            "candle-vllm",
+            "--w",
+            weights,
+            "--dtype",
+            spec.dtype.value,
+            "--d",
+            ",".join(str(i) for i in range(tp)),
+            "--gpu-memory-fraction",
+            _fraction(spec.kv_fraction),
+            "--h",
+            "0.0.0.0",
+            "--p",
+            port,
+        ]
+    else:
+        # vLLM's --gpu-memory-utilization covers weights and activations too, so the same
+        # "fraction of what the weights leave" is given as an explicit byte count.
+        assert spec.gpu_memory_mib is not None, "the CRD requires spec.gpuMemoryMiB for vllm"
+        argv = [
+            "vllm",
+            "serve",
+            spec.model.path,
+            "--served-model-name",
+            spec.model.name,
+            "--dtype",
+            VLLM_DTYPE[spec.dtype],
+            "--tensor-parallel-size",
+            str(tp),
+            "--kv-cache-memory-bytes",
+            str(kv_budget_bytes_per_gpu(spec, spec.gpu_memory_mib)),
+            "--host",
+            "0.0.0.0",
+            "--port",
+            port,
+        ]
+        if spec.gpus // tp > 1:
+            argv += ["--pipeline-parallel-size", str(spec.gpus // tp)]
+    return argv + list(spec.args)
+
+
+def verify_argv(spec: ClefModelSpec) -> list[str]:
+    """`clef-runtime verify ...` (docs/architecture.md, "The verification command")."""
+    verification = spec.verification
+    argv = list(verification.command) or ["clef-runtime", "verify"]
+    argv += ["--suite", verification.suite.value, "--dtype", spec.dtype.value]
+    argv += ["--preset", spec.model.architecture.preset]
+    if verification.suite is not Suite.KERNELS and spec.model.volume is not None:
+        argv += ["--checkpoint", spec.model.path]
+    for name in sorted(verification.tolerances):
+        argv += ["--tolerance", f"{name}={verification.tolerances[name]:g}"]
+    return argv
+
+
+def _resources(spec: ClefModelSpec) -> dict[str, Any]:
+    limits: dict[str, Any] = dict(spec.resources.limits)
+    limits[labels.GPU_RESOURCE] = spec.gpus
+    out: dict[str, Any] = {"limits": limits}
+    if spec.resources.requests:
+        out["requests"] = dict(spec.resources.requests)
+    return out
+
+
+def _env(spec: ClefModelSpec, extra: dict[str, str] | None = None) -> list[dict[str, str]]:
+    env = [{"name": e.name, "value": e.value} for e in spec.env]
+    names = {e["name"] for e in env}
+    for name, value in (extra or {}).items():
+        if name not in names:
+            env.append({"name": name, "value": value})
+    return env
+
+
+def _model_volume(spec: ClefModelSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    volume = spec.model.volume
+    if volume is None:
+        return [], []
+    source: dict[str, Any]
+    if volume.pvc is not None:
+        source = {"persistentVolumeClaim": {"claimName": volume.pvc.claim_name, "readOnly": True}}
+    else:
+        assert volume.host_path is not None, "the CRD requires exactly one volume source"
+        source = {"hostPath": {"path": volume.host_path.path, "type": "Directory"}}
+    mount: dict[str, Any] = {"name": "model", "mountPath": spec.model.path, "readOnly": True}
+    if volume.sub_path:
+        mount["subPath"] = volume.sub_path
+    return [{"name": "model", **source}], [mount]
+
+
+def _scheduling(spec: ClefModelSpec) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "runtimeClassName": spec.runtime_class_name,
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+    }
+    if spec.node_selector:
+        out["nodeSelector"] = dict(spec.node_selector)
+    if spec.tolerations:
+        out["tolerations"] = [t.to_wire() for t in spec.tolerations]
+    return out
+
+
+_CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
+def render_serving_pod_spec(spec: ClefModelSpec, image: str) -> dict[str, Any]:
+    """The serving pod, running `image` (a pinned `repo@sha256:...` once verified)."""
+    volumes, mounts = _model_volume(spec)
+    # Tensor-parallel ranks talk through shared memory; the default 64 MiB /dev/shm is too small.
+    volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
+    mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+    probe = {"httpGet": {"path": READINESS_PATH[spec.engine], "port": "http"}, "periodSeconds": 10}
+    container = {
+        "name": ENGINE_CONTAINER,
+        "image": image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": engine_argv(spec),
+        "ports": [{"name": "http", "containerPort": spec.service.container_port, "protocol": "TCP"}],
+        "env": _env(spec),
+        "resources": _resources(spec),
+        "volumeMounts": mounts,
+        # Loading weights takes minutes; the startup probe holds liveness off until then.
+        "startupProbe": {**probe, "failureThreshold": 180},
+        "readinessProbe": {**probe, "failureThreshold": 3},
+        "livenessProbe": {**probe, "failureThreshold": 6},
+        # An engine that panics at start (no libcuda without runtimeClassName) says why in its
+        # last log lines; this puts them in the pod status, and from there in the ClefModel.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": _CONTAINER_SECURITY,
+    }
+    return {
+        **_scheduling(spec),
+        "terminationGracePeriodSeconds": 30,
+        "containers": [container],
+        "volumes": volumes,
+    }
+
+
+def serving_revision(spec: ClefModelSpec, image: str) -> str:
+    return short_hash(render_serving_pod_spec(spec, image))
+
+
+def verification_image(spec: ClefModelSpec) -> str:
+    return spec.verification.image or spec.image
+
+
+def render_verification_pod_spec(spec: ClefModelSpec) -> dict[str, Any]:
+    volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {}}]
+    mounts: list[dict[str, Any]] = [{"name": "tmp", "mountPath": "/tmp"}]
+    if spec.verification.suite is not Suite.KERNELS:
+        model_volumes, model_mounts = _model_volume(spec)
+        volumes += model_volumes
+        mounts += model_mounts
+    container = {
+        "name": VERIFY_CONTAINER,
+        "image": verification_image(spec),
+        # Tags move: the verdict must belong to what the registry serves now.
+        "imagePullPolicy": "Always",
+        "command": verify_argv(spec),
+        "env": _env(spec, {"CLEF_TERMINATION_LOG": TERMINATION_LOG, "TRITON_CACHE_DIR": "/tmp/triton"}),
+        "resources": _resources(spec),
+        "volumeMounts": mounts,
+        "terminationMessagePath": TERMINATION_LOG,
+        "terminationMessagePolicy": "File",
+        "securityContext": {**_CONTAINER_SECURITY, "readOnlyRootFilesystem": True},
+    }
+    return {
+        **_scheduling(spec),
+        "restartPolicy": "Never",
+        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [container],
+        "volumes": volumes,
+    }
+
+
+def verification_key(spec: ClefModelSpec) -> str:
+    return short_hash(render_verification_pod_spec(spec))
+
+
+def _labels(model: str, revision: str, component: str) -> dict[str, str]:
+    return {
+        labels.MODEL: model,
+        labels.REVISION: revision,
+        labels.COMPONENT: component,
+        labels.MANAGED_BY: labels.MANAGED_BY_VALUE,
+    }
+
+
+def render_deployment(
+    owner: Owner,
+    spec: ClefModelSpec,
+    image: str,
+    replicas: int,
+    annotations: dict[str, str],
+) -> dict[str, Any]:
+    revision = serving_revision(spec, image)
+    pod_labels = _labels(owner.name, revision, labels.COMPONENT_SERVING)
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": deployment_name(owner.name, revision),
+            "namespace": owner.namespace,
+            "labels": pod_labels,
+            "annotations": dict(annotations),
+            "ownerReferences": [owner.reference()],
+        },
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": labels.selector(owner.name, revision)},
+            # One Deployment per revision is never rolled in place; if someone edits it anyway,
+            # Recreate avoids asking for twice the GPUs.
+            "strategy": {"type": "Recreate"},
+            "revisionHistoryLimit": 1,
+            "progressDeadlineSeconds": 1800,
+            "template": {"metadata": {"labels": pod_labels}, "spec": render_serving_pod_spec(spec, image)},
+        },
+    }
+
+
+def render_job(owner: Owner, spec: ClefModelSpec, reverify_token: str) -> dict[str, Any]:
+    key = verification_key(spec)
+    job_labels = {**_labels(owner.name, key, labels.COMPONENT_VERIFICATION), labels.VERIFICATION_KEY: key}
+    annotations = {labels.IMAGE: spec.image}
+    if reverify_token:
+        annotations[labels.REVERIFY_TOKEN] = reverify_token
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": job_name(owner.name, key, reverify_token),
+            "namespace": owner.namespace,
+            "labels": job_labels,
+            "annotations": annotations,
+            "ownerReferences": [owner.reference()],
+        },
+        "spec": {
+            "backoffLimit": 0,
+            "activeDeadlineSeconds": spec.verification.timeout_seconds,
+            "ttlSecondsAfterFinished": JOB_TTL_SECONDS,
+            "template": {"metadata": {"labels": job_labels}, "spec": render_verification_pod_spec(spec)},
+        },
+    }
+
+
+def service_annotations(model: str, revision: str) -> dict[str, str]:
+    return {labels.SERVICE_MODEL: model, labels.SERVICE_ACTIVE_REVISION: revision}
+
+
+def render_service(owner: Owner, spec: ClefModelSpec, revision: str) -> dict[str, Any]:
+    """A Service clef creates (owned, so it goes with the ClefModel).  An existing one is adopted
+    instead and only ever gets its selector patched."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": spec.service.name,
+            "namespace": owner.namespace,
+            "labels": {labels.MODEL: owner.name, labels.MANAGED_BY: labels.MANAGED_BY_VALUE},
+            "annotations": service_annotations(owner.name, revision),
+            "ownerReferences": [owner.reference()],
+        },
+        "spec": {
+            "type": "ClusterIP",
+            "selector": labels.selector(owner.name, revision),
+            "ports": [
+                {
+                    "name": "http",
+                    "port": spec.service.port,
+                    "targetPort": spec.service.container_port,
+                    "protocol": "TCP",
+                }
+            ],
+        },
+    }

@@ -1,0 +1,291 @@
+"""Judging a verification Job: fail closed.
+
+`Verified` comes from exactly one path: the Job has condition Complete, its pod terminated with
+exit code 0, the pod's termination message parses as a v1 compact report whose verdict is `pass`
+for the suite and dtype the Job asked for, and the pod's `imageID` names a digest to pin.  Every
+other outcome is a failure with a reason saying which, or is still running.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from clef_operator.api import ClefModelSpec, FailingCheck, Verdict, VerificationRecord
+from clef_operator.observed import JobState, PodState
+from clef_operator.render import verification_image, verify_argv
+from clef_operator.report import CompactReport, ReportInvalid, ReportMissing, parse_report
+from clef_operator.revision import pinned_reference
+
+
+class Reason:
+    """Verified/Degraded reasons (CamelCase), also listed in docs/api.md."""
+
+    VERIFIED = "Verified"
+    RUNNING = "VerificationRunning"
+    PENDING = "VerificationPending"
+    NOT_REQUIRED = "VerificationNotRequired"
+    KERNEL_MISMATCH = "KernelMismatch"
+    IMAGE_PULL_FAILED = "ImagePullFailed"
+    TIMEOUT = "VerificationTimeout"
+    REPORT_MISSING = "ReportMissing"
+    REPORT_INVALID = "ReportInvalid"
+    CRASHED = "VerificationCrashed"
+    ERROR = "VerificationError"
+    DIGEST_UNKNOWN = "ImageDigestUnknown"
+    UNSCHEDULABLE = "Unschedulable"
+    CONTAINER_CONFIG = "VerificationConfigError"
+
+
+IMAGE_PULL_REASONS = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
+CONFIG_REASONS = {"CreateContainerConfigError", "CreateContainerError", "RunContainerError"}
+MAX_FAILING = 5
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A verification that has not concluded: why, and what the on-call engineer should know."""
+
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A concluded verification.  `stop_job` when the Job is still active but already decided
+    (an image that cannot be pulled would otherwise hold its GPU until the deadline)."""
+
+    record: VerificationRecord
+    stop_job: bool = False
+
+
+def _pick_pod(pods: list[PodState]) -> PodState | None:
+    """The pod that speaks for the Job: a terminated one if any, else the newest."""
+    if not pods:
+        return None
+    terminated = [p for p in pods if p.terminated]
+    pool = terminated or pods
+    return max(pool, key=lambda p: (p.created_at or datetime.min, p.name))
+
+
+def _record(
+    spec: ClefModelSpec,
+    job: JobState,
+    pod: PodState | None,
+    now: datetime,
+    verdict: Verdict,
+    reason: str,
+    summary: str,
+    report: CompactReport | None = None,
+    digest: str | None = None,
+) -> VerificationRecord:
+    failing = []
+    if report is not None:
+        failing = [
+            FailingCheck(name=f.name, op=f.op, detail=f.detail[:1024]) for f in report.failing[:MAX_FAILING]
+        ]
+    return VerificationRecord(
+        key=job.key,
+        image=spec.image,
+        digest=digest,
+        gpu_class=(pod.node_gpu_product or None) if pod else None,
+        gpu_memory_mib=pod.node_gpu_memory_mib if pod else None,
+        dtype=spec.dtype,
+        suite=spec.verification.suite,
+        verdict=verdict,
+        reason=reason,
+        summary=summary[:1024],
+        failing=failing,
+        device=(report.device or None) if report else None,
+        runtime_version=(report.runtime_version or None) if report else None,
+        job=job.name,
+        finished_at=now.isoformat(),
+    )
+
+
+def _fail(
+    spec: ClefModelSpec,
+    job: JobState,
+    pod: PodState | None,
+    now: datetime,
+    reason: str,
+    summary: str,
+    report: CompactReport | None = None,
+    stop_job: bool = False,
+) -> Outcome:
+    return Outcome(_record(spec, job, pod, now, Verdict.FAILED, reason, summary, report), stop_job=stop_job)
+
+
+def _report_failure(report: CompactReport) -> tuple[str, str]:
+    if report.verdict == "fail":
+        checks = "; ".join(
+            f"{f.name}: {f.detail}" if f.detail else f.name for f in report.failing[:MAX_FAILING]
+        )
+        return Reason.KERNEL_MISMATCH, f"{report.summary} — failing: {checks}" if report.summary else checks
+    return Reason.ERROR, f"verify could not run: {report.error}"
+
+
+def _pull_message(pod: PodState) -> str:
+    return f"{pod.waiting_reason}: {pod.waiting_message}".rstrip(": ")
+
+
+def _crash_summary(pod: PodState, problem: str) -> str:
+    parts = [f"exit code {pod.exit_code}"]
+    if pod.terminated_reason:
+        parts.append(pod.terminated_reason)
+    return f"verification container ended ({', '.join(parts)}) without a valid report: {problem}"
+
+
+def judge(spec: ClefModelSpec, job: JobState, pods: list[PodState], now: datetime) -> Progress | Outcome:
+    """The state of one verification Job, fail-closed."""
+    pod = _pick_pod(pods)
+
+    if pod is not None and not job.finished and pod.waiting_reason in IMAGE_PULL_REASONS:
+        return _fail(
+            spec,
+            job,
+            pod,
+            now,
+            Reason.IMAGE_PULL_FAILED,
+            f"cannot pull {verification_image(spec)}: {_pull_message(pod)}",
+            stop_job=True,
+        )
+
+    if job.failed:
+        if job.failed_reason == "DeadlineExceeded":
+            where = ""
+            if pod is None or not pod.terminated:
+                if pod is not None and pod.unschedulable_message:
+                    where = f"; the pod was never scheduled: {pod.unschedulable_message}"
+                elif pod is not None and pod.waiting_reason in IMAGE_PULL_REASONS:
+                    return _fail(
+                        spec,
+                        job,
+                        pod,
+                        now,
+                        Reason.IMAGE_PULL_FAILED,
+                        f"cannot pull {verification_image(spec)}: {_pull_message(pod)}",
+                    )
+            return _fail(
+                spec,
+                job,
+                pod,
+                now,
+                Reason.TIMEOUT,
+                f"verification did not finish within spec.verification.timeoutSeconds"
+                f" ({spec.verification.timeout_seconds}s){where}",
+            )
+        if pod is None:
+            return _fail(
+                spec,
+                job,
+                None,
+                now,
+                Reason.CRASHED,
+                f"Job failed ({job.failed_reason}: {job.failed_message}) and its pod is gone",
+            )
+        if pod.reason == "Evicted" or (pod.phase == "Failed" and not pod.terminated):
+            return _fail(
+                spec,
+                job,
+                pod,
+                now,
+                Reason.CRASHED,
+                f"verification pod {pod.phase.lower()}: {pod.reason} {pod.message}".strip(),
+            )
+        try:
+            report = parse_report(pod.termination_message)
+        except ReportMissing as exc:
+            return _fail(spec, job, pod, now, Reason.CRASHED, _crash_summary(pod, str(exc)))
+        except ReportInvalid as exc:
+            return _fail(spec, job, pod, now, Reason.REPORT_INVALID, _crash_summary(pod, str(exc)))
+        if report.verdict == "pass":
+            return _fail(
+                spec,
+                job,
+                pod,
+                now,
+                Reason.CRASHED,
+                _crash_summary(pod, "the report says pass but the Job failed"),
+                report,
+            )
+        reason, summary = _report_failure(report)
+        return _fail(spec, job, pod, now, reason, summary, report)
+
+    if job.complete:
+        if pod is None or not pod.terminated:
+            return _fail(
+                spec,
+                job,
+                pod,
+                now,
+                Reason.REPORT_MISSING,
+                "the Job completed but its verification pod (and its report) is gone",
+            )
+        try:
+            report = parse_report(pod.termination_message)
+        except ReportMissing as exc:
+            return _fail(spec, job, pod, now, Reason.REPORT_MISSING, str(exc))
+        except ReportInvalid as exc:
+            return _fail(spec, job, pod, now, Reason.REPORT_INVALID, str(exc))
+        if report.verdict != "pass":
+            reason, summary = _report_failure(report)
+            return _fail(spec, job, pod, now, reason, summary, report)
+        asked = (spec.verification.suite.value, spec.dtype.value)
+        if (report.suite, report.dtype) != asked:
+            return _fail(
+                spec,
+                job,
+                pod,
+                now,
+                Reason.REPORT_INVALID,
+                f"the report is for suite {report.suite} dtype {report.dtype}, the Job asked for suite"
+                f" {asked[0]} dtype {asked[1]}",
+                report,
+            )
+        if pod.exit_code != 0:
+            return _fail(
+                spec,
+                job,
+                pod,
+                now,
+                Reason.CRASHED,
+                _crash_summary(pod, "the report says pass but the exit code is not 0"),
+                report,
+            )
+        digest = pinned_reference(verification_image(spec), pod.image_id)
+        if digest is None:
+            return _fail(
+                spec,
+                job,
+                pod,
+                now,
+                Reason.DIGEST_UNKNOWN,
+                f"verification passed but the pod reported no image digest (imageID {pod.image_id!r}),"
+                " so there is nothing to pin serving to",
+                report,
+            )
+        return Outcome(
+            _record(spec, job, pod, now, Verdict.PASSED, Reason.VERIFIED, report.summary, report, digest)
+        )
+
+    # Still running.
+    if pod is None:
+        return Progress(Reason.PENDING, f"Job {job.name} created; waiting for its pod")
+    if pod.unschedulable_message:
+        return Progress(
+            Reason.UNSCHEDULABLE,
+            f"verification pod {pod.name} cannot be scheduled: {pod.unschedulable_message}",
+        )
+    if pod.waiting_reason in CONFIG_REASONS:
+        return Progress(
+            Reason.CONTAINER_CONFIG,
+            f"verification pod {pod.name}: {pod.waiting_reason}: {pod.waiting_message}",
+        )
+    if pod.phase == "Running" or pod.terminated:
+        return Progress(
+            Reason.RUNNING,
+            f"Job {job.name} is running `{' '.join(verify_argv(spec))}` in {verification_image(spec)}",
+        )
+    detail = f" ({pod.waiting_reason})" if pod.waiting_reason else ""
+    return Progress(Reason.PENDING, f"verification pod {pod.name} is starting{detail}")
