@@ -43,7 +43,11 @@ def base_spec_dict(**overrides: Any) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "engine": "candle-vllm",
         "image": GOOD,
-        "model": {"name": "clef-flash", "path": "/models/clef-flash", "volume": {"hostPath": {"path": "/srv/models"}}},
+        "model": {
+            "name": "clef-flash",
+            "path": "/models/clef-flash",
+            "volume": {"hostPath": {"path": "/srv/models"}},
+        },
         "dtype": "f16",
         "kvFraction": 0.30,
         "gpus": 1,
@@ -137,9 +141,14 @@ class World:
             name = m["metadata"]["name"]
             assert name not in self.jobs, f"Job {name} created twice"
             self.manifests[name] = dict(m)
-            self.jobs[name] = JobState(name=name, key=m["metadata"]["labels"][labels.VERIFICATION_KEY], created_at=self.now)
+            self.jobs[name] = JobState(
+                name=name, key=m["metadata"]["labels"][labels.VERIFICATION_KEY], created_at=self.now
+            )
             self.pods[name + "-pod"] = PodState(
-                name=name + "-pod", component=labels.COMPONENT_VERIFICATION, job_name=name, created_at=self.now
+                name=name + "-pod",
+                component=labels.COMPONENT_VERIFICATION,
+                job_name=name,
+                created_at=self.now,
             )
         elif isinstance(action, DeleteJob):
             self.jobs.pop(action.name)
@@ -159,7 +168,10 @@ class World:
         elif isinstance(action, ScaleDeployment):
             d = self.deployments[action.name]
             self.deployments[action.name] = replace(
-                d, replicas=action.replicas, annotations=_merge(d.annotations, action.annotations), generation=d.generation + 1
+                d,
+                replicas=action.replicas,
+                annotations=_merge(d.annotations, action.annotations),
+                generation=d.generation + 1,
             )
         elif isinstance(action, AnnotateDeployment):
             d = self.deployments[action.name]
@@ -240,7 +252,12 @@ class World:
         if exit_code == 0:
             self.jobs[job] = replace(j, complete=True)
         else:
-            self.jobs[job] = replace(j, failed=True, failed_reason="BackoffLimitExceeded", failed_message="Job has reached the specified backoff limit")
+            self.jobs[job] = replace(
+                j,
+                failed=True,
+                failed_reason="BackoffLimitExceeded",
+                failed_message="Job has reached the specified backoff limit",
+            )
         return job
 
     def current_job(self) -> str:
