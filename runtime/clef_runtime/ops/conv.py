@@ -1,0 +1,498 @@
+"""Depthwise causal conv1d over time: prefill (`causal_conv1d`) and decode (`causal_conv1d_update`).
+
+Prefill is memory bound (4 multiply-adds per element), so the design goal is one pass over ``x``
+and ``y`` in DRAM:
+
+* a program owns a ``[BLOCK_T, BLOCK_D]`` tile of one batch row, channels contiguous (the layout
+  the projections produce), and reads the ``W`` time-shifted copies of its input tile; the shifts
+  overlap by all but one row, so only the first reaches DRAM and the ``W - 1`` halo rows come from
+  the neighbouring tile through L2;
+* a row whose tap lies before its sequence start reads the initial state (or zero) instead: the
+  choice is a mask, not a branch, so packed sequences can start anywhere inside a tile;
+* with ``cu_seqlens`` every row finds its sequence by a binary search over the offsets in the
+  kernel: no host sync and no per-sequence launch bookkeeping, at ``log2(N + 1)`` cached scalar
+  loads per row;
+* the final state (the last ``W - 1`` inputs of each sequence, reaching into the initial state
+  when the sequence is shorter than that) is written by a second, tiny kernel over
+  ``(N, channel blocks)``: it is also correct for zero-length sequences, which no tile sees.
+
+Decode reads ``conv_state`` by slot, computes the new tokens' outputs and shifts the state in
+place.  Every state element is loaded and stored through the same per-channel addressing, and a
+CTA barrier separates the reads from the writes, so the in-place shift cannot race.
+
+Faults (see `clef_runtime.faults`) are compile-time flags: the fault-free kernels carry no trace.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from clef_runtime.faults import active_fault
+from clef_runtime.ops._common import (
+    cdiv,
+    check_cu_seqlens,
+    check_runnable,
+    check_state_indices,
+    check_tensor,
+    interpreting,
+    next_pow2,
+    shape_str,
+    silu,
+)
+
+MAX_WIDTH = 8
+
+
+# --- kernels ------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _conv_fwd_kernel(
+    x_ptr,
+    w_ptr,
+    bias_ptr,
+    init_ptr,
+    cu_ptr,
+    y_ptr,
+    T,
+    D,
+    N,
+    stride_xb,
+    stride_xt,
+    stride_init_n,
+    key_lo,
+    key_hi,
+    W: tl.constexpr,
+    SEARCH_STEPS: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    HAS_INIT: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    ACT_SILU: tl.constexpr,
+    FAULT_KEY_BAND_ZERO: tl.constexpr,
+):
+    pid_t = tl.program_id(0)
+    pid_d = tl.program_id(1)
+    b = tl.program_id(2)
+    t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    t_ok = t < T
+    d_ok = d < D
+    tile_ok = t_ok[:, None] & d_ok[None, :]
+
+    if IS_VARLEN:
+        # Sequence of each row: the last n with cu[n] <= t (ties resolve past zero-length
+        # sequences).  Invariant lo <= answer <= hi; once lo == hi further steps change nothing,
+        # so SEARCH_STEPS only has to be large enough, and is bucketed to limit recompiles.
+        lo = tl.zeros([BLOCK_T], dtype=tl.int32)
+        hi = lo + N
+        for _ in tl.static_range(SEARCH_STEPS):
+            mid = (lo + hi + 1) >> 1
+            go = tl.load(cu_ptr + mid, mask=t_ok, other=0) <= t
+            lo = tl.where(go, mid, lo)
+            hi = tl.where(go, hi, mid - 1)
+        seq = tl.minimum(lo, N - 1)  # only out-of-contract offsets reach the clamp
+        start = tl.load(cu_ptr + seq, mask=t_ok, other=0)
+        rel = tl.maximum(t - start, 0)  # position in the sequence (clamped for the same reason)
+        init_row = seq.to(tl.int64)[:, None] * stride_init_n
+    else:
+        rel = t
+        init_row = b.to(tl.int64) * stride_init_n
+
+    # Tap j of row t reads input row t - (W - 1) + j, which lies inside the sequence iff
+    # rel >= W - 1 - j; otherwise it is column rel + j of the initial state.  Pointers are built
+    # once; each tap only adds a scalar offset.
+    x_ptrs = x_ptr + b.to(tl.int64) * stride_xb + t.to(tl.int64)[:, None] * stride_xt + d[None, :]
+    if HAS_INIT:
+        h_ptrs = init_ptr + init_row + d[None, :] * (W - 1) + rel[:, None]
+    w_ptrs = w_ptr + d * W
+    acc = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
+    for j in tl.static_range(W):
+        inside = (rel >= W - 1 - j)[:, None]
+        xv = tl.load(x_ptrs + (j - (W - 1)) * stride_xt, mask=tile_ok & inside, other=0.0).to(tl.float32)
+        if HAS_INIT:
+            xv += tl.load(h_ptrs + j, mask=tile_ok & ~inside, other=0.0).to(tl.float32)
+        acc += xv * tl.load(w_ptrs + j, mask=d_ok, other=0.0).to(tl.float32)[None, :]
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + d, mask=d_ok, other=0.0).to(tl.float32)[None, :]
+    if ACT_SILU:
+        acc = silu(acc)
+    if FAULT_KEY_BAND_ZERO:
+        acc = tl.where(((d >= key_lo) & (d < key_hi))[None, :], 0.0, acc)
+    y_rows = (b.to(tl.int64) * T + t.to(tl.int64)) * D
+    tl.store(y_ptr + y_rows[:, None] + d[None, :], acc.to(y_ptr.dtype.element_ty), mask=tile_ok)
+
+
+@triton.jit
+def _conv_final_state_kernel(
+    x_ptr,
+    init_ptr,
+    cu_ptr,
+    fin_ptr,
+    T,
+    D,
+    stride_xb,
+    stride_xt,
+    stride_init_n,
+    W: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    HAS_INIT: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+):
+    n = tl.program_id(0)
+    pid_d = tl.program_id(1)
+    d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    k = tl.arange(0, BLOCK_K)
+    if IS_VARLEN:
+        x_base = x_ptr
+        start = tl.minimum(tl.maximum(tl.load(cu_ptr + n), 0), T)
+        end = tl.minimum(tl.maximum(tl.load(cu_ptr + n + 1), start), T)
+    else:
+        x_base = x_ptr + n.to(tl.int64) * stride_xb
+        start = 0
+        end = T
+    pos = end - (W - 1) + k  # the last W - 1 inputs, oldest first
+    inside = pos >= start
+    ok = (d < D)[:, None] & (k < W - 1)[None, :]
+    v = tl.load(
+        x_base + pos.to(tl.int64)[None, :] * stride_xt + d[:, None],
+        mask=ok & inside[None, :],
+        other=0.0,
+    ).to(tl.float32)
+    if HAS_INIT:
+        hv = tl.load(
+            init_ptr
+            + n.to(tl.int64) * stride_init_n
+            + d[:, None] * (W - 1)
+            + (pos - start + (W - 1))[None, :],
+            mask=ok & ~inside[None, :],
+            other=0.0,
+        ).to(tl.float32)
+        v = tl.where(inside[None, :], v, hv)
+    out = fin_ptr + n.to(tl.int64) * D * (W - 1) + d[:, None] * (W - 1) + k[None, :]
+    tl.store(out, v.to(fin_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _conv_update_kernel(
+    x_ptr,
+    state_ptr,
+    w_ptr,
+    bias_ptr,
+    idx_ptr,
+    y_ptr,
+    B,
+    D,
+    pool,
+    stride_xb,
+    stride_xt,
+    stride_pool,
+    T_NEW: tl.constexpr,
+    W: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    HAS_INDICES: tl.constexpr,
+    ACT_SILU: tl.constexpr,
+    FAULT_STATE_NOT_ADVANCED: tl.constexpr,
+):
+    pid_b = tl.program_id(0)
+    pid_d = tl.program_id(1)
+    d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    d_ok = d < D
+    for r in tl.static_range(ROWS):
+        row = pid_b * ROWS + r
+        row_ok = row < B
+        slot = tl.load(idx_ptr + row, mask=row_ok, other=-1) if HAS_INDICES else row
+        # Padding rows (negative slot) and out-of-pool slots neither read nor write state.
+        live = row_ok & (slot >= 0) & (slot < pool)
+        m = d_ok & live
+        # All state traffic uses this one addressing (channel d, column c), so each element is
+        # read and written by the same thread; the barrier below orders the CTA anyway.
+        s_row = state_ptr + slot.to(tl.int64) * stride_pool + d * (W - 1)
+        x_row = x_ptr + row.to(tl.int64) * stride_xb + d
+        y_row = y_ptr + row.to(tl.int64) * T_NEW * D + d
+        for t in tl.static_range(T_NEW):
+            acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+            for j in tl.static_range(W):
+                i = t + j  # position in [state | new tokens]
+                if i < W - 1:
+                    v = tl.load(s_row + i, mask=m, other=0.0).to(tl.float32)
+                else:
+                    v = tl.load(x_row + (i - (W - 1)) * stride_xt, mask=m, other=0.0).to(tl.float32)
+                acc += v * tl.load(w_ptr + d * W + j, mask=d_ok, other=0.0).to(tl.float32)
+            if HAS_BIAS:
+                acc += tl.load(bias_ptr + d, mask=d_ok, other=0.0).to(tl.float32)
+            if ACT_SILU:
+                acc = silu(acc)
+            acc = tl.where(live, acc, 0.0)
+            tl.store(y_row + t * D, acc.to(y_ptr.dtype.element_ty), mask=d_ok & row_ok)
+        if not FAULT_STATE_NOT_ADVANCED:
+            tl.debug_barrier()
+            # Ascending k reads column k + T_NEW before it can be overwritten.
+            for k in tl.static_range(W - 1):
+                i = T_NEW + k
+                if i < W - 1:
+                    v = tl.load(s_row + i, mask=m, other=0.0)
+                else:
+                    v = tl.load(x_row + (i - (W - 1)) * stride_xt, mask=m, other=0.0)
+                tl.store(s_row + k, v.to(state_ptr.dtype.element_ty), mask=m)
+
+
+# --- wrappers -----------------------------------------------------------------------------------
+
+
+def _silu_flag(op: str, activation: str | None) -> bool:
+    if activation is None:
+        return False
+    if activation in ("silu", "swish"):
+        return True
+    raise ValueError(f"{op}: activation {activation!r} is not supported: use 'silu' or None")
+
+
+def _check_weight_bias(
+    op: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> tuple[int, int]:
+    D = x.shape[-1]
+    check_tensor(op, "weight", weight, device=x.device, contiguous=False)
+    if weight.dim() == 3 and weight.shape[1] == 1:
+        raise ValueError(
+            f"{op}: weight {shape_str(weight)} looks like a Conv1d weight [D, 1, W]; pass weight.squeeze(1)"
+        )
+    check_tensor(op, "weight", weight, ndim=2, layout="[D, W]")
+    Dw, W = weight.shape
+    if Dw != D:
+        raise ValueError(f"{op}: weight has {Dw} channels but x has {D} (x is [B, T, D], weight [D, W])")
+    if not 2 <= W <= MAX_WIDTH:
+        raise ValueError(
+            f"{op}: conv width W={W} (weight {shape_str(weight)}) is not supported: use 2..{MAX_WIDTH}"
+        )
+    if bias is not None:
+        check_tensor(op, "bias", bias, ndim=1, device=x.device, layout="[D]")
+        if bias.shape[0] != D:
+            raise ValueError(f"{op}: bias has {bias.shape[0]} channels but x has {D}")
+    return D, W
+
+
+def _key_band(op: str, D: int, qkv_split: tuple[int, int, int] | None) -> tuple[int, int]:
+    """Validate ``qkv_split`` and return the key band [lo, hi) (0, 0 without a split)."""
+    if qkv_split is None:
+        return 0, 0
+    if len(qkv_split) != 3 or any(int(s) < 0 for s in qkv_split):
+        raise ValueError(f"{op}: qkv_split {qkv_split} must be three non-negative band sizes (q, k, v)")
+    if sum(qkv_split) != D:
+        raise ValueError(f"{op}: qkv_split {qkv_split} must add up to the channel count {D}")
+    return int(qkv_split[0]), int(qkv_split[0]) + int(qkv_split[1])
+
+
+def _check_x(op: str, x: torch.Tensor) -> torch.Tensor:
+    check_tensor(op, "x", x, ndim=3, contiguous=False, layout="[B, T, D]")
+    if x.shape[-1] > 1 and x.stride(-1) != 1:
+        raise ValueError(
+            f"{op}: x {shape_str(x)} must have contiguous channels (strides {tuple(x.stride())}); "
+            "pass x.contiguous()"
+        )
+    return x
+
+
+def _search_steps(N: int) -> int:
+    """Binary-search steps that narrow [0, N] to one sequence: ceil(log2(N + 1)) = N.bit_length(),
+    rounded up to a multiple of 4 so that batch sizes share a few compiled variants."""
+    return max(4, cdiv(N.bit_length(), 4) * 4)
+
+
+def _prefill_config(T: int, D: int) -> tuple[int, int, int]:
+    """(BLOCK_T, BLOCK_D, num_warps), fixed by shape (no autotuning)."""
+    if interpreting():
+        # Every program costs the interpreter ~100 Python-level ops whatever its size, so few
+        # programs; still small enough that the CPU tests' shapes cross tile edges.
+        return 32, 64, 1
+    block_d = min(128, max(16, next_pow2(D)))
+    block_t = min(64, max(16, next_pow2(T)))
+    tile = block_t * block_d
+    return block_t, block_d, 4 if tile >= 4096 else (2 if tile >= 1024 else 1)
+
+
+def causal_conv1d(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+    activation: str | None = "silu",
+    qkv_split: tuple[int, int, int] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Prefill: see `clef_runtime.opset.OpSet.causal_conv1d`.  ``x`` needs contiguous channels;
+    its batch and time strides are free.  Zero-length packed sequences are allowed."""
+    op = "causal_conv1d"
+    _check_x(op, x)
+    B, T, _ = x.shape
+    D, W = _check_weight_bias(op, x, weight, bias)
+    act_silu = _silu_flag(op, activation)
+    key_lo, key_hi = _key_band(op, D, qkv_split)
+    key_band_zero = active_fault() == "conv_key_band_zero"
+    if key_band_zero and qkv_split is None:
+        raise ValueError(
+            f"{op}: fault conv_key_band_zero needs qkv_split to locate the key band; "
+            "pass qkv_split=(q, k, v) channel counts"
+        )
+    N = B if cu_seqlens is None else check_cu_seqlens(op, cu_seqlens, B, T, x.device)
+    if initial_state is not None:
+        check_tensor(op, "initial_state", initial_state, ndim=3, device=x.device, layout="[N, D, W - 1]")
+        if tuple(initial_state.shape) != (N, D, W - 1):
+            raise ValueError(
+                f"{op}: initial_state is {shape_str(initial_state)} but must be [N, D, W - 1] = "
+                f"[{N}, {D}, {W - 1}] (N = {'len(cu_seqlens) - 1' if cu_seqlens is not None else 'B'})"
+            )
+    check_runnable(op, x.device)
+
+    y = torch.empty((B, T, D), dtype=x.dtype, device=x.device)
+    final = torch.empty((N, D, W - 1), dtype=x.dtype, device=x.device) if output_final_state else None
+    placeholder = x  # stands in for absent optional pointers; constexpr flags keep it unread
+    init = initial_state if initial_state is not None else placeholder
+    cu = cu_seqlens if cu_seqlens is not None else placeholder
+    stride_init_n = initial_state.stride(0) if initial_state is not None else 0
+
+    block_t, block_d, num_warps = _prefill_config(T, D)
+    if B * T * D > 0:
+        _conv_fwd_kernel[(cdiv(T, block_t), cdiv(D, block_d), B)](
+            x,
+            weight,
+            bias if bias is not None else placeholder,
+            init,
+            cu,
+            y,
+            T,
+            D,
+            N,
+            x.stride(0),
+            x.stride(1),
+            stride_init_n,
+            key_lo,
+            key_hi,
+            W=W,
+            SEARCH_STEPS=_search_steps(N),
+            BLOCK_T=block_t,
+            BLOCK_D=block_d,
+            HAS_BIAS=bias is not None,
+            HAS_INIT=initial_state is not None,
+            IS_VARLEN=cu_seqlens is not None,
+            ACT_SILU=act_silu,
+            FAULT_KEY_BAND_ZERO=key_band_zero,
+            num_warps=num_warps,
+        )
+    if final is not None and N * D > 0:
+        fin_block_d = 64 if interpreting() else min(256, max(32, next_pow2(D)))
+        _conv_final_state_kernel[(N, cdiv(D, fin_block_d))](
+            x,
+            init,
+            cu,
+            final,
+            T,
+            D,
+            x.stride(0),
+            x.stride(1),
+            stride_init_n,
+            W=W,
+            BLOCK_D=fin_block_d,
+            BLOCK_K=next_pow2(W - 1),
+            HAS_INIT=initial_state is not None,
+            IS_VARLEN=cu_seqlens is not None,
+            num_warps=2,
+        )
+    return y, final
+
+
+def _update_config(B: int, D: int) -> tuple[int, int, int]:
+    """(ROWS per program, BLOCK_D, num_warps).  BLOCK_D is at least one channel per thread: no
+    two threads hold the same state element."""
+    if interpreting():
+        return 4, 64, 1
+    block_d = min(256, max(32, next_pow2(D)))
+    num_warps = max(1, min(4, block_d // 64))
+    # Large batches: several rows per program reuse the weights from L1 and cut the grid.
+    rows = 4 if B * cdiv(D, block_d) >= 4096 else 1
+    return rows, block_d, num_warps
+
+
+def causal_conv1d_update(
+    x: torch.Tensor,
+    conv_state: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    activation: str | None = "silu",
+    state_indices: torch.Tensor | None = None,
+    qkv_split: tuple[int, int, int] | None = None,
+) -> torch.Tensor:
+    """Decode: see `clef_runtime.opset.OpSet.causal_conv1d_update`.  ``conv_state`` is shifted in
+    place; a row whose ``state_indices`` entry is negative gets zeros and leaves the pool alone."""
+    op = "causal_conv1d_update"
+    _check_x(op, x)
+    B, T_new, _ = x.shape
+    D, W = _check_weight_bias(op, x, weight, bias)
+    act_silu = _silu_flag(op, activation)
+    _key_band(op, D, qkv_split)
+    state_not_advanced = active_fault() == "conv_state_not_advanced"
+    check_tensor(
+        op, "conv_state", conv_state, ndim=3, device=x.device, contiguous=False, layout="[pool, D, W - 1]"
+    )
+    if tuple(conv_state.shape[1:]) != (D, W - 1):
+        raise ValueError(
+            f"{op}: conv_state is {shape_str(conv_state)} but must be [pool, D, W - 1] = [pool, {D}, {W - 1}]"
+        )
+    if conv_state.stride(2) != 1 or conv_state.stride(1) != W - 1:
+        raise ValueError(
+            f"{op}: each slot of conv_state must be contiguous [D, W - 1] (strides {tuple(conv_state.stride())}); "
+            "it is updated in place, so pass a tensor whose slots are dense"
+        )
+    pool = conv_state.shape[0]
+    if state_indices is not None:
+        check_state_indices(op, state_indices, B, pool, x.device)
+    elif pool < B:
+        raise ValueError(
+            f"{op}: batch {B} needs state_indices or a conv_state pool of at least {B} slots, got {pool}"
+        )
+    if T_new > 32:
+        raise ValueError(
+            f"{op}: {T_new} new tokens per row is a prefill; use causal_conv1d with initial_state"
+        )
+    check_runnable(op, x.device)
+
+    y = torch.empty((B, T_new, D), dtype=x.dtype, device=x.device)
+    if B * T_new * D == 0:
+        return y
+    rows, block_d, num_warps = _update_config(B, D)
+    _conv_update_kernel[(cdiv(B, rows), cdiv(D, block_d))](
+        x,
+        conv_state,
+        weight,
+        bias if bias is not None else x,
+        state_indices if state_indices is not None else x,
+        y,
+        B,
+        D,
+        pool,
+        x.stride(0),
+        x.stride(1),
+        conv_state.stride(0),
+        T_NEW=T_new,
+        W=W,
+        ROWS=rows,
+        BLOCK_D=block_d,
+        HAS_BIAS=bias is not None,
+        HAS_INDICES=state_indices is not None,
+        ACT_SILU=act_silu,
+        FAULT_STATE_NOT_ADVANCED=state_not_advanced,
+        num_warps=num_warps,
+    )
+    return y
+
+
+__all__ = ["causal_conv1d", "causal_conv1d_update"]
