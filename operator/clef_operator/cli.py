@@ -1,8 +1,65 @@
-"""`clef-operator` command line."""
+"""`clef-operator` command line.
 
+clef-operator run [--namespace NS ... | --all-namespaces] [--kubeconfig FILE]
+clef-operator crd            print the ClefModel CRD (the same as crds/clefmodel.yaml)
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
 import sys
+
+from clef_operator import __version__
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.kubeconfig:
+        os.environ["KUBECONFIG"] = args.kubeconfig
+    import kopf
+
+    import clef_operator.handlers  # noqa: F401  (registers the handlers)
+
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    namespaces = args.namespace or None
+    kopf.run(
+        standalone=True,
+        clusterwide=namespaces is None,
+        namespaces=namespaces or (),
+        liveness_endpoint=args.liveness,
+    )
+    return 0
+
+
+def _crd(_: argparse.Namespace) -> int:
+    from clef_operator.crdgen import render_crd_yaml
+
+    sys.stdout.write(render_crd_yaml())
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    print("clef-operator: no commands yet", file=sys.stderr)
-    return 2
+    parser = argparse.ArgumentParser(prog="clef-operator", description="clef's Kubernetes operator")
+    parser.add_argument("--version", action="version", version=f"clef-operator {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="reconcile ClefModels until stopped")
+    scope = run.add_mutually_exclusive_group()
+    scope.add_argument("--namespace", "-n", action="append", help="watch this namespace (repeatable)")
+    scope.add_argument("--all-namespaces", "-A", action="store_true", help="watch every namespace (default)")
+    run.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
+    run.add_argument("--liveness", help="serve a liveness probe, e.g. http://0.0.0.0:8080/healthz")
+    run.add_argument("--verbose", "-v", action="store_true")
+    run.set_defaults(func=_run)
+    crd = sub.add_parser("crd", help="print the ClefModel CustomResourceDefinition")
+    crd.set_defaults(func=_crd)
+    args = parser.parse_args(argv)
+    result: int = args.func(args)
+    return result
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

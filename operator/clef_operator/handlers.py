@@ -1,0 +1,191 @@
+"""The kopf wiring: one reconcile loop per ClefModel, woken by anything that happens to it or to
+its children, and a periodic resync.
+
+The loop is a kopf daemon, so each ClefModel has exactly one reconciler at a time (no two plans
+for one model ever race).  Watches on the children only *wake* the loop; the loop re-reads the
+world (`kube.observe`), asks the planner, and applies its answer.  Status is written before the
+actions, so verdicts and re-verify bookkeeping are never lost to a crash between the two.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+from kubernetes import client, config
+from pydantic import ValidationError
+
+from clef_operator import labels
+from clef_operator.api import (
+    GROUP,
+    PLURAL,
+    VERSION,
+    ClefModelSpec,
+    ClefModelStatus,
+    Condition,
+    ConditionStatus,
+)
+from clef_operator.kube import Kube
+from clef_operator.observed import ModelRef
+from clef_operator.rollout import DEGRADED, plan_rollout
+
+log = logging.getLogger("clef.operator")
+
+RESYNC_SECONDS = 30.0
+MAX_BACKOFF_SECONDS = 60.0
+
+
+def api_client() -> client.ApiClient:
+    """In-cluster credentials when running in a pod, else the kubeconfig (KUBECONFIG)."""
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    return client.ApiClient()
+
+
+def reconcile(kube: Kube, namespace: str, name: str, now: datetime | None = None) -> float | None:
+    """One level-triggered pass over one ClefModel.  Returns when to look again (None: only on
+    the next event or resync)."""
+    obj = kube.read_model(namespace, name)
+    if obj is None or obj["metadata"].get("deletionTimestamp"):
+        return None
+    meta = obj["metadata"]
+    model = ModelRef(
+        name=name,
+        namespace=namespace,
+        uid=meta["uid"],
+        generation=meta.get("generation", 0),
+        annotations=dict(meta.get("annotations") or {}),
+    )
+    now = now or datetime.now(UTC)
+    try:
+        status = ClefModelStatus.model_validate(obj.get("status") or {})
+    except ValidationError:
+        log.warning("%s/%s: unreadable status, starting from an empty one", namespace, name)
+        status = ClefModelStatus()
+    try:
+        spec = ClefModelSpec.model_validate(obj.get("spec") or {})
+    except ValidationError as e:
+        # The CRD's schema rejects such specs; only an outdated CRD lets one through.
+        problem = "; ".join(
+            f"spec.{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()[:3]
+        )
+        degraded = Condition(
+            type=DEGRADED,
+            status=ConditionStatus.TRUE,
+            reason="InvalidSpec",
+            message=f"{problem}. Is crds/clefmodel.yaml up to date in this cluster?",
+            last_transition_time=now.isoformat(),
+            observed_generation=model.generation,
+        )
+        others = [c for c in status.conditions if c.type != DEGRADED]
+        kube.write_status(model, status.model_copy(update={"conditions": [*others, degraded]}))
+        return None
+    observed = kube.observe(model, spec.service.name)
+    plan = plan_rollout(model, spec, observed, status, now)
+    if plan.status != status:
+        kube.write_status(model, plan.status)
+    for action in plan.actions:
+        log.info("%s/%s: %s", namespace, name, _describe(action))
+        kube.apply(model, action)
+    return plan.requeue_after
+
+
+def _describe(action: Any) -> str:
+    fields = {k: v for k, v in vars(action).items() if k != "manifest"}
+    if "manifest" in vars(action):
+        fields["name"] = action.manifest["metadata"]["name"]
+    return f"{type(action).__name__} {fields}"
+
+
+# ------------------------------------------------------------------------------- kopf
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
+    # Keep kopf's own bookkeeping in our annotation namespace and out of status (which the CRD's
+    # schema would prune anyway).
+    settings.persistence.finalizer = f"{labels.PREFIX}/finalizer"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=labels.PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=labels.PREFIX, key="last-handled-configuration"
+    )
+    # clef posts its own events, one per decision; kopf's per-handler chatter would drown them.
+    settings.posting.level = logging.WARNING
+    settings.watching.server_timeout = 120
+    settings.watching.client_timeout = 150
+    memo.kube = Kube(api_client())
+    memo.wakers = {}
+
+
+def _wake(memo: Any, namespace: str | None, model: str | None) -> None:
+    if namespace and model:
+        event = memo.wakers.get((namespace, model))
+        if event is not None:
+            event.set()
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
+async def run_model(
+    name: str, namespace: str | None, memo: Any, stopped: kopf.DaemonStopped, **_: Any
+) -> None:
+    assert namespace is not None, "ClefModel is namespaced"
+    wake = asyncio.Event()
+    memo.wakers[(namespace, name)] = wake
+    backoff = 1.0
+    try:
+        while not stopped:
+            wake.clear()
+            try:
+                requeue = await asyncio.to_thread(reconcile, memo.kube, namespace, name)
+                backoff = 1.0
+            except Exception:
+                log.exception("%s/%s: reconcile failed; retrying in %.0fs", namespace, name, backoff)
+                requeue, backoff = backoff, min(backoff * 2, MAX_BACKOFF_SECONDS)
+            timeout = RESYNC_SECONDS if requeue is None else min(max(requeue, 0.2), RESYNC_SECONDS)
+            deadline = time.monotonic() + timeout
+            while not stopped and not wake.is_set() and time.monotonic() < deadline:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(
+                        wake.wait(), timeout=min(1.0, max(deadline - time.monotonic(), 0.01))
+                    )
+    finally:
+        if memo.wakers.get((namespace, name)) is wake:
+            del memo.wakers[(namespace, name)]
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+def model_changed(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
+    _wake(memo, namespace, name)
+
+
+@kopf.on.event("apps", "v1", "deployments", labels={labels.MANAGED_BY: labels.MANAGED_BY_VALUE})
+def deployment_changed(namespace: str | None, labels: Mapping[str, str], memo: Any, **_: Any) -> None:
+    _wake(memo, namespace, labels.get(_MODEL))
+
+
+@kopf.on.event("batch", "v1", "jobs", labels={labels.MANAGED_BY: labels.MANAGED_BY_VALUE})
+def job_changed(namespace: str | None, labels: Mapping[str, str], memo: Any, **_: Any) -> None:
+    _wake(memo, namespace, labels.get(_MODEL))
+
+
+@kopf.on.event("v1", "pods", labels={labels.MODEL: kopf.PRESENT})
+def pod_changed(namespace: str | None, labels: Mapping[str, str], memo: Any, **_: Any) -> None:
+    _wake(memo, namespace, labels.get(_MODEL))
+
+
+@kopf.on.event("v1", "services", annotations={labels.SERVICE_MODEL: kopf.PRESENT})
+def service_changed(namespace: str | None, annotations: Mapping[str, str], memo: Any, **_: Any) -> None:
+    _wake(memo, namespace, annotations.get(_SERVICE_MODEL))
+
+
+# The handlers' `labels` parameter (kopf passes it by that name) shadows the module.
+_MODEL = labels.MODEL
+_SERVICE_MODEL = labels.SERVICE_MODEL

@@ -1,0 +1,294 @@
+"""The only module that talks to the API server.
+
+`observe` turns the ClefModel's children into the planner's snapshots; `apply` carries out the
+planner's actions, one API call each; `write_status` publishes the planner's status.  Conflicts
+that a level-triggered loop resolves by itself (AlreadyExists on create, NotFound on delete) are
+not errors: the next reconcile observes the truth and plans again.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from clef_operator import actions as act
+from clef_operator import labels
+from clef_operator.api import GROUP, KIND, PLURAL, VERSION, ClefModelStatus
+from clef_operator.observed import DeploymentState, JobState, ModelRef, Observed, PodState, ServiceState
+from clef_operator.render import ENGINE_CONTAINER, VERIFY_CONTAINER
+
+log = logging.getLogger("clef.kube")
+
+MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+REPORTING_COMPONENT = "clef.riotpiao.com/operator"
+JOB_NAME_LABELS = ("batch.kubernetes.io/job-name", "job-name")
+
+
+def _escape(key: str) -> str:
+    """A JSON-pointer path segment."""
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def _body(manifest: Mapping[str, Any]) -> Any:
+    """The client accepts plain dicts where its signatures name model classes."""
+    return dict(manifest)
+
+
+def _owned_by(meta: Any, uid: str) -> bool:
+    return any(ref.uid == uid for ref in (meta.owner_references or []))
+
+
+def _deployment(d: Any) -> DeploymentState:
+    meta, status = d.metadata, d.status
+    return DeploymentState(
+        name=meta.name,
+        revision=(meta.labels or {}).get(labels.REVISION, ""),
+        replicas=d.spec.replicas if d.spec.replicas is not None else 1,
+        annotations=dict(meta.annotations or {}),
+        generation=meta.generation or 0,
+        observed_generation=(status.observed_generation or 0) if status else 0,
+        status_replicas=(status.replicas or 0) if status else 0,
+        ready_replicas=(status.ready_replicas or 0) if status else 0,
+        available_replicas=(status.available_replicas or 0) if status else 0,
+        updated_replicas=(status.updated_replicas or 0) if status else 0,
+        created_at=meta.creation_timestamp,
+        deleting=meta.deletion_timestamp is not None,
+    )
+
+
+def _job(j: Any) -> JobState:
+    conditions = {c.type: c for c in (j.status.conditions or [])} if j.status else {}
+
+    def true(kind: str) -> bool:
+        c = conditions.get(kind)
+        return c is not None and c.status == "True"
+
+    failed = conditions.get("Failed")
+    return JobState(
+        name=j.metadata.name,
+        key=(j.metadata.labels or {}).get(labels.VERIFICATION_KEY, ""),
+        complete=true("Complete"),
+        failed=true("Failed"),
+        failed_reason=(failed.reason or "") if failed is not None and failed.status == "True" else "",
+        failed_message=(failed.message or "") if failed is not None and failed.status == "True" else "",
+        created_at=j.metadata.creation_timestamp,
+        deleting=j.metadata.deletion_timestamp is not None,
+    )
+
+
+def _pod(p: Any, node_labels: Mapping[str, Mapping[str, str]]) -> PodState:
+    meta, status = p.metadata, p.status
+    pod_labels = meta.labels or {}
+    component = pod_labels.get(labels.COMPONENT, "")
+    wanted = VERIFY_CONTAINER if component == labels.COMPONENT_VERIFICATION else ENGINE_CONTAINER
+    containers = list(status.container_statuses or []) if status else []
+    cs = next((c for c in containers if c.name == wanted), containers[0] if containers else None)
+    unschedulable = ""
+    for cond in (status.conditions or []) if status else []:
+        if cond.type == "PodScheduled" and cond.status == "False" and cond.reason == "Unschedulable":
+            unschedulable = cond.message or "Unschedulable"
+    fields: dict[str, Any] = {}
+    if cs is not None:
+        state, last = cs.state, cs.last_state
+        if state is not None and state.waiting is not None:
+            fields.update(
+                waiting_reason=state.waiting.reason or "", waiting_message=state.waiting.message or ""
+            )
+        if state is not None and state.terminated is not None:
+            t = state.terminated
+            fields.update(
+                terminated=True,
+                exit_code=t.exit_code,
+                terminated_reason=t.reason or "",
+                termination_message=t.message or "",
+            )
+        if last is not None and last.terminated is not None:
+            fields.update(
+                last_termination_message=last.terminated.message or "",
+                last_terminated_reason=last.terminated.reason or "",
+            )
+        fields.update(restart_count=cs.restart_count or 0, image_id=cs.image_id or "", ready=bool(cs.ready))
+    node = (p.spec.node_name if p.spec else None) or ""
+    node_meta = node_labels.get(node, {})
+    memory = node_meta.get(labels.NODE_GPU_MEMORY, "")
+    job_name = next((pod_labels[k] for k in JOB_NAME_LABELS if k in pod_labels), "")
+    return PodState(
+        name=meta.name,
+        component=component,
+        revision=pod_labels.get(labels.REVISION, ""),
+        job_name=job_name,
+        phase=(status.phase or "Pending") if status else "Pending",
+        reason=(status.reason or "") if status else "",
+        message=(status.message or "") if status else "",
+        node_name=node,
+        unschedulable_message=unschedulable,
+        node_gpu_product=node_meta.get(labels.NODE_GPU_PRODUCT, ""),
+        node_gpu_memory_mib=int(memory) if memory.isdigit() else None,
+        created_at=meta.creation_timestamp,
+        **fields,
+    )
+
+
+class Kube:
+    def __init__(self, api: client.ApiClient) -> None:
+        self.api = api
+        self.core = client.CoreV1Api(api)
+        self.apps = client.AppsV1Api(api)
+        self.batch = client.BatchV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+        self.instance = socket.gethostname()
+
+    # -------------------------------------------------------------------------- reading
+    def read_model(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            obj: Any = self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+        return dict(obj)
+
+    def _node_labels(self, names: Iterable[str]) -> dict[str, dict[str, str]]:
+        out: dict[str, dict[str, str]] = {}
+        for name in set(names) - {""}:
+            try:
+                node: Any = self.core.read_node(name)
+                out[name] = dict(node.metadata.labels or {})
+            except ApiException as e:
+                # Without read access to nodes the GPU class is simply unknown.
+                log.debug("cannot read node %s: %s", name, e.reason)
+                out[name] = {}
+        return out
+
+    def observe(self, model: ModelRef, service_name: str) -> Observed:
+        ns = model.namespace
+        selector = f"{labels.MODEL}={model.name}"
+        raw_deployments: list[Any] = self.apps.list_namespaced_deployment(ns, label_selector=selector).items
+        deployments = [_deployment(d) for d in raw_deployments if _owned_by(d.metadata, model.uid)]
+        raw_jobs: list[Any] = self.batch.list_namespaced_job(ns, label_selector=selector).items
+        jobs = [_job(j) for j in raw_jobs if _owned_by(j.metadata, model.uid)]
+        raw_pods: list[Any] = self.core.list_namespaced_pod(ns, label_selector=selector).items
+        verification_nodes = [
+            p.spec.node_name
+            for p in raw_pods
+            if (p.metadata.labels or {}).get(labels.COMPONENT) == labels.COMPONENT_VERIFICATION and p.spec
+        ]
+        node_labels = self._node_labels(n or "" for n in verification_nodes)
+        pods = [_pod(p, node_labels) for p in raw_pods]
+        service = None
+        try:
+            s: Any = self.core.read_namespaced_service(service_name, ns)
+            service = ServiceState(
+                name=s.metadata.name,
+                selector=dict(s.spec.selector or {}),
+                annotations=dict(s.metadata.annotations or {}),
+                owned=_owned_by(s.metadata, model.uid),
+                cluster_ip=s.spec.cluster_ip or "",
+            )
+        except ApiException as e:
+            if e.status != 404:
+                raise
+        return Observed(tuple(deployments), tuple(jobs), tuple(pods), service)
+
+    # -------------------------------------------------------------------------- writing
+    def apply(self, model: ModelRef, action: act.Action) -> None:
+        ns = model.namespace
+        try:
+            self._apply(ns, model, action)
+        except ApiException as e:
+            benign = (
+                e.status == 409
+                and isinstance(action, (act.CreateJob, act.CreateDeployment, act.CreateService))
+            ) or (e.status == 404 and isinstance(action, (act.DeleteJob, act.DeleteDeployment)))
+            if not benign:
+                raise
+            log.info("%s/%s: %s was already done (%s)", ns, model.name, type(action).__name__, e.reason)
+
+    def _apply(self, ns: str, model: ModelRef, action: act.Action) -> None:
+        if isinstance(action, act.CreateJob):
+            self.batch.create_namespaced_job(ns, _body(action.manifest))
+        elif isinstance(action, act.DeleteJob):
+            self.batch.delete_namespaced_job(action.name, ns, propagation_policy="Background")
+        elif isinstance(action, act.CreateDeployment):
+            self.apps.create_namespaced_deployment(ns, _body(action.manifest))
+        elif isinstance(action, act.ScaleDeployment):
+            body = {
+                "metadata": {"annotations": dict(action.annotations)},
+                "spec": {"replicas": action.replicas},
+            }
+            self.apps.patch_namespaced_deployment(action.name, ns, body, _content_type=MERGE_PATCH)
+        elif isinstance(action, act.AnnotateDeployment):
+            body = {"metadata": {"annotations": dict(action.annotations)}}
+            self.apps.patch_namespaced_deployment(action.name, ns, body, _content_type=MERGE_PATCH)
+        elif isinstance(action, act.DeleteDeployment):
+            self.apps.delete_namespaced_deployment(action.name, ns, propagation_policy="Background")
+        elif isinstance(action, act.CreateService):
+            self.core.create_namespaced_service(ns, _body(action.manifest))
+        elif isinstance(action, act.PatchServiceSelector):
+            self._patch_selector(ns, action)
+        elif isinstance(action, act.Event):
+            self.post_event(model, action)
+        else:  # pragma: no cover - every action type is handled above
+            raise TypeError(f"unknown action {action!r}")
+
+    def _patch_selector(self, ns: str, action: act.PatchServiceSelector) -> None:
+        """Replace the selector wholesale (a merge would keep an adopted Service's old keys and
+        select nothing) and set clef's annotations, in one JSON patch: nothing else changes."""
+        current: Any = self.core.read_namespaced_service(action.name, ns)
+        ops: list[dict[str, Any]] = []
+        if current.metadata.annotations is None:
+            ops.append({"op": "add", "path": "/metadata/annotations", "value": dict(action.annotations)})
+        else:
+            for key, value in action.annotations.items():
+                ops.append({"op": "add", "path": f"/metadata/annotations/{_escape(key)}", "value": value})
+        ops.append(
+            {"op": "test", "path": "/metadata/resourceVersion", "value": current.metadata.resource_version}
+        )
+        ops.append({"op": "add", "path": "/spec/selector", "value": dict(action.selector)})
+        self.core.patch_namespaced_service(action.name, ns, ops, _content_type=JSON_PATCH)
+
+    def post_event(self, model: ModelRef, event: act.Event) -> None:
+        now = datetime.now(UTC)
+        body = client.CoreV1Event(
+            metadata=client.V1ObjectMeta(generate_name=f"{model.name}.", namespace=model.namespace),
+            involved_object=client.V1ObjectReference(
+                api_version=f"{GROUP}/{VERSION}",
+                kind=KIND,
+                name=model.name,
+                namespace=model.namespace,
+                uid=model.uid,
+            ),
+            reason=event.reason,
+            message=event.message[:1024],
+            type=event.type,
+            count=1,
+            first_timestamp=now,
+            last_timestamp=now,
+            source=client.V1EventSource(component="clef-operator"),
+            reporting_component=REPORTING_COMPONENT,
+            reporting_instance=self.instance[:128],
+            action=event.reason,
+        )
+        try:
+            self.core.create_namespaced_event(model.namespace, body)
+        except ApiException as e:
+            # An event is a courtesy; losing one must not stop a rollout.
+            log.warning(
+                "could not post event %s for %s/%s: %s", event.reason, model.namespace, model.name, e.reason
+            )
+
+    def write_status(self, model: ModelRef, status: ClefModelStatus) -> None:
+        body = status.to_wire()
+        # Merge patch: a field the planner cleared must be sent as null to be removed.
+        for name, field in ClefModelStatus.model_fields.items():
+            body.setdefault(field.alias or name, None)
+        self.custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, model.namespace, PLURAL, model.name, {"status": body}, _content_type=MERGE_PATCH
+        )
