@@ -1,4 +1,43 @@
-# The local control plane (issue: local cluster).  Owned by tests/cluster/harness.
-.PHONY: test-cluster
+# The local control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok and
+# the verification runner as local processes on 127.0.0.1; no Docker).  docs/local-cluster.md.
+# Binaries are built once from the pins in hack/cluster/versions.env into $(CLEF_CACHE).
+
+CLUSTER := CLEF_CACHE=$(CLEF_CACHE) $(VPY) -m tests.cluster.harness
+
+.PHONY: cluster-build cluster-up cluster-down cluster-status cluster-env kind-up kind-down test-cluster
+
+cluster-build: $(STAMP)
+	$(CLUSTER) build
+
+cluster-up: $(STAMP)
+	$(CLUSTER) up
+
+cluster-down: $(STAMP)
+	$(CLUSTER) down
+
+cluster-status: $(STAMP)
+	$(CLUSTER) status
+
+cluster-env: $(STAMP)
+	@$(CLUSTER) env
+
+# The cluster tier.  Without CLEF_KUBECONFIG it runs against the local control plane, building it
+# first when the cache lacks it (where Go is missing the build prints why and the tests skip).
 test-cluster: $(STAMP)
-	$(VPY) -m pytest tests/cluster -q
+	@if [ -z "$${CLEF_KUBECONFIG:-}" ]; then $(CLUSTER) build --if-possible; fi
+	CLEF_CACHE=$(CLEF_CACHE) $(VPY) -m pytest tests/cluster -q
+
+# Machines with Docker and kind only (untested on the Docker-less build machines): a kind cluster
+# with kwok's GPU nodes, the RuntimeClass, the image table and the runner added from this host.
+# Then: CLEF_KUBECONFIG=.cluster/kind/kubeconfig make test-cluster
+KIND ?= kind
+kind-up: $(STAMP)
+	@command -v $(KIND) >/dev/null || { echo "kind-up: needs kind (https://kind.sigs.k8s.io) and Docker"; exit 3; }
+	@mkdir -p .cluster/kind
+	$(KIND) get clusters | grep -qx clef || $(KIND) create cluster --name clef --kubeconfig .cluster/kind/kubeconfig
+	$(CLUSTER) build
+	$(CLUSTER) --state-dir .cluster/kind up --attach .cluster/kind/kubeconfig
+
+kind-down: $(STAMP)
+	$(CLUSTER) --state-dir .cluster/kind down
+	$(KIND) delete cluster --name clef

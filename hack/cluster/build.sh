@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# Builds the local control plane's binaries from their Go modules, once, into the cache:
+#   $CLEF_CACHE/k8s-<v>/bin/{kube-apiserver,kube-controller-manager,kube-scheduler,kubectl}
+#   $CLEF_CACHE/etcd-<v>/bin/etcd
+#   $CLEF_CACHE/kwok-<v>/bin/kwok
+# A component whose directory holds a complete stamp is skipped, so this is cheap to call on every
+# `make cluster-up`.  Uses the machine's Go (GOTOOLCHAIN=local) and the module proxy; no Docker.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=versions.env
+source "$here/versions.env"
+CLEF_CACHE=${CLEF_CACHE:-$HOME/.cache/clef}
+export GOTOOLCHAIN=local GOFLAGS="-mod=mod -buildvcs=false" CGO_ENABLED=0
+
+log() { printf 'cluster-build: %s\n' "$*" >&2; }
+
+if ! command -v go >/dev/null 2>&1; then
+  log "missing: go (install Go >= 1.26 from https://go.dev/dl/ and put it on PATH)"
+  exit 3
+fi
+
+mkdir -p "$CLEF_CACHE"
+# Two CI runs on one machine must not build into the same directory at once.
+exec 9>"$CLEF_CACHE/.cluster-build.lock"
+flock 9
+
+go_version=$(go env GOVERSION)
+
+done_already() { [[ -f "$1/.complete" ]]; }
+
+# Runs a build into a scratch directory and moves it into place only when it succeeded, so an
+# interrupted build never leaves a half-filled cache entry that later runs would trust.
+finish() {
+  local scratch=$1 dest=$2 what=$3 started=$4
+  printf '%s built with %s in %ss\n' "$what" "$go_version" "$(( $(date +%s) - started ))" >"$scratch/.complete"
+  rm -rf "$dest"
+  mv "$scratch" "$dest"
+  log "$what ready in $dest ($(( $(date +%s) - started ))s)"
+}
+
+new_module() {
+  local dir=$1
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  printf 'module clef.local/clusterbuild\n\ngo 1.26.0\n' >"$dir/go.mod"
+}
+
+build_kubernetes() {
+  local v=$KUBERNETES_VERSION dest="$CLEF_CACHE/k8s-$KUBERNETES_VERSION"
+  done_already "$dest" && return 0
+  local started scratch work minor staging
+  started=$(date +%s)
+  scratch="$CLEF_CACHE/.k8s-$v.partial"
+  work="$CLEF_CACHE/build/k8s-$v"
+  rm -rf "$scratch"
+  mkdir -p "$scratch/bin"
+  new_module "$work"
+  # Staging modules (k8s.io/api, client-go, ...) are published as v0.<minor>.<patch>; as a
+  # dependency k8s.io/kubernetes requires them at v0.0.0 and its own replace directives (to
+  # ./staging) do not apply, so the building module repoints every one of them to the tag.
+  staging="v0.${v#v1.}"
+  log "kubernetes $v: resolving staging modules at $staging"
+  (cd "$work" && go mod download -json "k8s.io/kubernetes@$v" >/dev/null)
+  local upstream_mod
+  upstream_mod=$(cd "$work" && go mod download -json "k8s.io/kubernetes@$v" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
+  {
+    echo
+    echo "require k8s.io/kubernetes $v"
+    echo
+    echo "replace ("
+    sed -n 's#^[[:space:]]*\(k8s\.io/[a-z0-9-]*\) v0\.0\.0$#\t\1 => \1 '"$staging"'#p' "$upstream_mod"
+    echo ")"
+  } >>"$work/go.mod"
+  minor=${v#v1.}; minor=${minor%%.*}
+  local pkgs=(
+    k8s.io/kubernetes/cmd/kube-apiserver
+    k8s.io/kubernetes/cmd/kube-controller-manager
+    k8s.io/kubernetes/cmd/kube-scheduler
+    k8s.io/kubernetes/cmd/kubectl
+  )
+  local ldflags="-s -w"
+  local p
+  for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ldflags+=" -X $p.gitVersion=$v -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean"
+    ldflags+=" -X $p.buildDate=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  done
+  log "kubernetes $v: building ${pkgs[*]##*/} (first time: tens of minutes on 2 cores)"
+  (cd "$work" && go build -trimpath -ldflags "$ldflags" -o "$scratch/bin/" "${pkgs[@]}")
+  finish "$scratch" "$dest" "kubernetes $v" "$started"
+}
+
+build_etcd() {
+  local v=$ETCD_VERSION dest="$CLEF_CACHE/etcd-$ETCD_VERSION"
+  done_already "$dest" && return 0
+  local started scratch work
+  started=$(date +%s)
+  scratch="$CLEF_CACHE/.etcd-$v.partial"
+  work="$CLEF_CACHE/build/etcd-$v"
+  rm -rf "$scratch"
+  mkdir -p "$scratch/bin"
+  new_module "$work"
+  printf '\nrequire go.etcd.io/etcd/server/v3 %s\n' "$v" >>"$work/go.mod"
+  log "etcd $v: building"
+  (cd "$work" && go build -trimpath -ldflags "-s -w" -o "$scratch/bin/etcd" go.etcd.io/etcd/server/v3)
+  finish "$scratch" "$dest" "etcd $v" "$started"
+}
+
+build_kwok() {
+  local v=$KWOK_VERSION dest="$CLEF_CACHE/kwok-$KWOK_VERSION"
+  done_already "$dest" && return 0
+  local started scratch work
+  started=$(date +%s)
+  scratch="$CLEF_CACHE/.kwok-$v.partial"
+  work="$CLEF_CACHE/build/kwok-$v"
+  rm -rf "$scratch"
+  mkdir -p "$scratch/bin"
+  new_module "$work"
+  printf '\nrequire sigs.k8s.io/kwok %s\n' "$v" >>"$work/go.mod"
+  log "kwok $v: building"
+  (cd "$work" && go build -trimpath -ldflags "-s -w" \
+    -o "$scratch/bin/kwok" sigs.k8s.io/kwok/cmd/kwok)
+  finish "$scratch" "$dest" "kwok $v" "$started"
+}
+
+case "${1:-all}" in
+  all) build_etcd; build_kwok; build_kubernetes ;;
+  kubernetes) build_kubernetes ;;
+  etcd) build_etcd ;;
+  kwok) build_kwok ;;
+  *) log "usage: $0 [all|kubernetes|etcd|kwok]"; exit 2 ;;
+esac

@@ -1,0 +1,141 @@
+"""The cluster tier's cluster: the local control plane by default, or any cluster named by
+CLEF_KUBECONFIG (kind, a real cluster), with no code change between them.
+
+The local cluster is started once per session (built first if the cache lacks it) and stopped at
+the end even when tests fail.  A cluster already running from `.cluster/` (`make cluster-up`) is
+reused and left running.  Where a prerequisite is missing the tier is skipped with one line that
+names it; with CLEF_REQUIRE_CLUSTER=1 (CI) that is a failure instead.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from .harness import images
+from .harness.cluster import ClusterError, LocalCluster, build, install_crds
+from .harness.config import DEFAULT_STATE_DIR, default_binaries, missing_prerequisites
+
+T = TypeVar("T")
+
+
+@dataclass
+class Cluster:
+    kubeconfig: Path
+    api: client.ApiClient
+    # The harness's own control plane (its processes and ports are ours to inspect).
+    local: LocalCluster | None
+    kubectl: str | None
+
+    @property
+    def core(self) -> client.CoreV1Api:
+        return client.CoreV1Api(self.api)
+
+    @property
+    def batch(self) -> client.BatchV1Api:
+        return client.BatchV1Api(self.api)
+
+    @property
+    def apps(self) -> client.AppsV1Api:
+        return client.AppsV1Api(self.api)
+
+    def image_table(self) -> images.ImageTable:
+        """The harness's live image table; skips where this cluster has no harness runner."""
+        table = images.read_table(self.core)
+        if table is None:
+            pytest.skip(
+                "this cluster has no clef harness runner (no clef-harness/image-table ConfigMap): "
+                "verification pods would need real images here"
+            )
+        return table
+
+
+def _fail_or_skip(reason: str) -> None:
+    if os.environ.get("CLEF_REQUIRE_CLUSTER", "") not in ("", "0"):
+        pytest.fail(f"cluster tier required (CLEF_REQUIRE_CLUSTER) but {reason}", pytrace=False)
+    pytest.skip(f"cluster tier skipped: {reason}")
+
+
+@pytest.fixture(scope="session")
+def cluster(pytestconfig: pytest.Config) -> Iterator[Cluster]:
+    external = os.environ.get("CLEF_KUBECONFIG")
+    if external:
+        path = Path(external).expanduser().resolve()
+        api = config.new_client_from_config(config_file=str(path))
+        install_crds(api)
+        cached = default_binaries().kubectl
+        kubectl = str(cached) if cached.is_file() else shutil.which("kubectl")
+        yield Cluster(path, api, None, kubectl)
+        return
+
+    missing = missing_prerequisites()
+    if missing:
+        _fail_or_skip(missing)
+    local = LocalCluster(DEFAULT_STATE_DIR)
+    capture = pytestconfig.pluginmanager.getplugin("capturemanager")
+    started_here = False
+    # Build and start-up progress goes straight to the terminal: a first build takes a while.
+    with capture.global_and_fixture_disabled():
+        try:
+            build(log=print)
+            if local.running():
+                print(f"\ncluster: reusing the cluster already running from {local.dir}")
+            else:
+                seconds = local.up()
+                started_here = True
+                print(f"\ncluster: local control plane up in {seconds:.1f}s ({local.kubeconfig})")
+        except ClusterError as e:
+            pytest.fail(f"local cluster did not start: {e}", pytrace=False)
+    try:
+        api = config.new_client_from_config(config_file=str(local.kubeconfig))
+        install_crds(api)
+        yield Cluster(local.kubeconfig, api, local, str(local.bin.kubectl))
+    finally:
+        if started_here:
+            report = local.down()
+            if not report.clean:
+                pytest.fail(f"local cluster teardown left {report}", pytrace=False)
+
+
+@pytest.fixture
+def namespace(cluster: Cluster) -> Iterator[str]:
+    """A fresh namespace per test, deleted afterwards (which exercises pod deletion too)."""
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    cluster.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    # Pods are refused until the namespace's default ServiceAccount exists.
+    wait_for(lambda: _default_sa(cluster, name), 30, f"ServiceAccount {name}/default")
+    yield name
+    cluster.core.delete_namespace(name, propagation_policy="Background")
+
+
+def _default_sa(cluster: Cluster, ns: str) -> bool:
+    try:
+        cluster.core.read_namespaced_service_account("default", ns)
+    except ApiException:
+        return False
+    return True
+
+
+def wait_for(
+    probe: Callable[[], T | None], timeout: float, what: str, describe: Callable[[], Any] | None = None
+) -> T:
+    """Poll `probe` until it returns something truthy; fail naming `what` and the last state."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = probe()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            state = f"; last state: {describe()}" if describe else ""
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}{state}")
+        time.sleep(0.2)

@@ -1,0 +1,99 @@
+"""`python -m tests.cluster.harness build|up|down|status|env|check` (see docs/local-cluster.md)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .cluster import ClusterError, ClusterRunning, LocalCluster, build
+from .config import DEFAULT_STATE_DIR, default_binaries, missing_prerequisites
+from .procs import is_alive
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.cluster.harness")
+    parser.add_argument(
+        "--state-dir", type=Path, default=DEFAULT_STATE_DIR, help="where certs, logs and data live"
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build", help="build the cached binaries if missing")
+    b.add_argument(
+        "--if-possible",
+        action="store_true",
+        help="exit 0 with a note when a prerequisite (Go) is missing; the tests then skip",
+    )
+    u = sub.add_parser("up", help="start the local cluster (builds first if needed)")
+    u.add_argument(
+        "--attach",
+        type=Path,
+        metavar="KUBECONFIG",
+        help="start only kwok and the runner against an existing cluster (kind)",
+    )
+    sub.add_parser("down", help="stop everything started from --state-dir")
+    sub.add_parser("status", help="what is running")
+    sub.add_parser("env", help='shell exports for kubectl: eval "$(python -m tests.cluster.harness env)"')
+    sub.add_parser("check", help="print what is missing to run the local cluster (exit 3 if anything)")
+    args = parser.parse_args(argv)
+    cluster = LocalCluster(args.state_dir)
+
+    if args.command == "check":
+        missing = missing_prerequisites()
+        print(missing or "ok: everything needed is present")
+        return 3 if missing else 0
+
+    if args.command == "build":
+        missing = missing_prerequisites()
+        if missing and default_binaries().missing():
+            print(f"cluster: {missing}", file=sys.stderr)
+            return 0 if args.if_possible else 3
+        build()
+        return 0
+
+    if args.command == "up":
+        try:
+            build()
+            seconds = cluster.up(external_kubeconfig=args.attach)
+        except ClusterRunning as e:
+            print(f"cluster: {e}", file=sys.stderr)
+            return 0
+        except ClusterError as e:
+            print(f"cluster: {e}", file=sys.stderr)
+            return 1
+        print(f"cluster: up in {seconds:.1f}s; to use it:", file=sys.stderr)
+        print("\n".join(cluster.env_lines()))
+        return 0
+
+    if args.command == "down":
+        report = cluster.down()
+        if not report.clean:
+            print(
+                f"cluster: still running: {report.survivors}; ports still listening: "
+                f"{report.ports_still_listening}",
+                file=sys.stderr,
+            )
+            return 1
+        print(f"cluster: stopped ({', '.join(report.stopped) or 'nothing was running'})", file=sys.stderr)
+        return 0
+
+    if args.command == "status":
+        records = cluster.ledger.load()
+        if not records:
+            print("cluster: not running")
+            return 3
+        state = cluster.state()
+        for r in records:
+            print(f"{r.name:<24} pid {r.pid:<8} {'running' if is_alive(r) else 'DEAD'}")
+        print(f"server     {state.get('server', '(external) ' + str(state.get('externalKubeconfig')))}")
+        print(f"kubeconfig {cluster.active_kubeconfig()}")
+        print(f"logs       {cluster.logs}")
+        return 0 if all(is_alive(r) for r in records) else 1
+
+    if args.command == "env":
+        print("\n".join(cluster.env_lines()))
+        return 0
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

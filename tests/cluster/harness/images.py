@@ -1,0 +1,217 @@
+"""The image table: what each test image reference stands for (see images.yaml for the kinds).
+
+The seed lives in images.yaml; the live table is the ConfigMap clef-harness/image-table, which
+the runner reads for every pod it starts, so a test can add an image or move a tag to a new digest
+through the API server while the cluster runs (`put_image`).  Entries are only ever appended: a tag
+resolves to its newest entry while every older digest keeps resolving to what it was, which is
+what a registry does when CI republishes a tag.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from .config import HARNESS_NAMESPACE, IMAGE_TABLE_CONFIGMAP, IMAGE_TABLE_FILE, IMAGE_TABLE_KEY
+
+KINDS = ("good", "fault", "hang", "unpullable")
+
+
+def split_ref(image: str) -> tuple[str, str | None, str | None]:
+    """`repo[:tag][@sha256:hex]` → (repo, tag, hex digest).  A registry port is not a tag."""
+    digest = None
+    if "@" in image:
+        image, _, d = image.partition("@")
+        algo, _, digest = d.partition(":")
+        if algo != "sha256" or not digest:
+            raise ValueError(f"image digest {d!r} is not sha256:<hex>")
+    last = image.rsplit("/", 1)[-1]
+    if ":" in last:
+        repo, _, tag = image.rpartition(":")
+        return repo, tag, digest
+    return image, None, digest
+
+
+def default_digest(ref: str, generation: int = 0) -> str:
+    seed = ref if generation == 0 else f"{ref}#{generation}"
+    return hashlib.sha256(seed.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class ImageEntry:
+    ref: str
+    kind: str
+    digest: str
+    fault: str | None = None
+    entrypoint: tuple[str, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"image {self.ref}: kind {self.kind!r} is not one of {', '.join(KINDS)}")
+        if (self.kind == "fault") != bool(self.fault):
+            raise ValueError(f"image {self.ref}: `fault` is required for kind fault and only for it")
+        _, tag, digest = split_ref(self.ref)
+        if digest is not None or tag is None:
+            raise ValueError(f"image {self.ref}: a table ref is repo:tag (the digest is its own field)")
+        if len(self.digest) != 64 or any(c not in "0123456789abcdef" for c in self.digest):
+            raise ValueError(f"image {self.ref}: digest {self.digest!r} is not 64 lowercase hex digits")
+
+    @property
+    def repo(self) -> str:
+        return split_ref(self.ref)[0]
+
+    @property
+    def image_id(self) -> str:
+        """What a kubelet reports as the container's imageID."""
+        return f"{self.repo}@sha256:{self.digest}"
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"ref": self.ref, "kind": self.kind, "digest": self.digest}
+        if self.fault:
+            d["fault"] = self.fault
+        if self.entrypoint:
+            d["entrypoint"] = list(self.entrypoint)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ImageEntry:
+        ref = str(d["ref"])
+        return cls(
+            ref=ref,
+            kind=str(d["kind"]),
+            digest=str(d.get("digest") or default_digest(ref)),
+            fault=d.get("fault"),
+            entrypoint=tuple(str(a) for a in d.get("entrypoint") or ()),
+        )
+
+
+@dataclass(frozen=True)
+class ImageTable:
+    entries: tuple[ImageEntry, ...]
+
+    def lookup(self, image: str) -> ImageEntry | None:
+        try:
+            repo, tag, digest = split_ref(image)
+        except ValueError:
+            return None
+        # Newest first: a moved tag resolves to its latest entry.
+        for e in reversed(self.entries):
+            if e.repo != repo:
+                continue
+            if digest is not None:
+                if e.digest == digest:
+                    return e
+            elif e.ref == f"{repo}:{tag or 'latest'}":
+                return e
+        return None
+
+    def with_entry(self, entry: ImageEntry) -> ImageTable:
+        return ImageTable((*self.entries, entry))
+
+    def dump(self) -> str:
+        return yaml.safe_dump({"images": [e.to_dict() for e in self.entries]}, sort_keys=False)
+
+    @classmethod
+    def parse(cls, text: str) -> ImageTable:
+        data = yaml.safe_load(text) or {}
+        return cls(tuple(ImageEntry.from_dict(d) for d in data.get("images") or ()))
+
+
+def fault_names() -> list[str]:
+    from clef_runtime.faults import CATALOGUE
+
+    return sorted(CATALOGUE)
+
+
+def seed_table(path: Path = IMAGE_TABLE_FILE, faults: Iterable[str] | None = None) -> ImageTable:
+    data = yaml.safe_load(path.read_text()) or {}
+    entries = [ImageEntry.from_dict(d) for d in data.get("images") or ()]
+    pattern = data.get("faultImages")
+    if pattern:
+        for name in fault_names() if faults is None else faults:
+            ref = str(pattern["ref"]).format(fault=name)
+            entries.append(
+                ImageEntry(
+                    ref=ref,
+                    kind="fault",
+                    digest=default_digest(ref),
+                    fault=name,
+                    entrypoint=tuple(pattern.get("entrypoint") or ()),
+                )
+            )
+    return ImageTable(tuple(entries))
+
+
+def fault_image(fault: str, path: Path = IMAGE_TABLE_FILE) -> str:
+    """The seeded image reference that carries `fault`."""
+    data = yaml.safe_load(path.read_text()) or {}
+    return str(data["faultImages"]["ref"]).format(fault=fault)
+
+
+def read_table(core: client.CoreV1Api) -> ImageTable | None:
+    """The live table, or None where this cluster has no harness (kind without it, a real cluster)."""
+    try:
+        cm = core.read_namespaced_config_map(IMAGE_TABLE_CONFIGMAP, HARNESS_NAMESPACE)
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+    return ImageTable.parse((cm.data or {}).get(IMAGE_TABLE_KEY, ""))
+
+
+def write_table(core: client.CoreV1Api, table: ImageTable) -> None:
+    """Create or overwrite the live table (used by `up`)."""
+    body = client.V1ConfigMap(
+        metadata=client.V1ObjectMeta(name=IMAGE_TABLE_CONFIGMAP, namespace=HARNESS_NAMESPACE),
+        data={IMAGE_TABLE_KEY: table.dump()},
+    )
+    try:
+        core.create_namespaced_config_map(HARNESS_NAMESPACE, body)
+    except ApiException as e:
+        if e.status != 409:
+            raise
+        core.replace_namespaced_config_map(IMAGE_TABLE_CONFIGMAP, HARNESS_NAMESPACE, body)
+
+
+def put_image(
+    core: client.CoreV1Api,
+    ref: str,
+    kind: str,
+    *,
+    fault: str | None = None,
+    digest: str | None = None,
+    entrypoint: Iterable[str] = ("clef-runtime",),
+) -> ImageEntry:
+    """Add `ref` to the live table, or move it to a new digest (a fresh one unless given).
+
+    Returns the new entry; its `image_id` is what verification pods of `ref` will now report.
+    """
+    for _ in range(10):
+        cm = core.read_namespaced_config_map(IMAGE_TABLE_CONFIGMAP, HARNESS_NAMESPACE)
+        table = ImageTable.parse((cm.data or {}).get(IMAGE_TABLE_KEY, ""))
+        if digest is None:
+            used = {e.digest for e in table.entries}
+            generation = 0
+            while default_digest(ref, generation) in used:
+                generation += 1
+            chosen = default_digest(ref, generation)
+        else:
+            chosen = digest
+        entry = ImageEntry(ref=ref, kind=kind, digest=chosen, fault=fault, entrypoint=tuple(entrypoint))
+        cm.data = {IMAGE_TABLE_KEY: table.with_entry(entry).dump()}
+        try:
+            # resourceVersion rides along, so a concurrent writer makes this a 409 and a retry.
+            core.replace_namespaced_config_map(IMAGE_TABLE_CONFIGMAP, HARNESS_NAMESPACE, cm)
+        except ApiException as e:
+            if e.status == 409:
+                continue
+            raise
+        return entry
+    raise RuntimeError(f"could not update {HARNESS_NAMESPACE}/{IMAGE_TABLE_CONFIGMAP}: too many conflicts")
