@@ -1,0 +1,284 @@
+"""Running the operator against the cluster tier's cluster, and reading what it did.
+
+The operator runs as a real subprocess (`clef-operator run --namespace NS`), so tests can kill
+it with SIGKILL mid-rollout and start it again, exactly as a crashing pod would be.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, watch
+from kubernetes.client.exceptions import ApiException
+
+from clef_operator.api import GROUP, PLURAL, VERSION
+
+from .conftest import Cluster, wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+IMAGE_10 = "registry.clef.test/clef-runtime:1.0"
+IMAGE_11 = "registry.clef.test/clef-runtime:1.1"
+KEY_BAND_IMAGE = "registry.clef.test/clef-runtime:1.0-conv_key_band_zero"
+HANG_IMAGE = "registry.clef.test/clef-runtime:hang"
+UNPULLABLE_IMAGE = "registry.clef.test/clef-runtime:unpullable"
+V100 = "Tesla-V100-SXM2-16GB"
+
+# A real `clef-runtime verify` on the host's CPU (reduced shapes, Triton interpreter).
+VERIFY_SECONDS = float(os.environ.get("CLEF_TEST_VERIFY_TIMEOUT", "900"))
+
+
+class OperatorProcess:
+    """`clef-operator run` for one namespace, as a subprocess with its log in a file."""
+
+    def __init__(self, kubeconfig: Path, namespace: str, log_path: Path) -> None:
+        self.kubeconfig = kubeconfig
+        self.namespace = namespace
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        assert self.proc is None or self.proc.poll() is not None, "already running"
+        self.starts += 1
+        log = self.log_path.open("ab")
+        log.write(f"\n===== start {self.starts} =====\n".encode())
+        log.flush()
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "clef_operator.cli", "run", "--namespace", self.namespace, "--verbose"],
+            cwd=REPO,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, as when the node or the container dies."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(30)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no operator log)"
+
+
+def clefmodel(name: str, image: str = IMAGE_10, **spec: Any) -> dict[str, Any]:
+    """clef-flash as in DESIGN: 1 GPU, f16, kvFraction 0.30, Service clef-serve."""
+    body: dict[str, Any] = {
+        "engine": "candle-vllm",
+        "image": image,
+        "model": {"name": "clef-flash", "path": "/models/clef-flash", "weightsMiB": 9426},
+        "dtype": "f16",
+        "kvFraction": 0.30,
+        "gpus": 1,
+        "nodeSelector": {"nvidia.com/gpu.product": V100},
+        "service": {"name": "clef-serve"},
+        "verification": {"timeoutSeconds": int(VERIFY_SECONDS)},
+        "rollout": {"scaleDownDelaySeconds": 5},
+    }
+    body.update(spec)
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ClefModel", "metadata": {"name": name}, "spec": body}
+
+
+class Models:
+    """ClefModels in one namespace, through the real API server."""
+
+    def __init__(self, cluster: Cluster, namespace: str, operator: OperatorProcess | None = None) -> None:
+        self.cluster = cluster
+        self.ns = namespace
+        self.operator = operator
+        self.custom = client.CustomObjectsApi(cluster.api)
+
+    def create(self, body: dict[str, Any]) -> dict[str, Any]:
+        obj: Any = self.custom.create_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, body)
+        return dict(obj)
+
+    def get(self, name: str) -> dict[str, Any]:
+        obj: Any = self.custom.get_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name)
+        return dict(obj)
+
+    def patch(self, name: str, patch: dict[str, Any]) -> None:
+        self.custom.patch_namespaced_custom_object(
+            GROUP, VERSION, self.ns, PLURAL, name, patch, _content_type="application/merge-patch+json"
+        )
+
+    def set_image(self, name: str, image: str) -> None:
+        self.patch(name, {"spec": {"image": image}})
+
+    def delete(self, name: str) -> None:
+        self.custom.delete_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name)
+
+    def condition(self, name: str, type_: str) -> dict[str, Any]:
+        for c in self.get(name).get("status", {}).get("conditions", []):
+            if c["type"] == type_:
+                return dict(c)
+        return {}
+
+    def describe(self, name: str) -> str:
+        try:
+            status = self.get(name).get("status", {})
+        except ApiException as e:
+            status = {"error": e.reason}
+        brief = {k: v for k, v in status.items() if k != "verifications"}
+        text = json.dumps(brief, indent=1)[:3000]
+        if self.operator is not None:
+            text += f"\n--- operator log ---\n{self.operator.tail()}"
+        return text
+
+    def wait_condition(
+        self, name: str, type_: str, status: str, reason: str | None = None, timeout: float = 60
+    ) -> dict[str, Any]:
+        def probe() -> dict[str, Any] | None:
+            try:
+                c = self.condition(name, type_)
+            except ApiException:
+                return None
+            if c.get("status") == status and (reason is None or c.get("reason") == reason):
+                return c
+            return None
+
+        what = f"{name} {type_}={status}" + (f" ({reason})" if reason else "")
+        return wait_for(probe, timeout, what, lambda: self.describe(name))
+
+    def wait_status(
+        self, name: str, check: Callable[[dict[str, Any]], bool], what: str, timeout: float = 60
+    ) -> dict[str, Any]:
+        def probe() -> dict[str, Any] | None:
+            status = self.get(name).get("status", {})
+            return status if check(status) else None
+
+        return wait_for(probe, timeout, what, lambda: self.describe(name))
+
+    # ---- children
+    def deployments(self, model: str) -> list[client.V1Deployment]:
+        items: list[Any] = self.cluster.apps.list_namespaced_deployment(
+            self.ns, label_selector=f"clef.riotpiao.com/model={model}"
+        ).items
+        return items
+
+    def deployment_of(self, model: str, revision: str) -> client.V1Deployment:
+        return self.cluster.apps.read_namespaced_deployment(f"{model}-{revision}", self.ns)
+
+    def jobs(self, model: str) -> list[client.V1Job]:
+        items: list[Any] = self.cluster.batch.list_namespaced_job(
+            self.ns, label_selector=f"clef.riotpiao.com/model={model}"
+        ).items
+        return items
+
+    def events(self, model: str) -> list[client.CoreV1Event]:
+        items: list[Any] = self.cluster.core.list_namespaced_event(
+            self.ns, field_selector=f"involvedObject.name={model},involvedObject.kind=ClefModel"
+        ).items
+        return items
+
+    def event_reasons(self, model: str) -> list[str]:
+        return [e.reason for e in self.events(model)]
+
+
+def image_of(deployment: client.V1Deployment) -> str:
+    return deployment.spec.template.spec.containers[0].image  # type: ignore[union-attr,index]
+
+
+def ready_endpoints(cluster: Cluster, namespace: str, service: str) -> int:
+    slices: list[Any] = (
+        client.DiscoveryV1Api(cluster.api)
+        .list_namespaced_endpoint_slice(namespace, label_selector=f"kubernetes.io/service-name={service}")
+        .items
+    )
+    return sum(1 for s in slices for e in (s.endpoints or []) if e.conditions is None or e.conditions.ready)
+
+
+class EndpointWatch:
+    """Watches the Service's EndpointSlices in a thread and records the ready count after every
+    change, so a test can prove the Service never had zero ready endpoints during a rollout."""
+
+    def __init__(self, cluster: Cluster, namespace: str, service: str) -> None:
+        self.cluster, self.ns, self.service = cluster, namespace, service
+        self.counts: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        api = client.DiscoveryV1Api(self.cluster.api)
+        selector = f"kubernetes.io/service-name={self.service}"
+        while not self._stop.is_set():
+            w = watch.Watch()
+            try:
+                for _ in w.stream(
+                    api.list_namespaced_endpoint_slice, self.ns, label_selector=selector, timeout_seconds=2
+                ):
+                    # Recount across all slices: one event shows one slice only.
+                    self.counts.append(ready_endpoints(self.cluster, self.ns, self.service))
+                    if self._stop.is_set():
+                        break
+            except Exception:  # the watch is re-established; a gap is covered by the polling below
+                time.sleep(0.1)
+            self.counts.append(ready_endpoints(self.cluster, self.ns, self.service))
+
+    def __enter__(self) -> EndpointWatch:
+        self.counts.append(ready_endpoints(self.cluster, self.ns, self.service))
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+@contextmanager
+def operator_running(cluster: Cluster, namespace: str, log_dir: Path) -> Iterator[OperatorProcess]:
+    op = OperatorProcess(cluster.kubeconfig, namespace, log_dir / f"operator-{namespace}.log")
+    op.start()
+    try:
+        yield op
+    finally:
+        op.stop()
+
+
+def gpus_in_use(cluster: Cluster, node: str) -> int:
+    pods: list[Any] = cluster.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}").items
+    used = 0
+    for p in pods:
+        if p.status.phase in ("Succeeded", "Failed"):
+            continue
+        for c in p.spec.containers:
+            limits = (c.resources.limits or {}) if c.resources else {}
+            used += int(limits.get("nvidia.com/gpu", 0))
+    return used
+
+
+def wait_gpus_free(cluster: Cluster, node: str, needed: int, capacity: int, timeout: float = 120) -> None:
+    """Pods of earlier tests' namespaces may still be terminating on the shared nodes."""
+    wait_for(
+        lambda: capacity - gpus_in_use(cluster, node) >= needed,
+        timeout,
+        f"{needed} free GPUs on {node}",
+        lambda: f"{gpus_in_use(cluster, node)} of {capacity} in use",
+    )

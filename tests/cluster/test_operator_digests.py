@@ -1,0 +1,64 @@
+"""Verdicts belong to digests (issue 6, test 10a): a tag that moves changes nothing that serves
+until a re-verify passes on the new digest; a re-verify that fails keeps the verified digest."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from .conftest import Cluster, wait_for
+from .harness.images import put_image
+from .operator_support import VERIFY_SECONDS, Models, clefmodel, image_of, operator_running
+
+pytestmark = pytest.mark.cluster
+
+
+def test_moving_tag_serves_only_verified_digests(cluster: Cluster, namespace: str, tmp_path: Path) -> None:
+    cluster.image_table()
+    tag = f"registry.clef.test/clef-runtime:ci-{uuid.uuid4().hex[:8]}"
+    first = put_image(cluster.core, tag, "good")
+    with operator_running(cluster, namespace, tmp_path) as op:
+        models = Models(cluster, namespace, op)
+        models.create(clefmodel("flash", tag))
+        models.wait_condition("flash", "Ready", "True", "Available", timeout=VERIFY_SECONDS + 120)
+        status = models.get("flash")["status"]
+        assert status["activeImage"] == first.image_id
+        serving = models.deployment_of("flash", status["activeRevision"])
+        assert image_of(serving) == first.image_id, "serving must name the digest, not the tag"
+
+        # CI republishes the tag.  Nothing re-verifies by itself and nothing new serves.
+        second = put_image(cluster.core, tag, "good")
+        assert second.image_id != first.image_id
+        jobs = {j.metadata.name for j in models.jobs("flash")}
+        time.sleep(5)
+        assert {j.metadata.name for j in models.jobs("flash")} == jobs
+        assert models.get("flash")["status"]["activeImage"] == first.image_id
+
+        models.patch("flash", {"metadata": {"annotations": {"clef.riotpiao.com/reverify": "1"}}})
+        models.wait_status(
+            "flash",
+            lambda s: s.get("activeImage") == second.image_id,
+            "the re-verified digest to serve",
+            VERIFY_SECONDS + 120,
+        )
+        new_revision = models.get("flash")["status"]["activeRevision"]
+        assert new_revision != status["activeRevision"], "a new digest gets its own Deployment"
+        wait_for(
+            lambda: models.deployment_of("flash", status["activeRevision"]).spec.replicas == 0,
+            60,
+            "the first digest's revision at 0",
+        )
+
+        # The tag moves again, to an image with the key-band fault: the re-verify fails, and the
+        # verified digest keeps serving.
+        put_image(cluster.core, tag, "fault", fault="conv_key_band_zero")
+        models.patch("flash", {"metadata": {"annotations": {"clef.riotpiao.com/reverify": "2"}}})
+        verified = models.wait_condition("flash", "Verified", "False", timeout=VERIFY_SECONDS + 60)
+        assert verified["reason"] == "KernelMismatch", verified
+        status = models.get("flash")["status"]
+        assert status["activeImage"] == second.image_id
+        assert status["activeRevision"] == new_revision
+        assert models.condition("flash", "Ready")["status"] == "True"
