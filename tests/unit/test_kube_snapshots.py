@@ -1,0 +1,141 @@
+"""kube turns API objects into the planner's snapshots; these are the fields rollouts hinge on."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from kubernetes import client
+
+from clef_operator import labels
+from clef_operator.kube import _deployment, _job, _pod
+
+T = datetime(2026, 3, 1, tzinfo=UTC)
+
+
+def meta(name: str, **kw: object) -> client.V1ObjectMeta:
+    return client.V1ObjectMeta(name=name, creation_timestamp=T, **kw)
+
+
+def test_unschedulable_verification_pod_carries_the_schedulers_message_and_node_gpu():
+    pod = client.V1Pod(
+        metadata=meta(
+            "m-verify-abc-x",
+            labels={
+                labels.COMPONENT: "verification",
+                labels.MODEL: "m",
+                "batch.kubernetes.io/job-name": "m-verify-abc",
+            },
+        ),
+        spec=client.V1PodSpec(containers=[client.V1Container(name="verify")], node_name=None),
+        status=client.V1PodStatus(
+            phase="Pending",
+            conditions=[
+                client.V1PodCondition(
+                    type="PodScheduled",
+                    status="False",
+                    reason="Unschedulable",
+                    message="0/2 nodes are available: 2 Insufficient nvidia.com/gpu.",
+                )
+            ],
+        ),
+    )
+    state = _pod(pod, {})
+    assert state.job_name == "m-verify-abc"
+    assert state.component == "verification"
+    assert "Insufficient nvidia.com/gpu" in state.unschedulable_message
+
+
+def test_terminated_verify_container_report_digest_and_gpu_class():
+    pod = client.V1Pod(
+        metadata=meta("p", labels={labels.COMPONENT: "verification", "job-name": "j"}),
+        spec=client.V1PodSpec(containers=[client.V1Container(name="verify")], node_name="worker-1"),
+        status=client.V1PodStatus(
+            phase="Succeeded",
+            container_statuses=[
+                client.V1ContainerStatus(
+                    name="verify",
+                    image="img",
+                    image_id="img@sha256:" + "a" * 64,
+                    ready=False,
+                    restart_count=0,
+                    state=client.V1ContainerState(
+                        terminated=client.V1ContainerStateTerminated(
+                            exit_code=0, reason="Completed", message="{}"
+                        )
+                    ),
+                )
+            ],
+        ),
+    )
+    nodes = {"worker-1": {labels.NODE_GPU_PRODUCT: "Tesla-V100-SXM2-16GB", labels.NODE_GPU_MEMORY: "16384"}}
+    state = _pod(pod, nodes)
+    assert state.terminated and state.exit_code == 0 and state.termination_message == "{}"
+    assert state.image_id.endswith("a" * 64)
+    assert (state.node_gpu_product, state.node_gpu_memory_mib) == ("Tesla-V100-SXM2-16GB", 16384)
+
+
+def test_crash_looping_engine_keeps_its_last_words():
+    pod = client.V1Pod(
+        metadata=meta("e", labels={labels.COMPONENT: "serving", labels.REVISION: "r1"}),
+        spec=client.V1PodSpec(containers=[client.V1Container(name="engine")]),
+        status=client.V1PodStatus(
+            phase="Running",
+            container_statuses=[
+                client.V1ContainerStatus(
+                    name="engine",
+                    image="i",
+                    image_id="",
+                    ready=False,
+                    restart_count=4,
+                    state=client.V1ContainerState(
+                        waiting=client.V1ContainerStateWaiting(reason="CrashLoopBackOff")
+                    ),
+                    last_state=client.V1ContainerState(
+                        terminated=client.V1ContainerStateTerminated(
+                            exit_code=101,
+                            reason="Error",
+                            message="panicked: libcuda.so.1: cannot open shared object",
+                        )
+                    ),
+                )
+            ],
+        ),
+    )
+    state = _pod(pod, {})
+    assert (state.revision, state.waiting_reason, state.restart_count) == ("r1", "CrashLoopBackOff", 4)
+    assert "libcuda" in state.last_termination_message
+
+
+def test_job_conditions():
+    job = client.V1Job(
+        metadata=meta("j", labels={labels.VERIFICATION_KEY: "k"}),
+        status=client.V1JobStatus(
+            conditions=[
+                client.V1JobCondition(type="FailureTarget", status="True", reason="DeadlineExceeded"),
+                client.V1JobCondition(
+                    type="Failed", status="True", reason="DeadlineExceeded", message="too long"
+                ),
+            ]
+        ),
+    )
+    state = _job(job)
+    assert (
+        state.failed and not state.complete and state.failed_reason == "DeadlineExceeded" and state.key == "k"
+    )
+
+
+def test_deployment_availability_needs_the_current_generation():
+    d = client.V1Deployment(
+        metadata=meta("m-r1", labels={labels.REVISION: "r1"}, generation=3, annotations={"a": "b"}),
+        spec=client.V1DeploymentSpec(
+            replicas=2, selector=client.V1LabelSelector(), template=client.V1PodTemplateSpec()
+        ),
+        status=client.V1DeploymentStatus(
+            observed_generation=2, replicas=2, available_replicas=2, updated_replicas=2
+        ),
+    )
+    state = _deployment(d)
+    assert state.revision == "r1" and state.replicas == 2 and state.annotations == {"a": "b"}
+    assert not state.is_available(), "the controller has not seen the latest spec yet"
+    d.status.observed_generation = 3
+    assert _deployment(d).is_available()

@@ -1,0 +1,70 @@
+"""handlers.reconcile: status first, then the actions in order, stopping at the first failure."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from clef_builders import T0, base_spec_dict
+
+from clef_operator.actions import Action, CreateJob
+from clef_operator.api import ClefModelStatus
+from clef_operator.handlers import reconcile
+from clef_operator.observed import ModelRef, Observed
+
+
+class RecordingKube:
+    """Stands in for the kube layer (not the API server): it records what reconcile asked for."""
+
+    def __init__(self, obj: dict[str, Any] | None, fail_on: type | None = None) -> None:
+        self.obj = obj
+        self.calls: list[str] = []
+        self.fail_on = fail_on
+        self.status: ClefModelStatus | None = None
+
+    def read_model(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.obj
+
+    def observe(self, model: ModelRef, service_name: str) -> Observed:
+        return Observed()
+
+    def write_status(self, model: ModelRef, status: ClefModelStatus) -> None:
+        self.calls.append("status")
+        self.status = status
+
+    def apply(self, model: ModelRef, action: Action) -> None:
+        if self.fail_on is not None and isinstance(action, self.fail_on):
+            raise RuntimeError("API server said no")
+        self.calls.append(type(action).__name__)
+
+
+def body(**spec: Any) -> dict[str, Any]:
+    return {"metadata": {"name": "m", "uid": "u", "generation": 2}, "spec": base_spec_dict(**spec)}
+
+
+def test_status_is_written_before_the_actions():
+    kube = RecordingKube(body())
+    reconcile(kube, "ns", "m", now=T0)  # type: ignore[arg-type]
+    assert kube.calls == ["status", "CreateJob", "Event"]
+    assert kube.status is not None and kube.status.observed_generation == 2
+
+
+def test_a_failing_action_stops_the_rest():
+    kube = RecordingKube(body(), fail_on=CreateJob)
+    with pytest.raises(RuntimeError):
+        reconcile(kube, "ns", "m", now=T0)  # type: ignore[arg-type]
+    assert "Event" not in kube.calls, "no event for a decision that did not happen"
+
+
+def test_deleted_model_is_left_alone():
+    kube = RecordingKube(None)
+    assert reconcile(kube, "ns", "m", now=T0) is None  # type: ignore[arg-type]
+    assert kube.calls == []
+
+
+def test_a_spec_the_models_reject_becomes_a_condition_not_a_crash():
+    kube = RecordingKube(body(kvFraction="lots"))
+    reconcile(kube, "ns", "m", now=T0)  # type: ignore[arg-type]
+    assert kube.calls == ["status"]
+    (degraded,) = [c for c in kube.status.conditions if c.type == "Degraded"]
+    assert degraded.reason == "InvalidSpec" and "spec.kvFraction" in degraded.message
