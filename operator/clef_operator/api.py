@@ -328,19 +328,15 @@ class VerificationSpec(ApiModel):
         description="The verification Job's activeDeadlineSeconds: a verification still running then fails.",
         json_schema_extra=int_range("spec.verification.timeoutSeconds", 10, 86400),
     )
-    tolerances: dict[str, float] = Field(
-        default_factory=dict,
-        max_length=32,
-        description="Per-check tolerance overrides, passed as `--tolerance NAME=VALUE`.",
-        json_schema_extra={
-            "additionalProperties": {"type": "number"},
-            **rules(
-                cel(
-                    "self.all(k, k.size() <= 128 && self[k] > 0.0)",
-                    "spec.verification.tolerances: names are at most 128 characters and values must be > 0",
-                )
-            ),
-        },
+    tolerance_scale: float | None = Field(
+        default=None,
+        description="Multiplies every check's tolerance (`verify --tolerance-scale`); unset: the runtime's own.",
+        json_schema_extra=rules(
+            cel(
+                "self >= 0.1 && self <= 100.0",
+                message_expression="'spec.verification.toleranceScale: ' + string(self) + ' is outside [0.1, 100]'",
+            )
+        ),
     )
     image: str | None = Field(
         default=None,

@@ -103,8 +103,8 @@ def verify_argv(spec: ClefModelSpec) -> list[str]:
     argv += ["--preset", spec.model.architecture.preset]
     if verification.suite is not Suite.KERNELS and spec.model.volume is not None:
         argv += ["--checkpoint", spec.model.path]
-    for name in sorted(verification.tolerances):
-        argv += ["--tolerance", f"{name}={verification.tolerances[name]:g}"]
+    if verification.tolerance_scale is not None:
+        argv += ["--tolerance-scale", f"{verification.tolerance_scale:g}"]
     return argv
 
 

@@ -14,7 +14,7 @@ from datetime import datetime
 from clef_operator.api import ClefModelSpec, FailingCheck, Verdict, VerificationRecord
 from clef_operator.observed import JobState, PodState
 from clef_operator.render import verification_image, verify_argv
-from clef_operator.report import CompactReport, ReportInvalid, ReportMissing, parse_report
+from clef_operator.report import CompactReport, FailingEntry, ReportInvalid, ReportMissing, parse_report
 from clef_operator.revision import pinned_reference
 
 
@@ -82,7 +82,8 @@ def _record(
     failing = []
     if report is not None:
         failing = [
-            FailingCheck(name=f.name, op=f.op, detail=f.detail[:1024]) for f in report.failing[:MAX_FAILING]
+            FailingCheck(name=f.name, op=f.op, detail=f.detail[:1024])
+            for f in _most_telling(report)[:MAX_FAILING]
         ]
     return VerificationRecord(
         key=job.key,
@@ -116,11 +117,15 @@ def _fail(
     return Outcome(_record(spec, job, pod, now, Verdict.FAILED, reason, summary, report), stop_job=stop_job)
 
 
+def _most_telling(report: CompactReport) -> list[FailingEntry]:
+    """Coverage findings ("key channel band [a, b) is zero") say what is broken; error sizes only
+    that something is.  They go first, into the condition and the record."""
+    return sorted(report.failing, key=lambda f: "coverage" not in f.name)
+
+
 def _report_failure(report: CompactReport) -> tuple[str, str]:
     if report.verdict == "fail":
-        checks = "; ".join(
-            f"{f.name}: {f.detail}" if f.detail else f.name for f in report.failing[:MAX_FAILING]
-        )
+        checks = "; ".join(f.detail or f.name for f in _most_telling(report)[:MAX_FAILING])
         return Reason.KERNEL_MISMATCH, f"{report.summary} — failing: {checks}" if report.summary else checks
     return Reason.ERROR, f"verify could not run: {report.error}"
 

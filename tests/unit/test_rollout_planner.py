@@ -543,3 +543,27 @@ def test_status_round_trips_through_the_wire_format():
     wire = w.status.to_wire()
     assert "activeRevision" in wire and "kvCacheTokens" in wire and "gpuMemoryMiB" in wire
     assert ClefModelStatus.model_validate(json.loads(json.dumps(wire))) == w.status
+
+
+def test_coverage_findings_lead_the_failure_message():
+    """The runtime lists error sizes before the coverage finding; the on-call engineer should
+    read "key channel band [a, b) is zero" first."""
+    w = World(make_spec())
+    w.step()
+    failing = [
+        {
+            "name": "causal_conv1d/prefill y: rel_rms",
+            "op": "causal_conv1d",
+            "detail": "rel_rms 0.437 > 0.001",
+        },
+        {
+            "name": "causal_conv1d/prefill y: coverage",
+            "op": "causal_conv1d",
+            "detail": "causal_conv1d: key channel band [32, 64) is zero",
+        },
+    ]
+    w.finish_job(exit_code=1, message=report("fail", failing=failing))
+    w.step()
+    message = w.condition("Verified")[2]
+    assert message.index("key channel band") < message.index("rel_rms 0.437")
+    assert w.status.verifications[0].failing[0].name.endswith("coverage")
