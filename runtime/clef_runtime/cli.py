@@ -1,8 +1,91 @@
-"""`clef-runtime` command line."""
+"""`clef-runtime`: the runtime's command line (`verify`, `faults`, `version`; `bench` lives in
+`clef_runtime.bench`)."""
 
+from __future__ import annotations
+
+import argparse
 import sys
+from collections.abc import Sequence
 
 
-def main(argv: list[str] | None = None) -> int:
-    print("clef-runtime: no commands yet", file=sys.stderr)
-    return 2
+def _verify_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "verify",
+        help="prove this image's GDN kernels match the reference (exit 0 pass, 1 mismatch, 2 could not run)",
+        description=(
+            "Runs clef's Triton ops and the hybrid model against float64 references at the model's "
+            "real head counts and dims, in the deployed dtype.  Full JSON report on stdout (or --report), "
+            "compact report (≤ 4 KiB) to the termination log."
+        ),
+    )
+    p.add_argument("--suite", default="full", help="kernels | model | full (default: full)")
+    p.add_argument("--dtype", default="f16", help="f16 | bf16 | f32 (default: f16)")
+    p.add_argument("--preset", default="qwen3_5", help="architecture preset when no --config/--checkpoint")
+    p.add_argument("--config", help="a Hugging Face style config.json for the model's shape")
+    p.add_argument(
+        "--checkpoint", help="a checkpoint directory (config.json + safetensors) to run the model suite on"
+    )
+    p.add_argument("--device", help="cuda | cpu (default: $CLEF_VERIFY_DEVICE or cuda)")
+    p.add_argument("--shapes", help="model | reduced (default: $CLEF_VERIFY_SHAPES or model)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the generated inputs and weights")
+    p.add_argument("--tolerance-scale", type=float, default=1.0, help="multiply every tolerance (0.1-100)")
+    p.add_argument("--report", help="write the full JSON report here instead of stdout")
+    p.add_argument(
+        "--termination-log",
+        help="compact report path (default: $CLEF_TERMINATION_LOG or /dev/termination-log)",
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="clef-runtime", description="clef's GDN runtime")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _verify_parser(sub)
+    sub.add_parser("faults", help="list the fault catalogue (CLEF_RUNTIME_FAULT values)")
+    sub.add_parser("version", help="print the runtime version")
+    from clef_runtime.bench import add_bench_parser
+
+    add_bench_parser(sub)
+    args = parser.parse_args(argv)
+
+    if args.command == "version":
+        from clef_runtime import __version__
+
+        print(__version__)
+        return 0
+    if args.command == "faults":
+        from clef_runtime.faults import CATALOGUE
+
+        for f in CATALOGUE.values():
+            print(f"{f.name:26s} {f.op:34s} {f.description}")
+        return 0
+    if args.command == "bench":
+        from clef_runtime.bench import run_bench_command
+
+        return run_bench_command(args)
+    import os
+
+    from clef_runtime.verify.environment import DEFAULT_TERMINATION_LOG, TERMINATION_LOG_ENV
+    from clef_runtime.verify.run import VerifyArgs, emit, run_verify
+
+    vargs = VerifyArgs(
+        suite=args.suite,
+        dtype=args.dtype,
+        preset=args.preset,
+        config=args.config,
+        checkpoint=args.checkpoint,
+        device=args.device,
+        shapes=args.shapes,
+        seed=args.seed,
+        tolerance_scale=args.tolerance_scale,
+        report=args.report,
+        termination_log=args.termination_log,
+    )
+    report = run_verify(vargs)
+    log = args.termination_log or os.environ.get(TERMINATION_LOG_ENV) or DEFAULT_TERMINATION_LOG
+    emit(report, sys.stdout, args.report, log)
+    print(f"verify: {report.verdict}: {report.summary()}", file=sys.stderr)
+    return report.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,5 @@
+import sys
+
+from clef_runtime.cli import main
+
+sys.exit(main())

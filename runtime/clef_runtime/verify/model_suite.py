@@ -1,0 +1,222 @@
+"""The `model` suite: the hybrid model with the architecture's layer pattern, run on the fast ops
+and on the reference ops, compared token by token and layer by layer.
+
+The fast model generates greedily; the reference model is fed the same tokens (teacher forcing),
+so both see identical inputs at every step and every difference is the ops' doing.  A position
+where the two argmaxes differ counts as a mismatch unless the reference itself could not tell the
+two tokens apart (a near-tie: their reference logits are closer than the logit tolerance), which
+is reported separately rather than hidden.
+
+Per GDN layer, the statistics that exposed the zeroed-key-band incident by hand are reported side
+by side: beta sum, delta-rule output absmax, gated-norm output absmax, conv output absmax per
+band.  A statistic that is zero (or non-finite) in the candidate but not in the reference is a
+failure with the layer and the band named.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from clef_runtime.compare import errors
+from clef_runtime.model.config import ModelConfig
+from clef_runtime.model.model import HybridModel
+from clef_runtime.model.stats import GDNStats
+from clef_runtime.opset import OpSet
+from clef_runtime.verify.report import Check
+
+SUITE = "model"
+
+
+@dataclass(frozen=True)
+class ModelTolerance:
+    logits_rel_rms: float  # teacher-forced logits, fast vs reference
+    stat_rel: float  # per-layer statistics, |fast - ref| / max(|ref|, tiny)
+    tie_rel: float  # near-tie: reference logit gap below tie_rel * rms(reference logits)
+
+
+# The model runs its matmuls in the deployed dtype on both sides; only the GDN ops differ.  Their
+# per-op errors (tolerances.py) pass through ~30 layers of residual stream: the logits' relative
+# error is then a few times the worst op's rel_rms, and a real fault moves it to ~1.
+MODEL_TOLERANCES = {
+    "f32": ModelTolerance(logits_rel_rms=1e-4, stat_rel=1e-3, tie_rel=1e-4),
+    "bf16": ModelTolerance(logits_rel_rms=8e-2, stat_rel=1e-1, tie_rel=5e-2),
+    "f16": ModelTolerance(logits_rel_rms=2e-2, stat_rel=3e-2, tie_rel=1e-2),
+}
+
+
+@dataclass(frozen=True)
+class Workload:
+    batch: int
+    prompt: int
+    new_tokens: int
+
+
+MODEL_WORKLOAD = Workload(batch=2, prompt=128, new_tokens=64)
+REDUCED_WORKLOAD = Workload(batch=1, prompt=12, new_tokens=6)
+
+
+@dataclass
+class ModelOutcome:
+    checks: list[Check]
+    layer_stats: list[dict[str, Any]]
+    summary_parts: list[str]
+
+
+def _check(
+    name: str, passed: bool, metric: str, value: Any, threshold: Any, detail: str, dur: float
+) -> Check:
+    return Check(name, "model", SUITE, passed, metric, value, threshold, "" if passed else detail, dur)
+
+
+def run_model_suite(
+    config: ModelConfig,
+    weights: dict[str, torch.Tensor],
+    fast_ops: OpSet,
+    ref_ops: OpSet,
+    dtype_name: str,
+    dtype: torch.dtype,
+    device: torch.device,
+    workload: Workload,
+    seed: int = 0,
+    tolerance_scale: float = 1.0,
+) -> ModelOutcome:
+    start = time.perf_counter()
+    base = MODEL_TOLERANCES[dtype_name]
+    tol = ModelTolerance(base.logits_rel_rms * tolerance_scale, base.stat_rel * tolerance_scale, base.tie_rel)
+    fast = HybridModel(config, weights, opset=fast_ops, dtype=dtype, device=device)
+    ref = HybridModel(config, weights, opset=ref_ops, dtype=dtype, device=device)
+    gen = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, config.vocab_size, (workload.batch, workload.prompt), generator=gen).to(device)
+
+    fast_stats, ref_stats = GDNStats(), GDNStats()
+    fast_logits: list[torch.Tensor] = []
+    ref_logits: list[torch.Tensor] = []
+
+    logits, fcache = fast.prefill(prompt, stats=fast_stats, last_only=True)
+    rlogits, rcache = ref.prefill(prompt, stats=ref_stats, last_only=True)
+    fast_logits.append(logits[:, -1])
+    ref_logits.append(rlogits[:, -1])
+    tokens = [logits[:, -1].argmax(-1)]
+    for _ in range(workload.new_tokens - 1):
+        step = fast.decode_step(tokens[-1], fcache, stats=fast_stats)
+        rstep = ref.decode_step(tokens[-1], rcache, stats=ref_stats)
+        fast_logits.append(step)
+        ref_logits.append(rstep)
+        tokens.append(step.argmax(-1))
+
+    fl = torch.stack(fast_logits, 1).float()  # [B, N, vocab]
+    rl = torch.stack(ref_logits, 1).float()
+    chosen = torch.stack(tokens, 1)  # what the fast model generated
+    ref_choice = rl.argmax(-1)
+    scale = float(rl.pow(2).mean().sqrt())
+    gap = rl.gather(-1, ref_choice[..., None]).squeeze(-1) - rl.gather(-1, chosen[..., None]).squeeze(-1)
+    differ = chosen != ref_choice
+    ties = differ & (gap <= tol.tie_rel * scale)
+    mismatches = differ & ~ties
+    total = chosen.numel()
+    equal = total - int(differ.sum())
+    dur = time.perf_counter() - start
+
+    checks: list[Check] = []
+    detail = ""
+    if bool(mismatches.any()):
+        b, t = (int(i) for i in mismatches.nonzero()[0])
+        detail = (
+            f"model: greedy token ids {equal}/{total} equal; first mismatch at sequence {b} new token {t}: "
+            f"candidate {int(chosen[b, t])}, reference {int(ref_choice[b, t])} (reference margin {float(gap[b, t]):.3g})"
+        )
+    checks.append(
+        _check(
+            "model: greedy token ids",
+            not bool(mismatches.any()),
+            "token_ids_equal",
+            f"{equal}/{total}",
+            f"{total}/{total}",
+            detail,
+            dur,
+        )
+    )
+    e = errors(fl, rl)
+    checks.append(
+        _check(
+            "model: logits rel_rms",
+            e.finite and e.rel_rms <= tol.logits_rel_rms,
+            "rel_rms",
+            e.rel_rms,
+            tol.logits_rel_rms,
+            f"model: teacher-forced logits rel_rms {e.rel_rms:.3g} > {tol.logits_rel_rms:g}"
+            + ("" if e.finite else " (non-finite)"),
+            dur,
+        )
+    )
+
+    layer_rows, stat_checks = _compare_stats(fast_stats, ref_stats, tol, dur)
+    checks.extend(stat_checks)
+    summary = [f"token ids {equal}/{total}" + (f" ({int(ties.sum())} near-ties)" if bool(ties.any()) else "")]
+    summary.append(f"logits rel_rms {e.rel_rms:.2g}")
+    return ModelOutcome(checks=checks, layer_stats=layer_rows, summary_parts=summary)
+
+
+_STATS = (
+    ("beta_sum", "beta sum"),
+    ("delta_rule_absmax", "delta-rule output absmax"),
+    ("gated_norm_absmax", "gated-norm output absmax"),
+)
+
+
+def _rel(a: float, b: float) -> float:
+    if not (math.isfinite(a) and math.isfinite(b)):
+        return math.inf
+    return abs(a - b) / max(abs(b), 1e-30) if a != b else 0.0
+
+
+def _compare_stats(
+    fast: GDNStats, ref: GDNStats, tol: ModelTolerance, dur: float
+) -> tuple[list[dict[str, Any]], list[Check]]:
+    fd, rd = fast.as_dict(), ref.as_dict()
+    rows: list[dict[str, Any]] = []
+    problems: list[str] = []
+    fast_layers = {row["layer"]: row for row in fd["layers"]}
+    for r in rd["layers"]:
+        layer = r["layer"]
+        f = fast_layers.get(layer)
+        if f is None:
+            problems.append(f"layer {layer}: the candidate recorded no statistics")
+            continue
+        row: dict[str, Any] = {"layer": layer}
+        pairs = [(key, label, float(f[key]), float(r[key])) for key, label in _STATS]
+        pairs += [
+            (
+                f"conv_absmax_{band}",
+                f"conv {band} band absmax",
+                float(f["conv_absmax"][band]),
+                float(r["conv_absmax"][band]),
+            )
+            for band in ("q", "k", "v")
+        ]
+        for key, label, fv, rv in pairs:
+            row[key] = {"candidate": fv, "reference": rv}
+            rel = _rel(fv, rv)
+            if (fv == 0 or not math.isfinite(fv)) and rv != 0 and math.isfinite(rv):
+                problems.append(f"layer {layer}: {label} is {fv:g} (reference {rv:.6g})")
+            elif rel > tol.stat_rel:
+                problems.append(f"layer {layer}: {label} {fv:.6g} vs reference {rv:.6g}")
+        rows.append(row)
+    detail = (
+        "model: " + "; ".join(problems[:4]) + (f"; and {len(problems) - 4} more" if len(problems) > 4 else "")
+    )
+    check = _check(
+        "model: per-GDN-layer statistics",
+        not problems and bool(rows),
+        "layers_out_of_tolerance",
+        len(problems),
+        0,
+        detail if rows else "model: no GDN layer statistics were recorded",
+        dur,
+    )
+    return rows, [check]

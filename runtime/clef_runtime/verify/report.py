@@ -1,0 +1,191 @@
+"""The verification report: the full JSON for stdout and the compact one for the termination log.
+
+The compact report is what the operator reads from the verification pod's termination message,
+which Kubernetes caps at 4096 bytes.  It must always parse and never exceed that cap, also when
+every check fails, so it is built by shrinking (fewer failing checks, then shorter details)
+until it fits, never by cutting the JSON text.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+SCHEMA_VERSION = "clef.riotpiao.com/verify-report/v1"
+COMPACT_LIMIT_BYTES = 4096
+MAX_COMPACT_FAILING = 8
+
+Verdict = Literal["pass", "fail", "error"]
+
+EXIT_PASS = 0
+EXIT_MISMATCH = 1
+EXIT_COULD_NOT_RUN = 2
+
+
+@dataclass
+class Check:
+    """One named measurement against one threshold."""
+
+    name: str  # e.g. "causal_conv1d/prefill: coverage"
+    op: str  # the op (or "model") the check is about
+    suite: str  # "kernels" or "model"
+    passed: bool
+    metric: str  # what `value` measures, e.g. "rel_rms", "dead_slices", "token_ids_equal"
+    value: float | int | str | None
+    threshold: float | int | str | None
+    detail: str = ""
+    duration_s: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Report:
+    suite: str
+    dtype: str
+    device: str
+    runtime_version: str
+    shapes: str  # "model" or "reduced"
+    fault: str | None = None
+    checks: list[Check] = field(default_factory=list)
+    error: str | None = None
+    durations: dict[str, float] = field(default_factory=dict)
+    peak_gpu_memory_bytes: int | None = None
+    environment: dict[str, str] = field(default_factory=dict)
+    model_shape: dict[str, Any] = field(default_factory=dict)
+    layer_stats: list[dict[str, Any]] = field(default_factory=list)
+    summary_parts: list[str] = field(default_factory=list)
+
+    # ---- verdict ------------------------------------------------------------------------
+
+    @property
+    def failing(self) -> list[Check]:
+        return [c for c in self.checks if not c.passed]
+
+    @property
+    def verdict(self) -> Verdict:
+        if self.error is not None:
+            return "error"
+        if not self.checks:
+            # Nothing was measured: that proves nothing, so it cannot pass (fail closed).
+            return "error"
+        return "fail" if self.failing else "pass"
+
+    @property
+    def error_text(self) -> str | None:
+        if self.error is not None:
+            return self.error
+        return "no checks ran" if not self.checks else None
+
+    @property
+    def exit_code(self) -> int:
+        return {"pass": EXIT_PASS, "fail": EXIT_MISMATCH, "error": EXIT_COULD_NOT_RUN}[self.verdict]
+
+    def summary(self) -> str:
+        """One line an on-call engineer can read in `kubectl get` output."""
+        if self.error_text is not None:
+            return f"could not run: {self.error_text}"
+        head: list[str] = []
+        if self.failing:
+            first = self.failing[0]
+            head.append(f"FAIL {first.detail or first.name}")
+            if len(self.failing) > 1:
+                head.append(f"{len(self.failing) - 1} more failing")
+        passed = sum(c.passed for c in self.checks)
+        head.append(f"checks {passed}/{len(self.checks)}")
+        return ", ".join(head + self.summary_parts)
+
+    # ---- serialisation -------------------------------------------------------------------
+
+    def to_full(self) -> dict[str, Any]:
+        return {
+            "schemaVersion": SCHEMA_VERSION,
+            "verdict": self.verdict,
+            "exitCode": self.exit_code,
+            "summary": self.summary(),
+            "suite": self.suite,
+            "dtype": self.dtype,
+            "device": self.device,
+            "runtimeVersion": self.runtime_version,
+            "shapes": self.shapes,
+            "modelShape": self.model_shape,
+            "fault": self.fault,
+            "error": self.error_text,
+            "durations": self.durations,
+            "peakGpuMemoryBytes": self.peak_gpu_memory_bytes,
+            "environment": self.environment,
+            "checks": [c.to_json() for c in self.checks],
+            "layerStats": self.layer_stats,
+        }
+
+    def to_compact(self, limit: int = COMPACT_LIMIT_BYTES) -> str:
+        """The compact JSON (UTF-8), guaranteed ≤ `limit` bytes and parseable."""
+        failing = [
+            {"name": c.name, "op": c.op, "detail": c.detail or f"{c.metric}={c.value} > {c.threshold}"}
+            for c in self.failing[:MAX_COMPACT_FAILING]
+        ]
+        doc: dict[str, Any] = {
+            "schemaVersion": SCHEMA_VERSION,
+            "verdict": self.verdict,
+            "summary": self.summary(),
+            "failing": failing,
+            "suite": self.suite,
+            "dtype": self.dtype,
+            "device": self.device,
+            "runtimeVersion": self.runtime_version,
+            "error": self.error_text,
+        }
+        return shrink_to_fit(doc, limit)
+
+
+def _dump(doc: dict[str, Any]) -> str:
+    return json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
+
+
+def _clip(text: str, n: int) -> str:
+    return text if len(text) <= n else text[: max(n - 1, 0)] + "…"
+
+
+def shrink_to_fit(doc: dict[str, Any], limit: int) -> str:
+    """Drop failing entries, then shorten free text, until the JSON fits in `limit` bytes."""
+    text = _dump(doc)
+    if len(text.encode()) <= limit:
+        return text
+    failing: list[dict[str, str]] = list(doc["failing"])
+    for width in (400, 200, 100, 60):
+        for entry in failing:
+            entry["detail"] = _clip(entry["detail"], width)
+            entry["name"] = _clip(entry["name"], width)
+        doc["failing"] = failing
+        text = _dump(doc)
+        if len(text.encode()) <= limit:
+            return text
+    while failing:
+        failing.pop()
+        doc["failing"] = failing
+        text = _dump(doc)
+        if len(text.encode()) <= limit:
+            return text
+    for key in ("summary", "error", "device"):
+        if isinstance(doc.get(key), str):
+            doc[key] = _clip(doc[key], 300)
+    text = _dump(doc)
+    if len(text.encode()) <= limit:
+        return text
+    # Only pathological inputs (kilobytes of device name) get here: keep the verdict above all.
+    verdict = doc["verdict"]
+    return _dump(
+        {
+            "schemaVersion": SCHEMA_VERSION,
+            "verdict": verdict,
+            "summary": "report truncated to fit the termination message",
+            "failing": [],
+            "suite": _clip(str(doc["suite"]), 20),
+            "dtype": _clip(str(doc["dtype"]), 8),
+            "device": "",
+            "runtimeVersion": _clip(str(doc["runtimeVersion"]), 40),
+            "error": "report truncated" if verdict == "error" else None,
+        }
+    )

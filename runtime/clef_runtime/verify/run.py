@@ -1,0 +1,227 @@
+"""`clef-runtime verify`: run the suites, write the reports, choose the exit code.
+
+Exit codes: 0 every check passed; 1 a check failed (the candidate computes something else);
+2 nothing trustworthy could be measured here (no GPU, bad config, missing checkpoint, unknown
+fault name, a crash outside the ops).  The operator treats anything but 0 as "not verified".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from clef_runtime import __version__
+from clef_runtime.faults import UnknownFaultError, active_fault
+from clef_runtime.verify.environment import CannotRun, check_device, resolve_placement
+from clef_runtime.verify.report import Report
+
+SUITES = ("kernels", "model", "full")
+DTYPES = ("f16", "bf16", "f32")
+
+# What `verify` generates when no checkpoint is mounted, per shape profile.  "model" keeps the
+# architecture's layer pattern, head counts, head dims and conv width and shrinks only the width
+# and vocabulary, so the suite fits a 16 GB V100 beside nothing else (budget: < 4 GiB peak).
+MODEL_PROFILE_WIDTH = {"hidden_size": 512, "intermediate_size": 1024, "vocab_size": 4096}
+# "reduced" is for CPU hosts (CI, the local cluster): tiny heads, one period of the pattern.
+REDUCED_HEADS = {
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+}
+REDUCED_WIDTH = {"hidden_size": 64, "intermediate_size": 128, "vocab_size": 256}
+
+
+@dataclass(frozen=True)
+class VerifyArgs:
+    suite: str = "full"
+    dtype: str = "f16"
+    preset: str = "qwen3_5"
+    config: str | None = None
+    checkpoint: str | None = None
+    device: str | None = None
+    shapes: str | None = None
+    seed: int = 0
+    tolerance_scale: float = 1.0
+    report: str | None = None  # full report path; None → stdout
+    termination_log: str | None = None
+
+
+def _env_info() -> dict[str, str]:
+    info = {"python": platform.python_version(), "platform": platform.platform()}
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        info["cuda"] = str(torch.version.cuda)
+    except Exception as exc:  # report what is missing rather than failing the report itself
+        info["torch"] = f"unavailable: {exc}"
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except Exception as exc:
+        info["triton"] = f"unavailable: {exc}"
+    info["triton_interpret"] = os.environ.get("TRITON_INTERPRET", "")
+    return info
+
+
+def run_verify(args: VerifyArgs) -> Report:
+    report = Report(
+        suite=args.suite, dtype=args.dtype, device="unknown", runtime_version=__version__, shapes="?"
+    )
+    started = time.perf_counter()
+    try:
+        _run(args, report)
+    except CannotRun as exc:
+        report.error = str(exc)
+    except UnknownFaultError as exc:
+        report.error = str(exc)
+    except Exception as exc:
+        report.error = f"{type(exc).__name__}: {exc}"
+        traceback.print_exc(file=sys.stderr)
+    report.durations["total"] = round(time.perf_counter() - started, 3)
+    report.environment = _env_info()
+    return report
+
+
+def _run(args: VerifyArgs, report: Report) -> None:
+    if args.suite not in SUITES:
+        raise CannotRun(f"--suite {args.suite!r} is not one of {', '.join(SUITES)}")
+    if args.dtype not in DTYPES:
+        raise CannotRun(f"--dtype {args.dtype!r} is not one of {', '.join(DTYPES)}")
+    if not 0.1 <= args.tolerance_scale <= 100:
+        raise CannotRun(f"--tolerance-scale {args.tolerance_scale} must be within [0.1, 100]")
+    placement = resolve_placement(args.device, args.shapes, args.termination_log)
+    report.shapes = placement.shapes
+    report.fault = active_fault()  # raises on an unknown name before anything runs
+
+    # Imported only now: TRITON_INTERPRET must be settled before the first `import triton`.
+    import torch
+
+    from clef_runtime.model.checkpoint import random_weights
+    from clef_runtime.model.config import ConfigError, ModelConfig, preset
+    from clef_runtime.model.weights import WeightsError, load_weights
+    from clef_runtime.opset import get_opset
+    from clef_runtime.verify import kernels as ksuite
+    from clef_runtime.verify import model_suite as msuite
+
+    report.device = check_device(placement)
+    device = torch.device(placement.device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+
+    try:
+        if args.checkpoint is not None:
+            ckpt = Path(args.checkpoint)
+            if not (ckpt / "config.json").is_file():
+                raise CannotRun(
+                    f"--checkpoint {ckpt}: no config.json there (is the model volume mounted at this path?)"
+                )
+            config = ModelConfig.from_json(ckpt)
+        elif args.config is not None:
+            if not Path(args.config).is_file():
+                raise CannotRun(f"--config {args.config}: file not found")
+            config = ModelConfig.from_json(args.config)
+        else:
+            config = preset(args.preset)
+    except ConfigError as exc:
+        raise CannotRun(f"bad model config: {exc}") from exc
+
+    if placement.shapes == "reduced":
+        config = config.replace(**REDUCED_HEADS, **REDUCED_WIDTH, layer_types=config.layer_types[:4])
+        sizes, workload = ksuite.REDUCED_SIZES, msuite.REDUCED_WORKLOAD
+    else:
+        sizes, workload = ksuite.MODEL_SIZES, msuite.MODEL_WORKLOAD
+    shape = ksuite.GdnShape(
+        key_heads=config.linear_num_key_heads,
+        value_heads=config.linear_num_value_heads,
+        key_dim=config.linear_key_head_dim,
+        value_dim=config.linear_value_head_dim,
+        conv_width=config.linear_conv_kernel_dim,
+    )
+    report.model_shape = {
+        "layers": config.num_hidden_layers,
+        "gdn_layers": len(config.linear_layers),
+        "attention_layers": len(config.full_layers),
+        "linear_key_heads": shape.key_heads,
+        "linear_value_heads": shape.value_heads,
+        "key_dim": shape.key_dim,
+        "value_dim": shape.value_dim,
+        "conv_width": shape.conv_width,
+    }
+
+    fast, ref = get_opset("triton"), get_opset("reference")
+    scale = args.tolerance_scale
+    if args.suite in ("kernels", "full"):
+        t0 = time.perf_counter()
+        report.checks.extend(
+            ksuite.run_kernels_suite(
+                fast, ref, shape, sizes, args.dtype, device, seed=args.seed, tolerance_scale=scale
+            )
+        )
+        report.durations["kernels"] = round(time.perf_counter() - t0, 3)
+        k = [c for c in report.checks if c.suite == "kernels"]
+        report.summary_parts.append(f"kernel checks {sum(c.passed for c in k)}/{len(k)}")
+    if args.suite in ("model", "full"):
+        t0 = time.perf_counter()
+        if args.checkpoint is not None:
+            model_config = config
+            try:
+                weights = load_weights(args.checkpoint, config, device=device)
+            except (WeightsError, OSError) as exc:
+                raise CannotRun(f"--checkpoint {args.checkpoint}: cannot load the weights: {exc}") from exc
+            report.model_shape["weights"] = f"checkpoint {args.checkpoint}"
+        else:
+            model_config = config if placement.shapes == "reduced" else config.replace(**MODEL_PROFILE_WIDTH)
+            weights = random_weights(model_config, seed=args.seed)
+            report.model_shape["weights"] = f"generated from seed {args.seed}"
+        report.model_shape["model_hidden_size"] = model_config.hidden_size
+        report.model_shape["model_vocab_size"] = model_config.vocab_size
+        outcome = msuite.run_model_suite(
+            model_config,
+            weights,
+            fast,
+            ref,
+            args.dtype,
+            ksuite.DTYPES[args.dtype],
+            device,
+            workload,
+            seed=args.seed,
+            tolerance_scale=scale,
+        )
+        del weights
+        report.checks.extend(outcome.checks)
+        report.layer_stats = outcome.layer_stats
+        report.summary_parts.extend(outcome.summary_parts)
+        report.durations["model"] = round(time.perf_counter() - t0, 3)
+    if device.type == "cuda":
+        report.peak_gpu_memory_bytes = int(torch.cuda.max_memory_allocated())
+
+
+def emit(report: Report, full_out: TextIO, full_path: str | None, termination_log: str) -> None:
+    """Full report to stdout (or a file); compact report to the termination log."""
+    text = json.dumps(report.to_full(), indent=2, ensure_ascii=False)
+    if full_path:
+        Path(full_path).write_text(text + "\n")
+    else:
+        full_out.write(text + "\n")
+        full_out.flush()
+    compact = report.to_compact()
+    try:
+        with open(termination_log, "w", encoding="utf-8") as fh:
+            fh.write(compact)
+    except OSError as exc:
+        # Outside Kubernetes there is usually no /dev/termination-log: the full report above
+        # still carries everything, so say so and carry on.
+        print(f"verify: could not write the compact report to {termination_log}: {exc}", file=sys.stderr)

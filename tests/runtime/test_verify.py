@@ -1,0 +1,202 @@
+"""`clef-runtime verify` end to end on the CPU (reduced shapes, Triton interpreter): it passes on the
+healthy kernels, fails on every fault of the catalogue naming the right op and check, and exits 2
+when it cannot measure anything.  These runs are the same program the verification Job runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from clef_runtime.faults import CATALOGUE
+from clef_runtime.verify.report import COMPACT_LIMIT_BYTES, SCHEMA_VERSION, Check, Report
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_cli(
+    tmp_path: Path, *args: str, fault: str | None = None, env: dict[str, str] | None = None
+) -> tuple[int, dict, dict | None, str]:
+    """Run `python -m clef_runtime verify ...` as the Job would; return (exit code, full report,
+    compact report or None, stderr)."""
+    log = tmp_path / "termination-log"
+    e = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("CLEF_RUNTIME_FAULT", "CLEF_VERIFY_DEVICE", "CLEF_VERIFY_SHAPES")
+    }
+    e["CLEF_TERMINATION_LOG"] = str(log)
+    if fault is not None:
+        e["CLEF_RUNTIME_FAULT"] = fault
+    e.update(env or {})
+    proc = subprocess.run(
+        [sys.executable, "-m", "clef_runtime", "verify", *args],
+        capture_output=True,
+        text=True,
+        env=e,
+        cwd=REPO,
+        timeout=600,
+    )
+    full = json.loads(proc.stdout)
+    compact = json.loads(log.read_text()) if log.exists() else None
+    return proc.returncode, full, compact, proc.stderr
+
+
+CPU = ("--device", "cpu", "--shapes", "reduced")
+
+
+def test_kernels_suite_passes_on_healthy_kernels(tmp_path: Path) -> None:
+    code, full, compact, err = run_cli(tmp_path, *CPU, "--suite", "kernels", "--dtype", "f16")
+    failing = [c["detail"] for c in full["checks"] if not c["passed"]]
+    assert code == 0, f"verify failed on healthy kernels: {failing or full['error']}\n{err[-2000:]}"
+    assert full["verdict"] == "pass" and compact is not None and compact["verdict"] == "pass"
+    assert full["schemaVersion"] == SCHEMA_VERSION
+    ops = {c["op"] for c in full["checks"]}
+    assert ops >= {
+        "causal_conv1d",
+        "causal_conv1d_update",
+        "gdn_gating",
+        "l2norm",
+        "chunk_gated_delta_rule",
+        "fused_recurrent_gated_delta_rule",
+        "gated_rmsnorm",
+    }
+    # Every op has its error metrics and a coverage check, each with a value and a threshold.
+    for c in full["checks"]:
+        assert c["metric"] and c["threshold"] is not None, c
+
+
+def test_full_suite_passes_and_reports_layer_stats(tmp_path: Path) -> None:
+    code, full, compact, err = run_cli(tmp_path, *CPU, "--suite", "full", "--dtype", "f32")
+    failing = [c["detail"] for c in full["checks"] if not c["passed"]]
+    assert code == 0, f"{failing or full['error']}\n{err[-2000:]}"
+    assert "token ids" in full["summary"]
+    token = next(c for c in full["checks"] if c["metric"] == "token_ids_equal")
+    n = token["value"].split("/")
+    assert n[0] == n[1] and int(n[1]) > 0
+    assert full["layerStats"], "per-GDN-layer statistics missing"
+    row = full["layerStats"][0]
+    for key in ("beta_sum", "delta_rule_absmax", "gated_norm_absmax", "conv_absmax_k"):
+        assert set(row[key]) == {"candidate", "reference"}
+    assert compact is not None and len(json.dumps(compact).encode()) <= COMPACT_LIMIT_BYTES
+
+
+# Which op and which words the report must name for each fault: the point of the catalogue is
+# that each class of silent bug is not just caught but recognisable from the report alone.
+EXPECTED = {
+    "conv_key_band_zero": ("causal_conv1d", "key channel band"),
+    "conv_state_not_advanced": ("causal_conv1d_update", "conv state"),
+    "beta_no_sigmoid": ("gdn_gating", "beta"),
+    "decay_sign_flipped": ("gdn_gating", "g"),
+    "gated_norm_no_gate": ("gated_rmsnorm", "y"),
+    "fp16_state_overflow": ("chunk_gated_delta_rule", "non-finite"),
+}
+
+
+def test_expected_table_covers_the_catalogue() -> None:
+    assert set(EXPECTED) == set(CATALOGUE)
+
+
+@pytest.mark.parametrize("fault", sorted(CATALOGUE))
+def test_every_fault_is_caught_and_named(tmp_path: Path, fault: str) -> None:
+    code, full, compact, err = run_cli(tmp_path, *CPU, "--suite", "kernels", "--dtype", "f16", fault=fault)
+    op, words = EXPECTED[fault]
+    assert code == 1, f"verify did not fail under {fault}: exit {code}, {full['summary']}\n{err[-2000:]}"
+    assert full["verdict"] == "fail" and full["fault"] == fault
+    failing = [c for c in full["checks"] if not c["passed"]]
+    assert any(c["op"] == op and words in c["detail"] for c in failing), (
+        f"{fault}: no failing check on {op} mentioning {words!r}: {[c['detail'] for c in failing]}"
+    )
+    assert compact is not None and compact["verdict"] == "fail"
+    assert any(f["op"] == op for f in compact["failing"])
+
+
+def test_key_band_fault_is_named_by_range(tmp_path: Path) -> None:
+    """The incident, as the report must say it: the band and its channel range, not 'max error'."""
+    code, full, compact, _ = run_cli(
+        tmp_path, *CPU, "--suite", "full", "--dtype", "f16", fault="conv_key_band_zero"
+    )
+    assert code == 1
+    # reduced shapes: 2 key heads × 16 → q [0, 32), k [32, 64), v [64, 128)
+    assert "causal_conv1d: key channel band [32, 64) is zero" in full["summary"] + json.dumps(compact)
+    stats = next(c for c in full["checks"] if c["name"] == "model: per-GDN-layer statistics")
+    assert not stats["passed"] and "conv k band absmax is 0" in stats["detail"]
+
+
+def test_unknown_fault_exits_2(tmp_path: Path) -> None:
+    code, full, compact, _ = run_cli(tmp_path, *CPU, "--suite", "kernels", fault="conv_key_band_zeroo")
+    assert code == 2 and full["verdict"] == "error"
+    assert "not in the fault catalogue" in full["error"]
+    assert compact is not None and compact["verdict"] == "error" and compact["error"]
+
+
+def test_no_gpu_exits_2(tmp_path: Path) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("skip: a CUDA device is present, so 'no GPU' cannot be provoked here")
+    env = {"TRITON_INTERPRET": ""}
+    code, full, _, _ = run_cli(tmp_path, "--device", "cuda", "--suite", "kernels", env=env)
+    assert code == 2 and "no CUDA device" in full["error"]
+
+
+def test_missing_checkpoint_exits_2(tmp_path: Path) -> None:
+    code, full, _, _ = run_cli(tmp_path, *CPU, "--suite", "model", "--checkpoint", str(tmp_path / "nowhere"))
+    assert code == 2 and "no config.json" in full["error"]
+
+
+def test_bad_config_exits_2(tmp_path: Path) -> None:
+    cfg = tmp_path / "config.json"
+    cfg.write_text(
+        json.dumps({"model_type": "qwen3_5_text", "linear_num_key_heads": 16, "linear_num_value_heads": 30})
+    )
+    code, full, _, _ = run_cli(tmp_path, *CPU, "--suite", "kernels", "--config", str(cfg))
+    assert code == 2 and "linear_num_value_heads" in full["error"]
+
+
+def test_bad_dtype_exits_2(tmp_path: Path) -> None:
+    code, full, _, _ = run_cli(tmp_path, *CPU, "--dtype", "fp8")
+    assert code == 2 and "--dtype" in full["error"]
+
+
+# ---- the compact report ------------------------------------------------------------------------
+
+
+def _report_with(n_failing: int, detail_len: int) -> Report:
+    r = Report(suite="full", dtype="f16", device="NVIDIA H200 " * 3, runtime_version="0.1.0", shapes="model")
+    for i in range(n_failing):
+        r.checks.append(
+            Check(f"op{i}/case: rel_rms", f"op{i}", "kernels", False, "rel_rms", 1.0, 1e-3, "x" * detail_len)
+        )
+    r.checks.append(Check("ok", "op", "kernels", True, "rel_rms", 0.0, 1e-3))
+    return r
+
+
+@pytest.mark.parametrize(("n", "length"), [(0, 0), (1, 10), (8, 1000), (500, 5000), (3, 100_000)])
+def test_compact_report_always_parses_and_fits(n: int, length: int) -> None:
+    r = _report_with(n, length)
+    text = r.to_compact()
+    assert len(text.encode()) <= COMPACT_LIMIT_BYTES
+    doc = json.loads(text)
+    assert doc["schemaVersion"] == SCHEMA_VERSION
+    assert doc["verdict"] == ("fail" if n else "pass")
+    if n:
+        assert doc["failing"], "the first failing check must survive the shrinking"
+
+
+def test_compact_report_with_multibyte_text_fits() -> None:
+    r = _report_with(50, 2000)
+    for c in r.checks:
+        c.detail = "≤ ∞ 键 " * 300
+    text = r.to_compact()
+    assert len(text.encode()) <= COMPACT_LIMIT_BYTES
+    json.loads(text)
+
+
+def test_no_checks_is_not_a_pass() -> None:
+    r = Report(suite="kernels", dtype="f16", device="cpu", runtime_version="0", shapes="reduced")
+    assert r.verdict == "error" and r.exit_code == 2
