@@ -1,0 +1,523 @@
+"""Chunked gated delta rule (prefill): the WY / UT-transform form, two Triton launches.
+
+Within a chunk of ``BT = 64`` tokens (per value head, positions t = 0..L-1 after the chunk start,
+``G_t`` the in-chunk cumulative sum of the log-decay g, computed in float32) the recurrence in
+`clef_runtime.opset` unrolls to
+
+    S_t = e^{G_t} S_0 + Σ_{j≤t} e^{G_t-G_j} k_j u_jᵀ
+    (I + A) U = diag(β) V - diag(β e^{G}) K S_0,   A_tj = β_t e^{G_t-G_j} (k_t·k_j)  (j < t)
+
+so with ``T = (I + A)⁻¹`` (unit lower triangular):
+
+    w = T diag(β e^{G}) K,  u = T diag(β) V   (independent of the state: fully parallel)
+    v_new = u - w S_0                          (the true per-token update U)
+    o_t   = scale (e^{G_t} q_t·S_0 + Σ_{j≤t} e^{G_t-G_j} (q_t·k_j) v_new_j)
+    S_L   = e^{G_L} S_0 + Σ_j e^{G_L-G_j} k_j v_new_jᵀ
+
+Every exponent above is a difference G_t - G_j with j ≤ t, or G relative to the chunk start or
+end, so it is ≤ 0 whenever g ≤ 0: nothing is exponentiated that can overflow.  Masked entries
+(j > t) are zeroed *before* exp.
+
+Launches:
+
+1. `_chunk_prepare_kernel`, grid ``(chunk slots, HV)``: per chunk and value head, the in-chunk
+   work that does not need the state: cumsum of g, the fused L2 norm of q/k, ``A`` in 16×16
+   blocks, ``T`` by blockwise forward substitution (invert the four diagonal 16×16 blocks row by
+   row, then the off-diagonal blocks with small dots), then ``w``, ``u``, the decayed and scaled
+   ``q kᵀ`` block ``Aqk`` and the cumulative decays ``gc``.
+2. `_chunk_recurrence_kernel`, grid ``(N·HV, V / BV)``: per sequence, value head and V block,
+   sequential over the sequence's chunks with the float32 state in registers; each step forms
+   ``v_new``, writes the chunk's output and advances the state.  The output is fused here so the
+   per-chunk states (``[chunks, HV, K, V]``, 512 MB at T=32K in bf16) never touch memory.
+
+Variable-length batches: chunks never cross a sequence boundary.  Launch 1 needs a chunk →
+(first token, sequence end) table; it is built with a handful of device-side torch ops and no
+host sync (the grid is the upper bound ``ceil(T/64) + N``; surplus slots are empty), and cached
+per ``cu_seqlens`` tensor so the layers of one forward pass share it (`_varlen_plan`).  Launch 2
+reads its sequence bounds straight from ``cu_seqlens``.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from clef_runtime.ops._common import check_cu_seqlens, check_runnable
+from clef_runtime.ops.delta_rule_common import (
+    check_gdn_inputs,
+    check_state,
+    dot_policy,
+    interpreted,
+    pow2_at_least,
+    rne_bf16,
+    state_fault_active,
+)
+
+OP = "chunk_gated_delta_rule"
+BT = 64  # chunk length
+BC = 16  # sub-block of the triangular solve (the smallest tl.dot tile)
+
+
+# Kernel bodies are written out rather than split into small @triton.jit helpers: the
+# interpreter (how CI runs them) spends ~5 ms on every nested jit call, which would dominate the
+# CPU test budget; on a GPU it makes no difference (helpers are inlined).
+
+# ---------------------------------------------------------------------------------------------
+# launch 1: everything in a chunk that does not need the state
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _chunk_prepare_kernel(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    w,
+    u,
+    aqk,
+    gc,
+    chunk_table,
+    scale,
+    T,
+    NT,
+    sqb,
+    sqt,
+    skb,
+    skt,
+    svb,
+    svt,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BVF: tl.constexpr,
+    BT: tl.constexpr,
+    BC: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    L2NORM: tl.constexpr,
+    CHUNK_DT: tl.constexpr,
+    SOLVE_PRECISION: tl.constexpr,
+    ROUND_BF16: tl.constexpr,
+):
+    i_t = tl.program_id(0).to(tl.int64)
+    hv = tl.program_id(1)
+    h = hv // (HV // H)
+    if IS_VARLEN:
+        b = i_t * 0
+        t0 = tl.load(chunk_table + 2 * i_t).to(tl.int64)
+        eos = tl.load(chunk_table + 2 * i_t + 1).to(tl.int64)
+    else:
+        b = i_t // NT
+        t0 = (i_t % NT) * BT
+        eos = i_t * 0 + T
+    # a spare slot of the varlen grid (t0 == eos == T) masks every load and store below
+
+    r = tl.arange(0, BT)
+    rows = t0 + r
+    live = rows < eos
+    rk = tl.arange(0, BK)
+    rvf = tl.arange(0, BVF)
+    kmask = live[:, None] & (rk < K)[None, :]
+    tok = (b * T + rows) * HV + hv  # row offsets of the [B, T, HV, ...] tensors
+
+    kc = tl.load(k + b * skb + h * K + rows[:, None] * skt + rk[None, :], mask=kmask, other=0.0).to(
+        tl.float32
+    )
+    qc = tl.load(q + b * sqb + h * K + rows[:, None] * sqt + rk[None, :], mask=kmask, other=0.0).to(
+        tl.float32
+    )
+    if L2NORM:  # fused: q/k are normalised in float32 on the way in, never written back
+        kc = kc * tl.rsqrt(tl.sum(kc * kc, 1) + 1e-6)[:, None]
+        qc = qc * tl.rsqrt(tl.sum(qc * qc, 1) + 1e-6)[:, None]
+    gv = tl.load(g + tok, mask=live, other=0.0)
+    bv = tl.load(beta + tok, mask=live, other=0.0)
+    G = tl.cumsum(gv, 0)  # in-chunk cumulative log-decay, float32
+    tl.store(gc + tok, G, mask=live)
+
+    causal = r[:, None] >= r[None, :]
+    # e^{G_t - G_j} for j ≤ t (exponent ≤ 0); the upper triangle is zeroed before exp
+    decay = tl.where(causal, tl.exp(tl.where(causal, G[:, None] - G[None, :], 0.0)), 0.0)
+
+    kd = kc.to(CHUNK_DT)
+    qd = (qc * scale).to(CHUNK_DT)
+    if ROUND_BF16:
+        kd = rne_bf16(kd)
+        qd = rne_bf16(qd)
+    kdt = tl.trans(kd)
+
+    # Aqk = scale (q kᵀ ⊙ decay), causal with the diagonal: the in-chunk part of the output
+    a_qk = tl.dot(qd, kdt, input_precision="ieee") * decay
+    if ROUND_BF16:
+        a_qk = rne_bf16(a_qk)
+    tl.store(aqk + tok[:, None] * BT + r[None, :], a_qk.to(aqk.dtype.element_ty), mask=live[:, None])
+
+    # A = β k kᵀ ⊙ decay, strictly lower, float32
+    strict = r[:, None] > r[None, :]
+    A = tl.where(strict, tl.dot(kd, kdt, input_precision="ieee") * decay * bv[:, None], 0.0)
+
+    # T = (I + A)⁻¹.  Split A = N + L into its 16×16 diagonal blocks N and the strictly
+    # block-lower rest L, D = I + N.  The four D_bb are inverted exactly by forward substitution
+    # (row by row, all four blocks per step); then with M = D⁻¹ L, which is nilpotent (M⁴ = 0
+    # for four blocks), T = (I + M)⁻¹ D⁻¹ = (I - M)(I + M²) D⁻¹ in four 64×64 dots.  No power
+    # series inside a block: with repeated keys and β → 1 its alternating sums would cancel
+    # catastrophically, whereas forward substitution is backward stable.
+    NB: tl.constexpr = BT // BC
+    blk = r // BC
+    same_blk = blk[:, None] == blk[None, :]
+    Nd = tl.sum(tl.reshape(tl.where(same_blk, A, 0.0), [NB, BC, NB, BC]), 2)  # [NB, BC, BC]
+    ri = tl.arange(0, BC)
+    eye_c = (ri[:, None] == ri[None, :]).to(tl.float32)
+    X = tl.zeros([NB, BC, BC], dtype=tl.float32) + eye_c[None, :, :]
+    for i in range(1, BC):
+        # row i of each block becomes e_i - Σ_{j<i} N_ij X_j: rows j < i of X are final and
+        # N_ij = 0 for j ≥ i, so row i of the batched product N X is exactly that sum (one small
+        # dot per step instead of two cross-lane reductions)
+        X = tl.where((ri == i)[None, :, None], eye_c[None, :, :] - tl.dot(Nd, X, input_precision="ieee"), X)
+    rb = tl.arange(0, NB)
+    eye_b = (rb[:, None] == rb[None, :]).to(tl.float32)
+    Dinv = tl.reshape(X[:, :, None, :] * eye_b[:, None, :, None], [BT, BT])
+    eye = (r[:, None] == r[None, :]).to(tl.float32)
+    M = tl.dot(Dinv, tl.where(same_blk, 0.0, A), input_precision=SOLVE_PRECISION)
+    M2 = tl.dot(M, M, input_precision=SOLVE_PRECISION)
+    Tm = tl.dot(
+        tl.dot(eye - M, eye + M2, input_precision=SOLVE_PRECISION), Dinv, input_precision=SOLVE_PRECISION
+    )
+    # the WY products run on tensor cores: T rounded to the dot dtype
+    Tm = Tm.to(CHUNK_DT)
+    if ROUND_BF16:
+        Tm = rne_bf16(Tm)
+
+    # w = T (β e^{G} k)   (e^{G} ≤ 1: decay from the chunk start)
+    kb = (kc * (bv * tl.exp(G))[:, None]).to(CHUNK_DT)
+    if ROUND_BF16:
+        kb = rne_bf16(kb)
+    wv = tl.dot(Tm, kb, input_precision="ieee")
+    if ROUND_BF16:
+        wv = rne_bf16(wv)
+    tl.store(w + tok[:, None] * K + rk[None, :], wv.to(w.dtype.element_ty), mask=kmask)
+
+    # u = T (β v)
+    vmask = live[:, None] & (rvf < V)[None, :]
+    vc = tl.load(v + b * svb + hv * V + rows[:, None] * svt + rvf[None, :], mask=vmask, other=0.0).to(
+        tl.float32
+    )
+    vb = (vc * bv[:, None]).to(CHUNK_DT)
+    if ROUND_BF16:
+        vb = rne_bf16(vb)
+    uv = tl.dot(Tm, vb, input_precision="ieee")
+    if ROUND_BF16:
+        uv = rne_bf16(uv)
+    tl.store(u + tok[:, None] * V + rvf[None, :], uv.to(u.dtype.element_ty), mask=vmask)
+
+
+# ---------------------------------------------------------------------------------------------
+# launch 2: the inter-chunk recurrence with the output fused in
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _chunk_step(
+    S,
+    t0,
+    eos,
+    q_p,
+    k_p,
+    w_p,
+    u_p,
+    a_p,
+    gc_p,
+    o_p,
+    Vb,
+    scale,
+    sqt,
+    skt,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    BT: tl.constexpr,
+    L2NORM: tl.constexpr,
+    STATE_IN_IO_DTYPE: tl.constexpr,
+    STATE_DT: tl.constexpr,
+    STATE_PRECISION: tl.constexpr,
+    ROUND_BF16: tl.constexpr,
+):
+    """One chunk starting at token t0: write its output from the chunk-start state S and
+    return the state at the chunk end."""
+    r = tl.arange(0, BT)
+    rows = t0 + r
+    live = rows < eos
+    rk = tl.arange(0, BK)
+    rv = tl.arange(0, BV)
+    kmask = live[:, None] & (rk < K)[None, :]
+    vmask = live[:, None] & (rv < Vb)[None, :]
+    G = tl.load(gc_p + rows * HV, mask=live, other=0.0)
+    gl = tl.load(gc_p + (tl.minimum(t0 + BT, eos) - 1) * HV)  # decay to the chunk end
+    qc = tl.load(q_p + rows[:, None] * sqt + rk[None, :], mask=kmask, other=0.0).to(tl.float32)
+    kc = tl.load(k_p + rows[:, None] * skt + rk[None, :], mask=kmask, other=0.0).to(tl.float32)
+    if L2NORM:
+        qc = qc * tl.rsqrt(tl.sum(qc * qc, 1) + 1e-6)[:, None]
+        kc = kc * tl.rsqrt(tl.sum(kc * kc, 1) + 1e-6)[:, None]
+    # w, u and Aqk hold values of the input dtype: widening them to STATE_DT is exact
+    wc = tl.load(w_p + rows[:, None] * (HV * K) + rk[None, :], mask=kmask, other=0.0).to(STATE_DT)
+    uc = tl.load(u_p + rows[:, None] * (HV * V) + rv[None, :], mask=vmask, other=0.0).to(tl.float32)
+    a_mask = live[:, None] & (r[None, :] <= r[:, None])  # only the causal blocks were written
+    Ac = tl.load(a_p + rows[:, None] * (HV * BT) + r[None, :], mask=a_mask, other=0.0).to(STATE_DT)
+
+    Sd = S.to(STATE_DT)
+    qs = (qc * (scale * tl.exp(G))[:, None]).to(STATE_DT)
+    kd = (kc * tl.exp(gl - G)[:, None]).to(STATE_DT)  # decay to the chunk end, exponent ≤ 0
+    if ROUND_BF16:
+        Sd = rne_bf16(Sd)
+        qs = rne_bf16(qs)
+        kd = rne_bf16(kd)
+    v_new = uc - tl.dot(wc, Sd, input_precision=STATE_PRECISION)
+    vd = v_new.to(STATE_DT)
+    if ROUND_BF16:
+        vd = rne_bf16(vd)
+    oc = tl.dot(qs, Sd, input_precision=STATE_PRECISION) + tl.dot(Ac, vd, input_precision=STATE_PRECISION)
+    if ROUND_BF16:
+        oc = rne_bf16(oc)
+    tl.store(o_p + rows[:, None] * (HV * V) + rv[None, :], oc.to(o_p.dtype.element_ty), mask=vmask)
+
+    S = S * tl.exp(gl) + tl.dot(tl.trans(kd), vd, input_precision=STATE_PRECISION)
+    if STATE_IN_IO_DTYPE:  # fault fp16_state_overflow: the state held in the input dtype
+        S = S.to(q_p.dtype.element_ty).to(tl.float32)
+    return S
+
+
+@triton.jit
+def _chunk_recurrence_kernel(
+    q,
+    k,
+    w,
+    u,
+    aqk,
+    gc,
+    o,
+    h0,
+    ht,
+    cu_seqlens,
+    scale,
+    T,
+    sqb,
+    sqt,
+    skb,
+    skt,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    BT: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    L2NORM: tl.constexpr,
+    HAS_H0: tl.constexpr,
+    STORE_FINAL: tl.constexpr,
+    STATE_IN_IO_DTYPE: tl.constexpr,
+    STATE_DT: tl.constexpr,
+    STATE_PRECISION: tl.constexpr,
+    ROUND_BF16: tl.constexpr,
+    INTERPRETED: tl.constexpr,
+):
+    i_nh = tl.program_id(0).to(tl.int64)
+    i_v = tl.program_id(1)
+    n = i_nh // HV
+    hv = i_nh % HV
+    h = hv // (HV // H)
+    if IS_VARLEN:
+        # clamped: offsets are not checked on a GPU (that would sync), so bad ones must give
+        # wrong numbers, never an access outside the tensors
+        b = n * 0
+        bos = tl.minimum(tl.maximum(tl.load(cu_seqlens + n).to(tl.int64), 0), T)
+        eos = tl.minimum(tl.maximum(tl.load(cu_seqlens + n + 1).to(tl.int64), bos), T)
+    else:
+        b = n
+        bos = n * 0
+        eos = n * 0 + T
+
+    q_p = q + b * sqb + h * K
+    k_p = k + b * skb + h * K
+    tok = b * T * HV + hv
+    gc_p = gc + tok
+    w_p = w + tok * K
+    u_p = u + tok * V + i_v * BV
+    a_p = aqk + tok * BT
+    o_p = o + tok * V + i_v * BV
+    Vb = V - i_v * BV  # columns of this V block that exist
+
+    rk = tl.arange(0, BK)
+    rv = tl.arange(0, BV)
+    s_off = (i_nh * K + rk[:, None]) * V + i_v * BV + rv[None, :]
+    s_mask = (rk < K)[:, None] & (rv < Vb)[None, :]
+    S = tl.load(h0 + s_off, mask=s_mask, other=0.0) if HAS_H0 else tl.zeros([BK, BV], dtype=tl.float32)
+    if STATE_IN_IO_DTYPE:  # fault fp16_state_overflow: the state held in the input dtype
+        S = S.to(q.dtype.element_ty).to(tl.float32)
+
+    if INTERPRETED:
+        # Triton 3.6's interpreter cannot take a runtime `range` bound with numpy ≥ 2 (it calls
+        # int() on a 1-element array); a while loop sidesteps it
+        t0 = bos
+        while t0 < eos:
+            S = _chunk_step(
+                S, t0, eos, q_p, k_p, w_p, u_p, a_p, gc_p, o_p, Vb, scale, sqt, skt,
+                HV, K, V, BK, BV, BT, L2NORM, STATE_IN_IO_DTYPE, STATE_DT, STATE_PRECISION, ROUND_BF16,
+            )  # fmt: skip
+            t0 += BT
+    else:
+        # a for loop, so the compiler can pipeline the next chunk's loads behind this one's dots
+        for c in range(0, tl.cdiv(eos - bos, BT)):
+            S = _chunk_step(
+                S, bos + c * BT, eos, q_p, k_p, w_p, u_p, a_p, gc_p, o_p, Vb, scale, sqt, skt,
+                HV, K, V, BK, BV, BT, L2NORM, STATE_IN_IO_DTYPE, STATE_DT, STATE_PRECISION, ROUND_BF16,
+            )  # fmt: skip
+
+    if STORE_FINAL:
+        tl.store(ht + s_off, S, mask=s_mask)
+
+
+# ---------------------------------------------------------------------------------------------
+# host side
+# ---------------------------------------------------------------------------------------------
+
+
+class _VarlenPlan(NamedTuple):
+    chunk_table: torch.Tensor  # [slots, 2] int32: (first token, sequence end); spare slots (T, T)
+    slots: int
+
+
+class _PlanCache:
+    """Plans keyed by the identity of the ``cu_seqlens`` tensor (checked through a weak
+    reference, so a recycled id never matches) and its in-place version counter: the GDN layers
+    of one forward pass call the op with the same tensor and build the table once."""
+
+    def __init__(self, size: int = 8) -> None:
+        self._size = size
+        self._entries: dict[int, tuple[weakref.ref[torch.Tensor], int, int, _VarlenPlan]] = {}
+
+    def get(self, cu: torch.Tensor, T: int) -> _VarlenPlan | None:
+        hit = self._entries.get(id(cu))
+        if hit is None:
+            return None
+        ref, version, t, plan = hit
+        if ref() is cu and version == cu._version and t == T:
+            return plan
+        return None
+
+    def put(self, cu: torch.Tensor, T: int, plan: _VarlenPlan) -> None:
+        self._entries = {key: e for key, e in self._entries.items() if e[0]() is not None}
+        while len(self._entries) >= self._size:
+            self._entries.pop(next(iter(self._entries)))
+        self._entries[id(cu)] = (weakref.ref(cu), cu._version, T, plan)
+
+
+_PLANS = _PlanCache()
+
+
+def _varlen_plan(cu: torch.Tensor, T: int) -> _VarlenPlan:
+    """The chunk table of launch 1, built on cu_seqlens' device with a few torch ops and without
+    reading its values on the host (no sync): slot p is chunk p of the concatenated
+    per-sequence chunk lists, found by a searchsorted over the cumulative chunk counts.  The grid
+    is the upper bound ``ceil(T / BT) + N`` (each sequence adds at most one partial chunk); the
+    spare slots are empty.  Every entry is clamped to [0, T], so offsets that were not checked
+    (on a GPU) can give wrong numbers but never an access outside the tensors."""
+    plan = _PLANS.get(cu, T)
+    if plan is not None:
+        return plan
+    n = cu.numel() - 1
+    slots = triton.cdiv(T, BT) + n
+    c = cu.to(torch.int64).clamp(0, T)
+    nchunks = ((c[1:] - c[:-1]).clamp(min=0) + BT - 1) // BT
+    ends = torch.cumsum(nchunks, 0)
+    slot = torch.arange(slots, device=c.device)
+    seq = torch.searchsorted(ends, slot, right=True)
+    used = seq < n
+    seq = seq.clamp(max=n - 1)
+    first = (c[seq] + (slot - (ends[seq] - nchunks[seq])) * BT).clamp(0, T)
+    end = torch.maximum(c[seq + 1], first)
+    table = torch.stack([torch.where(used, first, T), torch.where(used, end, T)], 1).to(torch.int32)
+    plan = _VarlenPlan(table.contiguous(), slots)
+    _PLANS.put(cu, T, plan)
+    return plan
+
+
+def chunk_gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+    use_qk_l2norm: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Prefill (see `clef_runtime.opset.OpSet.chunk_gated_delta_rule`).  Returns ``(o [B, T, HV,
+    V] in v's dtype, final_state [N, HV, K, V] float32 or None)``."""
+    B, T, H, HV, K, V = check_gdn_inputs(OP, q, k, v, g, beta)
+    device = q.device
+    check_runnable(OP, device)
+    N = B if cu_seqlens is None else check_cu_seqlens(OP, cu_seqlens, B, T, device)
+    if initial_state is not None:
+        check_state(OP, "initial_state", initial_state, N, HV, K, V)
+        if initial_state.device != device:
+            raise ValueError(f"{OP}: initial_state is on {initial_state.device} but q is on {device}")
+    scale = K**-0.5 if scale is None else float(scale)
+    state_in_io_dtype = state_fault_active()
+
+    o = torch.empty(B, T, HV, V, dtype=v.dtype, device=device)
+    final = torch.empty(N, HV, K, V, dtype=torch.float32, device=device) if output_final_state else None
+    # within-chunk intermediates, token-indexed, in the input dtype (see the module docstring)
+    w = torch.empty(B, T, HV, K, dtype=q.dtype, device=device)
+    u = torch.empty(B, T, HV, V, dtype=q.dtype, device=device)
+    aqk = torch.empty(B, T, HV, BT, dtype=q.dtype, device=device)
+    gc = torch.empty(B, T, HV, dtype=torch.float32, device=device)
+
+    NT = triton.cdiv(T, BT)
+    if cu_seqlens is not None:
+        plan = _varlen_plan(cu_seqlens, T)
+        slots, table = plan.slots, plan.chunk_table
+    else:
+        slots, table = B * NT, gc  # an unused pointer when not varlen
+
+    policy = dot_policy(q.dtype, _chunk_prepare_kernel)
+    BK = pow2_at_least(K)
+    BVF = pow2_at_least(V)
+    BV = min(32, BVF)
+    if T > 0:
+        _chunk_prepare_kernel[(slots, HV)](
+            q, k, v, g, beta, w, u, aqk, gc, table,
+            scale, T, NT,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            H=H, HV=HV, K=K, V=V, BK=BK, BVF=BVF, BT=BT, BC=BC,
+            IS_VARLEN=cu_seqlens is not None, L2NORM=use_qk_l2norm,
+            CHUNK_DT=policy.chunk_dtype, SOLVE_PRECISION=policy.solve_precision,
+            ROUND_BF16=policy.round_bf16,
+            num_warps=4,
+        )  # fmt: skip
+    _chunk_recurrence_kernel[(N * HV, triton.cdiv(V, BV))](
+        q, k, w, u, aqk, gc, o,
+        initial_state if initial_state is not None else gc,
+        final if final is not None else gc,
+        cu_seqlens if cu_seqlens is not None else gc, scale, T,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+        H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, BT=BT,
+        IS_VARLEN=cu_seqlens is not None, L2NORM=use_qk_l2norm,
+        HAS_H0=initial_state is not None, STORE_FINAL=final is not None,
+        STATE_IN_IO_DTYPE=state_in_io_dtype,
+        STATE_DT=policy.state_dtype, STATE_PRECISION=policy.state_precision, ROUND_BF16=policy.round_bf16,
+        INTERPRETED=interpreted(_chunk_recurrence_kernel),
+        num_warps=4 if K <= 128 else 8,
+    )  # fmt: skip
+    return o, final

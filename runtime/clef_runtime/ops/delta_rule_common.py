@@ -1,0 +1,152 @@
+"""What the chunked (prefill) and fused recurrent (decode) delta-rule kernels share: input checks
+that name the argument and the fix, the dtype policy turned into compile-time kernel flags, the
+fault flag, and two small in-kernel helpers (a dot that survives the interpreter, a row L2 norm).
+
+Dtype policy (see `clef_runtime.opset`): the state and every accumulation are float32.  The dots
+inside a chunk (k kᵀ, q kᵀ, the WY products) take operands in the input dtype so bf16/f16 run on
+tensor cores; the dots that read or write the *state* take:
+
+* bf16: bf16 operands (bf16 has float32's exponent range, so rounding the state for a dot loses
+  precision, never range);
+* f16: float32 operands at TF32 precision: TF32 keeps f16's 10-bit mantissa but float32's
+  exponent, so a state beyond 65504 (a long context) never overflows, yet Ampere/Hopper still use
+  tensor cores (pre-Ampere GPUs such as the V100 fall back to exact float32 FMA);
+* f32: float32 operands in IEEE mode (no TF32), so f32 stays accurate to a few ulps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from clef_runtime.faults import active_fault
+
+# The largest key/value head dim the kernels hold in registers (one tile per program).
+MAX_HEAD_DIM = 256
+# Below this a tl.dot operand dim is padded (Triton needs every dot dim ≥ 16).
+MIN_DOT_DIM = 16
+
+_SUPPORTED = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
+STATE_FAULT = "fp16_state_overflow"
+
+
+@dataclass(frozen=True)
+class DotPolicy:
+    """Compile-time dtype flags for one input dtype (see the module docstring)."""
+
+    chunk_dtype: tl.dtype  # operand dtype of the within-chunk dots
+    state_dtype: tl.dtype  # operand dtype of the dots that touch the state
+    state_precision: str  # input_precision of those dots (float32 operands only)
+    solve_precision: str  # input_precision of the float32 dots of the triangular solve
+    round_bf16: bool  # interpreter only: round to bf16 explicitly (see `dot_policy`)
+
+
+def interpreted(kernel: object) -> bool:
+    """Whether `kernel` runs in Triton's CPU interpreter.  Decided when the kernel was decorated
+    (at import), so ask the kernel rather than today's environment."""
+    return type(kernel).__name__ == "InterpretedFunction"
+
+
+def dot_policy(dtype: torch.dtype, kernel: object) -> DotPolicy:
+    """The flags for inputs of `dtype` running `kernel`.
+
+    Triton 3.6's interpreter gets bf16 wrong twice: ``tl.dot`` multiplies the raw uint16 bits of
+    bf16 operands, and float32 → bf16 casts truncate instead of rounding to nearest even (biased
+    errors that add up coherently in dots, about 4× the GPU's error here).  Under the interpreter
+    bf16 operands are therefore kept as float32 values rounded to bf16 by `rne_bf16` at every
+    point where the GPU rounds; the products of bf16 values are exact in float32, so the
+    interpreter then computes what the GPU's bf16 tensor cores compute."""
+    if dtype == torch.bfloat16:
+        if interpreted(kernel):
+            return DotPolicy(tl.float32, tl.float32, "ieee", "ieee", True)
+        return DotPolicy(tl.bfloat16, tl.bfloat16, "ieee", "tf32", False)
+    if dtype == torch.float16:
+        return DotPolicy(tl.float16, tl.float32, "tf32", "tf32", False)
+    return DotPolicy(tl.float32, tl.float32, "ieee", "ieee", False)
+
+
+def state_fault_active() -> bool:
+    """True when `CLEF_RUNTIME_FAULT=fp16_state_overflow` (an unknown fault name raises)."""
+    return active_fault() == STATE_FAULT
+
+
+def pow2_at_least(n: int, floor: int = MIN_DOT_DIM) -> int:
+    return max(floor, triton.next_power_of_2(n))
+
+
+def check_gdn_inputs(
+    op: str,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+) -> tuple[int, int, int, int, int, int]:
+    """Validate the q/k/v/g/beta of either delta-rule op; returns (B, T, H, HV, K, V)."""
+    if q.dim() != 4:
+        raise ValueError(f"{op}: q must be [B, T, H, K], got shape {tuple(q.shape)}")
+    if k.shape != q.shape:
+        raise ValueError(f"{op}: k must have q's shape {tuple(q.shape)} ([B, T, H, K]), got {tuple(k.shape)}")
+    B, T, H, K = q.shape
+    if v.dim() != 4 or v.shape[:2] != q.shape[:2]:
+        raise ValueError(f"{op}: v must be [B, T, HV, V] with q's B={B}, T={T}, got shape {tuple(v.shape)}")
+    HV, V = v.shape[2], v.shape[3]
+    if H == 0 or HV % H != 0:
+        raise ValueError(
+            f"{op}: value heads HV={HV} must be a positive multiple of key heads H={H} "
+            "(value head i reads key head i // (HV // H))"
+        )
+    for name, d in (("K", K), ("V", V)):
+        if not 1 <= d <= MAX_HEAD_DIM:
+            raise ValueError(f"{op}: head dim {name}={d} is outside 1..{MAX_HEAD_DIM} that the kernels hold")
+    if q.dtype not in _SUPPORTED:
+        raise TypeError(f"{op}: q dtype {q.dtype} is not supported; use float32, bfloat16 or float16")
+    for name, t in (("k", k), ("v", v)):
+        if t.dtype != q.dtype:
+            raise TypeError(f"{op}: {name} is {t.dtype} but q is {q.dtype}; cast q, k and v to one dtype")
+    for name, t in (("g", g), ("beta", beta)):
+        if t.shape != (B, T, HV):
+            raise ValueError(f"{op}: {name} must be [B, T, HV] = {(B, T, HV)}, got {tuple(t.shape)}")
+        if t.dtype != torch.float32:
+            raise TypeError(f"{op}: {name} must be float32 (got {t.dtype}); pass {name}.float()")
+        if not t.is_contiguous():
+            raise ValueError(f"{op}: {name} must be contiguous; pass {name}.contiguous()")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        # Token and batch strides are free (q/k/v are usually views of the conv output), but
+        # one token's heads must be packed: the kernels address [head, dim] as one block.
+        if t.stride(3) != 1 or t.stride(2) != t.shape[3]:
+            raise ValueError(
+                f"{op}: {name} must have its last two dims contiguous (strides [..., {t.shape[3]}, 1]), "
+                f"got strides {tuple(t.stride())}; pass {name}.contiguous()"
+            )
+    for name, t in (("k", k), ("v", v), ("g", g), ("beta", beta)):
+        if t.device != q.device:
+            raise ValueError(
+                f"{op}: {name} is on {t.device} but q is on {q.device}; put all inputs on one device"
+            )
+    return B, T, H, HV, K, V
+
+
+def check_state(op: str, name: str, state: torch.Tensor, n: int | None, HV: int, K: int, V: int) -> None:
+    """A recurrent state: float32, contiguous ``[n, HV, K, V]`` (``n`` None: any pool size)."""
+    want = f"[{'pool' if n is None else n}, HV={HV}, K={K}, V={V}]"
+    if state.dim() != 4 or state.shape[1:] != (HV, K, V) or (n is not None and state.shape[0] != n):
+        raise ValueError(f"{op}: {name} must be float32 {want}, got shape {tuple(state.shape)}")
+    if state.dtype != torch.float32:
+        raise TypeError(
+            f"{op}: {name} must be float32 {want} (the state is always float32), got {state.dtype}"
+        )
+    if not state.is_contiguous():
+        raise ValueError(f"{op}: {name} must be contiguous; pass {name}.contiguous()")
+
+
+@triton.jit
+def rne_bf16(x):
+    """float32 ``x`` rounded to the nearest bf16 value (ties to even), kept as float32: the
+    interpreter's own float32 → bf16 cast truncates (see `dot_policy`).  inf stays inf."""
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return bits.to(tl.float32, bitcast=True)
