@@ -48,7 +48,7 @@ def _init(name: str, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tens
     leaf = name.rsplit(".", 2)
     kind = leaf[-2] if name.endswith(".weight") else leaf[-1]
     if name == "model.embed_tokens.weight":
-        return normal(math.sqrt(0.5))
+        return normal(0.02)
     if kind == "A_log":
         return torch.empty(shape, dtype=torch.float32).uniform_(0.01, 16.0, generator=gen).log()
     if kind == "dt_bias":

@@ -400,11 +400,30 @@ PRESETS: dict[str, ModelConfig] = {
     # The homelab's served model (DESIGN.md): 8 full-attention + 24 GDN layers, one V100 in f16.
     # A Qwen3.5-4B-like width; head counts, head dims and conv width are Qwen3.5's.
     "clef-flash": _QWEN3_5.replace(hidden_size=2560, intermediate_size=9216, tie_word_embeddings=True),
+    # Test-sized (CPU tests, the Triton interpreter): one hybrid block of 3 GDN + 1 attention layers,
+    # grouped heads on both kinds, partial rotary, untied head.
+    "tiny": ModelConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        layer_types=_pattern(4),
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        linear_conv_kernel_dim=4,
+        rope_theta=10_000.0,
+        partial_rotary_factor=0.25,
+        max_position_embeddings=4096,
+    ),
 }
 
 
 def preset(name: str) -> ModelConfig:
-    """A named architecture (``qwen3_5``, ``clef-flash``).  Combine with `ModelConfig.reduced`
+    """A named architecture (``qwen3_5``, ``clef-flash``, ``tiny``).  Combine with `ModelConfig.reduced`
     for the small-width models that `verify` generates from a seed."""
     try:
         return PRESETS[name]

@@ -39,6 +39,18 @@ class RMSNorm(nn.Module):
         return (y * (1.0 + self.weight.float())).to(x.dtype)
 
 
+class Embedding(nn.Module):
+    """Token embedding table ``[vocab, hidden]``.  (Not ``nn.Embedding``: its random init on the
+    meta device, where the model is first built, pulls in torch._dynamo, seconds of import.)"""
+
+    def __init__(self, vocab: int, hidden: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(vocab, hidden))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.weight)
+
+
 class MLP(nn.Module):
     """SwiGLU: ``down(silu(gate(x)) * up(x))``."""
 

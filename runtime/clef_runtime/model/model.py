@@ -22,7 +22,7 @@ from torch import nn
 
 from clef_runtime.model.cache import GDNState, HybridCache, KVState
 from clef_runtime.model.config import LINEAR, ModelConfig
-from clef_runtime.model.layers import DecoderLayer, RMSNorm, rope_cos_sin
+from clef_runtime.model.layers import DecoderLayer, Embedding, RMSNorm, rope_cos_sin
 from clef_runtime.model.stats import GDNStats
 from clef_runtime.model.weights import check_weights, load_weights
 from clef_runtime.opset import OpSet, get_opset
@@ -66,7 +66,7 @@ class HybridModel(nn.Module):
         dev = torch.device(device) if device is not None else weights["model.embed_tokens.weight"].device
 
         with torch.device("meta"):
-            self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+            self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
             self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
             self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
             self.lm_head = (
@@ -227,15 +227,33 @@ class HybridModel(nn.Module):
         """Greedy decoding of a prompt batch ``[B, T]``: prefill, then one decode step per token.
         Returns only the new token ids ``[B, max_new_tokens]`` (int64); no early stop at EOS,
         so two runs always yield comparable lengths."""
+        ids, _ = self._greedy(input_ids, max_new_tokens, stats=stats, keep_logits=False)
+        return ids
+
+    def generate_greedy_with_logits(
+        self, input_ids: torch.Tensor, max_new_tokens: int, *, stats: GDNStats | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`generate_greedy` that also returns the float32 logits each new token was picked from,
+        ``[B, max_new_tokens, vocab]`` (to compare steps or to measure top-1/top-2 margins)."""
+        ids, logits = self._greedy(input_ids, max_new_tokens, stats=stats, keep_logits=True)
+        assert logits is not None
+        return ids, logits
+
+    def _greedy(
+        self, input_ids: torch.Tensor, max_new_tokens: int, *, stats: GDNStats | None, keep_logits: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens ({max_new_tokens}) must be at least 1")
         logits, cache = self.prefill(input_ids, stats=stats, last_only=True)
-        token = logits[:, -1].argmax(-1)
-        out = [token]
+        step = logits[:, -1]
+        kept = [step] if keep_logits else []
+        tokens = [step.argmax(-1)]
         for _ in range(max_new_tokens - 1):
-            token = self.decode_step(token, cache, stats=stats).argmax(-1)
-            out.append(token)
-        return torch.stack(out, dim=1)
+            step = self.decode_step(tokens[-1], cache, stats=stats)
+            if keep_logits:
+                kept.append(step)
+            tokens.append(step.argmax(-1))
+        return torch.stack(tokens, dim=1), (torch.stack(kept, dim=1) if keep_logits else None)
 
     def forward_packed(
         self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, *, stats: GDNStats | None = None
