@@ -38,15 +38,11 @@ IMAGE_REFERENCE = r"^[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-]+[a-z0
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 
 
-def cel(
-    rule: str, message: str = "", *, message_expression: str = "", field_path: str = ""
-) -> dict[str, str]:
+def cel(rule: str, message: str, *, field_path: str = "") -> dict[str, str]:
     """One `x-kubernetes-validations` entry.  Messages name the field and say how to fix it."""
-    entry = {"rule": rule}
-    if message:
-        entry["message"] = message
-    if message_expression:
-        entry["messageExpression"] = message_expression
+    # Static messages: messageExpression with string() of a number is costed as unbounded by the
+    # API server's CEL estimator and would make the whole CRD exceed its budget.
+    entry = {"rule": rule, "message": message}
     if field_path:
         entry["fieldPath"] = field_path
     return entry
@@ -191,21 +187,19 @@ class Architecture(ApiModel):
 ARCHITECTURE_RULES = rules(
     cel(
         "self.fullAttentionInterval <= self.numLayers",
-        message_expression="'spec.model.architecture.fullAttentionInterval: ' + string(self.fullAttentionInterval)"
-        " + ' is larger than numLayers (' + string(self.numLayers) + '): the model would have no attention layer'",
+        "spec.model.architecture.fullAttentionInterval: must not exceed numLayers (the model would have no"
+        " attention layer)",
         field_path=".fullAttentionInterval",
     ),
     cel(
         "self.numAttentionHeads % self.numKeyValueHeads == 0",
-        message_expression="'spec.model.architecture.numKeyValueHeads: ' + string(self.numKeyValueHeads)"
-        " + ' does not divide numAttentionHeads (' + string(self.numAttentionHeads) + ')'",
+        "spec.model.architecture.numKeyValueHeads: must divide numAttentionHeads",
         field_path=".numKeyValueHeads",
     ),
     cel(
         "self.linearNumValueHeads % self.linearNumKeyHeads == 0",
-        message_expression="'spec.model.architecture.linearNumKeyHeads: ' + string(self.linearNumKeyHeads)"
-        " + ' does not divide linearNumValueHeads (' + string(self.linearNumValueHeads) + '): GDN value heads are"
-        " grouped over key heads'",
+        "spec.model.architecture.linearNumKeyHeads: must divide linearNumValueHeads (GDN value heads are grouped"
+        " over key heads)",
         field_path=".linearNumKeyHeads",
     ),
 )
@@ -245,8 +239,11 @@ class ModelSource(ApiModel):
         description="Size of the weights in MiB (all shards); improves the kvCacheTokens estimate.",
         json_schema_extra=int_range("spec.model.weightsMiB", 0, 16777216),
     )
+    # The whole preset as the default: the API server checks a default against the rules at this
+    # level before it fills in nested defaults.
     architecture: Architecture = Field(
-        default_factory=Architecture, json_schema_extra={"default": {}, **ARCHITECTURE_RULES}
+        default_factory=Architecture,
+        json_schema_extra={"default": Architecture().to_wire(), **ARCHITECTURE_RULES},
     )
 
 
@@ -334,7 +331,7 @@ class VerificationSpec(ApiModel):
         json_schema_extra=rules(
             cel(
                 "self >= 0.1 && self <= 100.0",
-                message_expression="'spec.verification.toleranceScale: ' + string(self) + ' is outside [0.1, 100]'",
+                "spec.verification.toleranceScale: must be between 0.1 and 100",
             )
         ),
     )
@@ -377,26 +374,22 @@ class RolloutSpec(ApiModel):
 SPEC_RULES = rules(
     cel(
         "!has(self.tensorParallel) || self.gpus % self.tensorParallel == 0",
-        message_expression="'spec.tensorParallel: ' + string(self.tensorParallel) + ' does not divide spec.gpus ('"
-        " + string(self.gpus) + ')'",
+        "spec.tensorParallel: must divide spec.gpus (GPUs per replica)",
         field_path=".tensorParallel",
     ),
     cel(
         "self.model.architecture.numAttentionHeads % (has(self.tensorParallel) ? self.tensorParallel : self.gpus) == 0"
         " && self.model.architecture.numKeyValueHeads % (has(self.tensorParallel) ? self.tensorParallel : self.gpus) == 0",
-        message_expression="'spec.tensorParallel: ' + string(has(self.tensorParallel) ? self.tensorParallel : self.gpus)"
-        " + ' must divide the attention heads (' + string(self.model.architecture.numAttentionHeads) + ') and the KV"
-        " heads (' + string(self.model.architecture.numKeyValueHeads) + ')'",
+        "spec.tensorParallel: (default spec.gpus) must divide model.architecture.numAttentionHeads and"
+        " numKeyValueHeads; choose a tensor-parallel degree that does",
         field_path=".tensorParallel",
     ),
     cel(
         "self.model.architecture.linearNumKeyHeads % (has(self.tensorParallel) ? self.tensorParallel : self.gpus) == 0"
         " && self.model.architecture.linearNumValueHeads % (has(self.tensorParallel) ? self.tensorParallel : self.gpus)"
         " == 0",
-        message_expression="'spec.tensorParallel: ' + string(has(self.tensorParallel) ? self.tensorParallel : self.gpus)"
-        " + ' cannot shard the GDN heads: it must divide linearNumKeyHeads (' +"
-        " string(self.model.architecture.linearNumKeyHeads) + ') and linearNumValueHeads (' +"
-        " string(self.model.architecture.linearNumValueHeads) + ')'",
+        "spec.tensorParallel: (default spec.gpus) cannot shard the GDN layers: it must divide"
+        " model.architecture.linearNumKeyHeads and linearNumValueHeads",
         field_path=".tensorParallel",
     ),
     cel(
@@ -442,7 +435,7 @@ class ClefModelSpec(ApiModel):
         json_schema_extra=rules(
             cel(
                 "self > 0.0 && self <= 0.95",
-                message_expression="'spec.kvFraction: ' + string(self) + ' is outside (0, 0.95]; e.g. 0.30'",
+                "spec.kvFraction: must be in (0, 0.95], e.g. 0.30",
             )
         ),
     )
@@ -452,7 +445,7 @@ class ClefModelSpec(ApiModel):
         json_schema_extra=rules(
             cel(
                 "self >= 1 && self <= 16",
-                message_expression="'spec.gpus: ' + string(self) + ' is not between 1 and 16 GPUs per replica'",
+                "spec.gpus: must be between 1 and 16 (GPUs per replica)",
             )
         ),
     )

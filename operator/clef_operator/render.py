@@ -110,7 +110,7 @@ def verify_argv(spec: ClefModelSpec) -> list[str]:
 
 def _resources(spec: ClefModelSpec) -> dict[str, Any]:
     limits: dict[str, Any] = dict(spec.resources.limits)
-    limits[labels.GPU_RESOURCE] = spec.gpus
+    limits[labels.GPU_RESOURCE] = str(spec.gpus)
     out: dict[str, Any] = {"limits": limits}
     if spec.resources.requests:
         out["requests"] = dict(spec.resources.requests)

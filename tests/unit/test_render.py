@@ -75,7 +75,7 @@ def test_deployment_has_runtime_class_gpus_volume_probes_and_pinned_image():
     assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "Tesla-V100"}
     c = pod["containers"][0]
     assert c["image"] == PINNED
-    assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert {"name": "RUST_LOG", "value": "info"} in c["env"]
     assert c["readinessProbe"]["httpGet"]["path"] == "/v1/models"
     assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
@@ -102,7 +102,7 @@ def test_job_contract():
     assert c["imagePullPolicy"] == "Always"
     assert c["terminationMessagePath"] == "/dev/termination-log"
     assert c["terminationMessagePolicy"] == "File"
-    assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert c["command"] == [
         "clef-runtime",
         "verify",
@@ -180,3 +180,20 @@ def test_digest_parsing():
         pinned_reference(GOOD, f"registry.clef.test/clef-runtime@{d}")
         == f"registry.clef.test/clef-runtime@{d}"
     )
+
+
+def test_manifests_are_valid_kubernetes_objects():
+    """The client validates what it sends (e.g. quantities are strings): check every rendering
+    against its model here rather than meeting a ValidationError mid-rollout."""
+    from kubernetes import client
+    from pydantic import TypeAdapter
+
+    for spec in (
+        make_spec(),
+        make_spec(engine="vllm", gpuMemoryMiB=32768, gpus=2, verification={"suite": "full"}),
+    ):
+        TypeAdapter(client.V1Job).validate_python(render_job(OWNER, spec, "token"))
+        TypeAdapter(client.V1Deployment).validate_python(
+            render_deployment(OWNER, spec, PINNED, 2, {"a": "b"})
+        )
+        TypeAdapter(client.V1Service).validate_python(render_service(OWNER, spec, "abc"))
