@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -24,7 +25,8 @@ from kubernetes.client.exceptions import ApiException
 
 from .harness import images
 from .harness.cluster import ClusterError, LocalCluster, build, install_crds
-from .harness.config import DEFAULT_STATE_DIR, default_binaries, missing_prerequisites
+from .harness.config import CRDS_DIR, DEFAULT_STATE_DIR, default_binaries, missing_prerequisites
+from .harness.rest import Rest
 
 T = TypeVar("T")
 
@@ -60,6 +62,23 @@ class Cluster:
         return table
 
 
+def _install_crds_anywhere(kubeconfig: Path, kubectl: str | None) -> None:
+    try:
+        rest = Rest(kubeconfig)
+    except ValueError:
+        # Auth the harness's client does not speak (exec plugins): kubectl does.
+        if not list(CRDS_DIR.glob("*.yaml")):
+            return
+        if kubectl is None:
+            pytest.fail(f"cannot install {CRDS_DIR}/*.yaml into {kubeconfig}: no kubectl", pytrace=False)
+        subprocess.run(
+            [kubectl, "--kubeconfig", str(kubeconfig), "apply", "--server-side", "-f", str(CRDS_DIR)],
+            check=True,
+        )
+        return
+    install_crds(rest)
+
+
 def _fail_or_skip(reason: str) -> None:
     if os.environ.get("CLEF_REQUIRE_CLUSTER", "") not in ("", "0"):
         pytest.fail(f"cluster tier required (CLEF_REQUIRE_CLUSTER) but {reason}", pytrace=False)
@@ -72,9 +91,9 @@ def cluster(pytestconfig: pytest.Config) -> Iterator[Cluster]:
     if external:
         path = Path(external).expanduser().resolve()
         api = config.new_client_from_config(config_file=str(path))
-        install_crds(api)
         cached = default_binaries().kubectl
         kubectl = str(cached) if cached.is_file() else shutil.which("kubectl")
+        _install_crds_anywhere(path, kubectl)
         yield Cluster(path, api, None, kubectl)
         return
 
@@ -96,15 +115,24 @@ def cluster(pytestconfig: pytest.Config) -> Iterator[Cluster]:
                 print(f"\ncluster: local control plane up in {seconds:.1f}s ({local.kubeconfig})")
         except ClusterError as e:
             pytest.fail(f"local cluster did not start: {e}", pytrace=False)
+    runner_log = local.logs / "runner.log"
+    log_start = runner_log.stat().st_size if runner_log.exists() else 0
     try:
         api = config.new_client_from_config(config_file=str(local.kubeconfig))
-        install_crds(api)
+        # Again for a reused cluster: the CRDs in the checkout may be newer than it.
+        install_crds(Rest(local.kubeconfig))
         yield Cluster(local.kubeconfig, api, local, str(local.bin.kubectl))
     finally:
-        if started_here:
-            report = local.down()
-            if not report.clean:
-                pytest.fail(f"local cluster teardown left {report}", pytrace=False)
+        report = local.down() if started_here else None
+        # The runner's mistakes (a rejected status update, a crash in a worker) would otherwise
+        # only show up as some later test's timeout, or not at all.
+        with runner_log.open("rb") as f:
+            f.seek(log_start)
+            errors = [line for line in f.read().decode(errors="replace").splitlines() if " ERROR " in line]
+        if report is not None and not report.clean:
+            pytest.fail(f"local cluster teardown left {report}", pytrace=False)
+        if errors:
+            pytest.fail("the verification runner logged errors:\n" + "\n".join(errors[:20]), pytrace=False)
 
 
 @pytest.fixture

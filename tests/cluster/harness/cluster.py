@@ -48,6 +48,7 @@ from .config import (
 )
 from .pki import PKI, SERVICE_CIDR
 from .procs import ProcessLedger, ProcessRecord, free_port, listening_ports, record, stop
+from .rest import ApiError, Rest, object_path
 
 Log = Callable[[str], None]
 
@@ -116,6 +117,8 @@ class LocalCluster:
         self.pki = PKI(self.dir / "pki")
         self.ledger = ProcessLedger(self.dir / "run" / "processes.json")
         self._children: dict[str, subprocess.Popen[bytes]] = {}
+        self._started = time.monotonic()
+        self._timings: dict[str, float] = {}
 
     # -- paths -------------------------------------------------------------------------------
     @property
@@ -174,7 +177,8 @@ class LocalCluster:
                 + ", ".join(map(str, missing))
                 + " (run `python -m tests.cluster.harness build`)"
             )
-        started = time.monotonic()
+        started = self._started = time.monotonic()
+        self._timings = {}
         deadline = started + timeout
         self._clean_leftovers()
         for sub in ("run", "logs", "kubeconfigs"):
@@ -189,8 +193,7 @@ class LocalCluster:
                 kubeconfig = external_kubeconfig.resolve()
                 kwok_kc = runner_kc = kubeconfig
                 self._write_state({"externalKubeconfig": str(kubeconfig)})
-            api = _api_client(kubeconfig)
-            self._seed(api)
+            rest = Rest(kubeconfig)
             self._spawn(
                 "kwok",
                 [
@@ -215,13 +218,17 @@ class LocalCluster:
                 ],
                 cwd=REPO_ROOT,
             )
-            self._wait_usable(api, deadline, local=external_kubeconfig is None)
+            # kwok and the runner start while the objects are written: neither depends on the
+            # order (kwok's node stage keeps the capacity whenever it arrives).
+            self._seed(rest)
+            self._mark("seeded")
+            self._wait_usable(rest, deadline, local=external_kubeconfig is None)
         except BaseException:
             self.log(f"cluster: start failed; stopping what was started (logs in {self.logs})")
             self.down()
             raise
         elapsed = time.monotonic() - started
-        self._write_state({**self.state(), "upSeconds": round(elapsed, 2)})
+        self._write_state({**self.state(), "upSeconds": round(elapsed, 2), "phases": self._timings})
         return elapsed
 
     def _start_control_plane(self, deadline: float) -> None:
@@ -256,6 +263,7 @@ class LocalCluster:
             ],
         )
         self._wait("etcd", lambda: _http_ok(f"{etcd_url}/health"), deadline)
+        self._mark("etcd")
         cert_dir = self.dir / "run" / "certs"
         self._spawn(
             "kube-apiserver",
@@ -264,6 +272,9 @@ class LocalCluster:
                 f"--etcd-servers={etcd_url}",
                 "--bind-address=127.0.0.1",
                 "--advertise-address=127.0.0.1",
+                # The `kubernetes` Service's endpoints may not be a loopback address, and nothing
+                # here runs in-cluster to need them: no endpoint reconciler.
+                "--endpoint-reconciler-type=none",
                 f"--secure-port={ports['apiserver']}",
                 f"--cert-dir={cert_dir / 'apiserver'}",
                 f"--tls-cert-file={p.cert('apiserver')}",
@@ -281,18 +292,17 @@ class LocalCluster:
         ctx = ssl.create_default_context(cafile=str(p.ca_cert))
         ctx.load_cert_chain(str(p.cert("admin")), str(p.key("admin")))
         self._wait("kube-apiserver", lambda: _http_ok(f"{server}/readyz", ctx), deadline)
-        delegated = [
-            "--bind-address=127.0.0.1",
-            "--leader-elect=false",
-        ]
+        self._mark("apiserver")
+        # No delegated authentication/authorization kubeconfigs: their secure ports then serve
+        # only the always-allowed /healthz, /readyz, /livez, which is all the harness asks, and
+        # they start faster.  One instance each, so no leader election to wait for.
+        delegated = ["--bind-address=127.0.0.1", "--leader-elect=false"]
         cm_kc = self.component_kubeconfig("controller-manager")
         self._spawn(
             "kube-controller-manager",
             [
                 str(self.bin.kube_controller_manager),
                 f"--kubeconfig={cm_kc}",
-                f"--authentication-kubeconfig={cm_kc}",
-                f"--authorization-kubeconfig={cm_kc}",
                 f"--secure-port={ports['controllerManager']}",
                 f"--cert-dir={cert_dir / 'controller-manager'}",
                 f"--root-ca-file={p.ca_cert}",
@@ -310,36 +320,28 @@ class LocalCluster:
             [
                 str(self.bin.kube_scheduler),
                 f"--kubeconfig={sched_kc}",
-                f"--authentication-kubeconfig={sched_kc}",
-                f"--authorization-kubeconfig={sched_kc}",
                 f"--secure-port={ports['scheduler']}",
                 f"--cert-dir={cert_dir / 'scheduler'}",
                 *delegated,
             ],
         )
 
-    def _seed(self, api: Any) -> None:
-        """Namespace + image table, nodes (status before kwok sees them), RuntimeClass, CRDs."""
-        from kubernetes import client, dynamic
-
-        dyn = dynamic.DynamicClient(api)
-        core = client.CoreV1Api(api)
-        _apply(dyn, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": HARNESS_NAMESPACE}})
-        images.write_table(core, images.seed_table())
+    def _seed(self, rest: Rest) -> None:
+        """Namespace + image table, nodes with their capacity, RuntimeClass, CRDs."""
+        rest.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": HARNESS_NAMESPACE}})
+        images.write_table(rest, images.seed_table())
         for doc in _load_yaml(MANIFESTS_DIR / "nodes.yaml"):
+            # Status is ignored on apply; it goes through the status subresource, as a kubelet's
+            # would.  kwok's node stage keeps what it finds, whichever comes first.
             status = doc.pop("status", None)
-            _apply(dyn, doc)
+            rest.apply(doc)
             if status:
-                core.patch_node_status(doc["metadata"]["name"], {"status": status})
+                rest.patch_status(object_path(doc), status)
         for doc in _load_yaml(MANIFESTS_DIR / "runtimeclass.yaml"):
-            _apply(dyn, doc)
-        install_crds(api)
+            rest.apply(doc)
+        install_crds(rest)
 
-    def _wait_usable(self, api: Any, deadline: float, *, local: bool) -> None:
-        from kubernetes import client
-        from kubernetes.client.exceptions import ApiException
-
-        core = client.CoreV1Api(api)
+    def _wait_usable(self, rest: Rest, deadline: float, *, local: bool) -> None:
         if local:
             ports = self.state()["ports"]
             for name, key in (
@@ -352,26 +354,33 @@ class LocalCluster:
                 # Pods cannot be created in a namespace before its ServiceAccount exists; this is
                 # the controller-manager doing real work, not just answering /healthz.
                 try:
-                    core.read_namespaced_service_account("default", "default")
-                except ApiException:
+                    rest.get("/api/v1/namespaces/default/serviceaccounts/default")
+                except ApiError:
                     return False
                 return True
 
             self._wait("kube-controller-manager", default_sa, deadline)
+            self._mark("controllers")
 
         ready_file = self.dir / "run" / "runner.ready"
         self._wait("runner", ready_file.exists, deadline)
+        self._mark("runner")
         names = {d["metadata"]["name"] for d in _load_yaml(MANIFESTS_DIR / "nodes.yaml")}
 
         def nodes_ready() -> bool:
             ready = set()
-            for n in core.list_node().items:
-                for c in (n.status.conditions or []) if n.status else []:
-                    if c.type == "Ready" and c.status == "True" and n.metadata and n.metadata.name:
-                        ready.add(n.metadata.name)
+            for n in rest.get("/api/v1/nodes")["items"]:
+                for c in (n.get("status") or {}).get("conditions") or []:
+                    if c["type"] == "Ready" and c["status"] == "True":
+                        ready.add(n["metadata"]["name"])
             return names <= ready
 
         self._wait("kwok", nodes_ready, deadline)
+        self._mark("nodes")
+
+    def _mark(self, phase: str) -> None:
+        """Seconds since `up` began, per phase, kept in state.json (how the doc's numbers are made)."""
+        self._timings[phase] = round(time.monotonic() - self._started, 2)
 
     # -- processes ---------------------------------------------------------------------------
     def _spawn(self, name: str, argv: list[str], cwd: Path | None = None) -> None:
@@ -468,45 +477,24 @@ class LocalCluster:
         return DownReport(stopped, [f"{r.name} (pid {r.pid})" for r in survivors], still)
 
 
-def _api_client(kubeconfig: Path) -> Any:
-    from kubernetes import config
-
-    return config.new_client_from_config(config_file=str(kubeconfig))
-
-
 def _load_yaml(path: Path) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(path.read_text()) if d]
 
 
-def _apply(dyn: Any, doc: dict[str, Any]) -> None:
-    resource = dyn.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
-    resource.server_side_apply(
-        body=doc,
-        name=doc["metadata"]["name"],
-        namespace=doc["metadata"].get("namespace"),
-        field_manager="clef-harness",
-        force_conflicts=True,
-    )
-
-
-def install_crds(api: Any, directory: Path = CRDS_DIR, timeout: float = 30.0) -> list[str]:
+def install_crds(rest: Rest, directory: Path = CRDS_DIR, timeout: float = 30.0) -> list[str]:
     """Apply every CRD in crds/*.yaml and wait until the API server serves them."""
-    from kubernetes import client, dynamic
-
-    dyn = dynamic.DynamicClient(api)
     names = []
     for path in sorted(directory.glob("*.yaml")):
         for doc in _load_yaml(path):
             if doc.get("kind") != "CustomResourceDefinition":
                 continue
-            _apply(dyn, doc)
+            rest.apply(doc)
             names.append(doc["metadata"]["name"])
-    ext = client.ApiextensionsV1Api(api)
     deadline = time.monotonic() + timeout
     for name in names:
         while True:
-            crd = ext.read_custom_resource_definition(name)
-            conds = {c.type: c.status for c in (crd.status.conditions or [])} if crd.status else {}
+            crd = rest.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+            conds = {c["type"]: c["status"] for c in (crd.get("status") or {}).get("conditions") or []}
             if conds.get("Established") == "True":
                 break
             if time.monotonic() > deadline:

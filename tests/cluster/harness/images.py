@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from .config import HARNESS_NAMESPACE, IMAGE_TABLE_CONFIGMAP, IMAGE_TABLE_FILE, IMAGE_TABLE_KEY
+from .rest import ApiError, Rest
+
+CONFIGMAP_PATH = f"/api/v1/namespaces/{HARNESS_NAMESPACE}/configmaps/{IMAGE_TABLE_CONFIGMAP}"
 
 KINDS = ("good", "fault", "hang", "unpullable")
 
@@ -155,33 +156,75 @@ def fault_image(fault: str, path: Path = IMAGE_TABLE_FILE) -> str:
     return str(data["faultImages"]["ref"]).format(fault=fault)
 
 
-def read_table(core: client.CoreV1Api) -> ImageTable | None:
+class _Official:
+    """The same two calls through the official client, for callers (tests) that hold one."""
+
+    def __init__(self, core: Any) -> None:
+        self.core = core
+
+    def get(self, path: str) -> dict[str, Any]:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            cm = self.core.read_namespaced_config_map(IMAGE_TABLE_CONFIGMAP, HARNESS_NAMESPACE)
+        except ApiException as e:
+            raise ApiError(int(e.status or 0), "GET", path, str(e.body or "")) from e
+        data: dict[str, Any] = self.core.api_client.sanitize_for_serialization(cm)
+        return data
+
+    def put(self, path: str, body: dict[str, Any]) -> None:
+        from kubernetes.client import V1ConfigMap
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            self.core.replace_namespaced_config_map(
+                IMAGE_TABLE_CONFIGMAP, HARNESS_NAMESPACE, V1ConfigMap.from_dict(body)
+            )
+        except ApiException as e:
+            raise ApiError(int(e.status or 0), "PUT", path, str(e.body or "")) from e
+
+
+class _Harness:
+    def __init__(self, rest: Rest) -> None:
+        self.rest = rest
+
+    def get(self, path: str) -> dict[str, Any]:
+        return self.rest.get(path)
+
+    def put(self, path: str, body: dict[str, Any]) -> None:
+        self.rest.request("PUT", path, body)
+
+
+def _client(api: Rest | Any) -> _Harness | _Official:
+    """`api` is the harness's Rest or the official client's CoreV1Api."""
+    return _Harness(api) if isinstance(api, Rest) else _Official(api)
+
+
+def read_table(api: Rest | Any) -> ImageTable | None:
     """The live table, or None where this cluster has no harness (kind without it, a real cluster)."""
     try:
-        cm = core.read_namespaced_config_map(IMAGE_TABLE_CONFIGMAP, HARNESS_NAMESPACE)
-    except ApiException as e:
+        cm = _client(api).get(CONFIGMAP_PATH)
+    except ApiError as e:
         if e.status == 404:
             return None
         raise
-    return ImageTable.parse((cm.data or {}).get(IMAGE_TABLE_KEY, ""))
+    return ImageTable.parse((cm.get("data") or {}).get(IMAGE_TABLE_KEY, ""))
 
 
-def write_table(core: client.CoreV1Api, table: ImageTable) -> None:
+def write_table(rest: Rest, table: ImageTable) -> None:
     """Create or overwrite the live table (used by `up`)."""
-    body = client.V1ConfigMap(
-        metadata=client.V1ObjectMeta(name=IMAGE_TABLE_CONFIGMAP, namespace=HARNESS_NAMESPACE),
-        data={IMAGE_TABLE_KEY: table.dump()},
+    rest.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": IMAGE_TABLE_CONFIGMAP, "namespace": HARNESS_NAMESPACE},
+            "data": {IMAGE_TABLE_KEY: table.dump()},
+        }
     )
-    try:
-        core.create_namespaced_config_map(HARNESS_NAMESPACE, body)
-    except ApiException as e:
-        if e.status != 409:
-            raise
-        core.replace_namespaced_config_map(IMAGE_TABLE_CONFIGMAP, HARNESS_NAMESPACE, body)
 
 
 def put_image(
-    core: client.CoreV1Api,
+    api: Rest | Any,
     ref: str,
     kind: str,
     *,
@@ -191,11 +234,13 @@ def put_image(
 ) -> ImageEntry:
     """Add `ref` to the live table, or move it to a new digest (a fresh one unless given).
 
-    Returns the new entry; its `image_id` is what verification pods of `ref` will now report.
+    `api` is the harness's Rest or the official client's CoreV1Api.  Returns the new entry; its
+    `image_id` is what verification pods of `ref` will now report.
     """
+    conn = _client(api)
     for _ in range(10):
-        cm = core.read_namespaced_config_map(IMAGE_TABLE_CONFIGMAP, HARNESS_NAMESPACE)
-        table = ImageTable.parse((cm.data or {}).get(IMAGE_TABLE_KEY, ""))
+        cm = conn.get(CONFIGMAP_PATH)
+        table = ImageTable.parse((cm.get("data") or {}).get(IMAGE_TABLE_KEY, ""))
         if digest is None:
             used = {e.digest for e in table.entries}
             generation = 0
@@ -205,11 +250,11 @@ def put_image(
         else:
             chosen = digest
         entry = ImageEntry(ref=ref, kind=kind, digest=chosen, fault=fault, entrypoint=tuple(entrypoint))
-        cm.data = {IMAGE_TABLE_KEY: table.with_entry(entry).dump()}
+        cm["data"] = {IMAGE_TABLE_KEY: table.with_entry(entry).dump()}
         try:
             # resourceVersion rides along, so a concurrent writer makes this a 409 and a retry.
-            core.replace_namespaced_config_map(IMAGE_TABLE_CONFIGMAP, HARNESS_NAMESPACE, cm)
-        except ApiException as e:
+            conn.put(CONFIGMAP_PATH, cm)
+        except ApiError as e:
             if e.status == 409:
                 continue
             raise

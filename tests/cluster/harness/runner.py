@@ -39,11 +39,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from kubernetes import client, config, watch
-from kubernetes.client.exceptions import ApiException
-
 from . import images
 from .config import KWOK_NODE_ANNOTATION, KWOK_NODE_VALUE, VENV_BIN, VERIFICATION_SELECTOR
+from .rest import ApiError, Rest
 
 log = logging.getLogger("clef.runner")
 
@@ -65,12 +63,6 @@ HARNESS_ENV = {
     "CLEF_VERIFY_SHAPES": "reduced",
     "TRITON_INTERPRET": "1",
 }
-
-
-def _json(response: object) -> Obj:
-    # With _preload_content=False the client hands back the HTTP response, not a model.
-    data: Obj = json.loads(getattr(response, "data"))  # noqa: B009
-    return data
 
 
 def now() -> str:
@@ -149,7 +141,8 @@ class PodWorker:
 
     def __init__(self, runner: Runner, pod: Obj) -> None:
         self.runner = runner
-        self.core = runner.core
+        self.rest = runner.rest
+        self.path = f"/api/v1/namespaces/{pod['metadata']['namespace']}/pods/{pod['metadata']['name']}"
         self.pod = pod
         meta = pod["metadata"]
         self.name: str = meta["name"]
@@ -212,15 +205,13 @@ class PodWorker:
                 status["hostIP"] = host_ip
                 status["hostIPs"] = [{"ip": host_ip}]
         try:
-            self.core.patch_namespaced_pod_status(
-                self.name, self.namespace, {"status": status}, _request_timeout=API_TIMEOUT
-            )
-        except ApiException as e:
+            self.rest.patch_status(self.path, status)
+        except ApiError as e:
             if e.status == 404:
                 self.gone = True
                 self.stop.set()
                 return
-            log.error("%s/%s: status update rejected: %s", self.namespace, self.name, e.body)
+            log.error("%s/%s: status update rejected: %s", self.namespace, self.name, e)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def run(self) -> None:
@@ -445,14 +436,14 @@ def kill_group(proc: subprocess.Popen[bytes], grace: float) -> None:
 
 
 class Runner:
-    def __init__(self, api: client.ApiClient, state_dir: Path, workers: int = 16) -> None:
-        self.api = api
-        self.core = client.CoreV1Api(api)
+    def __init__(self, rest: Rest, state_dir: Path, workers: int = 16) -> None:
+        self.rest = rest
         self.state_dir = state_dir
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pod")
         self.lock = threading.Lock()
         self.workers: dict[str, PodWorker] = {}
         self.finalizing: set[str] = set()
+        self.done: set[str] = set()
         self.nodes: dict[str, str] = {}  # kwok node name -> InternalIP ("" if none)
         self.nodes_listed = 0.0
         self.shutting_down = threading.Event()
@@ -543,33 +534,27 @@ class Runner:
         return None
 
     def _config_map(self, ns: str, name: str, optional: bool) -> dict[str, str]:
-        try:
-            return dict(
-                self.core.read_namespaced_config_map(name, ns, _request_timeout=API_TIMEOUT).data or {}
-            )
-        except ApiException as e:
-            if e.status == 404 and optional:
-                return {}
-            if e.status == 404:
-                raise LookupError(f'configmap "{name}" not found') from e
-            raise
+        return self._data(f"/api/v1/namespaces/{ns}/configmaps/{name}", f'configmap "{name}"', optional)
 
     def _secret(self, ns: str, name: str, optional: bool) -> dict[str, str]:
+        raw = self._data(f"/api/v1/namespaces/{ns}/secrets/{name}", f'secret "{name}"', optional)
+        return {k: base64.b64decode(v).decode("utf-8", errors="replace") for k, v in raw.items()}
+
+    def _data(self, path: str, what: str, optional: bool) -> dict[str, str]:
         try:
-            raw = self.core.read_namespaced_secret(name, ns, _request_timeout=API_TIMEOUT).data or {}
-        except ApiException as e:
+            return dict(self.rest.get(path).get("data") or {})
+        except ApiError as e:
             if e.status == 404 and optional:
                 return {}
             if e.status == 404:
-                raise LookupError(f'secret "{name}" not found') from e
+                raise LookupError(f"{what} not found") from e
             raise
-        return {k: base64.b64decode(v).decode("utf-8", errors="replace") for k, v in raw.items()}
 
     def image_table(self) -> images.ImageTable:
         try:
-            table = images.read_table(self.core)
-        except ApiException as e:
-            log.warning("image table unreadable (%s); using the seed file", e.reason)
+            table = images.read_table(self.rest)
+        except ApiError as e:
+            log.warning("image table unreadable (%s); using the seed file", e)
             table = None
         return table if table is not None else images.seed_table()
 
@@ -588,14 +573,10 @@ class Runner:
             self.nodes_listed = time.monotonic()
 
     def _list_nodes(self) -> Obj:
-        return _json(self.core.list_node(_preload_content=False, _request_timeout=API_TIMEOUT))
+        return self.rest.get("/api/v1/nodes")
 
     def _list_pods(self) -> Obj:
-        return _json(
-            self.core.list_pod_for_all_namespaces(
-                label_selector=VERIFICATION_SELECTOR, _preload_content=False, _request_timeout=API_TIMEOUT
-            )
-        )
+        return self.rest.get("/api/v1/pods", labelSelector=VERIFICATION_SELECTOR)
 
     def is_kwok_node(self, name: str | None) -> bool:
         if not name:
@@ -630,6 +611,9 @@ class Runner:
             if worker:
                 worker.gone = True
                 worker.request_stop(0)
+            with self.lock:
+                self.done.discard(uid)
+                self.finalizing.discard(uid)
             return
         if not self.is_kwok_node(pod["spec"].get("nodeName")):
             return
@@ -640,7 +624,7 @@ class Runner:
                 self.finalize(meta["namespace"], meta["name"], uid)
             return
         phase = (pod.get("status") or {}).get("phase")
-        if worker or phase in ("Succeeded", "Failed"):
+        if worker or uid in self.done or phase in ("Succeeded", "Failed"):
             return
         worker = PodWorker(self, pod)
         with self.lock:
@@ -652,6 +636,9 @@ class Runner:
     def forget(self, uid: str) -> None:
         with self.lock:
             self.workers.pop(uid, None)
+            # Events written before the final status may still be on their way; they must not
+            # start the pod a second time.
+            self.done.add(uid)
 
     def finalize(self, namespace: str, name: str, uid: str) -> None:
         """The kubelet's last word on a deleted pod: remove it with a zero grace period."""
@@ -662,19 +649,14 @@ class Runner:
 
         def delete() -> None:
             try:
-                self.core.delete_namespaced_pod(
-                    name,
-                    namespace,
-                    grace_period_seconds=0,
-                    body=client.V1DeleteOptions(
-                        grace_period_seconds=0, preconditions=client.V1Preconditions(uid=uid)
-                    ),
-                    _request_timeout=API_TIMEOUT,
+                self.rest.delete(
+                    f"/api/v1/namespaces/{namespace}/pods/{name}",
+                    {"gracePeriodSeconds": 0, "preconditions": {"uid": uid}},
                 )
                 log.info("%s/%s: deleted", namespace, name)
-            except ApiException as e:
+            except ApiError as e:
                 if e.status not in (404, 409):
-                    log.error("%s/%s: final delete failed: %s", namespace, name, e.body)
+                    log.error("%s/%s: final delete failed: %s", namespace, name, e)
                     with self.lock:
                         self.finalizing.discard(uid)
 
@@ -690,24 +672,24 @@ class Runner:
                 if ready_file is not None:
                     ready_file.write_text(str(os.getpid()))
                     ready_file = None
-                stream = watch.Watch().stream(
-                    self.core.list_pod_for_all_namespaces,
-                    label_selector=VERIFICATION_SELECTOR,
-                    resource_version=listed["metadata"]["resourceVersion"],
-                    allow_watch_bookmarks=True,
-                    timeout_seconds=30,
-                    # Plain JSON events: the runner works on API objects as the API spells them.
-                    deserialize=False,
+                stream = self.rest.watch(
+                    "/api/v1/pods",
+                    labelSelector=VERIFICATION_SELECTOR,
+                    resourceVersion=listed["metadata"]["resourceVersion"],
+                    allowWatchBookmarks="true",
+                    timeoutSeconds="30",
                 )
                 for event in stream:
                     kind = event["type"]
                     if kind in ("ADDED", "MODIFIED", "DELETED"):
                         self.observe(event["object"], deleted=kind == "DELETED")
-                # The watch ended (timeout or 410): the next list is a full resync.
-            except ApiException as e:
-                if e.status != 410:
-                    log.warning("pod watch failed (%s); listing again", e.reason)
-                    time.sleep(1.0)
+                    elif kind == "ERROR":
+                        # Typically 410 Gone: the resourceVersion is too old; list afresh.
+                        break
+                # The watch ended: the next list is a full resync.
+            except ApiError as e:
+                log.warning("pod watch failed (%s); listing again", e)
+                time.sleep(1.0)
             except Exception as e:
                 log.warning("pod watch failed (%s: %s); listing again", type(e).__name__, e)
                 time.sleep(1.0)
@@ -744,8 +726,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(threadName)s %(message)s", stream=sys.stderr
     )
-    api = config.new_client_from_config(config_file=str(args.kubeconfig))
-    runner = Runner(api, args.state_dir.resolve(), workers=args.workers)
+    runner = Runner(Rest(args.kubeconfig), args.state_dir.resolve(), workers=args.workers)
 
     def on_signal(signum: int, _frame: object) -> None:
         raise _Shutdown(signum)
