@@ -1,0 +1,593 @@
+"""``clef-runtime bench``: argument parsing and the run (docs/performance.md has the method).
+
+Per row: draw the rotated input sets; call each implementation once (compile, autotune); poison
+the allocator and check clef against FLA on a fresh set, so that a fast wrong kernel never gets a
+number; warm up; decide eager or CUDA-graph timing; time the implementations interleaved.  The
+copy bandwidth that the shares are computed against is measured at the start of the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from clef_runtime.bench.floors import QWEN35_9B, TINY, Dims, Floor
+from clef_runtime.bench.report import (
+    SCHEMA,
+    Check,
+    RowResult,
+    number_notes,
+    row_note_texts,
+    table_lines,
+)
+from clef_runtime.bench.rows import ROWS, Context, Impl, Row, Tensors, rotation_sets, select_rows
+from clef_runtime.bench.timing import (
+    Budget,
+    CopyBandwidth,
+    Round,
+    Stats,
+    capture_graph,
+    measure_copy_bandwidth,
+    synchronize,
+    time_rounds,
+)
+
+DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+# clef vs FLA, relative L2 error per output: loose, a wrong kernel is off by O(1)
+TOLERANCE = {"bf16": 5e-2, "f16": 2e-2, "f32": 1e-2}
+MIN_SETS = 8
+MAX_SETS = 2048
+FALLBACK_L2 = 50 * 2**20
+
+CPU_REFUSAL = (
+    "bench: --device cpu would time the Triton interpreter, which says nothing about kernel speed. "
+    "Run on a CUDA GPU, or pass --allow-cpu to exercise the code path on tiny shapes "
+    "(TRITON_INTERPRET=1)."
+)
+
+
+def add_bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+    """Register ``bench`` on the CLI's subparsers."""
+    names = ", ".join(r.name for r in ROWS)
+    p = sub.add_parser(
+        "bench",
+        help="time clef's GDN kernels against flash-linear-attention at Qwen3.5-9B shapes",
+        description=(
+            "Times each row (medians of many CUDA-event samples over rotated random inputs, "
+            "after a correctness check of clef against FLA), with the share of the copy bandwidth "
+            "measured in the same run.  Prints an aligned table last; --json writes everything."
+        ),
+        epilog=f"rows: {names}",
+    )
+    p.add_argument(
+        "--rows",
+        help="comma-separated row names, globs (e.g. 'recurrent_*'), prefixes (chunk, recurrent, conv, "
+        "layer, ...) or op names; default: every row",
+    )
+    p.add_argument("--list", action="store_true", help="list the rows and exit")
+    p.add_argument("--quick", action="store_true", help="fewer samples and warm-up rounds")
+    p.add_argument("--no-fla", action="store_true", help="do not import flash-linear-attention")
+    p.add_argument("--json", metavar="PATH", help="write the full results (JSON) here")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="activation dtype (default bf16)")
+    p.add_argument("--device", default="cuda", help="cuda (default), cuda:N, or cpu with --allow-cpu")
+    p.add_argument(
+        "--allow-cpu",
+        action="store_true",
+        help="on --device cpu, run tiny shapes under the Triton interpreter (exercises the code path only)",
+    )
+    p.add_argument(
+        "--mode",
+        choices=("auto", "eager", "graph"),
+        default="auto",
+        help="auto (default): graph rows and decode rows replay a CUDA graph, the others launch "
+        "eagerly unless that turns out host-bound; eager/graph: force one for every row",
+    )
+    p.add_argument("--seconds", type=float, help="sampling time per row (default 1.0; --quick 0.2)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    return p
+
+
+@dataclass(frozen=True)
+class Options:
+    rows: list[str] | None
+    list_rows: bool
+    quick: bool
+    no_fla: bool
+    json: str | None
+    dtype: str
+    device: str
+    allow_cpu: bool
+    mode: str
+    seconds: float | None
+    seed: int
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> Options:
+        rows = None
+        if args.rows:
+            rows = [p.strip() for p in str(args.rows).split(",") if p.strip()]
+        return cls(
+            rows=rows,
+            list_rows=bool(args.list),
+            quick=bool(args.quick),
+            no_fla=bool(args.no_fla),
+            json=args.json,
+            dtype=str(args.dtype),
+            device=str(args.device),
+            allow_cpu=bool(args.allow_cpu),
+            mode=str(args.mode),
+            seconds=args.seconds,
+            seed=int(args.seed),
+        )
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
+
+
+def _err(msg: str) -> int:
+    print(msg, file=sys.stderr)
+    return 2
+
+
+def _prepare_device(opts: Options) -> torch.device | str:
+    """The device, or the message of why the bench cannot run (exit 2)."""
+    try:
+        device = torch.device(opts.device)
+    except (RuntimeError, ValueError) as e:
+        return f"bench: --device {opts.device!r} is not a device ({e}): use cuda, cuda:N or cpu"
+    if device.type == "cpu":
+        if not opts.allow_cpu:
+            return CPU_REFUSAL
+        # Triton chooses interpreter or compiler when a kernel is decorated, i.e. at import.
+        if "triton" not in sys.modules:
+            os.environ.setdefault("TRITON_INTERPRET", "1")
+        if not _interpreting():
+            return (
+                "bench: --allow-cpu needs the Triton interpreter, but TRITON_INTERPRET is not set and "
+                "triton was already imported: run with TRITON_INTERPRET=1"
+            )
+        return device
+    if device.type != "cuda":
+        return f"bench: device type {device.type!r} is not supported: use cuda or cpu"
+    if not torch.cuda.is_available():
+        return "bench: no CUDA device is visible (torch.cuda.is_available() is False); nothing to time"
+    if _interpreting():
+        return "bench: TRITON_INTERPRET is set, so the kernels would be interpreted, not compiled: unset it"
+    if device.index is None:  # set_device, Generator and friends want an index
+        return torch.device("cuda", torch.cuda.current_device())
+    if device.index >= torch.cuda.device_count():
+        return f"bench: {device} does not exist: {torch.cuda.device_count()} CUDA device(s) visible"
+    return device
+
+
+@dataclass(frozen=True)
+class Env:
+    device: torch.device
+    tiny: bool
+    dims: Dims
+    budget: Budget
+    rotate_bytes: int
+    set_memory: int
+    tolerance: float
+    mode: str
+    seed: int
+
+
+def _budget(opts: Options, tiny: bool) -> Budget:
+    if tiny:
+        return Budget(seconds=0.0, min_samples=2, max_samples=2, warmup_rounds=1)
+    if opts.quick:
+        return Budget(seconds=opts.seconds if opts.seconds is not None else 0.2, min_samples=5,
+                      max_samples=50, warmup_rounds=1)  # fmt: skip
+    return Budget(seconds=opts.seconds if opts.seconds is not None else 1.0, min_samples=20,
+                  max_samples=500, warmup_rounds=3)  # fmt: skip
+
+
+def device_info(device: torch.device) -> dict[str, Any]:
+    if device.type != "cuda":
+        return {"name": platform.processor() or platform.machine() or "cpu", "type": "cpu"}
+    props = torch.cuda.get_device_properties(device)
+    return {
+        "type": "cuda",
+        "name": props.name,
+        "capability": f"{props.major}.{props.minor}",
+        "sms": props.multi_processor_count,
+        "memory_bytes": props.total_memory,
+        "l2_bytes": int(getattr(props, "L2_cache_size", 0)) or None,
+        "cuda": torch.version.cuda,
+    }
+
+
+def _git_commit() -> str | None:
+    here = Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def _versions(fla_version: str | None) -> dict[str, Any]:
+    import triton
+
+    from clef_runtime import __version__
+
+    v: dict[str, Any] = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "triton": getattr(triton, "__version__", "unknown"),
+        "clef_runtime": __version__,
+        "fla": fla_version,
+        "git": _git_commit(),
+    }
+    try:
+        from importlib.metadata import version
+
+        v["fla_core"] = version("fla-core") if fla_version else None
+    except Exception:
+        v["fla_core"] = None
+    return v
+
+
+# ---- one row --------------------------------------------------------------------------------------
+
+
+def _outputs_ok(name: str, out: Tensors) -> list[str]:
+    problems = []
+    for key, t in out.items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            problems.append(f"{name} output {key} has non-finite values (unwritten or overflowed)")
+        elif t.numel() and not bool(t.any()):
+            problems.append(f"{name} output {key} is all zeros")
+    return problems
+
+
+def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a32, b32 = a.float(), b.float()
+    den = float(b32.norm())
+    num = float((a32 - b32).norm())
+    return num / den if den > 0 else num
+
+
+def _storage_sizes(out: Tensors) -> list[int]:
+    return sorted({int(t.untyped_storage().nbytes()) for t in out.values()}, reverse=True)
+
+
+def _poison(device: torch.device, sizes: Sequence[int]) -> None:
+    """Fill freed allocator blocks of the outputs' sizes with NaN bytes (0xFF is NaN in f32, bf16
+    and f16), so that an output element the kernel never writes shows up as non-finite instead of
+    a stale right answer from the previous call.  Best effort: the caching allocator usually hands
+    a freed block of the same size straight back."""
+    if device.type != "cuda":
+        return
+    blocks = [torch.empty(n, dtype=torch.uint8, device=device).fill_(0xFF) for n in sizes]
+    synchronize(device)
+    del blocks
+
+
+def _round(run: Callable[[Tensors], Tensors], sets: list[Tensors]) -> Round:
+    def go() -> None:
+        for s in sets:
+            run(s)
+
+    return go
+
+
+def _time(
+    rounds: list[Round], calls: list[int], env: Env, row: Row, names: list[str]
+) -> tuple[str, list[Stats], list[str]]:
+    """(mode, stats per implementation, notes)."""
+    notes: list[str] = []
+    if env.device.type != "cuda":
+        return "host", time_rounds(rounds, calls, env.device, env.budget), notes
+    graph = env.mode == "graph" or (env.mode == "auto" and row.graph)
+    switched = False
+    if env.mode == "auto" and not row.graph:
+        probe = time_rounds(rounds, calls, env.device, Budget(0.0, 5, 5, 0))
+        bound = [n for n, s in zip(names, probe, strict=True) if s.host_bound]
+        if bound:
+            graph, switched = True, True
+            notes.append(
+                f"launched eagerly, {' and '.join(bound)} was host-bound (the GPU waited on Python): "
+                "timed by CUDA-graph replay instead"
+            )
+    timed = rounds
+    mode = "eager"
+    if graph:
+        try:
+            timed = [capture_graph(r, env.device) for r in rounds]
+            mode = "graph*" if switched else "graph"
+        except Exception as e:
+            synchronize(env.device)
+            notes.append(f"CUDA-graph capture failed ({type(e).__name__}: {e}); timed eagerly")
+            timed = rounds
+    stats = time_rounds(timed, calls, env.device, env.budget)
+    bound = [n for n, s in zip(names, stats, strict=True) if s.host_bound]
+    if bound:
+        how = "launched eagerly" if mode == "eager" else "even replayed from a CUDA graph"
+        notes.append(f"{' and '.join(bound)} host-bound {how}: the time includes launch overhead")
+    return mode, stats, notes
+
+
+def bench_row(row: Row, ctx: Context, env: Env) -> RowResult:
+    B, T = row.tiny if env.tiny else row.full
+    t0 = time.perf_counter()
+    try:
+        setup = row.build(ctx, B, T)
+    except Exception as e:
+        return _crashed(row, env, RuntimeError(f"setup failed: {type(e).__name__}: {e}"))
+    res = RowResult(row.name, row.op, setup.case, setup.floor, show_tflops=setup.show_tflops)
+    res.fla.na = setup.fla_missing
+    notes = setup.notes + (setup.fla_notes if ctx.fla is not None else [])
+    impls: list[Impl] = [setup.clef] + ([setup.fla] if setup.fla is not None else [])
+
+    base = env.seed * 100_003 + 1
+    first = setup.make_set(base + 1)
+    res.set_bytes = sum(int(t.nbytes) for t in first.values())
+    if env.tiny:
+        n_sets = 2
+    else:
+        n_sets = rotation_sets(
+            res.set_bytes, setup.shared_bytes, env.rotate_bytes, MIN_SETS, MAX_SETS, env.set_memory
+        )
+    res.rotation = n_sets
+    sets = [first] + [setup.make_set(base + 1 + i) for i in range(1, n_sets)]
+    prepared: dict[str, list[Tensors]] = {}
+    sizes: dict[str, list[int]] = {}
+
+    def failed(impl: Impl, what: str, e: BaseException) -> None:
+        msg = f"{what} failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        if impl.name == "clef":
+            res.status = "error"
+            res.clef.na = msg
+        else:
+            res.fla.na = msg
+
+    # 1. compile / autotune on rotation set 0
+    for impl in list(impls):
+        try:
+            prepared[impl.name] = [impl.prepare(s) for s in sets]
+            out = impl.run(prepared[impl.name][0])
+            synchronize(env.device)
+            sizes[impl.name] = _storage_sizes(out)
+            del out
+        except Exception as e:
+            failed(impl, "first call", e)
+            impls.remove(impl)
+            prepared.pop(impl.name, None)
+    if res.status == "error":
+        return _finish(res, notes, t0)
+
+    # 2. check on a fresh set, allocator poisoned
+    check = Check(tolerance=env.tolerance, against="fla" if len(impls) > 1 else "sanity")
+    outs: dict[str, Tensors] = {}
+    for impl in list(impls):
+        try:
+            fresh = impl.prepare(setup.make_set(base))
+            _poison(env.device, sizes[impl.name])
+            outs[impl.name] = impl.run(fresh)
+            synchronize(env.device)
+        except Exception as e:
+            failed(impl, "check call", e)
+            impls.remove(impl)
+    if res.status == "error":
+        return _finish(res, notes, t0)
+    clef_problems = _outputs_ok("clef", outs["clef"])
+    if clef_problems:
+        check.problems.extend(clef_problems)
+        res.status = "invalid"
+    elif "fla" in outs:
+        fla_problems = _outputs_ok("FLA", outs["fla"])
+        if fla_problems:
+            res.fla.na = "; ".join(fla_problems)
+            impls = [i for i in impls if i.name != "fla"]
+            check.against = "sanity"
+        else:
+            for key, t in outs["clef"].items():
+                check.rel_err[key] = _rel_err(t, outs["fla"][key])
+            if not check.ok:
+                res.status = "mismatch"
+    res.check = check
+    del outs
+    if res.status != "ok":
+        return _finish(res, notes, t0)
+
+    # 3. warm up, then time
+    names = [i.name for i in impls]
+    rounds = [_round(i.run, prepared[i.name]) for i in impls]
+    calls = [n_sets] * len(impls)
+    for _ in range(env.budget.warmup_rounds):
+        for r in rounds:
+            r()
+    synchronize(env.device)
+    try:
+        mode, stats, timing_notes = _time(rounds, calls, env, row, names)
+    except Exception as e:
+        res.status = "error"
+        res.clef.na = f"timing failed: {type(e).__name__}: {e}"
+        return _finish(res, notes, t0)
+    res.mode = mode
+    for name, st in zip(names, stats, strict=True):
+        getattr(res, name).stats = st
+    return _finish(res, notes + timing_notes, t0)
+
+
+def _crashed(row: Row, env: Env, e: BaseException) -> RowResult:
+    B, T = row.tiny if env.tiny else row.full
+    res = RowResult(row.name, row.op, f"B{B} T{T}", Floor({}), status="error")
+    res.clef.na = f"row crashed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    res.notes = row_note_texts(res)
+    return res
+
+
+def _finish(res: RowResult, notes: list[str], t0: float) -> RowResult:
+    res.notes = row_note_texts(res) + notes
+    res.seconds = time.perf_counter() - t0
+    return res
+
+
+# ---- the command ----------------------------------------------------------------------------------
+
+
+def _progress(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def run_bench_command(args: argparse.Namespace) -> int:
+    """Run ``clef-runtime bench``; returns the exit code: 0 measured, 1 a check failed or clef
+    errored on some row, 2 could not run."""
+    opts = Options.from_args(args)
+    if opts.list_rows:
+        for r in ROWS:
+            graph = "graph" if r.graph else "auto"
+            print(f"{r.name:28s} {r.op:34s} B{r.full[0]} T{r.full[1]}  {graph}")
+        return 0
+    rows, unmatched = select_rows(opts.rows)
+    if unmatched:
+        return _err(
+            f"bench: --rows {', '.join(unmatched)} matches no row; rows are: {', '.join(r.name for r in ROWS)}"
+        )
+    prepared = _prepare_device(opts)
+    if isinstance(prepared, str):
+        return _err(prepared)
+    device = prepared
+    try:
+        from clef_runtime.opset import get_opset
+
+        ops = get_opset("triton")
+    except Exception as e:
+        return _err(f"bench: clef's Triton ops cannot be imported ({type(e).__name__}: {e})")
+
+    fla_version: str | None = None
+    if opts.no_fla:
+        fla, fla_reason = None, "not loaded (--no-fla)"
+    else:
+        from clef_runtime.bench.fla_peer import load_fla
+
+        fla, msg = load_fla()
+        fla_version, fla_reason = (msg, "") if fla is not None else (None, msg)
+        if fla is None:
+            _progress(f"bench: {msg}; FLA columns will read n/a")
+
+    tiny = device.type == "cpu"
+    info = device_info(device)
+    l2 = info.get("l2_bytes") or FALLBACK_L2
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        free, _total = torch.cuda.mem_get_info(device)
+        set_memory = free // 4
+    else:
+        set_memory = 1 << 30
+    env = Env(
+        device=device,
+        tiny=tiny,
+        dims=TINY if tiny else QWEN35_9B,
+        budget=_budget(opts, tiny),
+        rotate_bytes=3 * int(l2),
+        set_memory=int(set_memory),
+        tolerance=TOLERANCE[opts.dtype],
+        mode=opts.mode,
+        seed=opts.seed,
+    )
+    fault = os.environ.get("CLEF_RUNTIME_FAULT")
+    if fault:
+        _progress(f"bench: CLEF_RUNTIME_FAULT={fault} is set: clef's kernels carry that fault")
+
+    started = _dt.datetime.now(_dt.UTC)
+    with torch.no_grad():
+        copy = (
+            measure_copy_bandwidth(device, 1 << 30, 10 if opts.quick else 30)
+            if device.type == "cuda"
+            else measure_copy_bandwidth(device, 8 << 20, 3)
+        )
+        _progress(f"bench: copy bandwidth {copy.bytes_per_s / 1e9:.0f} GB/s (read + written)")
+        ctx = Context(
+            device=device, dtype=DTYPES[opts.dtype], dims=env.dims, ops=ops, fla=fla, fla_reason=fla_reason
+        )
+        results = []
+        for row in rows:
+            _progress(f"bench: {row.name} ...")
+            try:
+                res = bench_row(row, ctx, env)
+            except Exception as e:  # one broken row (out of memory, a CUDA error) must not lose the rest
+                res = _crashed(row, env, e)
+            results.append(res)
+            _progress(f"bench: {row.name}: {res.status}, {res.mode}, {res.seconds:.1f} s")
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+
+    header = _header(info, opts, fla_version, copy, tiny)
+    texts, per_row = number_notes(results)
+    lines = [
+        *header,
+        *(f"[{i}] {t}" for i, t in enumerate(texts, 1)),
+        "",
+        *table_lines(results, copy.bytes_per_s, per_row),
+    ]
+    if opts.json:
+        record = {
+            "schema": SCHEMA,
+            "date": started.isoformat(timespec="seconds"),
+            "device": info,
+            "versions": _versions(fla_version),
+            "fla_env": _fla_env(),
+            "dtype": opts.dtype,
+            "dims": vars(env.dims) | {"D": env.dims.D},
+            "tiny_shapes": tiny,
+            "quick": opts.quick,
+            "mode": opts.mode,
+            "seed": opts.seed,
+            "fault": fault,
+            "fla_reason": fla_reason or None,
+            "copy": copy.record(),
+            "rows": [r.record(copy.bytes_per_s) for r in results],
+        }
+        path = Path(opts.json)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record, indent=2) + "\n")
+        _progress(f"bench: wrote {path}")
+    print("\n".join(lines), flush=True)
+    return 1 if any(r.failed for r in results) else 0
+
+
+def _fla_env() -> dict[str, str]:
+    from clef_runtime.bench.fla_peer import fla_environment
+
+    return fla_environment()
+
+
+def _header(
+    info: dict[str, Any], opts: Options, fla_version: str | None, copy: CopyBandwidth, tiny: bool
+) -> list[str]:
+    import triton
+
+    dev = info["name"]
+    if info.get("type") == "cuda":
+        l2 = info.get("l2_bytes")
+        dev += f" ({info['sms']} SMs" + (f", L2 {l2 / 2**20:.0f} MiB)" if l2 else ")")
+    lines = [
+        f"clef-runtime bench · {dev} · {opts.dtype} · torch {torch.__version__} · triton "
+        f"{getattr(triton, '__version__', '?')} · FLA {fla_version or 'n/a'}",
+        f"copy bandwidth {copy.bytes_per_s / 1e9:.0f} GB/s (bytes read + written; {copy.nbytes / 2**30:.2f} GiB "
+        f"copy, median of {len(copy.stats.samples)}, spread {100 * copy.stats.spread:.1f}%)",
+        "times: median per call ± (p90-p10)/median; floor: byte floor / copy BW; BW: share of copy BW; "
+        "FLA/clef > 1: clef faster",
+    ]
+    if tiny:
+        lines.append("TINY SHAPES ON THE CPU (Triton interpreter, host clock): these numbers mean nothing")
+    return lines

@@ -1,0 +1,443 @@
+"""`clef-runtime bench` on the CPU: argument parsing, the byte/FLOP floors of every row against
+hand-computed small cases, the check that keeps a wrong kernel from being timed, the table, the
+CPU refusal, and one cheap row end to end under the Triton interpreter."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from clef_runtime.bench import add_bench_parser, run_bench_command
+from clef_runtime.bench.command import CPU_REFUSAL, Env, Options, bench_row
+from clef_runtime.bench.fla_peer import FlaPeer
+from clef_runtime.bench.floors import (
+    CHUNK,
+    QWEN35_9B,
+    Dims,
+    chunk_floor,
+    chunk_flops,
+    conv_floor,
+    conv_update_floor,
+    gated_rmsnorm_floor,
+    gating_floor,
+    l2norm_floor,
+    layer_core_floor,
+    layer_decode_floor,
+    projection_params,
+    recurrent_floor,
+)
+from clef_runtime.bench.report import ImplResult, RowResult, fmt_time, number_notes, table_lines
+from clef_runtime.bench.rows import ROWS, Context, Impl, Row, Setup, Tensors, rotation_sets, select_rows
+from clef_runtime.bench.timing import Budget, Stats
+
+# A small GDN shape for hand arithmetic: D = 2*H*K + HV*V = 2*2*8 + 4*16 = 96.
+SMALL = Dims(H=2, HV=4, K=8, V=16, W=4, hidden=32)
+BF16 = 2
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="clef-runtime")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_bench_parser(sub)
+    return parser.parse_args(["bench", *argv])
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
+
+
+# ---- arguments ------------------------------------------------------------------------------------
+
+
+def test_defaults() -> None:
+    o = Options.from_args(parse())
+    assert (o.rows, o.quick, o.no_fla, o.json, o.dtype, o.device, o.allow_cpu, o.mode, o.seed) == (
+        None,
+        False,
+        False,
+        None,
+        "bf16",
+        "cuda",
+        False,
+        "auto",
+        0,
+    )
+
+
+def test_every_option() -> None:
+    o = Options.from_args(
+        parse(
+            "--rows", "chunk, recurrent_b1,,", "--quick", "--no-fla", "--json", "out/b.json", "--dtype", "f16",
+            "--device", "cuda:1", "--allow-cpu", "--mode", "graph", "--seconds", "0.5", "--seed", "3",
+        )
+    )  # fmt: skip
+    assert o.rows == ["chunk", "recurrent_b1"]
+    assert (o.quick, o.no_fla, o.json, o.dtype, o.device, o.allow_cpu, o.mode, o.seconds, o.seed) == (
+        True,
+        True,
+        "out/b.json",
+        "f16",
+        "cuda:1",
+        True,
+        "graph",
+        0.5,
+        3,
+    )
+
+
+@pytest.mark.parametrize("argv", [["--dtype", "f64"], ["--mode", "fast"], ["--seed", "x"]])
+def test_bad_arguments_exit_2(argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        parse(*argv)
+    assert e.value.code == 2
+
+
+def test_row_selection() -> None:
+    names = lambda rows: [r.name for r in rows]  # noqa: E731
+    rows, bad = select_rows(["chunk"])
+    assert names(rows) == ["chunk_b1_t32768", "chunk_b1_t8192", "chunk_b4_t8192", "chunk_b1_t2048_graph"]
+    assert bad == []
+    rows, _ = select_rows(["recurrent_*", "gdn_gating"])
+    assert names(rows) == [
+        "recurrent_b1",
+        "recurrent_b32",
+        "recurrent_b128",
+        "recurrent_b512",
+        "gdn_gating_t8192",
+    ]
+    rows, _ = select_rows(["causal_conv1d"])  # an op name
+    assert names(rows) == ["conv_b1_t32768"]
+    rows, bad = select_rows(["l2norm_t8192", "nope"])
+    assert names(rows) == ["l2norm_t8192"] and bad == ["nope"]
+    assert names(select_rows(None)[0]) == [r.name for r in ROWS]
+
+
+def test_every_row_of_the_brief_is_there() -> None:
+    want = {
+        "chunk_b1_t32768": (1, 32768, False),
+        "chunk_b1_t8192": (1, 8192, False),
+        "chunk_b4_t8192": (4, 8192, False),
+        "chunk_b1_t2048_graph": (1, 2048, True),
+        "recurrent_b1": (1, 1, True),
+        "recurrent_b32": (32, 1, True),
+        "recurrent_b128": (128, 1, True),
+        "recurrent_b512": (512, 1, True),
+        "conv_b1_t32768": (1, 32768, False),
+        "conv_update_b1": (1, 1, True),
+        "conv_update_b256": (256, 1, True),
+        "gated_rmsnorm_t8192": (1, 8192, False),
+        "gdn_gating_t8192": (1, 8192, False),
+        "l2norm_t8192": (1, 8192, False),
+        "layer_decode_b1_graph": (1, 1, True),
+    }
+    by_name = {r.name: r for r in ROWS}
+    for name, (B, T, graph) in want.items():
+        assert (*by_name[name].full, by_name[name].graph) == (B, T, graph), name
+
+
+# ---- floors -------------------------------------------------------------------------------------
+
+
+def test_model_dims() -> None:
+    assert QWEN35_9B.D == 2 * 16 * 128 + 32 * 128 == 8192
+    assert QWEN35_9B.qkv_split == (2048, 2048, 4096)
+    # in_proj_qkv 8192*4096 + in_proj_z 4096*4096 + in_proj_b/a 2*32*4096 + out_proj 4096*4096
+    assert projection_params(QWEN35_9B) == 33_554_432 + 16_777_216 + 262_144 + 16_777_216 == 67_371_008
+    assert SMALL.D == 96
+
+
+def test_chunk_floor() -> None:
+    f = chunk_floor(SMALL, B=2, T=3, elt=BF16)
+    # q, k: 2*3 tokens * 2 heads * 8 * 2 B = 192 each; v and o: 6 * 4 * 16 * 2 = 768 each;
+    # g, beta: 6 * 4 * 4 B = 96 each; final state: 2 seqs * 4 * 8 * 16 * 4 B = 4096
+    assert dict(f.terms) == {
+        "q": 192,
+        "k": 192,
+        "v": 768,
+        "g": 96,
+        "beta": 96,
+        "o": 768,
+        "final_state": 4096,
+    }
+    assert f.bytes == 6208
+    # per token, C = 64: key heads 2 * 4*C*K = 2 * 2048 = 4096;
+    # value heads 4 * (2*C*K + 4*C*V + 6*K*V) = 4 * (1024 + 4096 + 768) = 23552; 6 tokens
+    assert CHUNK == 64
+    assert f.flops == 6 * (4096 + 23552) == 165_888
+    assert chunk_flops(SMALL, 1, 1, chunk=16) == 2 * 4 * 16 * 8 + 4 * (2 * 16 * 8 + 4 * 16 * 16 + 6 * 8 * 16)
+
+
+def test_chunk_floor_at_model_shape() -> None:
+    f = chunk_floor(QWEN35_9B, B=1, T=32768, elt=BF16)
+    # q, k 128 MiB each, v and o 256 MiB each, g and beta 4 MiB each, final state 2 MiB
+    assert f.bytes == 2 * 2**27 + 2 * 2**28 + 2 * 2**22 + 2**21
+    assert f.flops == 32768 * (16 * 4 * 64 * 128 + 32 * (2 * 64 * 128 + 4 * 64 * 128 + 6 * 128 * 128))
+
+
+def test_recurrent_floor() -> None:
+    f = recurrent_floor(SMALL, B=3, elt=BF16)
+    # q, k: 3 * 2 * 8 * 2 = 96; v, o: 3 * 4 * 16 * 2 = 384; g, beta: 3 * 4 * 4 = 48;
+    # state read and write: 3 * 4 * 8 * 16 * 4 = 6144 each
+    assert f.bytes == 96 + 96 + 384 + 48 + 48 + 384 + 6144 + 6144 == 13344
+    assert f.terms["state_read"] == f.terms["state_write"] == 6144
+    assert f.flops == 3 * 4 * 7 * 8 * 16 == 10752
+
+
+def test_conv_floors() -> None:
+    f = conv_floor(SMALL, B=2, T=5, elt=BF16)
+    # x, y: 2 * 5 * 96 * 2 = 1920 each; weight 96 * 4 * 2 = 768; final state 2 * 96 * 3 * 2 = 1152
+    assert dict(f.terms) == {"x": 1920, "weight": 768, "y": 1920, "final_state": 1152}
+    assert f.flops == 2 * 4 * 2 * 5 * 96 == 7680
+    u = conv_update_floor(SMALL, B=3, elt=BF16)
+    # x, y: 3 * 96 * 2 = 576 each; weight 768; state 3 * 96 * 3 * 2 = 1728 read and written
+    assert u.bytes == 576 + 768 + 576 + 1728 + 1728 == 5376
+    assert u.flops == 2 * 4 * 3 * 96 == 2304
+
+
+def test_elementwise_floors() -> None:
+    n = gated_rmsnorm_floor(SMALL, T=5, elt=BF16)
+    # x, z, y: 5 * 4 * 16 * 2 = 640 each; weight 16 * 2 = 32
+    assert n.bytes == 3 * 640 + 32 == 1952 and n.flops is None
+    g = gating_floor(SMALL, T=5, elt=BF16)
+    # a, b: 5 * 4 * 2 = 40 each; A_log, dt_bias 4 * 4 = 16 each; g, beta 5 * 4 * 4 = 80 each
+    assert g.bytes == 40 + 40 + 16 + 16 + 80 + 80 == 272 and g.flops is None
+    assert l2norm_floor(SMALL, T=5, elt=BF16).bytes == 2 * (5 * 2 * 8 * 2) == 320
+    assert gating_floor(SMALL, T=5, elt=4).bytes == 80 + 80 + 16 + 16 + 80 + 80  # f32 activations
+
+
+def test_layer_floors() -> None:
+    f = layer_decode_floor(SMALL, B=2, elt=BF16)
+    # weights: (96 + 64 + 2 * 4) * 32 + 32 * 64 = 7424 params * 2 B = 14848
+    # x, out: 2 * 32 * 2 = 128 each; conv weight 768; A_log, dt_bias 16 each; norm weight 32;
+    # conv state 2 * 96 * 3 * 2 = 1152 read and written; state 2 * 4 * 8 * 16 * 4 = 4096 read and written
+    assert f.terms["projection_weights"] == 14848
+    assert f.bytes == 128 + 14848 + 768 + 16 + 16 + 32 + 2 * 1152 + 2 * 4096 + 128 == 26432
+    # matmuls 2 * B * 7424, conv 2 * W * B * D, recurrence B * HV * 7 * K * V
+    assert f.flops == 2 * 2 * 7424 + 2 * 4 * 2 * 96 + 2 * 4 * 7 * 8 * 16 == 38400
+    c = layer_core_floor(SMALL, B=2, elt=BF16)
+    # mixed 2 * 96 * 2 = 384; z and out 2 * 64 * 2 = 256 each; a, b 2 * 4 * 2 = 16 each; + the same
+    # small weights and states as above (768 + 16 + 16 + 32 + 2304 + 8192 = 11328)
+    assert c.bytes == 384 + 256 + 16 + 16 + 11328 + 256 == 12256
+    assert c.flops == 1536 + 7168
+
+
+def test_rotation_sets() -> None:
+    MiB = 2**20
+    # 2 MiB sets (decode B1 state), 180 MiB to pass between two uses: 90 sets
+    assert rotation_sets(2 * MiB, 0, 180 * MiB, 8, 256, 1 << 40) == 90
+    # a set bigger than the target still rotates min_sets, if memory allows
+    assert rotation_sets(800 * MiB, 0, 180 * MiB, 8, 256, 1 << 40) == 8
+    assert rotation_sets(800 * MiB, 0, 180 * MiB, 8, 256, 1600 * MiB) == 2
+    # shared weights count towards what passes between uses
+    assert rotation_sets(2 * MiB, 134 * MiB, 180 * MiB, 1, 256, 1 << 40) == 2
+    assert rotation_sets(1, 0, 10**9, 1, 256, 1 << 40) == 256
+    assert rotation_sets(10, 0, 10, 1, 256, 5) == 1
+
+
+# ---- stats and table -------------------------------------------------------------------------------
+
+
+def test_stats() -> None:
+    s = Stats(tuple(float(i) for i in range(1, 12)), host=(1.0,) * 11)  # 1..11
+    assert s.median == 6.0
+    assert s.p10 == pytest.approx(2.0) and s.p90 == pytest.approx(10.0)
+    assert s.spread == pytest.approx(8.0 / 6.0)
+    assert not s.host_bound  # device 6 > 1.5 * host 1
+    assert Stats((1.0, 1.0), host=(0.9, 0.9)).host_bound
+    assert Stats((3.0,)).quantile(0.9) == 3.0
+
+
+def test_fmt_time() -> None:
+    assert fmt_time(2.5e-6) == "2.50 µs"
+    assert fmt_time(12.34e-6) == "12.3 µs"
+    assert fmt_time(2.08e-3) == "2.080 ms"
+    assert fmt_time(1.5) == "1.500 s"
+    assert fmt_time(None) == "-"
+
+
+def _row(name: str, clef: float | None, fla: float | None, status: str = "ok") -> RowResult:
+    r = RowResult(name, "op", "B1 T8", chunk_floor(SMALL, 1, 8, BF16), show_tflops=name.startswith("chunk"))
+    r.status, r.mode = status, "eager"
+    if clef is not None:
+        r.clef = ImplResult("clef", Stats((clef * 0.99, clef, clef * 1.01)))
+    if fla is not None:
+        r.fla = ImplResult("fla", Stats((fla,)))
+    else:
+        r.fla = ImplResult("fla", na="not loaded (--no-fla)")
+    r.notes = ["a note"] if fla is None else []
+    return r
+
+
+def test_table() -> None:
+    rows = [_row("chunk_x", 1e-3, 2e-3), _row("recurrent_y", 5e-6, None), _row("bad", None, None, "mismatch")]
+    texts, per_row = number_notes(rows)
+    assert texts == ["a note"] and per_row == {"chunk_x": [], "recurrent_y": [1], "bad": [1]}
+    copy_bw = 1e9  # bytes per second: the chunk row's 4864-byte floor (B1 T8) is 4.86 µs
+    assert rows[0].floor.bytes == 256 + 256 + 1024 + 128 + 128 + 1024 + 2048 == 4864
+    lines = table_lines(rows, copy_bw, per_row)
+    assert lines[0].split() == [
+        "row", "case", "mode", "floor", "clef", "FLA", "FLA/clef", "clef", "BW", "FLA", "BW",
+        "clef", "TF/s", "FLA", "TF/s", "notes",
+    ]  # fmt: skip
+    chunk, rec, bad = lines[1:]
+    # spread of (0.99, 1, 1.01) ms: p10 0.992, p90 1.008 -> 1.6%
+    assert "1.000 ms ±1.6%" in chunk and "2.000 ms ±0.0%" in chunk and "2.00x" in chunk
+    # share of copy BW: 4864 B / 1 ms / 1 GB/s = 0.5%; FLA (2 ms) 0.2%
+    assert "4.86 µs" in chunk and "0.5%" in chunk and "0.2%" in chunk
+    assert "5.00 µs" in rec and "n/a" in rec and rec.endswith("1")
+    assert bad.count("MISMATCH") == 2
+    # right-aligned columns end where their header ends
+    ratio_end = lines[0].index("FLA/clef") + len("FLA/clef")
+    assert chunk.index("2.00x") + len("2.00x") == ratio_end
+    assert rec[ratio_end - 1] == "-" and bad[ratio_end - 1] == "-"
+
+
+# ---- the check keeps a wrong kernel from being timed ------------------------------------------------
+
+
+def _fake_row(fla_factor: float, clef_nan: bool = False) -> tuple[Row, Context, Env]:
+    def build(ctx: Context, B: int, T: int) -> Setup:
+        def make_set(seed: int) -> Tensors:
+            g = torch.Generator().manual_seed(seed)
+            return {"x": torch.randn(B, T, 8, generator=g)}
+
+        def clef(s: Tensors) -> Tensors:
+            y = s["x"] * 2.0
+            return {"y": y.fill_(float("nan")) if clef_nan else y}
+
+        def fla(s: Tensors) -> Tensors:
+            return {"y": s["x"] * fla_factor}
+
+        return Setup(
+            case=f"B{B} T{T}",
+            floor=l2norm_floor(SMALL, T, 4),
+            make_set=make_set,
+            clef=Impl("clef", clef),
+            fla=Impl("fla", fla),
+            fla_missing=None,
+        )
+
+    row = Row("fake", "fake_op", False, (1, 4), (1, 4), build)
+    ctx = Context(device=torch.device("cpu"), dtype=torch.float32, dims=SMALL, ops=None, fla=FlaPeer("test"))  # type: ignore[arg-type]
+    env = Env(
+        device=torch.device("cpu"),
+        tiny=True,
+        dims=SMALL,
+        budget=Budget(0.0, 2, 2, 1),
+        rotate_bytes=0,
+        set_memory=1 << 20,
+        tolerance=1e-2,
+        mode="auto",
+        seed=0,
+    )
+    return row, ctx, env
+
+
+def test_agreeing_implementations_are_timed() -> None:
+    res = bench_row(*_fake_row(2.0))
+    assert res.status == "ok" and res.check is not None and res.check.ok
+    assert res.check.rel_err == {"y": 0.0}
+    assert res.clef.stats is not None and res.fla.stats is not None
+    assert len(res.clef.stats.samples) == 2 and res.rotation == 2
+
+
+def test_a_disagreeing_kernel_gets_no_number() -> None:
+    res = bench_row(*_fake_row(2.5))
+    assert res.status == "mismatch" and res.failed
+    assert res.check is not None and res.check.rel_err["y"] == pytest.approx(0.2)
+    assert res.clef.stats is None and res.fla.stats is None
+    assert any("disagree" in n for n in res.notes)
+
+
+def test_a_non_finite_output_gets_no_number() -> None:
+    res = bench_row(*_fake_row(2.0, clef_nan=True))
+    assert res.status == "invalid" and res.clef.stats is None
+    assert any("non-finite" in n for n in res.notes)
+
+
+# ---- the command ----------------------------------------------------------------------------------
+
+
+def test_cpu_without_allow_cpu_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_bench_command(parse("--device", "cpu")) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == CPU_REFUSAL
+    assert "--allow-cpu" in err
+
+
+def test_cpu_refusal_through_the_cli(capsys: pytest.CaptureFixture[str]) -> None:
+    from clef_runtime.cli import main
+
+    assert main(["bench", "--device", "cpu", "--rows", "l2norm"]) == 2
+    assert "--allow-cpu" in capsys.readouterr().err
+
+
+def test_unknown_row_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_bench_command(parse("--rows", "chunk,bogus", "--device", "cpu", "--allow-cpu")) == 2
+    assert "bogus matches no row" in capsys.readouterr().err
+
+
+def test_list(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_bench_command(parse("--list")) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in out] == [r.name for r in ROWS]
+
+
+def test_cheap_row_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    try:
+        import clef_runtime.ops  # noqa: F401
+    except Exception as e:  # the kernels are written in parallel; say why this is skipped
+        pytest.skip(f"clef_runtime.ops cannot be imported yet ({type(e).__name__}: {e})")
+    if not interpreting():
+        pytest.skip("TRITON_INTERPRET is not set: --allow-cpu needs the Triton interpreter")
+    out = tmp_path / "bench.json"
+    rc = run_bench_command(
+        parse(
+            "--device",
+            "cpu",
+            "--allow-cpu",
+            "--quick",
+            "--no-fla",
+            "--rows",
+            "gdn_gating",
+            "--json",
+            str(out),
+        )
+    )
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    table = captured.out.splitlines()
+    assert table[-2].split()[0] == "row" and table[-1].split()[0] == "gdn_gating_t8192"
+    doc = json.loads(out.read_text())
+    assert doc["schema"] == "clef-bench/1" and doc["tiny_shapes"] is True and doc["dtype"] == "bf16"
+    assert doc["copy"]["bytes_per_s"] > 0 and doc["versions"]["torch"] == torch.__version__
+    (row,) = doc["rows"]
+    assert row["name"] == "gdn_gating_t8192" and row["status"] == "ok" and row["check"]["ok"]
+    assert row["bytes"] == gating_floor(Dims(H=2, HV=4, K=16, V=16, W=4, hidden=64), 16, BF16).bytes
+    assert row["clef"]["samples"] == 2 and row["clef"]["median_s"] > 0
+    assert row["fla"] == {"na": "not loaded (--no-fla)"}
+
+
+@pytest.mark.gpu
+def test_cuda_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The CUDA paths (events, graph capture, rotation, the copy ceiling) on a few cheap rows, with
+    FLA when it is importable: every row checked and timed."""
+    out = tmp_path / "bench.json"
+    rows = "recurrent_b1,gdn_gating,l2norm,layer_core"
+    rc = run_bench_command(parse("--quick", "--seconds", "0.05", "--rows", rows, "--json", str(out)))
+    captured = capsys.readouterr()
+    assert rc == 0, captured.out + captured.err
+    doc = json.loads(out.read_text())
+    assert doc["device"]["type"] == "cuda" and doc["copy"]["bytes_per_s"] > 1e11
+    by_name = {r["name"]: r for r in doc["rows"]}
+    assert set(by_name) == {"recurrent_b1", "gdn_gating_t8192", "l2norm_t8192", "layer_core_decode_b1_graph"}
+    for r in by_name.values():
+        assert r["status"] == "ok" and r["check"]["ok"], r
+        assert r["clef"]["median_s"] > 0 and r["rotation_sets"] >= 8
+    assert by_name["recurrent_b1"]["mode"] == "graph"
+    assert by_name["layer_core_decode_b1_graph"]["mode"] == "graph"
