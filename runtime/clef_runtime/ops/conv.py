@@ -1,20 +1,23 @@
 """Depthwise causal conv1d over time: prefill (`causal_conv1d`) and decode (`causal_conv1d_update`).
 
-Prefill is memory bound (4 multiply-adds per element), so the design goal is one pass over ``x``
-and ``y`` in DRAM:
+Prefill is memory bound (W multiply-adds per element), so the design goal is one pass over ``x``
+and ``y`` in DRAM with few registers per element:
 
-* a program owns a ``[BLOCK_T, BLOCK_D]`` tile of one batch row, channels contiguous (the layout
-  the projections produce), and reads the ``W`` time-shifted copies of its input tile; the shifts
-  overlap by all but one row, so only the first reaches DRAM and the ``W - 1`` halo rows come from
-  the neighbouring tile through L2;
-* a row whose tap lies before its sequence start reads the initial state (or zero) instead: the
-  choice is a mask, not a branch, so packed sequences can start anywhere inside a tile;
+* the bulk kernel: a program owns a ``[BLOCK_T, BLOCK_D]`` tile of one batch row, channels
+  contiguous (the layout the projections produce), and reads the ``W`` time-shifted copies of its
+  input tile; the shifts overlap by all but one row, so only the first reaches DRAM and the
+  ``W - 1`` halo rows come from the neighbouring tile through L2.  A tap that lies before its
+  sequence start contributes zero (a per-row mask), so packed sequences can start anywhere in a
+  tile;
 * with ``cu_seqlens`` every row finds its sequence by a binary search over the offsets in the
   kernel: no host sync and no per-sequence launch bookkeeping, at ``log2(N + 1)`` cached scalar
   loads per row;
-* the final state (the last ``W - 1`` inputs of each sequence, reaching into the initial state
-  when the sequence is shorter than that) is written by a second, tiny kernel over
-  ``(N, channel blocks)``: it is also correct for zero-length sequences, which no tile sees.
+* the edge kernel, over ``(N, channel blocks)``: with an initial state it computes the first
+  ``W - 1`` outputs of each sequence (the only ones whose taps read the state; the bulk kernel
+  leaves those rows to it, so the two write disjoint rows), and it writes the final state (the
+  last ``W - 1`` inputs, reaching into the initial state when the sequence is shorter).  Keeping
+  the state gathers out of the bulk kernel halves its register use; being per sequence, the edge
+  kernel is also right for zero-length sequences, which no tile sees.
 
 Decode reads ``conv_state`` by slot, computes the new tokens' outputs and shifts the state in
 place.  Every state element is loaded and stored through the same per-channel addressing, and a
@@ -53,7 +56,6 @@ def _conv_fwd_kernel(
     x_ptr,
     w_ptr,
     bias_ptr,
-    init_ptr,
     cu_ptr,
     y_ptr,
     T,
@@ -61,7 +63,6 @@ def _conv_fwd_kernel(
     N,
     stride_xb,
     stride_xt,
-    stride_init_n,
     key_lo,
     key_hi,
     W: tl.constexpr,
@@ -69,7 +70,7 @@ def _conv_fwd_kernel(
     BLOCK_T: tl.constexpr,
     BLOCK_D: tl.constexpr,
     HAS_BIAS: tl.constexpr,
-    HAS_INIT: tl.constexpr,
+    SKIP_HEAD: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     ACT_SILU: tl.constexpr,
     FAULT_KEY_BAND_ZERO: tl.constexpr,
@@ -81,7 +82,6 @@ def _conv_fwd_kernel(
     d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
     t_ok = t < T
     d_ok = d < D
-    tile_ok = t_ok[:, None] & d_ok[None, :]
 
     if IS_VARLEN:
         # Sequence of each row: the last n with cu[n] <= t (ties resolve past zero-length
@@ -95,86 +95,121 @@ def _conv_fwd_kernel(
             lo = tl.where(go, mid, lo)
             hi = tl.where(go, hi, mid - 1)
         seq = tl.minimum(lo, N - 1)  # only out-of-contract offsets reach the clamp
-        start = tl.load(cu_ptr + seq, mask=t_ok, other=0)
-        rel = tl.maximum(t - start, 0)  # position in the sequence (clamped for the same reason)
-        init_row = seq.to(tl.int64)[:, None] * stride_init_n
+        # Position in the sequence (clamped for the same reason).
+        rel = tl.maximum(t - tl.load(cu_ptr + seq, mask=t_ok, other=0), 0)
     else:
         rel = t
-        init_row = b.to(tl.int64) * stride_init_n
 
-    # Tap j of row t reads input row t - (W - 1) + j, which lies inside the sequence iff
-    # rel >= W - 1 - j; otherwise it is column rel + j of the initial state.  Pointers are built
-    # once; each tap only adds a scalar offset.
+    # Tap j of row t reads input row t - (W - 1) + j, inside the sequence iff rel >= W - 1 - j.
+    # Pointers are built once; each tap only adds a scalar offset.
+    tile_ok = t_ok[:, None] & d_ok[None, :]
     x_ptrs = x_ptr + b.to(tl.int64) * stride_xb + t.to(tl.int64)[:, None] * stride_xt + d[None, :]
-    if HAS_INIT:
-        h_ptrs = init_ptr + init_row + d[None, :] * (W - 1) + rel[:, None]
     w_ptrs = w_ptr + d * W
     acc = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
     for j in tl.static_range(W):
         inside = (rel >= W - 1 - j)[:, None]
-        xv = tl.load(x_ptrs + (j - (W - 1)) * stride_xt, mask=tile_ok & inside, other=0.0).to(tl.float32)
-        if HAS_INIT:
-            xv += tl.load(h_ptrs + j, mask=tile_ok & ~inside, other=0.0).to(tl.float32)
-        acc += xv * tl.load(w_ptrs + j, mask=d_ok, other=0.0).to(tl.float32)[None, :]
+        xv = tl.load(x_ptrs + (j - (W - 1)) * stride_xt, mask=tile_ok & inside, other=0.0)
+        acc += xv.to(tl.float32) * tl.load(w_ptrs + j, mask=d_ok, other=0.0).to(tl.float32)[None, :]
     if HAS_BIAS:
         acc += tl.load(bias_ptr + d, mask=d_ok, other=0.0).to(tl.float32)[None, :]
     if ACT_SILU:
         acc = silu(acc)
     if FAULT_KEY_BAND_ZERO:
         acc = tl.where(((d >= key_lo) & (d < key_hi))[None, :], 0.0, acc)
+    if SKIP_HEAD:
+        tile_ok &= (rel >= W - 1)[:, None]  # the edge kernel writes rows that read the state
     y_rows = (b.to(tl.int64) * T + t.to(tl.int64)) * D
     tl.store(y_ptr + y_rows[:, None] + d[None, :], acc.to(y_ptr.dtype.element_ty), mask=tile_ok)
 
 
 @triton.jit
-def _conv_final_state_kernel(
+def _conv_edges_kernel(
     x_ptr,
+    w_ptr,
+    bias_ptr,
     init_ptr,
     cu_ptr,
+    y_ptr,
     fin_ptr,
     T,
     D,
     stride_xb,
     stride_xt,
     stride_init_n,
+    key_lo,
+    key_hi,
     W: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
     HAS_INIT: tl.constexpr,
     IS_VARLEN: tl.constexpr,
+    ACT_SILU: tl.constexpr,
+    FAULT_KEY_BAND_ZERO: tl.constexpr,
+    WRITE_FINAL: tl.constexpr,
 ):
     n = tl.program_id(0)
     pid_d = tl.program_id(1)
     d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
-    k = tl.arange(0, BLOCK_K)
+    d_ok = d < D
+    k = tl.arange(0, BLOCK_K)  # 0 .. W - 2: a state column, or one of the first W - 1 rows
+    k_ok = k < W - 1
     if IS_VARLEN:
         x_base = x_ptr
+        y_base = y_ptr
         start = tl.minimum(tl.maximum(tl.load(cu_ptr + n), 0), T)
         end = tl.minimum(tl.maximum(tl.load(cu_ptr + n + 1), start), T)
     else:
         x_base = x_ptr + n.to(tl.int64) * stride_xb
+        y_base = y_ptr + n.to(tl.int64) * T * D
         start = 0
         end = T
-    pos = end - (W - 1) + k  # the last W - 1 inputs, oldest first
-    inside = pos >= start
-    ok = (d < D)[:, None] & (k < W - 1)[None, :]
-    v = tl.load(
-        x_base + pos.to(tl.int64)[None, :] * stride_xt + d[:, None],
-        mask=ok & inside[None, :],
-        other=0.0,
-    ).to(tl.float32)
+    init_base = init_ptr + n.to(tl.int64) * stride_init_n
+
     if HAS_INIT:
-        hv = tl.load(
-            init_ptr
-            + n.to(tl.int64) * stride_init_n
-            + d[:, None] * (W - 1)
-            + (pos - start + (W - 1))[None, :],
-            mask=ok & ~inside[None, :],
-            other=0.0,
+        # Rows start + k: tap j reads sequence position k - (W - 1) + j, i.e. state column k + j
+        # while that is < W - 1, else input row start + k + j - (W - 1).
+        row = start + k
+        row_ok = (k_ok & (row < end))[:, None] & d_ok[None, :]
+        acc = tl.zeros([BLOCK_K, BLOCK_D], dtype=tl.float32)
+        for j in tl.static_range(W):
+            inside = (k + j >= W - 1)[:, None]
+            xv = tl.load(
+                x_base + (row + (j - (W - 1))).to(tl.int64)[:, None] * stride_xt + d[None, :],
+                mask=row_ok & inside,
+                other=0.0,
+            ).to(tl.float32)
+            hv = tl.load(
+                init_base + d[None, :] * (W - 1) + (k + j)[:, None], mask=row_ok & ~inside, other=0.0
+            ).to(tl.float32)
+            acc += (xv + hv) * tl.load(w_ptr + d * W + j, mask=d_ok, other=0.0).to(tl.float32)[None, :]
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + d, mask=d_ok, other=0.0).to(tl.float32)[None, :]
+        if ACT_SILU:
+            acc = silu(acc)
+        if FAULT_KEY_BAND_ZERO:
+            acc = tl.where(((d >= key_lo) & (d < key_hi))[None, :], 0.0, acc)
+        tl.store(
+            y_base + row.to(tl.int64)[:, None] * D + d[None, :], acc.to(y_ptr.dtype.element_ty), mask=row_ok
+        )
+
+    if WRITE_FINAL:
+        # The last W - 1 inputs, oldest first, as a [BLOCK_D, BLOCK_K] tile: the state's layout.
+        pos = end - (W - 1) + k
+        inside = (pos >= start)[None, :]
+        ok = d_ok[:, None] & k_ok[None, :]
+        v = tl.load(
+            x_base + pos.to(tl.int64)[None, :] * stride_xt + d[:, None], mask=ok & inside, other=0.0
         ).to(tl.float32)
-        v = tl.where(inside[None, :], v, hv)
-    out = fin_ptr + n.to(tl.int64) * D * (W - 1) + d[:, None] * (W - 1) + k[None, :]
-    tl.store(out, v.to(fin_ptr.dtype.element_ty), mask=ok)
+        if HAS_INIT:
+            hv = tl.load(
+                init_base + d[:, None] * (W - 1) + (pos - start + (W - 1))[None, :],
+                mask=ok & ~inside,
+                other=0.0,
+            ).to(tl.float32)
+            v = tl.where(inside, v, hv)
+        out = fin_ptr + n.to(tl.int64) * D * (W - 1) + d[:, None] * (W - 1) + k[None, :]
+        tl.store(out, v.to(fin_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit
@@ -219,11 +254,13 @@ def _conv_update_kernel(
         for t in tl.static_range(T_NEW):
             acc = tl.zeros([BLOCK_D], dtype=tl.float32)
             for j in tl.static_range(W):
-                i = t + j  # position in [state | new tokens]
-                if i < W - 1:
-                    v = tl.load(s_row + i, mask=m, other=0.0).to(tl.float32)
+                # Tap j reads position t + j of [state | new tokens].  (Inline constexpr
+                # arithmetic: a name assigned in the loop would become a tensor and the `if`
+                # a runtime branch.)
+                if t + j < W - 1:
+                    v = tl.load(s_row + (t + j), mask=m, other=0.0).to(tl.float32)
                 else:
-                    v = tl.load(x_row + (i - (W - 1)) * stride_xt, mask=m, other=0.0).to(tl.float32)
+                    v = tl.load(x_row + (t + j - (W - 1)) * stride_xt, mask=m, other=0.0).to(tl.float32)
                 acc += v * tl.load(w_ptr + d * W + j, mask=d_ok, other=0.0).to(tl.float32)
             if HAS_BIAS:
                 acc += tl.load(bias_ptr + d, mask=d_ok, other=0.0).to(tl.float32)
@@ -235,12 +272,11 @@ def _conv_update_kernel(
             tl.debug_barrier()
             # Ascending k reads column k + T_NEW before it can be overwritten.
             for k in tl.static_range(W - 1):
-                i = T_NEW + k
-                if i < W - 1:
-                    v = tl.load(s_row + i, mask=m, other=0.0)
+                if T_NEW + k < W - 1:
+                    s = tl.load(s_row + (T_NEW + k), mask=m, other=0.0).to(tl.float32)
                 else:
-                    v = tl.load(x_row + (i - (W - 1)) * stride_xt, mask=m, other=0.0)
-                tl.store(s_row + k, v.to(state_ptr.dtype.element_ty), mask=m)
+                    s = tl.load(x_row + (T_NEW + k - (W - 1)) * stride_xt, mask=m, other=0.0).to(tl.float32)
+                tl.store(s_row + k, s.to(state_ptr.dtype.element_ty), mask=m)
 
 
 # --- wrappers -----------------------------------------------------------------------------------
@@ -311,8 +347,10 @@ def _prefill_config(T: int, D: int) -> tuple[int, int, int]:
         # Every program costs the interpreter ~100 Python-level ops whatever its size, so few
         # programs; still small enough that the CPU tests' shapes cross tile edges.
         return 32, 64, 1
+    # 32 x 128 at 4 warps: 32 elements per thread, ~124 registers on sm_90 (no spills), 16-byte
+    # vector loads along channels.  Smaller shapes shrink the tile rather than mask most of it.
     block_d = min(128, max(16, next_pow2(D)))
-    block_t = min(64, max(16, next_pow2(T)))
+    block_t = min(32, max(16, next_pow2(T)))
     tile = block_t * block_d
     return block_t, block_d, 4 if tile >= 4096 else (2 if tile >= 1024 else 1)
 
@@ -355,69 +393,70 @@ def causal_conv1d(
     y = torch.empty((B, T, D), dtype=x.dtype, device=x.device)
     final = torch.empty((N, D, W - 1), dtype=x.dtype, device=x.device) if output_final_state else None
     placeholder = x  # stands in for absent optional pointers; constexpr flags keep it unread
-    init = initial_state if initial_state is not None else placeholder
-    cu = cu_seqlens if cu_seqlens is not None else placeholder
-    stride_init_n = initial_state.stride(0) if initial_state is not None else 0
+    has_bias, has_init, is_varlen = bias is not None, initial_state is not None, cu_seqlens is not None
+    common = dict(
+        W=W, HAS_BIAS=has_bias, IS_VARLEN=is_varlen, ACT_SILU=act_silu, FAULT_KEY_BAND_ZERO=key_band_zero
+    )
 
     block_t, block_d, num_warps = _prefill_config(T, D)
     if B * T * D > 0:
         _conv_fwd_kernel[(cdiv(T, block_t), cdiv(D, block_d), B)](
             x,
             weight,
-            bias if bias is not None else placeholder,
-            init,
-            cu,
+            bias if has_bias else placeholder,
+            cu_seqlens if is_varlen else placeholder,
             y,
             T,
             D,
             N,
             x.stride(0),
             x.stride(1),
-            stride_init_n,
             key_lo,
             key_hi,
-            W=W,
             SEARCH_STEPS=_search_steps(N),
             BLOCK_T=block_t,
             BLOCK_D=block_d,
-            HAS_BIAS=bias is not None,
-            HAS_INIT=initial_state is not None,
-            IS_VARLEN=cu_seqlens is not None,
-            ACT_SILU=act_silu,
-            FAULT_KEY_BAND_ZERO=key_band_zero,
+            SKIP_HEAD=has_init,
             num_warps=num_warps,
+            **common,
         )
-    if final is not None and N * D > 0:
-        fin_block_d = 64 if interpreting() else min(256, max(32, next_pow2(D)))
-        _conv_final_state_kernel[(N, cdiv(D, fin_block_d))](
+    if (has_init or final is not None) and N * D > 0:
+        edge_block_d = 64 if interpreting() else min(256, max(32, next_pow2(D)))
+        _conv_edges_kernel[(N, cdiv(D, edge_block_d))](
             x,
-            init,
-            cu,
-            final,
+            weight,
+            bias if has_bias else placeholder,
+            initial_state if has_init else placeholder,
+            cu_seqlens if is_varlen else placeholder,
+            y,
+            final if final is not None else placeholder,
             T,
             D,
             x.stride(0),
             x.stride(1),
-            stride_init_n,
-            W=W,
-            BLOCK_D=fin_block_d,
+            initial_state.stride(0) if initial_state is not None else 0,
+            key_lo,
+            key_hi,
+            BLOCK_D=edge_block_d,
             BLOCK_K=next_pow2(W - 1),
-            HAS_INIT=initial_state is not None,
-            IS_VARLEN=cu_seqlens is not None,
-            num_warps=2,
+            HAS_INIT=has_init,
+            WRITE_FINAL=final is not None,
+            num_warps=4,
+            **common,
         )
     return y, final
 
 
 def _update_config(B: int, D: int) -> tuple[int, int, int]:
-    """(ROWS per program, BLOCK_D, num_warps).  BLOCK_D is at least one channel per thread: no
-    two threads hold the same state element."""
+    """(ROWS per program, BLOCK_D, num_warps).  Exactly one channel per thread: the state's
+    stride-(W - 1) accesses cannot be vectorised anyway, and with one element per thread every
+    load and store shares one layout (no shared-memory layout conversions between them)."""
     if interpreting():
-        return 4, 64, 1
-    block_d = min(256, max(32, next_pow2(D)))
-    num_warps = max(1, min(4, block_d // 64))
+        return 2, 64, 1
+    num_warps = max(1, min(4, next_pow2(D) // 32))
+    block_d = 32 * num_warps
     # Large batches: several rows per program reuse the weights from L1 and cut the grid.
-    rows = 4 if B * cdiv(D, block_d) >= 4096 else 1
+    rows = 4 if B * cdiv(D, block_d) >= 8192 else 1
     return rows, block_d, num_warps
 
 
