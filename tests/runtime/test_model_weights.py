@@ -143,3 +143,11 @@ def test_low_precision_checkpoint(tmp_path: Path) -> None:
     assert model.layers[0].linear_attn.in_proj_qkv.weight.dtype == torch.float16
     assert model.layers[0].linear_attn.A_log.dtype == torch.float32
     assert model.layers[0].input_layernorm.weight.dtype == torch.float32
+
+
+def test_attention_without_output_gate(tmp_path: Path) -> None:
+    cfg = TINY.replace(attn_output_gate=False)
+    assert expected_tensors(cfg)["model.layers.3.self_attn.q_proj.weight"].shape == (4 * 32, 64)
+    ckpt = write_random_checkpoint(tmp_path, cfg, seed=0)
+    logits, _ = HybridModel.from_checkpoint(ckpt).prefill(torch.tensor([[1, 2, 3]]))
+    assert bool(torch.isfinite(logits).all())
