@@ -415,6 +415,7 @@ def test_cheap_row_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert table[-2].split()[0] == "row" and table[-1].split()[0] == "gdn_gating_t8192"
     doc = json.loads(out.read_text())
     assert doc["schema"] == "clef-bench/1" and doc["tiny_shapes"] is True and doc["dtype"] == "bf16"
+    assert doc["complete"] is True
     assert doc["copy"]["bytes_per_s"] > 0 and doc["versions"]["torch"] == torch.__version__
     (row,) = doc["rows"]
     assert row["name"] == "gdn_gating_t8192" and row["status"] == "ok" and row["check"]["ok"]

@@ -519,28 +519,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
         ctx = Context(
             device=device, dtype=DTYPES[opts.dtype], dims=env.dims, ops=ops, fla=fla, fla_reason=fla_reason
         )
-        results = []
-        for row in rows:
-            _progress(f"bench: {row.name} ...")
-            try:
-                res = bench_row(row, ctx, env)
-            except Exception as e:  # one broken row (out of memory, a CUDA error) must not lose the rest
-                res = _crashed(row, env, e)
-            results.append(res)
-            _progress(f"bench: {row.name}: {res.status}, {res.mode}, {res.seconds:.1f} s")
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-
-    header = _header(info, opts, fla_version, copy, tiny)
-    texts, per_row = number_notes(results)
-    lines = [
-        *header,
-        *(f"[{i}] {t}" for i, t in enumerate(texts, 1)),
-        "",
-        *table_lines(results, copy.bytes_per_s, per_row),
-    ]
-    if opts.json:
-        record = {
+        base_record = {
             "schema": SCHEMA,
             "date": started.isoformat(timespec="seconds"),
             "device": info,
@@ -554,15 +533,49 @@ def run_bench_command(args: argparse.Namespace) -> int:
             "seed": opts.seed,
             "fault": fault,
             "fla_reason": fla_reason or None,
-            "copy": copy.record(),
-            "rows": [r.record(copy.bytes_per_s) for r in results],
         }
-        path = Path(opts.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(record, indent=2) + "\n")
-        _progress(f"bench: wrote {path}")
+        results: list[RowResult] = []
+        for row in rows:
+            _progress(f"bench: {row.name} ...")
+            try:
+                res = bench_row(row, ctx, env)
+            except Exception as e:  # one broken row (out of memory, a CUDA error) must not lose the rest
+                res = _crashed(row, env, e)
+            results.append(res)
+            _progress(f"bench: {row.name}: {res.status}, {res.mode}, {res.seconds:.1f} s")
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            if opts.json:  # after every row, so that a run cut short still leaves its rows
+                write_json(Path(opts.json), base_record, results, copy, complete=False)
+
+    header = _header(info, opts, fla_version, copy, tiny)
+    texts, per_row = number_notes(results)
+    lines = [
+        *header,
+        *(f"[{i}] {t}" for i, t in enumerate(texts, 1)),
+        "",
+        *table_lines(results, copy.bytes_per_s, per_row),
+    ]
+    if opts.json:
+        write_json(Path(opts.json), base_record, results, copy, complete=True)
+        _progress(f"bench: wrote {opts.json}")
     print("\n".join(lines), flush=True)
     return 1 if any(r.failed for r in results) else 0
+
+
+def write_json(
+    path: Path, base: dict[str, Any], results: list[RowResult], copy: CopyBandwidth, *, complete: bool
+) -> None:
+    record = {
+        **base,
+        "complete": complete,
+        "copy": copy.record(),
+        "rows": [r.record(copy.bytes_per_s) for r in results],
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(record, indent=2) + "\n")
+    tmp.replace(path)
 
 
 def _fla_env() -> dict[str, str]:
