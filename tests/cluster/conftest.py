@@ -79,8 +79,39 @@ def _install_crds_anywhere(kubeconfig: Path, kubectl: str | None) -> None:
     install_crds(rest)
 
 
+_SKIPPED: dict[str, object] = {}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Where the local cluster cannot run, its tests are set aside with one line saying why
+    (a skip per test would repeat the same reason dozens of times)."""
+    if os.environ.get("CLEF_KUBECONFIG") or _required():
+        return
+    missing = missing_prerequisites()
+    if not missing:
+        return
+    here = Path(__file__).parent
+    cluster_items = [i for i in items if i.get_closest_marker("cluster") and here in i.path.parents]
+    if not cluster_items:
+        return
+    items[:] = [i for i in items if i not in cluster_items]
+    config.hook.pytest_deselected(items=cluster_items)
+    _SKIPPED.update(reason=missing, count=len(cluster_items))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _SKIPPED:
+        terminalreporter.write_line(
+            f"cluster tier skipped ({_SKIPPED['count']} tests): {_SKIPPED['reason']}", yellow=True
+        )
+
+
+def _required() -> bool:
+    return os.environ.get("CLEF_REQUIRE_CLUSTER", "") not in ("", "0")
+
+
 def _fail_or_skip(reason: str) -> None:
-    if os.environ.get("CLEF_REQUIRE_CLUSTER", "") not in ("", "0"):
+    if _required():
         pytest.fail(f"cluster tier required (CLEF_REQUIRE_CLUSTER) but {reason}", pytrace=False)
     pytest.skip(f"cluster tier skipped: {reason}")
 
