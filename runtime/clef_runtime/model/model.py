@@ -75,11 +75,12 @@ class HybridModel(nn.Module):
                 else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
             )
 
-        # Our module names are the checkpoint names without the leading "model.".
-        state = {
-            name.removeprefix("model."): t.to(device=dev, dtype=_param_dtype(name, dtype))
-            for name, t in weights.items()
-        }
+        # Our module names are the checkpoint names without the leading "model.".  Popping as we
+        # go drops each source tensor (when the caller holds no other reference) once it is cast.
+        state = {}
+        for name in list(weights):
+            t = weights.pop(name)
+            state[name.removeprefix("model.")] = t.to(device=dev, dtype=_param_dtype(name, dtype))
         self.load_state_dict(state, strict=True, assign=True)
         self.requires_grad_(False)
         self.eval()
@@ -96,7 +97,9 @@ class HybridModel(nn.Module):
     ) -> HybridModel:
         """Load ``config.json`` and the safetensors of a checkpoint directory."""
         config = config if config is not None else ModelConfig.from_json(path)
-        weights = load_weights(path, config, device=device)
+        # Read to (memory-mapped) host memory and let the constructor move one tensor at a time,
+        # so the device never holds the stored-dtype copy and the cast copy of the whole model.
+        weights = load_weights(path, config, device="cpu")
         return cls(config, weights, opset=opset, dtype=dtype, device=device)
 
     @property
