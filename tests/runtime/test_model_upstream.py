@@ -81,8 +81,19 @@ def test_upstream_runs_its_own_torch_gdn_path(upstream: torch.nn.Module) -> None
 def test_prefill_logits_match_upstream(clef: HybridModel, upstream: torch.nn.Module) -> None:
     ids = prompts()
     ours, _ = clef.prefill(ids)
-    with torch.no_grad():
-        theirs = upstream(ids).logits.float()
+    gdn_calls: list[int] = []
+    hooks = [
+        layer.linear_attn.register_forward_hook(lambda *_: gdn_calls.append(1))
+        for layer in upstream.model.layers
+        if hasattr(layer, "linear_attn")
+    ]
+    try:
+        with torch.no_grad():
+            theirs = upstream(ids).logits.float()
+    finally:
+        for h in hooks:
+            h.remove()
+    assert len(gdn_calls) == len(CONFIG.linear_layers), "upstream did not run its GDN layers"
     e = errors(ours, theirs)
     print(f"prefill logits vs upstream: {e.describe(LOGITS_TOL)}")
     assert e.within(LOGITS_TOL), f"prefill logits vs upstream: {e.describe(LOGITS_TOL)}"
