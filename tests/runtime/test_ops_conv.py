@@ -105,6 +105,20 @@ def test_prefill_packed_sequences(layout: str, dtype: torch.dtype, dtype_name: s
             assert torch.equal(final[n], init[n])
 
 
+def test_prefill_many_packed_sequences(randn, device) -> None:
+    """20 sequences (a deeper in-kernel search over the offsets), short ones and empty ones."""
+    lengths = [3, 0, 1, 5, 2, 4, 0, 7, 1, 1, 6, 2, 3, 9, 0, 4, 5, 8, 2, 7]
+    cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=device)
+    x = randn(1, int(cu[-1]), 48)
+    weight, bias = _params(randn, 48, W, torch.float32)
+    init = randn(len(lengths), 48, W - 1)
+    kw = dict(initial_state=init, output_final_state=True, cu_seqlens=cu)
+    y, final = causal_conv1d(x, weight, bias, **kw)
+    y_ref, final_ref = ref.causal_conv1d(x, weight, bias, **kw)
+    _close(y, y_ref, "causal_conv1d", "f32", "20 packed sequences")
+    assert final is not None and torch.equal(final, final_ref)
+
+
 def test_prefill_packed_equals_separate_calls(randn, device) -> None:
     """Packing must not leak history between neighbours: each sequence alone gives the same."""
     cu = [0, 2, 37, 38, 70]

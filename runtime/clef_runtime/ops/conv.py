@@ -381,6 +381,8 @@ def causal_conv1d(
             "pass qkv_split=(q, k, v) channel counts"
         )
     N = B if cu_seqlens is None else check_cu_seqlens(op, cu_seqlens, B, T, x.device)
+    if B > 65535:  # the batch is grid axis 2
+        raise ValueError(f"{op}: a batch of {B} rows is too large; pack the sequences with cu_seqlens")
     if initial_state is not None:
         check_tensor(op, "initial_state", initial_state, ndim=3, device=x.device, layout="[N, D, W - 1]")
         if tuple(initial_state.shape) != (N, D, W - 1):
@@ -471,7 +473,8 @@ def causal_conv1d_update(
     qkv_split: tuple[int, int, int] | None = None,
 ) -> torch.Tensor:
     """Decode: see `clef_runtime.opset.OpSet.causal_conv1d_update`.  ``conv_state`` is shifted in
-    place; a row whose ``state_indices`` entry is negative gets zeros and leaves the pool alone."""
+    place; a row whose ``state_indices`` entry is negative gets zeros and leaves the pool alone.
+    Live rows must name distinct slots (two rows shifting one slot would race)."""
     op = "causal_conv1d_update"
     _check_x(op, x)
     B, T_new, _ = x.shape
