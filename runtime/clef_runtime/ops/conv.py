@@ -415,7 +415,7 @@ def causal_conv1d(
             x.stride(1),
             key_lo,
             key_hi,
-            SEARCH_STEPS=_search_steps(N),
+            SEARCH_STEPS=_search_steps(N) if is_varlen else 0,  # no recompiles per batch size
             BLOCK_T=block_t,
             BLOCK_D=block_d,
             SKIP_HEAD=has_init,
