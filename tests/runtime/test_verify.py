@@ -124,7 +124,7 @@ def test_key_band_fault_is_named_by_range(tmp_path: Path) -> None:
     # reduced shapes: 2 key heads × 16 → q [0, 32), k [32, 64), v [64, 128)
     assert "causal_conv1d: key channel band [32, 64) is zero" in full["summary"] + json.dumps(compact)
     stats = next(c for c in full["checks"] if c["name"] == "model: per-GDN-layer statistics")
-    assert not stats["passed"] and "conv k band absmax is 0" in stats["detail"]
+    assert not stats["passed"] and "layer 0 (prefill): conv k band absmax is 0" in stats["detail"]
 
 
 def test_unknown_fault_exits_2(tmp_path: Path) -> None:

@@ -93,7 +93,10 @@ def run_model_suite(
     gen = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, config.vocab_size, (workload.batch, workload.prompt), generator=gen).to(device)
 
+    # Prefill and decode run different kernels (chunked vs recurrent, conv vs conv update): keep
+    # their statistics apart so one phase's healthy numbers cannot mask the other's dead ones.
     fast_stats, ref_stats = GDNStats(), GDNStats()
+    fast_dec, ref_dec = GDNStats(), GDNStats()
     fast_logits: list[torch.Tensor] = []
     ref_logits: list[torch.Tensor] = []
 
@@ -103,8 +106,8 @@ def run_model_suite(
     ref_logits.append(rlogits[:, -1])
     tokens = [logits[:, -1].argmax(-1)]
     for _ in range(workload.new_tokens - 1):
-        step = fast.decode_step(tokens[-1], fcache, stats=fast_stats)
-        rstep = ref.decode_step(tokens[-1], rcache, stats=ref_stats)
+        step = fast.decode_step(tokens[-1], fcache, stats=fast_dec)
+        rstep = ref.decode_step(tokens[-1], rcache, stats=ref_dec)
         fast_logits.append(step)
         ref_logits.append(rstep)
         tokens.append(step.argmax(-1))
@@ -155,7 +158,9 @@ def run_model_suite(
         )
     )
 
-    layer_rows, stat_checks = _compare_stats(fast_stats, ref_stats, tol, dur)
+    layer_rows, stat_checks = _compare_stats(
+        {"prefill": (fast_stats, ref_stats), "decode": (fast_dec, ref_dec)}, tol, dur
+    )
     checks.extend(stat_checks)
     summary = [f"token ids {equal}/{total}" + (f" ({int(ties.sum())} near-ties)" if bool(ties.any()) else "")]
     summary.append(f"logits rel_rms {e.rel_rms:.2g}")
@@ -176,37 +181,41 @@ def _rel(a: float, b: float) -> float:
 
 
 def _compare_stats(
-    fast: GDNStats, ref: GDNStats, tol: ModelTolerance, dur: float
+    phases: dict[str, tuple[GDNStats, GDNStats]], tol: ModelTolerance, dur: float
 ) -> tuple[list[dict[str, Any]], list[Check]]:
-    fd, rd = fast.as_dict(), ref.as_dict()
     rows: list[dict[str, Any]] = []
-    problems: list[str] = []
-    fast_layers = {row["layer"]: row for row in fd["layers"]}
-    for r in rd["layers"]:
-        layer = r["layer"]
-        f = fast_layers.get(layer)
-        if f is None:
-            problems.append(f"layer {layer}: the candidate recorded no statistics")
-            continue
-        row: dict[str, Any] = {"layer": layer}
-        pairs = [(key, label, float(f[key]), float(r[key])) for key, label in _STATS]
-        pairs += [
-            (
-                f"conv_absmax_{band}",
-                f"conv {band} band absmax",
-                float(f["conv_absmax"][band]),
-                float(r["conv_absmax"][band]),
-            )
-            for band in ("q", "k", "v")
-        ]
-        for key, label, fv, rv in pairs:
-            row[key] = {"candidate": fv, "reference": rv}
-            rel = _rel(fv, rv)
-            if (fv == 0 or not math.isfinite(fv)) and rv != 0 and math.isfinite(rv):
-                problems.append(f"layer {layer}: {label} is {fv:g} (reference {rv:.6g})")
-            elif rel > tol.stat_rel:
-                problems.append(f"layer {layer}: {label} {fv:.6g} vs reference {rv:.6g}")
-        rows.append(row)
+    dead: list[str] = []  # zero or non-finite where the reference is not: named first
+    off: list[str] = []  # alive but out of tolerance
+    for phase, (fast, ref) in phases.items():
+        fd, rd = fast.as_dict(), ref.as_dict()
+        fast_layers = {row["layer"]: row for row in fd["layers"]}
+        for r in rd["layers"]:
+            layer = r["layer"]
+            f = fast_layers.get(layer)
+            if f is None:
+                dead.append(f"layer {layer} ({phase}): the candidate recorded no statistics")
+                continue
+            row: dict[str, Any] = {"layer": layer, "phase": phase}
+            # In data-flow order (conv → gates → delta rule → norm): the first finding is the
+            # cause, the ones after it what it broke downstream.
+            pairs = [
+                (
+                    f"conv_absmax_{band}",
+                    f"conv {band} band absmax",
+                    float(f["conv_absmax"][band]),
+                    float(r["conv_absmax"][band]),
+                )
+                for band in ("q", "k", "v")
+            ]
+            pairs += [(key, label, float(f[key]), float(r[key])) for key, label in _STATS]
+            for key, label, fv, rv in pairs:
+                row[key] = {"candidate": fv, "reference": rv}
+                if (fv == 0 or not math.isfinite(fv)) and rv != 0 and math.isfinite(rv):
+                    dead.append(f"layer {layer} ({phase}): {label} is {fv:g} (reference {rv:.6g})")
+                elif _rel(fv, rv) > tol.stat_rel:
+                    off.append(f"layer {layer} ({phase}): {label} {fv:.6g} vs reference {rv:.6g}")
+            rows.append(row)
+    problems = dead + off
     detail = (
         "model: " + "; ".join(problems[:4]) + (f"; and {len(problems) - 4} more" if len(problems) > 4 else "")
     )
