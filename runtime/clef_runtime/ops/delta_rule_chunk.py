@@ -119,27 +119,34 @@ def _chunk_prepare_kernel(
         eos = i_t * 0 + T
     # a spare slot of the varlen grid (t0 == eos == T) masks every load and store below
 
+    # 64-bit scalar bases, 32-bit per-element offsets: int64 offset tiles would cost two
+    # registers per element
+    q += b * sqb + t0 * sqt + h * K
+    k += b * skb + t0 * skt + h * K
+    v += b * svb + t0 * svt + hv * V
+    tok0 = (b * T + t0) * HV + hv  # first row of the [B, T, HV, ...] tensors in this chunk
+    g += tok0
+    beta += tok0
+    gc += tok0
+    w += tok0 * K
+    u += tok0 * V
+    aqk += tok0 * BT
+
     r = tl.arange(0, BT)
-    rows = t0 + r
-    live = rows < eos
+    live = r < eos - t0
     rk = tl.arange(0, BK)
     rvf = tl.arange(0, BVF)
     kmask = live[:, None] & (rk < K)[None, :]
-    tok = (b * T + rows) * HV + hv  # row offsets of the [B, T, HV, ...] tensors
 
-    kc = tl.load(k + b * skb + h * K + rows[:, None] * skt + rk[None, :], mask=kmask, other=0.0).to(
-        tl.float32
-    )
-    qc = tl.load(q + b * sqb + h * K + rows[:, None] * sqt + rk[None, :], mask=kmask, other=0.0).to(
-        tl.float32
-    )
+    kc = tl.load(k + r[:, None] * skt + rk[None, :], mask=kmask, other=0.0).to(tl.float32)
+    qc = tl.load(q + r[:, None] * sqt + rk[None, :], mask=kmask, other=0.0).to(tl.float32)
     if L2NORM:  # fused: q/k are normalised in float32 on the way in, never written back
         kc = kc * tl.rsqrt(tl.sum(kc * kc, 1) + 1e-6)[:, None]
         qc = qc * tl.rsqrt(tl.sum(qc * qc, 1) + 1e-6)[:, None]
-    gv = tl.load(g + tok, mask=live, other=0.0)
-    bv = tl.load(beta + tok, mask=live, other=0.0)
+    gv = tl.load(g + r * HV, mask=live, other=0.0)
+    bv = tl.load(beta + r * HV, mask=live, other=0.0)
     G = tl.cumsum(gv, 0)  # in-chunk cumulative log-decay, float32
-    tl.store(gc + tok, G, mask=live)
+    tl.store(gc + r * HV, G, mask=live)
 
     causal = r[:, None] >= r[None, :]
     # e^{G_t - G_j} for j ≤ t (exponent ≤ 0); the upper triangle is zeroed before exp
@@ -156,7 +163,7 @@ def _chunk_prepare_kernel(
     a_qk = tl.dot(qd, kdt, input_precision="ieee") * decay
     if ROUND_BF16:
         a_qk = rne_bf16(a_qk)
-    tl.store(aqk + tok[:, None] * BT + r[None, :], a_qk.to(aqk.dtype.element_ty), mask=live[:, None])
+    tl.store(aqk + r[:, None] * (HV * BT) + r[None, :], a_qk.to(aqk.dtype.element_ty), mask=live[:, None])
 
     # A = β k kᵀ ⊙ decay, strictly lower, float32
     strict = r[:, None] > r[None, :]
@@ -201,20 +208,18 @@ def _chunk_prepare_kernel(
     wv = tl.dot(Tm, kb, input_precision="ieee")
     if ROUND_BF16:
         wv = rne_bf16(wv)
-    tl.store(w + tok[:, None] * K + rk[None, :], wv.to(w.dtype.element_ty), mask=kmask)
+    tl.store(w + r[:, None] * (HV * K) + rk[None, :], wv.to(w.dtype.element_ty), mask=kmask)
 
     # u = T (β v)
     vmask = live[:, None] & (rvf < V)[None, :]
-    vc = tl.load(v + b * svb + hv * V + rows[:, None] * svt + rvf[None, :], mask=vmask, other=0.0).to(
-        tl.float32
-    )
+    vc = tl.load(v + r[:, None] * svt + rvf[None, :], mask=vmask, other=0.0).to(tl.float32)
     vb = (vc * bv[:, None]).to(CHUNK_DT)
     if ROUND_BF16:
         vb = rne_bf16(vb)
     uv = tl.dot(Tm, vb, input_precision="ieee")
     if ROUND_BF16:
         uv = rne_bf16(uv)
-    tl.store(u + tok[:, None] * V + rvf[None, :], uv.to(u.dtype.element_ty), mask=vmask)
+    tl.store(u + r[:, None] * (HV * V) + rvf[None, :], uv.to(u.dtype.element_ty), mask=vmask)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -252,25 +257,33 @@ def _chunk_step(
 ):
     """One chunk starting at token t0: write its output from the chunk-start state S and
     return the state at the chunk end."""
+    # 64-bit scalar bases, 32-bit per-element offsets (see the prepare kernel)
+    q_p += t0 * sqt
+    k_p += t0 * skt
+    w_p += t0 * (HV * K)
+    u_p += t0 * (HV * V)
+    a_p += t0 * (HV * BT)
+    gc_p += t0 * HV
+    o_p += t0 * (HV * V)
+    n_live = eos - t0
     r = tl.arange(0, BT)
-    rows = t0 + r
-    live = rows < eos
+    live = r < n_live
     rk = tl.arange(0, BK)
     rv = tl.arange(0, BV)
     kmask = live[:, None] & (rk < K)[None, :]
     vmask = live[:, None] & (rv < Vb)[None, :]
-    G = tl.load(gc_p + rows * HV, mask=live, other=0.0)
-    gl = tl.load(gc_p + (tl.minimum(t0 + BT, eos) - 1) * HV)  # decay to the chunk end
-    qc = tl.load(q_p + rows[:, None] * sqt + rk[None, :], mask=kmask, other=0.0).to(tl.float32)
-    kc = tl.load(k_p + rows[:, None] * skt + rk[None, :], mask=kmask, other=0.0).to(tl.float32)
+    G = tl.load(gc_p + r * HV, mask=live, other=0.0)
+    gl = tl.load(gc_p + (tl.minimum(n_live, BT) - 1) * HV)  # decay to the chunk end
+    qc = tl.load(q_p + r[:, None] * sqt + rk[None, :], mask=kmask, other=0.0).to(tl.float32)
+    kc = tl.load(k_p + r[:, None] * skt + rk[None, :], mask=kmask, other=0.0).to(tl.float32)
     if L2NORM:
         qc = qc * tl.rsqrt(tl.sum(qc * qc, 1) + 1e-6)[:, None]
         kc = kc * tl.rsqrt(tl.sum(kc * kc, 1) + 1e-6)[:, None]
     # w, u and Aqk hold values of the input dtype: widening them to STATE_DT is exact
-    wc = tl.load(w_p + rows[:, None] * (HV * K) + rk[None, :], mask=kmask, other=0.0).to(STATE_DT)
-    uc = tl.load(u_p + rows[:, None] * (HV * V) + rv[None, :], mask=vmask, other=0.0).to(tl.float32)
+    wc = tl.load(w_p + r[:, None] * (HV * K) + rk[None, :], mask=kmask, other=0.0).to(STATE_DT)
+    uc = tl.load(u_p + r[:, None] * (HV * V) + rv[None, :], mask=vmask, other=0.0).to(tl.float32)
     a_mask = live[:, None] & (r[None, :] <= r[:, None])  # only the causal blocks were written
-    Ac = tl.load(a_p + rows[:, None] * (HV * BT) + r[None, :], mask=a_mask, other=0.0).to(STATE_DT)
+    Ac = tl.load(a_p + r[:, None] * (HV * BT) + r[None, :], mask=a_mask, other=0.0).to(STATE_DT)
 
     Sd = S.to(STATE_DT)
     qs = (qc * (scale * tl.exp(G))[:, None]).to(STATE_DT)
@@ -286,7 +299,7 @@ def _chunk_step(
     oc = tl.dot(qs, Sd, input_precision=STATE_PRECISION) + tl.dot(Ac, vd, input_precision=STATE_PRECISION)
     if ROUND_BF16:
         oc = rne_bf16(oc)
-    tl.store(o_p + rows[:, None] * (HV * V) + rv[None, :], oc.to(o_p.dtype.element_ty), mask=vmask)
+    tl.store(o_p + r[:, None] * (HV * V) + rv[None, :], oc.to(o_p.dtype.element_ty), mask=vmask)
 
     S = S * tl.exp(gl) + tl.dot(tl.trans(kd), vd, input_precision=STATE_PRECISION)
     if STATE_IN_IO_DTYPE:  # fault fp16_state_overflow: the state held in the input dtype
@@ -357,7 +370,9 @@ def _chunk_recurrence_kernel(
 
     rk = tl.arange(0, BK)
     rv = tl.arange(0, BV)
-    s_off = (i_nh * K + rk[:, None]) * V + i_v * BV + rv[None, :]
+    h0 += i_nh * K * V + i_v * BV
+    ht += i_nh * K * V + i_v * BV
+    s_off = rk[:, None] * V + rv[None, :]
     s_mask = (rk < K)[:, None] & (rv < Vb)[None, :]
     S = tl.load(h0 + s_off, mask=s_mask, other=0.0) if HAS_H0 else tl.zeros([BK, BV], dtype=tl.float32)
     if STATE_IN_IO_DTYPE:  # fault fp16_state_overflow: the state held in the input dtype

@@ -76,26 +76,30 @@ def _recurrent_kernel(
     cols = i_v * BV + tl.arange(0, BV)
     k_in = rk < K
     v_in = cols < V
-    s_ptr = state + ((slot * HV + hv) * K + rk[:, None]) * V + cols[None, :]
+    # 64-bit scalar base, 32-bit per-element offsets (an int64 offset tile costs two registers
+    # per element)
+    s_ptr = state + (slot * HV + hv) * K * V + (rk[:, None] * V + cols[None, :])
     s_mask = k_in[:, None] & v_in[None, :] & live
     S = tl.load(s_ptr, mask=s_mask, other=0.0)
     if STATE_IN_IO_DTYPE:  # fault fp16_state_overflow: the state held in the input dtype
         S = S.to(q.dtype.element_ty).to(tl.float32)
 
-    q_p = q + b * sqb + h * K + rk
-    k_p = k + b * skb + h * K + rk
-    v_p = v + b * svb + hv * V + cols
+    q_p = q + b * sqb + h * K
+    k_p = k + b * skb + h * K
+    v_p = v + b * svb + hv * V
     gb = (b * T) * HV + hv  # [B, T, HV]: g, beta
-    o_p = o + gb * V + cols
+    g += gb
+    beta += gb
+    o_p = o + gb * V
     # a while loop: Triton 3.6's interpreter cannot take a runtime `range` bound with numpy ≥ 2,
     # and at T ≈ 1 there is nothing for a pipelined for loop to overlap
     t = 0
     while t < T:
-        qt = tl.load(q_p + t * sqt, mask=k_in, other=0.0).to(tl.float32)
-        kt = tl.load(k_p + t * skt, mask=k_in, other=0.0).to(tl.float32)
-        vt = tl.load(v_p + t * svt, mask=v_in, other=0.0).to(tl.float32)
-        gt = tl.load(g + gb + t * HV)
-        bt = tl.load(beta + gb + t * HV)
+        qt = tl.load(q_p + t * sqt + rk, mask=k_in, other=0.0).to(tl.float32)
+        kt = tl.load(k_p + t * skt + rk, mask=k_in, other=0.0).to(tl.float32)
+        vt = tl.load(v_p + t * svt + cols, mask=v_in, other=0.0).to(tl.float32)
+        gt = tl.load(g + t * HV)
+        bt = tl.load(beta + t * HV)
         if L2NORM:
             qt = qt * tl.rsqrt(tl.sum(qt * qt, 0) + 1e-6)
             kt = kt * tl.rsqrt(tl.sum(kt * kt, 0) + 1e-6)
@@ -107,7 +111,7 @@ def _recurrent_kernel(
         ot = tl.sum(S * (qt * scale)[:, None], 0)
         if ROUND_BF16:  # the interpreter's own bf16 cast truncates (see `dot_policy`)
             ot = rne_bf16(ot)
-        tl.store(o_p + t * (HV * V), tl.where(live, ot, 0.0).to(o.dtype.element_ty), mask=v_in)
+        tl.store(o_p + t * (HV * V) + cols, tl.where(live, ot, 0.0).to(o.dtype.element_ty), mask=v_in)
         t += 1
     tl.store(s_ptr, S, mask=s_mask)
 

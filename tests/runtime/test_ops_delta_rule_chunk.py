@@ -1,0 +1,301 @@
+"""`chunk_gated_delta_rule` (Triton, chunked WY prefill) against the float64 token-by-token
+reference, on seeded inputs with the statistics of a Qwen3.5 GDN layer.
+
+CPU tier: small K/V (plus one case at the real K = V = 128) under ``TRITON_INTERPRET=1``.
+GPU tier (``-m gpu``): the real layer shapes (H=16, HV=32, K=V=128) up to T=4096 per sequence.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from clef_runtime.compare import assert_close
+from clef_runtime.faults import UnknownFaultError
+from clef_runtime.ops.delta_rule_chunk import chunk_gated_delta_rule
+from clef_runtime.reference import delta_rule as ref
+from clef_runtime.tolerances import tolerance
+
+OP = "chunk_gated_delta_rule"
+DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+
+
+def gdn_inputs(
+    rng: torch.Generator,
+    device: torch.device,
+    dtype: torch.dtype,
+    *,
+    B: int,
+    T: int,
+    H: int,
+    HV: int,
+    K: int,
+    V: int,
+    normalise_qk: bool = False,
+) -> tuple[torch.Tensor, ...]:
+    """q, k, v in `dtype`; g, beta float32, shaped as a GDN layer produces them.  g follows the
+    Qwen3.5 gating ``-exp(A_log) * softplus(a + dt_bias)`` with its initialisation (A in
+    [1, 16], dt in [1e-3, 0.1]): mostly near 0, a tail down to about -5.  With `normalise_qk`
+    q/k arrive L2-normalised (for ``use_qk_l2norm=False``: unnormalised keys make the delta rule
+    blow up, which no model feeds it)."""
+    q = torch.randn(B, T, H, K, generator=rng)
+    k = torch.randn(B, T, H, K, generator=rng)
+    if normalise_qk:
+        q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+    v = torch.randn(B, T, HV, V, generator=rng)
+    A_log = torch.log(1 + 15 * torch.rand(HV, generator=rng))
+    dt = 1e-3 + (0.1 - 1e-3) * torch.rand(HV, generator=rng)
+    dt_bias = torch.log(torch.expm1(dt))  # softplus(dt_bias) = dt
+    g = -torch.exp(A_log) * F.softplus(torch.randn(B, T, HV, generator=rng) + dt_bias)
+    beta = torch.sigmoid(torch.randn(B, T, HV, generator=rng))
+    qkv = [t.to(dtype=dtype, device=device) for t in (q, k, v)]
+    return (*qkv, g.to(device), beta.to(device))
+
+
+def packed_cu_seqlens(lens: list[int], device: torch.device) -> torch.Tensor:
+    cu = [0]
+    for n in lens:
+        cu.append(cu[-1] + n)
+    return torch.tensor(cu, dtype=torch.int32, device=device)
+
+
+def check_against_reference(
+    rng: torch.Generator,
+    device: torch.device,
+    dtype_name: str,
+    *,
+    B: int = 1,
+    T: int = 0,
+    lens: list[int] | None = None,
+    H: int,
+    HV: int,
+    K: int,
+    V: int,
+    l2norm: bool = True,
+    initial: bool = False,
+    final: bool = True,
+    scale: float | None = None,
+) -> None:
+    dtype = DTYPES[dtype_name]
+    cu = None
+    if lens is not None:
+        B, T = 1, sum(lens)
+        cu = packed_cu_seqlens(lens, device)
+    N = B if lens is None else len(lens)
+    q, k, v, g, beta = gdn_inputs(rng, device, dtype, B=B, T=T, H=H, HV=HV, K=K, V=V, normalise_qk=not l2norm)
+    h0 = 0.1 * torch.randn(N, HV, K, V, generator=rng).to(device) if initial else None
+    kw = dict(scale=scale, initial_state=h0, output_final_state=final, cu_seqlens=cu, use_qk_l2norm=l2norm)
+    o, ht = chunk_gated_delta_rule(q, k, v, g, beta, **kw)  # type: ignore[arg-type]
+    ro, rht = ref.chunk_gated_delta_rule(q, k, v, g, beta, **kw)  # type: ignore[arg-type]
+    tol = tolerance(OP, dtype_name)
+    assert o.dtype == v.dtype and o.shape == (B, T, HV, V)
+    assert_close(o, ro, tol, f"{OP} {dtype_name} output")
+    if final:
+        assert ht is not None and rht is not None
+        assert ht.dtype == torch.float32 and ht.shape == (N, HV, K, V)
+        assert_close(ht, rht, tol, f"{OP} {dtype_name} final state")
+    else:
+        assert ht is None
+
+
+# Shapes chosen to cross chunk boundaries at awkward places (T = 65, 200 = 3·64 + 8), to mask
+# head dims that are not powers of two, and to group value heads (HV / H = 2, 4).
+CASES: dict[str, dict[str, object]] = {
+    "B2-T65-grouped2-h0": dict(B=2, T=65, H=1, HV=2, K=32, V=16, initial=True),
+    "B1-T200-grouped2-scale-prenormalised": dict(B=1, T=200, H=2, HV=4, K=16, V=32, scale=0.3, l2norm=False),
+    "varlen-1-3-0-63-65-h0": dict(lens=[1, 3, 0, 63, 65], H=2, HV=2, K=32, V=32, initial=True),
+    "B3-T1-h0": dict(B=3, T=1, H=1, HV=1, K=16, V=16, initial=True),
+    "B1-T3-grouped4-no-final": dict(B=1, T=3, H=1, HV=4, K=16, V=16, final=False),
+    "odd-dims-K20-V24-T70": dict(B=1, T=70, H=1, HV=1, K=20, V=24, initial=True),
+    "real-dims-K128-V128-T70": dict(B=1, T=70, H=1, HV=2, K=128, V=128, initial=True),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_matches_reference(case: str, dtype_name: str, rng: torch.Generator, device: torch.device) -> None:
+    check_against_reference(rng, device, dtype_name, **CASES[case])  # type: ignore[arg-type]
+
+
+def test_final_state_flag_does_not_change_output(rng: torch.Generator, device: torch.device) -> None:
+    q, k, v, g, beta = gdn_inputs(rng, device, torch.float32, B=1, T=70, H=1, HV=2, K=16, V=16)
+    o1, h1 = chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm=True, output_final_state=True)
+    o2, h2 = chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm=True)
+    assert h1 is not None and h2 is None
+    assert torch.equal(o1, o2)
+
+
+def test_strided_qkv_views(rng: torch.Generator, device: torch.device) -> None:
+    """q/k/v as views into one packed projection output [B, T, (2H·K + HV·V)] (token stride ≠
+    head block size), as the conv produces them: same result as contiguous copies."""
+    B, T, H, HV, K, V = 2, 70, 1, 2, 16, 16
+    x = torch.randn(B, T, 2 * H * K + HV * V, generator=rng).to(device)
+    q = x[..., : H * K].view(B, T, H, K)
+    k = x[..., H * K : 2 * H * K].view(B, T, H, K)
+    v = x[..., 2 * H * K :].view(B, T, HV, V)
+    assert not q.is_contiguous()
+    _, _, _, g, beta = gdn_inputs(rng, device, torch.float32, B=B, T=T, H=H, HV=HV, K=K, V=V)
+    o1, h1 = chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm=True, output_final_state=True)
+    o2, h2 = chunk_gated_delta_rule(
+        q.contiguous(), k.contiguous(), v.contiguous(), g, beta, use_qk_l2norm=True, output_final_state=True
+    )
+    assert h1 is not None and h2 is not None
+    assert torch.equal(o1, o2) and torch.equal(h1, h2)
+
+
+# --- input validation ---------------------------------------------------------------------------
+
+
+def _valid(device: torch.device) -> dict[str, object]:
+    B, T, H, HV, K, V = 1, 4, 2, 4, 16, 16
+    return dict(
+        q=torch.zeros(B, T, H, K, device=device),
+        k=torch.zeros(B, T, H, K, device=device),
+        v=torch.zeros(B, T, HV, V, device=device),
+        g=torch.zeros(B, T, HV, device=device),
+        beta=torch.zeros(B, T, HV, device=device),
+    )
+
+
+BAD_INPUTS: dict[str, tuple[dict[str, object], str]] = {
+    "q-3d": (dict(q=torch.zeros(1, 4, 32)), r"q must be \[B, T, H, K\]"),
+    "k-shape": (dict(k=torch.zeros(1, 4, 2, 8)), r"k must have q's shape"),
+    "v-T": (dict(v=torch.zeros(1, 5, 4, 16)), r"v must be \[B, T, HV, V\]"),
+    "heads-not-multiple": (
+        dict(v=torch.zeros(1, 4, 3, 16)),
+        r"HV=3 must be a positive multiple of key heads H=2",
+    ),
+    "K-too-large": (
+        dict(q=torch.zeros(1, 4, 2, 512), k=torch.zeros(1, 4, 2, 512)),
+        r"head dim K=512 is outside 1\.\.256",
+    ),
+    "int-dtype": (
+        dict(q=torch.zeros(1, 4, 2, 16, dtype=torch.int32), k=torch.zeros(1, 4, 2, 16, dtype=torch.int32)),
+        r"q dtype torch.int32 is not supported",
+    ),
+    "mixed-dtype": (dict(v=torch.zeros(1, 4, 4, 16, dtype=torch.float16)), r"v is torch.float16 but q is"),
+    "g-bf16": (dict(g=torch.zeros(1, 4, 4, dtype=torch.bfloat16)), r"g must be float32.*g\.float\(\)"),
+    "beta-shape": (dict(beta=torch.zeros(1, 4, 2)), r"beta must be \[B, T, HV\]"),
+    "q-transposed": (
+        dict(q=torch.zeros(1, 4, 16, 2).transpose(2, 3)),
+        r"q must have its last two dims contiguous.*q\.contiguous\(\)",
+    ),
+    "initial-state-shape": (
+        dict(initial_state=torch.zeros(1, 4, 16, 8)),
+        r"initial_state must be float32 \[1,",
+    ),
+    "initial-state-dtype": (
+        dict(initial_state=torch.zeros(1, 4, 16, 16, dtype=torch.float16)),
+        r"initial_state must be float32",
+    ),
+    "cu-seqlens-batch": (
+        dict(
+            q=torch.zeros(2, 4, 2, 16),
+            k=torch.zeros(2, 4, 2, 16),
+            v=torch.zeros(2, 4, 4, 16),
+            g=torch.zeros(2, 4, 4),
+            beta=torch.zeros(2, 4, 4),
+            cu_seqlens=torch.tensor([0, 2, 4], dtype=torch.int32),
+        ),
+        r"cu_seqlens packs sequences into a batch of 1",
+    ),
+    "cu-seqlens-end": (dict(cu_seqlens=torch.tensor([0, 2, 3], dtype=torch.int32)), r"end at T=4"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_rejects_bad_inputs(case: str, device: torch.device) -> None:
+    changes, message = BAD_INPUTS[case]
+    if case == "cu-seqlens-end" and device.type != "cpu":
+        pytest.skip("the values of a device cu_seqlens are not checked: that would sync")
+    args = _valid(device)
+    args.update({name: t.to(device) if isinstance(t, torch.Tensor) else t for name, t in changes.items()})
+    with pytest.raises((ValueError, TypeError), match=message):
+        chunk_gated_delta_rule(**args)  # type: ignore[arg-type]
+
+
+# --- the fp16_state_overflow fault --------------------------------------------------------------
+
+
+def hadamard_prefill_inputs(
+    device: torch.device, T: int = 128, K: int = 32, V: int = 16
+) -> tuple[torch.Tensor, ...]:
+    """A legitimate f16 input whose float32 state leaves f16's range, deterministically.
+
+    Keys run through the rows of a normalised Sylvester–Hadamard matrix (orthonormal, so with
+    β ≈ 1 each write survives intact and the writes add up), values are a constant 16384 (an
+    ordinary f16 value), queries equal the keys, g ≈ 0 (a long-memory head).  The state then
+    converges to ``S ≈ √K · 16384 · e_0 1ᵀ``: row 0 (every Hadamard row has +1 in column 0)
+    holds ≈ 92,000 > 65,504 after the first chunk, while each output ``Sᵀq·scale`` is
+    ≈ 16384 · scale ≈ 2,900, well inside f16.  No randomness is involved: a state held in f16
+    overflows to inf at the first chunk boundary on every run, and the next chunk reads it."""
+    Hd = torch.ones(1, 1)
+    while Hd.shape[0] < K:
+        Hd = torch.cat([torch.cat([Hd, Hd], 1), torch.cat([Hd, -Hd], 1)], 0)
+    keys = (Hd / math.sqrt(K))[torch.arange(T) % K]
+    q = keys.view(1, T, 1, K).to(torch.float16)
+    k = q.clone()
+    v = torch.full((1, T, 1, V), 16384.0, dtype=torch.float16)
+    g = torch.full((1, T, 1), -1e-3)
+    beta = torch.full((1, T, 1), 0.99)
+    return tuple(t.to(device) for t in (q, k, v, g, beta))
+
+
+def test_fp16_state_overflow_fault(monkeypatch: pytest.MonkeyPatch, device: torch.device) -> None:
+    q, k, v, g, beta = hadamard_prefill_inputs(device)
+    ro, rht = ref.chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True)
+    assert rht is not None
+    assert float(rht.abs().max()) > 65504 > float(ro.abs().max())  # the premise: legit, but not f16
+
+    o, ht = chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True)
+    assert ht is not None
+    assert_close(o, ro, tolerance(OP, "f16"), "fault-free output")
+    assert_close(ht, rht, tolerance(OP, "f16"), "fault-free final state")
+
+    monkeypatch.setenv("CLEF_RUNTIME_FAULT", "fp16_state_overflow")
+    bad, bad_state = chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True)
+    assert bad_state is not None
+    assert torch.isfinite(bad[:, :64]).all()  # the first chunk never reads a stored state
+    assert not torch.isfinite(bad[:, 64:]).all()
+    assert not torch.isfinite(bad_state).all()
+
+
+def test_other_faults_leave_it_alone(
+    monkeypatch: pytest.MonkeyPatch, rng: torch.Generator, device: torch.device
+) -> None:
+    q, k, v, g, beta = gdn_inputs(rng, device, torch.float16, B=1, T=70, H=1, HV=1, K=16, V=16)
+    clean, _ = chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm=True)
+    monkeypatch.setenv("CLEF_RUNTIME_FAULT", "conv_key_band_zero")
+    other, _ = chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm=True)
+    assert torch.equal(clean, other)
+
+
+def test_unknown_fault_name_raises(monkeypatch: pytest.MonkeyPatch, device: torch.device) -> None:
+    monkeypatch.setenv("CLEF_RUNTIME_FAULT", "fp16_state_overfloww")
+    with pytest.raises(UnknownFaultError, match="not in the fault catalogue"):
+        chunk_gated_delta_rule(**_valid(device))  # type: ignore[arg-type]
+
+
+# --- GPU tier: the real Qwen3.5 GDN shapes ------------------------------------------------------
+
+QWEN = dict(H=16, HV=32, K=128, V=128)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
+@pytest.mark.parametrize(
+    "shape",
+    [dict(B=1, T=4096), dict(B=4, T=1000), dict(B=2, T=64), dict(lens=[1, 63, 64, 65, 1000, 3000])],
+    ids=["B1-T4096", "B4-T1000", "B2-T64", "varlen-6"],
+)
+def test_matches_reference_gpu(
+    dtype_name: str, shape: dict[str, object], rng: torch.Generator, gpu_device: torch.device
+) -> None:
+    check_against_reference(rng, gpu_device, dtype_name, initial=True, **shape, **QWEN)  # type: ignore[arg-type]
+
+
+@pytest.mark.gpu
+def test_fp16_state_overflow_fault_gpu(monkeypatch: pytest.MonkeyPatch, gpu_device: torch.device) -> None:
+    test_fp16_state_overflow_fault(monkeypatch, gpu_device)
