@@ -34,7 +34,8 @@ KIND ?= kind
 kind-up: $(STAMP)
 	@command -v $(KIND) >/dev/null || { echo "kind-up: needs kind (https://kind.sigs.k8s.io) and Docker"; exit 3; }
 	@mkdir -p .cluster/kind
-	$(KIND) get clusters | grep -qx clef || $(KIND) create cluster --name clef --kubeconfig .cluster/kind/kubeconfig
+	$(KIND) get clusters | grep -qx clef || $(KIND) create cluster --name clef
+	$(KIND) get kubeconfig --name clef > .cluster/kind/kubeconfig
 	$(CLUSTER) build
 	$(CLUSTER) --state-dir .cluster/kind up --attach .cluster/kind/kubeconfig
 

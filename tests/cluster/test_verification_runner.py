@@ -318,3 +318,61 @@ def test_the_seeded_table_has_an_image_for_every_catalogued_fault(cluster: Clust
         entry = table.lookup(fault_image(fault))
         assert entry is not None and entry.kind == "fault" and entry.fault == fault
     assert images.seed_table().entries == table.entries[: len(images.seed_table().entries)]
+
+
+def test_on_failure_restarts_the_container_in_place(cluster: Cluster, namespace: str, tmp_path: Path) -> None:
+    cluster.image_table()
+    if cluster.local is None:
+        pytest.skip("the command leaves a marker on this host's filesystem")
+    marker = tmp_path / "first-run-done"
+    # Fails the first time, succeeds the second: only a restart in place can complete the Job.
+    code = (
+        "import pathlib, sys; m = pathlib.Path(sys.argv[1])\n"
+        "if not m.exists():\n    m.write_text('x'); sys.exit(1)\n"
+    )
+    job = verification_job("flaky", RUNTIME_IMAGE, python_command(code), args=[str(marker)])
+    # For OnFailure pods the Job controller fails the Job once restarts reach backoffLimit.
+    job.spec.backoff_limit = 2  # type: ignore[union-attr]
+    job.spec.template.spec.restart_policy = "OnFailure"  # type: ignore[union-attr]
+    cluster.batch.create_namespaced_job(namespace, job)
+    done = finished(cluster, namespace, "flaky", timeout=90)
+    assert job_condition(done, "Complete") is not None, done.status
+    pod = job_pod(cluster, namespace, "flaky")
+    (status,) = pod.status.container_statuses  # type: ignore[union-attr]
+    assert status.restart_count == 1
+    assert status.last_state.terminated.exit_code == 1  # type: ignore[union-attr]
+    assert status.state.terminated.exit_code == 0  # type: ignore[union-attr]
+
+
+def test_env_from_config_maps_and_secrets_is_resolved(cluster: Cluster, namespace: str) -> None:
+    cluster.image_table()
+    cluster.core.create_namespaced_config_map(
+        namespace,
+        client.V1ConfigMap(metadata=client.V1ObjectMeta(name="settings"), data={"GREETING": "from-cm"}),
+    )
+    cluster.core.create_namespaced_secret(
+        namespace,
+        client.V1Secret(metadata=client.V1ObjectMeta(name="token"), string_data={"value": "s3cret"}),
+    )
+    job = verification_job(
+        "envs",
+        RUNTIME_IMAGE,
+        python_command(
+            "import os; open(os.environ['CLEF_TERMINATION_LOG'], 'w').write(os.environ['GREETING'] + '/' + os.environ['POD'])"
+        ),
+        extra_env=[
+            client.V1EnvVar(
+                name="POD",
+                value_from=client.V1EnvVarSource(
+                    secret_key_ref=client.V1SecretKeySelector(name="token", key="value")
+                ),
+            )
+        ],
+    )
+    job.spec.template.spec.containers[0].env_from = [  # type: ignore[union-attr]
+        client.V1EnvFromSource(config_map_ref=client.V1ConfigMapEnvSource(name="settings"))
+    ]
+    cluster.batch.create_namespaced_job(namespace, job)
+    done = finished(cluster, namespace, "envs")
+    assert job_condition(done, "Complete") is not None
+    assert terminated(job_pod(cluster, namespace, "envs")).message == "from-cm/s3cret"

@@ -153,6 +153,9 @@ class PodWorker:
         self.stop = threading.Event()
         self.grace = 30.0
         self.lock = threading.Lock()
+        # Held from building a status to the server's answer, so that containers finishing at
+        # once cannot land their updates out of order (terminated, then an older "running").
+        self.publishing = threading.Lock()
         self.containers = {c["name"]: ContainerState(c["name"], c["image"]) for c in self.specs}
         self.start_time: str | None = (pod.get("status") or {}).get("startTime")
         self.phase = "Pending"
@@ -166,6 +169,10 @@ class PodWorker:
 
     # -- status ------------------------------------------------------------------------------
     def _publish(self) -> None:
+        with self.publishing:
+            self._publish_now()
+
+    def _publish_now(self) -> None:
         if self.gone or self.runner.shutting_down.is_set():
             return
         with self.lock:
