@@ -42,7 +42,10 @@ def test_verification_exceeding_its_timeout_fails_closed(models: Models) -> None
 
 
 def test_more_gpus_than_any_node_has_is_unschedulable_with_the_schedulers_message(models: Models) -> None:
-    models.create(clefmodel("huge", gpus=8, nodeSelector={}))
+    # 8 GPUs per replica (tensor-parallel 4 x pipeline 2 under vLLM); the largest node has 4.
+    models.create(
+        clefmodel("huge", engine="vllm", gpus=8, tensorParallel=4, gpuMemoryMiB=16384, nodeSelector={})
+    )
     verified = models.wait_condition("huge", "Verified", "Unknown", "Unschedulable", timeout=60)
     assert "Insufficient nvidia.com/gpu" in verified["message"], verified
     degraded = models.wait_condition("huge", "Degraded", "True", "Unschedulable", timeout=30)
