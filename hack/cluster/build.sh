@@ -61,9 +61,12 @@ build_kubernetes() {
   # ./staging) do not apply, so the building module repoints every one of them to the tag.
   staging="v0.${v#v1.}"
   log "kubernetes $v: resolving staging modules at $staging"
-  (cd "$work" && go mod download -json "k8s.io/kubernetes@$v" >/dev/null)
   local upstream_mod
   upstream_mod=$(cd "$work" && go mod download -json "k8s.io/kubernetes@$v" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
+  if [[ ! -f "$upstream_mod" ]]; then
+    log "kubernetes $v: could not fetch its go.mod from the module proxy ($(go env GOPROXY))"
+    exit 1
+  fi
   {
     echo
     echo "require k8s.io/kubernetes $v"

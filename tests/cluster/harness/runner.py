@@ -443,7 +443,7 @@ def kill_group(proc: subprocess.Popen[bytes], grace: float) -> None:
 
 
 class Runner:
-    def __init__(self, rest: Rest, state_dir: Path, workers: int = 16) -> None:
+    def __init__(self, rest: Rest, state_dir: Path, workers: int = 64) -> None:
         self.rest = rest
         self.state_dir = state_dir
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pod")
@@ -654,20 +654,23 @@ class Runner:
                 return
             self.finalizing.add(uid)
 
-        def delete() -> None:
-            try:
-                self.rest.delete(
-                    f"/api/v1/namespaces/{namespace}/pods/{name}",
-                    {"gracePeriodSeconds": 0, "preconditions": {"uid": uid}},
-                )
-                log.info("%s/%s: deleted", namespace, name)
-            except ApiError as e:
-                if e.status not in (404, 409):
-                    log.error("%s/%s: final delete failed: %s", namespace, name, e)
-                    with self.lock:
-                        self.finalizing.discard(uid)
-
-        self.pool.submit(delete)
+        # Inline, not on the pool: the pool may be full of pods waiting for exactly this.
+        try:
+            self.rest.delete(
+                f"/api/v1/namespaces/{namespace}/pods/{name}",
+                {"gracePeriodSeconds": 0, "preconditions": {"uid": uid}},
+            )
+            log.info("%s/%s: deleted", namespace, name)
+        except ApiError as e:
+            if e.status not in (404, 409):
+                log.error("%s/%s: final delete failed: %s", namespace, name, e)
+                with self.lock:
+                    self.finalizing.discard(uid)
+        except OSError as e:
+            # The next resync (at most 30 s away) tries again.
+            log.warning("%s/%s: final delete did not reach the API server: %s", namespace, name, e)
+            with self.lock:
+                self.finalizing.discard(uid)
 
     def serve(self, ready_file: Path | None = None) -> None:
         self._refresh_nodes()
@@ -728,7 +731,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.cluster.harness.runner")
     parser.add_argument("--state-dir", type=Path, required=True)
     parser.add_argument("--kubeconfig", type=Path, required=True)
-    parser.add_argument("--workers", type=int, default=16)
+    parser.add_argument("--workers", type=int, default=64)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(threadName)s %(message)s", stream=sys.stderr
