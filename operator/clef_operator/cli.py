@@ -25,6 +25,9 @@ def _run(args: argparse.Namespace) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if not args.verbose:
+        # kopf logs every watch event it hands to a handler; clef logs its decisions itself.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     namespaces = args.namespace or None
     kopf.run(
         standalone=True,

@@ -55,7 +55,7 @@ class OperatorProcess:
         log.flush()
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "clef_operator.cli", "run", "--namespace", self.namespace, "--verbose"],
+            [sys.executable, "-m", "clef_operator.cli", "run", "--namespace", self.namespace],
             cwd=REPO,
             env=env,
             stdin=subprocess.DEVNULL,

@@ -1,5 +1,6 @@
-"""Fail closed on the real control plane (issue 6, tests 4 and 10b): an image that cannot be
-pulled, a verification that exceeds its timeout, and a model no node can hold."""
+"""Fail closed, and never stuck silently, on the real control plane (issue 6, tests 4 and 10b):
+an image that cannot be pulled, a verification that exceeds its timeout, a model no node can
+hold, and a serving pod that crash-loops."""
 
 from __future__ import annotations
 
@@ -9,7 +10,14 @@ from pathlib import Path
 import pytest
 
 from .conftest import Cluster, wait_for
-from .operator_support import HANG_IMAGE, UNPULLABLE_IMAGE, Models, clefmodel, operator_running
+from .operator_support import (
+    HANG_IMAGE,
+    UNPULLABLE_IMAGE,
+    VERIFY_SECONDS,
+    Models,
+    clefmodel,
+    operator_running,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -51,3 +59,45 @@ def test_more_gpus_than_any_node_has_is_unschedulable_with_the_schedulers_messag
     degraded = models.wait_condition("huge", "Degraded", "True", "Unschedulable", timeout=30)
     assert "Insufficient nvidia.com/gpu" in degraded["message"]
     assert models.deployments("huge") == []
+
+
+def test_crash_looping_serving_pod_surfaces_its_last_words(models: Models, cluster: Cluster) -> None:
+    """kwok plays a kubelet whose containers never fail; here the test plays the kubelet of a
+    node where the engine panics at start (no libcuda without runtimeClassName), writing the
+    pod status a real kubelet would."""
+    models.create(clefmodel("crash"))
+    models.wait_condition("crash", "Ready", "True", "Available", timeout=VERIFY_SECONDS + 120)
+    revision = models.get("crash")["status"]["activeRevision"]
+    (pod,) = cluster.core.list_namespaced_pod(
+        models.ns, label_selector=f"clef.riotpiao.com/revision={revision},clef.riotpiao.com/component=serving"
+    ).items
+    panic = "thread 'main' panicked: libcuda.so.1: cannot open shared object file: No such file or directory"
+    status = {
+        "status": {
+            "conditions": [
+                {"type": "Ready", "status": "False"},
+                {"type": "ContainersReady", "status": "False"},
+            ],
+            "containerStatuses": [
+                {
+                    "name": "engine",
+                    "image": pod.spec.containers[0].image,
+                    "imageID": "",
+                    "ready": False,
+                    "started": False,
+                    "restartCount": 4,
+                    "state": {
+                        "waiting": {"reason": "CrashLoopBackOff", "message": "back-off 1m20s restarting"}
+                    },
+                    "lastState": {"terminated": {"exitCode": 101, "reason": "Error", "message": panic}},
+                }
+            ],
+        }
+    }
+    cluster.core.patch_namespaced_pod_status(
+        pod.metadata.name, models.ns, status, _content_type="application/strategic-merge-patch+json"
+    )
+    degraded = models.wait_condition("crash", "Degraded", "True", "CrashLoopBackOff", timeout=30)
+    assert "libcuda.so.1" in degraded["message"], degraded
+    ready = models.wait_condition("crash", "Ready", "False", "RevisionUnavailable", timeout=30)
+    assert "libcuda.so.1" in ready["message"], ready
