@@ -160,6 +160,9 @@ def test_rejects_bad_inputs(case: str, device: torch.device) -> None:
 # --- the fp16_state_overflow fault --------------------------------------------------------------
 
 
+# the interpreter (numpy) warns about the overflow the fault exists to produce
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 def test_fp16_state_overflow_fault(monkeypatch: pytest.MonkeyPatch, device: torch.device) -> None:
     """Decode after a long, legitimate prefill whose state left f16's range.
 

@@ -18,17 +18,28 @@ Every exponent above is a difference G_t - G_j with j ≤ t, or G relative to th
 end, so it is ≤ 0 whenever g ≤ 0: nothing is exponentiated that can overflow.  Masked entries
 (j > t) are zeroed *before* exp.
 
-Launches:
+Launches (grouped value heads read key head ``hv // (HV / H)`` by index: q/k are never
+repeated in memory):
 
 1. `_chunk_prepare_kernel`, grid ``(chunk slots, HV)``: per chunk and value head, the in-chunk
-   work that does not need the state: cumsum of g, the fused L2 norm of q/k, ``A`` in 16×16
-   blocks, ``T`` by blockwise forward substitution (invert the four diagonal 16×16 blocks row by
-   row, then the off-diagonal blocks with small dots), then ``w``, ``u``, the decayed and scaled
-   ``q kᵀ`` block ``Aqk`` and the cumulative decays ``gc``.
+   work that does not need the state: cumsum of g; the Gram matrices q kᵀ and k kᵀ of the raw
+   inputs with K streamed in slices, the fused L2 norm applied as a rank-one rescaling; ``T``
+   by blockwise forward substitution (the four diagonal 16×16 blocks row by row, then the
+   block-lower part in a few 64×64 dots); then ``w`` and ``u`` (stored in the input dtype),
+   the decayed, scaled causal ``q kᵀ`` block ``Aqk`` and the cumulative decays ``gc``.
 2. `_chunk_recurrence_kernel`, grid ``(N·HV, V / BV)``: per sequence, value head and V block,
    sequential over the sequence's chunks with the float32 state in registers; each step forms
    ``v_new``, writes the chunk's output and advances the state.  The output is fused here so the
    per-chunk states (``[chunks, HV, K, V]``, 512 MB at T=32K in bf16) never touch memory.
+
+Precision (the policy is in `delta_rule_common`): the Gram matrices take input-dtype operands
+with float32 accumulation; ``T`` is solved in float32 (diagonal blocks exactly, the block-lower
+part at TF32 for 16-bit inputs) and rounded to the input dtype for the WY products; ``w``, ``u``
+and ``Aqk`` are stored in the input dtype.  In launch 2 the state stays float32 in registers and
+enters its dots as bf16 (bf16 inputs), float32 at TF32 precision (f16: no overflow) or IEEE
+float32 (f32), as does ``v_new``; the output is rounded once, to v's dtype.  The fault
+``fp16_state_overflow`` (a compile-time flag) rounds the state to the input dtype when it is
+loaded and after every chunk.
 
 Variable-length batches: chunks never cross a sequence boundary.  Launch 1 needs a chunk →
 (first token, sequence end) table; it is built with a handful of device-side torch ops and no
@@ -55,6 +66,7 @@ from clef_runtime.ops.delta_rule_common import (
     pow2_at_least,
     rne_bf16,
     state_fault_active,
+    tensor_core_dots,
 )
 
 OP = "chunk_gated_delta_rule"
@@ -98,6 +110,8 @@ def _chunk_prepare_kernel(
     V: tl.constexpr,
     BK: tl.constexpr,
     BVF: tl.constexpr,
+    KS: tl.constexpr,
+    VS: tl.constexpr,
     BT: tl.constexpr,
     BC: tl.constexpr,
     IS_VARLEN: tl.constexpr,
@@ -134,40 +148,52 @@ def _chunk_prepare_kernel(
 
     r = tl.arange(0, BT)
     live = r < eos - t0
-    rk = tl.arange(0, BK)
-    rvf = tl.arange(0, BVF)
-    kmask = live[:, None] & (rk < K)[None, :]
-
-    kc = tl.load(k + r[:, None] * skt + rk[None, :], mask=kmask, other=0.0).to(tl.float32)
-    qc = tl.load(q + r[:, None] * sqt + rk[None, :], mask=kmask, other=0.0).to(tl.float32)
-    if L2NORM:  # fused: q/k are normalised in float32 on the way in, never written back
-        kc = kc * tl.rsqrt(tl.sum(kc * kc, 1) + 1e-6)[:, None]
-        qc = qc * tl.rsqrt(tl.sum(qc * qc, 1) + 1e-6)[:, None]
     gv = tl.load(g + r * HV, mask=live, other=0.0)
     bv = tl.load(beta + r * HV, mask=live, other=0.0)
     G = tl.cumsum(gv, 0)  # in-chunk cumulative log-decay, float32
     tl.store(gc + r * HV, G, mask=live)
 
+    # Gram matrices of the raw q and k, K streamed in KS-wide slices: small dot operands keep
+    # the FMA path (GPUs without usable tensor cores, or float32) from spilling whole operand
+    # rows, and on tensor cores the products of input-dtype values are exact.  The fused L2
+    # norm then is a rank-one rescaling: q̂_t·k̂_j = (q_t·k_j) / (|q_t| |k_j|).
+    QK = tl.zeros([BT, BT], dtype=tl.float32)
+    KK = tl.zeros([BT, BT], dtype=tl.float32)
+    ssq = tl.zeros([BT], dtype=tl.float32)
+    ssk = tl.zeros([BT], dtype=tl.float32)
+    for c0 in tl.static_range(0, BK, KS):
+        cols = c0 + tl.arange(0, KS)
+        m = live[:, None] & (cols < K)[None, :]
+        ks = tl.load(k + r[:, None] * skt + cols[None, :], mask=m, other=0.0)
+        qs = tl.load(q + r[:, None] * sqt + cols[None, :], mask=m, other=0.0)
+        if L2NORM:
+            kf = ks.to(tl.float32)
+            qf = qs.to(tl.float32)
+            ssk += tl.sum(kf * kf, 1)
+            ssq += tl.sum(qf * qf, 1)
+        kst = tl.trans(ks.to(CHUNK_DT))
+        KK = tl.dot(ks.to(CHUNK_DT), kst, KK, input_precision="ieee")
+        QK = tl.dot(qs.to(CHUNK_DT), kst, QK, input_precision="ieee")
+    if L2NORM:  # the opset's l2norm: x * rsqrt(sum(x²) + 1e-6), in float32
+        rk = tl.rsqrt(ssk + 1e-6)
+        rq = tl.rsqrt(ssq + 1e-6)
+    else:
+        rk = tl.full([BT], 1.0, dtype=tl.float32)
+        rq = tl.full([BT], 1.0, dtype=tl.float32)
+
     causal = r[:, None] >= r[None, :]
     # e^{G_t - G_j} for j ≤ t (exponent ≤ 0); the upper triangle is zeroed before exp
     decay = tl.where(causal, tl.exp(tl.where(causal, G[:, None] - G[None, :], 0.0)), 0.0)
 
-    kd = kc.to(CHUNK_DT)
-    qd = (qc * scale).to(CHUNK_DT)
-    if ROUND_BF16:
-        kd = rne_bf16(kd)
-        qd = rne_bf16(qd)
-    kdt = tl.trans(kd)
-
-    # Aqk = scale (q kᵀ ⊙ decay), causal with the diagonal: the in-chunk part of the output
-    a_qk = tl.dot(qd, kdt, input_precision="ieee") * decay
+    # Aqk = scale (q̂ k̂ᵀ ⊙ decay), causal with the diagonal: the in-chunk part of the output
+    a_qk = QK * (scale * rq)[:, None] * rk[None, :] * decay
     if ROUND_BF16:
         a_qk = rne_bf16(a_qk)
     tl.store(aqk + r[:, None] * (HV * BT) + r[None, :], a_qk.to(aqk.dtype.element_ty), mask=live[:, None])
 
-    # A = β k kᵀ ⊙ decay, strictly lower, float32
+    # A = β k̂ k̂ᵀ ⊙ decay, strictly lower, float32
     strict = r[:, None] > r[None, :]
-    A = tl.where(strict, tl.dot(kd, kdt, input_precision="ieee") * decay * bv[:, None], 0.0)
+    A = tl.where(strict, KK * (bv * rk)[:, None] * rk[None, :] * decay, 0.0)
 
     # T = (I + A)⁻¹.  Split A = N + L into its 16×16 diagonal blocks N and the strictly
     # block-lower rest L, D = I + N.  The four D_bb are inverted exactly by forward substitution
@@ -201,25 +227,33 @@ def _chunk_prepare_kernel(
     if ROUND_BF16:
         Tm = rne_bf16(Tm)
 
-    # w = T (β e^{G} k)   (e^{G} ≤ 1: decay from the chunk start)
-    kb = (kc * (bv * tl.exp(G))[:, None]).to(CHUNK_DT)
-    if ROUND_BF16:
-        kb = rne_bf16(kb)
-    wv = tl.dot(Tm, kb, input_precision="ieee")
-    if ROUND_BF16:
-        wv = rne_bf16(wv)
-    tl.store(w + r[:, None] * (HV * K) + rk[None, :], wv.to(w.dtype.element_ty), mask=kmask)
-
-    # u = T (β v)
-    vmask = live[:, None] & (rvf < V)[None, :]
-    vc = tl.load(v + r[:, None] * svt + rvf[None, :], mask=vmask, other=0.0).to(tl.float32)
-    vb = (vc * bv[:, None]).to(CHUNK_DT)
-    if ROUND_BF16:
-        vb = rne_bf16(vb)
-    uv = tl.dot(Tm, vb, input_precision="ieee")
-    if ROUND_BF16:
-        uv = rne_bf16(uv)
-    tl.store(u + r[:, None] * (HV * V) + rvf[None, :], uv.to(u.dtype.element_ty), mask=vmask)
+    # w = T (β e^{G} k̂) and u = T (β v), in KS/VS-wide column slices (e^{G} ≤ 1: the decay
+    # from the chunk start)
+    cw = bv * tl.exp(G) * rk
+    for c0 in tl.static_range(0, BK, KS):
+        cols = c0 + tl.arange(0, KS)
+        m = live[:, None] & (cols < K)[None, :]
+        kb = (
+            tl.load(k + r[:, None] * skt + cols[None, :], mask=m, other=0.0).to(tl.float32) * cw[:, None]
+        ).to(CHUNK_DT)
+        if ROUND_BF16:
+            kb = rne_bf16(kb)
+        ws = tl.dot(Tm, kb, input_precision="ieee")
+        if ROUND_BF16:
+            ws = rne_bf16(ws)
+        tl.store(w + r[:, None] * (HV * K) + cols[None, :], ws.to(w.dtype.element_ty), mask=m)
+    for c0 in tl.static_range(0, BVF, VS):
+        cols = c0 + tl.arange(0, VS)
+        m = live[:, None] & (cols < V)[None, :]
+        vb = (
+            tl.load(v + r[:, None] * svt + cols[None, :], mask=m, other=0.0).to(tl.float32) * bv[:, None]
+        ).to(CHUNK_DT)
+        if ROUND_BF16:
+            vb = rne_bf16(vb)
+        us = tl.dot(Tm, vb, input_precision="ieee")
+        if ROUND_BF16:
+            us = rne_bf16(us)
+        tl.store(u + r[:, None] * (HV * V) + cols[None, :], us.to(u.dtype.element_ty), mask=m)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -509,17 +543,28 @@ def chunk_gated_delta_rule(
     policy = dot_policy(q.dtype, _chunk_prepare_kernel)
     BK = pow2_at_least(K)
     BVF = pow2_at_least(V)
-    BV = min(32, BVF)
+    # Tile configuration, checked with ptxas at K = V = 128 (no GPU needed: compile for the
+    # target).  On tensor cores: 32-wide K/V slices (launch 1) and V blocks (launch 2) at 4
+    # warps are spill-free on sm90, except launch 2 for f16, whose state dots take float32
+    # operands and want 8 warps.  On the FMA path (float32; sm70, where Triton 3.6 has no MMA)
+    # every dot holds whole operand rows per thread: 16-wide slices, 8 warps and no software
+    # pipelining in launch 2 bring the spills from ~14-18 KB to < 1 KB per thread.
+    tc = tensor_core_dots(q.dtype, device)
+    width = 32 if tc else 16
+    KS, VS, BV = min(width, BK), min(width, BVF), min(width, BVF)
+    warps1 = 4 if tc and max(K, V) <= 128 else 8
+    warps2 = 4 if tc and q.dtype == torch.bfloat16 and max(K, V) <= 128 else 8
+    stages2 = 3 if tc else 1
     if T > 0:
         _chunk_prepare_kernel[(slots, HV)](
             q, k, v, g, beta, w, u, aqk, gc, table,
             scale, T, NT,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-            H=H, HV=HV, K=K, V=V, BK=BK, BVF=BVF, BT=BT, BC=BC,
+            H=H, HV=HV, K=K, V=V, BK=BK, BVF=BVF, KS=KS, VS=VS, BT=BT, BC=BC,
             IS_VARLEN=cu_seqlens is not None, L2NORM=use_qk_l2norm,
             CHUNK_DT=policy.chunk_dtype, SOLVE_PRECISION=policy.solve_precision,
             ROUND_BF16=policy.round_bf16,
-            num_warps=4,
+            num_warps=warps1,
         )  # fmt: skip
     _chunk_recurrence_kernel[(N * HV, triton.cdiv(V, BV))](
         q, k, w, u, aqk, gc, o,
@@ -533,6 +578,7 @@ def chunk_gated_delta_rule(
         STATE_IN_IO_DTYPE=state_in_io_dtype,
         STATE_DT=policy.state_dtype, STATE_PRECISION=policy.state_precision, ROUND_BF16=policy.round_bf16,
         INTERPRETED=interpreted(_chunk_recurrence_kernel),
-        num_warps=4 if K <= 128 else 8,
+        num_warps=warps2,
+        num_stages=stages2,
     )  # fmt: skip
     return o, final

@@ -16,6 +16,7 @@ tensor cores; the dots that read or write the *state* take:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -66,6 +67,23 @@ def dot_policy(dtype: torch.dtype, kernel: object) -> DotPolicy:
     if dtype == torch.float16:
         return DotPolicy(tl.float16, tl.float32, "tf32", "tf32", False)
     return DotPolicy(tl.float32, tl.float32, "ieee", "ieee", False)
+
+
+@functools.lru_cache(maxsize=16)
+def _capability(device: torch.device) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device)
+
+
+def tensor_core_dots(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether the kernels' dots run on tensor cores.  Not for float32 (IEEE dots are FMA
+    loops) nor before Ampere: Triton 3.6 has no MMA path for sm70 (the V100), so there every
+    dot is an FMA loop that holds whole operand rows per thread and wants narrow tiles.  The
+    interpreter takes the tensor-core configuration, the one worth testing."""
+    if dtype == torch.float32:
+        return False
+    if device.type != "cuda":
+        return True
+    return _capability(device)[0] >= 8
 
 
 def state_fault_active() -> bool:
