@@ -179,10 +179,6 @@ class Architecture(ApiModel):
     def full_attention_layers(self) -> int:
         return self.num_layers // self.full_attention_interval
 
-    @property
-    def gdn_layers(self) -> int:
-        return self.num_layers - self.full_attention_layers
-
 
 ARCHITECTURE_RULES = rules(
     cel(
@@ -603,10 +599,3 @@ class ClefModelStatus(ApiModel):
     service_adopted: bool | None = Field(
         default=None, description="The Service existed before clef and is not owned."
     )
-
-
-def condition(status: ClefModelStatus, type_: str) -> Condition | None:
-    for c in status.conditions:
-        if c.type == type_:
-            return c
-    return None

@@ -79,9 +79,6 @@ class OperatorProcess:
             except subprocess.TimeoutExpired:
                 self.kill()
 
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
     def tail(self, lines: int = 40) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
