@@ -107,6 +107,9 @@ CASES: dict[str, dict[str, object]] = {
     "B2-T65-grouped2-h0": dict(B=2, T=65, H=1, HV=2, K=32, V=16, initial=True),
     "B1-T200-grouped2-scale-prenormalised": dict(B=1, T=200, H=2, HV=4, K=16, V=32, scale=0.3, l2norm=False),
     "varlen-1-3-0-63-65-h0": dict(lens=[1, 3, 0, 63, 65], H=2, HV=2, K=32, V=32, initial=True),
+    "varlen-10-with-empties": dict(
+        lens=[5, 0, 64, 1, 128, 7, 65, 0, 0, 3], H=1, HV=1, K=16, V=16, initial=True
+    ),
     "B3-T1-h0": dict(B=3, T=1, H=1, HV=1, K=16, V=16, initial=True),
     "B1-T3-grouped4-no-final": dict(B=1, T=3, H=1, HV=4, K=16, V=16, final=False),
     "odd-dims-K20-V24-T70": dict(B=1, T=70, H=1, HV=1, K=20, V=24, initial=True),

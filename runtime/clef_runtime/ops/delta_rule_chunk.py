@@ -41,17 +41,13 @@ float32 (f32), as does ``v_new``; the output is rounded once, to v's dtype.  The
 ``fp16_state_overflow`` (a compile-time flag) rounds the state to the input dtype when it is
 loaded and after every chunk.
 
-Variable-length batches: chunks never cross a sequence boundary.  Launch 1 needs a chunk →
-(first token, sequence end) table; it is built with a handful of device-side torch ops and no
-host sync (the grid is the upper bound ``ceil(T/64) + N``; surplus slots are empty), and cached
-per ``cu_seqlens`` tensor so the layers of one forward pass share it (`_varlen_plan`).  Launch 2
-reads its sequence bounds straight from ``cu_seqlens``.
+Variable-length batches: chunks never cross a sequence boundary.  Launch 1 runs over
+``ceil(T/64) + N`` slots (an upper bound on the chunk count) and finds each slot's sequence and
+chunk by a binary search over ``cu_seqlens`` inside the kernel; launch 2 reads its sequence's
+bounds directly.  Nothing is prepared on the host, so there is no sync and no cache.
 """
 
 from __future__ import annotations
-
-import weakref
-from typing import NamedTuple
 
 import torch
 import triton
@@ -94,10 +90,11 @@ def _chunk_prepare_kernel(
     u,
     aqk,
     gc,
-    chunk_table,
+    cu_seqlens,
     scale,
     T,
     NT,
+    N,
     sqb,
     sqt,
     skb,
@@ -124,14 +121,29 @@ def _chunk_prepare_kernel(
     hv = tl.program_id(1)
     h = hv // (HV // H)
     if IS_VARLEN:
+        # Chunk c of sequence n (tokens from cu[n] + BT·c) owns slot cu[n] // BT + n + c: the
+        # slots of one sequence are consecutive and every sequence starts past the previous
+        # one's, all below ceil(T / BT) + N.  So a binary search over n of
+        # key(n) = cu[n] // BT + n finds a slot's sequence from cu_seqlens alone: no host-side
+        # table, no sync.  Slots no chunk owns come out empty (t0 == eos).  Offsets are clamped
+        # to [0, T]: unchecked bad ones (on a GPU) give wrong numbers, never a wild access.
         b = i_t * 0
-        t0 = tl.load(chunk_table + 2 * i_t).to(tl.int64)
-        eos = tl.load(chunk_table + 2 * i_t + 1).to(tl.int64)
+        lo = i_t * 0
+        hi = lo + N - 1
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            key = tl.minimum(tl.maximum(tl.load(cu_seqlens + mid).to(tl.int64), 0), T) // BT + mid
+            lo = tl.where(key <= i_t, mid, lo)
+            hi = tl.where(key <= i_t, hi, mid - 1)
+        bos = tl.minimum(tl.maximum(tl.load(cu_seqlens + lo).to(tl.int64), 0), T)
+        eos = tl.minimum(tl.maximum(tl.load(cu_seqlens + lo + 1).to(tl.int64), bos), T)
+        t0 = bos + (i_t - bos // BT - lo) * BT
+        t0 = tl.where(t0 < bos, eos, t0)
     else:
         b = i_t // NT
         t0 = (i_t % NT) * BT
         eos = i_t * 0 + T
-    # a spare slot of the varlen grid (t0 == eos == T) masks every load and store below
+    # an empty slot of the varlen grid (t0 ≥ eos) masks every load and store below
 
     # 64-bit scalar bases, 32-bit per-element offsets: int64 offset tiles would cost two
     # registers per element
@@ -439,66 +451,6 @@ def _chunk_recurrence_kernel(
 # ---------------------------------------------------------------------------------------------
 
 
-class _VarlenPlan(NamedTuple):
-    chunk_table: torch.Tensor  # [slots, 2] int32: (first token, sequence end); spare slots (T, T)
-    slots: int
-
-
-class _PlanCache:
-    """Plans keyed by the identity of the ``cu_seqlens`` tensor (checked through a weak
-    reference, so a recycled id never matches) and its in-place version counter: the GDN layers
-    of one forward pass call the op with the same tensor and build the table once."""
-
-    def __init__(self, size: int = 8) -> None:
-        self._size = size
-        self._entries: dict[int, tuple[weakref.ref[torch.Tensor], int, int, _VarlenPlan]] = {}
-
-    def get(self, cu: torch.Tensor, T: int) -> _VarlenPlan | None:
-        hit = self._entries.get(id(cu))
-        if hit is None:
-            return None
-        ref, version, t, plan = hit
-        if ref() is cu and version == cu._version and t == T:
-            return plan
-        return None
-
-    def put(self, cu: torch.Tensor, T: int, plan: _VarlenPlan) -> None:
-        self._entries = {key: e for key, e in self._entries.items() if e[0]() is not None}
-        while len(self._entries) >= self._size:
-            self._entries.pop(next(iter(self._entries)))
-        self._entries[id(cu)] = (weakref.ref(cu), cu._version, T, plan)
-
-
-_PLANS = _PlanCache()
-
-
-def _varlen_plan(cu: torch.Tensor, T: int) -> _VarlenPlan:
-    """The chunk table of launch 1, built on cu_seqlens' device with a few torch ops and without
-    reading its values on the host (no sync): slot p is chunk p of the concatenated
-    per-sequence chunk lists, found by a searchsorted over the cumulative chunk counts.  The grid
-    is the upper bound ``ceil(T / BT) + N`` (each sequence adds at most one partial chunk); the
-    spare slots are empty.  Every entry is clamped to [0, T], so offsets that were not checked
-    (on a GPU) can give wrong numbers but never an access outside the tensors."""
-    plan = _PLANS.get(cu, T)
-    if plan is not None:
-        return plan
-    n = cu.numel() - 1
-    slots = triton.cdiv(T, BT) + n
-    c = cu.to(torch.int64).clamp(0, T)
-    nchunks = ((c[1:] - c[:-1]).clamp(min=0) + BT - 1) // BT
-    ends = torch.cumsum(nchunks, 0)
-    slot = torch.arange(slots, device=c.device)
-    seq = torch.searchsorted(ends, slot, right=True)
-    used = seq < n
-    seq = seq.clamp(max=n - 1)
-    first = (c[seq] + (slot - (ends[seq] - nchunks[seq])) * BT).clamp(0, T)
-    end = torch.maximum(c[seq + 1], first)
-    table = torch.stack([torch.where(used, first, T), torch.where(used, end, T)], 1).to(torch.int32)
-    plan = _VarlenPlan(table.contiguous(), slots)
-    _PLANS.put(cu, T, plan)
-    return plan
-
-
 def chunk_gated_delta_rule(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -534,11 +486,8 @@ def chunk_gated_delta_rule(
     gc = torch.empty(B, T, HV, dtype=torch.float32, device=device)
 
     NT = triton.cdiv(T, BT)
-    if cu_seqlens is not None:
-        plan = _varlen_plan(cu_seqlens, T)
-        slots, table = plan.slots, plan.chunk_table
-    else:
-        slots, table = B * NT, gc  # an unused pointer when not varlen
+    slots = B * NT if cu_seqlens is None else NT + N  # varlen: an upper bound, see the kernel
+    cu = cu_seqlens if cu_seqlens is not None else gc  # an unused pointer when not varlen
 
     policy = dot_policy(q.dtype, _chunk_prepare_kernel)
     BK = pow2_at_least(K)
@@ -557,8 +506,8 @@ def chunk_gated_delta_rule(
     stages2 = 3 if tc else 1
     if T > 0:
         _chunk_prepare_kernel[(slots, HV)](
-            q, k, v, g, beta, w, u, aqk, gc, table,
-            scale, T, NT,
+            q, k, v, g, beta, w, u, aqk, gc, cu,
+            scale, T, NT, N,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             H=H, HV=HV, K=K, V=V, BK=BK, BVF=BVF, KS=KS, VS=VS, BT=BT, BC=BC,
             IS_VARLEN=cu_seqlens is not None, L2NORM=use_qk_l2norm,
@@ -570,7 +519,7 @@ def chunk_gated_delta_rule(
         q, k, w, u, aqk, gc, o,
         initial_state if initial_state is not None else gc,
         final if final is not None else gc,
-        cu_seqlens if cu_seqlens is not None else gc, scale, T,
+        cu, scale, T,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1),
         H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, BT=BT,
         IS_VARLEN=cu_seqlens is not None, L2NORM=use_qk_l2norm,
