@@ -90,7 +90,7 @@ class Report:
         head: list[str] = []
         if self.failing:
             first = self.failing[0]
-            head.append(f"FAIL {first.detail or first.name}")
+            head.append(f"FAIL {_clip(first.detail or first.name, 300)}")
             if len(self.failing) > 1:
                 head.append(f"{len(self.failing) - 1} more failing")
         passed = sum(c.passed for c in self.checks)
@@ -153,6 +153,9 @@ def shrink_to_fit(doc: dict[str, Any], limit: int) -> str:
     text = _dump(doc)
     if len(text.encode()) <= limit:
         return text
+    for key in ("summary", "error"):
+        if isinstance(doc.get(key), str):
+            doc[key] = _clip(doc[key], 1000)
     failing: list[dict[str, str]] = list(doc["failing"])
     for width in (400, 200, 100, 60):
         for entry in failing:
