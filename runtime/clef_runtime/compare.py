@@ -30,7 +30,9 @@ class Errors:
 
 def errors(candidate: torch.Tensor, reference: torch.Tensor) -> Errors:
     if candidate.shape != reference.shape:
-        raise ValueError(f"shape mismatch: candidate {tuple(candidate.shape)} vs reference {tuple(reference.shape)}")
+        raise ValueError(
+            f"shape mismatch: candidate {tuple(candidate.shape)} vs reference {tuple(reference.shape)}"
+        )
     c = candidate.detach().to(torch.float64).cpu()
     r = reference.detach().to(torch.float64).cpu()
     finite = bool(torch.isfinite(c).all())

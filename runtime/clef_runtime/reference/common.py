@@ -6,6 +6,8 @@ fused tricks.  They are slow and obviously right, which is what a comparison nee
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 # Every reference computes in float64: the kernels' own float32 rounding then dominates any error
@@ -20,6 +22,6 @@ def seq_bounds(B: int, T: int, cu_seqlens: torch.Tensor | None) -> list[tuple[in
     if B != 1:
         raise ValueError(f"cu_seqlens needs a batch of 1 packed sequences, got batch {B}")
     cu = [int(c) for c in cu_seqlens.tolist()]
-    if cu[0] != 0 or cu[-1] != T or any(b < a for a, b in zip(cu, cu[1:], strict=False)):
+    if cu[0] != 0 or cu[-1] != T or any(b < a for a, b in itertools.pairwise(cu)):
         raise ValueError(f"cu_seqlens {cu} must start at 0, be non-decreasing and end at T={T}")
-    return [(0, a, b) for a, b in zip(cu, cu[1:], strict=False)]
+    return [(0, a, b) for a, b in itertools.pairwise(cu)]
