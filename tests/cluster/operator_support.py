@@ -6,6 +6,7 @@ it with SIGKILL mid-rollout and start it again, exactly as a crashing pod would 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -70,6 +71,9 @@ class OperatorProcess:
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(30)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -249,6 +253,35 @@ class EndpointWatch:
         self._thread.join(10)
 
 
+def delete_models(cluster: Cluster, namespace: str, timeout: float = 30) -> None:
+    """Delete the namespace's ClefModels while the operator still runs, so it can release them
+    (they carry its finalizer); whatever is left after `timeout` loses the finalizer, so the
+    namespace can go even when a test failed with the operator dead."""
+    custom = client.CustomObjectsApi(cluster.api)
+
+    def names() -> list[str]:
+        items = custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"]
+        return [m["metadata"]["name"] for m in items]
+
+    for name in names():
+        with contextlib.suppress(ApiException):
+            custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+    deadline = time.monotonic() + timeout
+    while names() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    for name in names():
+        with contextlib.suppress(ApiException):
+            custom.patch_namespaced_custom_object(
+                GROUP,
+                VERSION,
+                namespace,
+                PLURAL,
+                name,
+                {"metadata": {"finalizers": None}},
+                _content_type="application/merge-patch+json",
+            )
+
+
 @contextmanager
 def operator_running(cluster: Cluster, namespace: str, log_dir: Path) -> Iterator[OperatorProcess]:
     op = OperatorProcess(cluster.kubeconfig, namespace, log_dir / f"operator-{namespace}.log")
@@ -256,6 +289,9 @@ def operator_running(cluster: Cluster, namespace: str, log_dir: Path) -> Iterato
     try:
         yield op
     finally:
+        if not op.alive():
+            op.start()
+        delete_models(cluster, namespace)
         op.stop()
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from .conftest import Cluster, wait_for
 from .harness.images import put_image
-from .operator_support import VERIFY_SECONDS, Models, OperatorProcess, clefmodel
+from .operator_support import VERIFY_SECONDS, Models, OperatorProcess, clefmodel, delete_models
 
 pytestmark = pytest.mark.cluster
 
@@ -112,4 +112,7 @@ def test_killed_at_each_phase_converges(cluster: Cluster, namespace: str, tmp_pa
             )
         assert op.starts == 1 + len(PHASES)
     finally:
+        if not op.alive():
+            op.start()
+        delete_models(cluster, namespace)
         op.stop()

@@ -26,6 +26,7 @@ from .operator_support import (
     Models,
     OperatorProcess,
     clefmodel,
+    delete_models,
     image_of,
     ready_endpoints,
 )
@@ -47,6 +48,7 @@ def story(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     try:
         yield Models(cluster, ns, op)
     finally:
+        delete_models(cluster, ns)
         op.stop()
         cluster.core.delete_namespace(ns, propagation_policy="Background")
 
