@@ -574,6 +574,12 @@ class ClefModelStatus(ApiModel):
     active_image: str | None = Field(
         default=None, max_length=1024, description="The image the active revision runs."
     )
+    active_spec: dict[str, Any] | None = Field(
+        default=None,
+        description="The spec the active revision was rendered from (to recreate its Deployment if deleted"
+        " while a newer spec is held back).",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
     candidate_revision: str | None = Field(
         default=None, max_length=63, description="The revision being rolled out."
     )

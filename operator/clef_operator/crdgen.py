@@ -66,7 +66,8 @@ def to_structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any
         node["enum"] = [node.pop("const")]
     if node.get("default", "") is None:
         del node["default"]
-    if node.get("additionalProperties") is False:
+    if isinstance(node.get("additionalProperties"), bool):
+        # false is not structural; true (free-form) is spelt x-kubernetes-preserve-unknown-fields.
         del node["additionalProperties"]
     for key in _DROPPED:
         node.pop(key, None)

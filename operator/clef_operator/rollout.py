@@ -239,6 +239,17 @@ def _failure_advice(model: ModelRef, active_rev: str) -> str:
     )
 
 
+def _served_spec(status: ClefModelStatus, active_rev: str) -> ClefModelSpec | None:
+    """status.activeSpec, if it is the spec that rendered `active_rev`."""
+    if not active_rev or not status.active_spec or not status.active_image:
+        return None
+    try:
+        served = ClefModelSpec.model_validate(status.active_spec)
+    except ValueError:
+        return None
+    return served if serving_revision(served, status.active_image) == active_rev else None
+
+
 def _merge_conditions(old: list[Condition], new: list[Condition], now: datetime) -> list[Condition]:
     """Keep lastTransitionTime when a condition's status did not change."""
     before = {c.type: c for c in old}
@@ -359,8 +370,36 @@ def plan_rollout(
         elif svc.selector.get(labels.MODEL) == model.name:
             active_rev = svc.selector.get(labels.REVISION, "")
     active_dep = observed.deployment(active_rev) if active_rev else None
-    if active_dep is None and active_rev != desired_rev:
-        active_rev = ""
+    # The spec the active revision was rendered from, while it differs from the current one (a
+    # halted rollout): it is what lets a deleted active Deployment be recreated as it was.
+    served = _served_spec(status, active_rev)
+    if active_dep is None and active_rev and active_rev != desired_rev:
+        if served is not None and status.active_image:
+            old_spec, old_image = served, status.active_image
+            old_key = verification_key(old_spec)
+            old_record = next((r for r in known if r.key == old_key and r.verdict is Verdict.PASSED), None)
+            old_verification = (
+                _Verification("passed", record=old_record) if old_record else _Verification("not_required")
+            )
+            draft.do(
+                CreateDeployment(
+                    render_deployment(
+                        owner,
+                        old_spec,
+                        old_image,
+                        spec.replicas,
+                        _deployment_annotations(old_spec, old_image, old_verification, token),
+                    )
+                )
+            )
+            draft.event(
+                "RevisionRecreated",
+                f"Deployment {deployment_name(model.name, active_rev)} of the serving revision was missing;"
+                " recreated it from the spec it was made from",
+                warning=True,
+            )
+        else:
+            active_rev = ""
 
     if svc is not None and not conflict and svc.intended_revision and active_rev:
         wanted = labels.selector(model.name, active_rev)
@@ -569,10 +608,9 @@ def plan_rollout(
                 f"revision {active_rev} serves behind Service {svc_name}: {active_dep.available_replicas}/{replicas}"
                 " replicas available",
             )
-    elif active_dep is not None:
-        detail = (
-            _summarise(active_problems) or f"{active_dep.available_replicas}/{replicas} replicas available"
-        )
+    elif active_rev:
+        available = active_dep.available_replicas if active_dep is not None else 0
+        detail = _summarise(active_problems) or f"{available}/{replicas} replicas available"
         ready = cond(
             READY, ConditionStatus.FALSE, Why.UNAVAILABLE, f"revision {active_rev} is not available: {detail}"
         )
@@ -636,15 +674,21 @@ def plan_rollout(
     if gpu_memory is None:
         gpu_memory = next((p.node_gpu_memory_mib for p in observed.pods if p.node_gpu_memory_mib), None)
     active_image = None
+    active_spec = None
     if active_dep is not None:
         active_image = active_dep.annotations.get(labels.PINNED_IMAGE)
     if active_rev and active_rev == desired_rev:
         active_image = image_ref
+        active_spec = spec.to_wire()
+    elif active_rev and served is not None:
+        active_image = active_image or status.active_image
+        active_spec = status.active_spec
     new_status = ClefModelStatus(
         observed_generation=model.generation,
         conditions=_merge_conditions(status.conditions, [ready, verified, progressing, degraded], now),
         active_revision=active_rev or None,
         active_image=active_image,
+        active_spec=active_spec,
         candidate_revision=candidate_rev or None,
         candidate_image=image_ref if candidate_rev else None,
         verification_key=key,

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from .conftest import Cluster, wait_for
 from .operator_support import (
@@ -175,6 +176,43 @@ def test_3_key_band_fault_is_caught_and_held(story: Models, cluster: Cluster) ->
     assert svc.spec.selector["clef.riotpiao.com/revision"] == second
     assert ready_endpoints(cluster, story.ns, SERVICE) == 1
     assert "VerificationFailed" in story.event_reasons(NAME)
+
+
+def test_4_hand_edits_and_deleted_children_are_put_back(story: Models, cluster: Cluster) -> None:
+    second = MEMO.get("second")
+    assert second, "needs test_2's serving revision"
+    wanted = {"clef.riotpiao.com/model": NAME, "clef.riotpiao.com/revision": second}
+    cluster.core.patch_namespaced_service(
+        SERVICE,
+        story.ns,
+        [{"op": "replace", "path": "/spec/selector", "value": {"app": "by-hand"}}],
+        _content_type="application/json-patch+json",
+    )
+    wait_for(
+        lambda: cluster.core.read_namespaced_service(SERVICE, story.ns).spec.selector == wanted,
+        30,
+        "the selector to be put back",
+        lambda: story.describe(NAME),
+    )
+    assert "SelectorRestored" in story.event_reasons(NAME)
+
+    cluster.apps.delete_namespaced_deployment(f"{NAME}-{second}", story.ns)
+    wait_for(
+        lambda: _available(story, second),
+        60,
+        "the deleted active Deployment to come back",
+        lambda: story.describe(NAME),
+    )
+    assert "RevisionRecreated" in story.event_reasons(NAME)
+    story.wait_condition(NAME, "Ready", "True", "Available", timeout=30)
+
+
+def _available(models: Models, revision: str) -> bool:
+    try:
+        d = models.deployment_of(NAME, revision)
+    except ApiException:
+        return False
+    return d.metadata.deletion_timestamp is None and (d.status.available_replicas or 0) == 1
 
 
 def test_5_rollback_to_the_earlier_image_needs_no_job(story: Models, cluster: Cluster) -> None:

@@ -567,3 +567,27 @@ def test_coverage_findings_lead_the_failure_message():
     message = w.condition("Verified")[2]
     assert message.index("key channel band") < message.index("rel_rms 0.437")
     assert w.status.verifications[0].failing[0].name.endswith("coverage")
+
+
+def test_deleted_active_deployment_is_recreated_while_a_failed_candidate_is_held():
+    """The current spec names the faulty image, so the serving revision can only be rebuilt from
+    the spec it was made from (status.activeSpec)."""
+    w = World(make_spec())
+    w.deploy_first()
+    active = w.active_deployment()
+    w.spec = w.spec.model_copy(update={"image": FAULTY})
+    w.step()
+    w.finish_job(exit_code=1, message=report("fail", failing=KEY_BAND_FAILURE))
+    w.step()
+    del w.deployments[active.name]
+    p = w.step()
+    assert kinds(p) == ["CreateDeployment"]
+    assert "RevisionRecreated" in w.event_reasons()
+    rebuilt = w.manifests[active.name]["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert rebuilt.endswith(digest_for(GOOD)), "rebuilt as it was, not from the faulty spec"
+    assert w.condition("Ready")[:2] == ("False", "RevisionUnavailable")
+    w.settle()
+    w.step()
+    assert w.active_deployment().name == active.name
+    assert w.condition("Ready")[:2] == ("True", "Available")
+    assert w.condition("Verified")[:2] == ("False", "KernelMismatch")
