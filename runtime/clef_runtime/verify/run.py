@@ -183,7 +183,11 @@ def _run(args: VerifyArgs, report: Report) -> None:
                 raise CannotRun(f"--checkpoint {args.checkpoint}: cannot load the weights: {exc}") from exc
             report.model_shape["weights"] = f"checkpoint {args.checkpoint}"
         else:
-            model_config = config if placement.shapes == "reduced" else config.replace(**MODEL_PROFILE_WIDTH)
+            # Generated weights are untied whatever the architecture says: a tied random table makes
+            # every token predict itself, and tying does not touch the GDN kernels under test.
+            model_config = config.replace(tie_word_embeddings=False)
+            if placement.shapes != "reduced":
+                model_config = model_config.replace(**MODEL_PROFILE_WIDTH)
             weights = random_weights(model_config, seed=args.seed)
             report.model_shape["weights"] = f"generated from seed {args.seed}"
         report.model_shape["model_hidden_size"] = model_config.hidden_size
