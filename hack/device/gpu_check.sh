@@ -23,7 +23,7 @@ for section in "$@"; do
     # crash must not fail every test after it.
     t0=$(date +%s)
     : >"$OUT/gpu-tests.log"
-    for f in tests/runtime/test_*.py; do
+    for f in ${TEST_FILES:-tests/runtime/test_*.py}; do
       grep -q "mark.gpu" "$f" || continue
       python3 -m pytest "$f" -m gpu -q -p no:cacheprovider -o addopts="-ra" --timeout 900 >"$OUT/one.log" 2>&1
       rc=$?
@@ -63,7 +63,10 @@ for section in "$@"; do
     rm -f "$OUT/fault.json"
     ;;
   bench)
-    python3 -m clef_runtime bench --json "$OUT/bench.json" >"$OUT/bench.log" 2>&1
+    budget=${BENCH_TIMEOUT:-540}
+    if [ -n "${DEADLINE:-}" ]; then budget=$(( DEADLINE - $(date +%s) )); fi
+    say "bench: ${budget}s left"
+    timeout "$budget" python3 -m clef_runtime bench ${BENCH_ARGS:-} --json "$OUT/bench.json" >"$OUT/bench.log" 2>&1
     say "bench: exit $?"
     tail -40 "$OUT/bench.log" | tee -a "$summary"
     ;;

@@ -500,6 +500,11 @@ def chunk_gated_delta_rule(
     # pipelining in launch 2 bring the spills from ~14-18 KB to < 1 KB per thread.
     tc = tensor_core_dots(q.dtype, device)
     width = 32 if tc else 16
+    if tc:
+        # On an H200 (Triton 3.6) tensor-core dots with a 16-wide K or V tile gave wrong sums
+        # (K=32/V=16 and K=V=16 heads, f16 and bf16; K, V ≥ 32 and float32 were right), which
+        # the interpreter cannot show.  Padding the tiles to 32 (masked) avoids those shapes.
+        BK, BVF = max(BK, 32), max(BVF, 32)
     KS, VS, BV = min(width, BK), min(width, BVF), min(width, BVF)
     warps1 = 4 if tc and max(K, V) <= 128 else 8
     warps2 = 4 if tc and q.dtype == torch.bfloat16 and max(K, V) <= 128 else 8

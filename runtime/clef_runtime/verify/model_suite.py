@@ -36,16 +36,23 @@ SUITE = "model"
 class ModelTolerance:
     logits_rel_rms: float  # teacher-forced logits, fast vs reference
     stat_rel: float  # per-layer statistics, |fast - ref| / max(|ref|, tiny)
-    tie_rel: float  # near-tie: reference logit gap below tie_rel * rms(reference logits)
+
+    @property
+    def tie_rel(self) -> float:
+        """A differing argmax is a near-tie when the reference's own margin between the two
+        tokens is within what the logits may legitimately move: each logit by about
+        ``logits_rel_rms · rms(logits)``, so their gap by twice that."""
+        return 2 * self.logits_rel_rms
 
 
 # The model runs its matmuls in the deployed dtype on both sides; only the GDN ops differ.  Their
-# per-op errors (tolerances.py) pass through ~30 layers of residual stream: the logits' relative
-# error is then a few times the worst op's rel_rms, and a real fault moves it to ~1.
+# per-op errors (tolerances.py) pass through ~30 layers of residual stream.  Measured on an H200
+# at the qwen3_5 profile (2026-11-30): logits rel_rms 2.6e-3 (f16) and 2.1e-2 (bf16) with healthy
+# kernels; the zeroed key band moved f16 to 9.5e-2 and the other faults to 0.67 or more.
 MODEL_TOLERANCES = {
-    "f32": ModelTolerance(logits_rel_rms=1e-4, stat_rel=1e-3, tie_rel=1e-4),
-    "bf16": ModelTolerance(logits_rel_rms=8e-2, stat_rel=1e-1, tie_rel=5e-2),
-    "f16": ModelTolerance(logits_rel_rms=2e-2, stat_rel=3e-2, tie_rel=1e-2),
+    "f32": ModelTolerance(logits_rel_rms=1e-4, stat_rel=1e-3),
+    "bf16": ModelTolerance(logits_rel_rms=6e-2, stat_rel=1e-1),
+    "f16": ModelTolerance(logits_rel_rms=1e-2, stat_rel=3e-2),
 }
 
 
@@ -87,7 +94,7 @@ def run_model_suite(
 ) -> ModelOutcome:
     start = time.perf_counter()
     base = MODEL_TOLERANCES[dtype_name]
-    tol = ModelTolerance(base.logits_rel_rms * tolerance_scale, base.stat_rel * tolerance_scale, base.tie_rel)
+    tol = ModelTolerance(base.logits_rel_rms * tolerance_scale, base.stat_rel * tolerance_scale)
     fast = HybridModel(config, weights, opset=fast_ops, dtype=dtype, device=device)
     ref = HybridModel(config, weights, opset=ref_ops, dtype=dtype, device=device)
     gen = torch.Generator().manual_seed(seed)
