@@ -122,7 +122,10 @@ def test_key_band_fault_is_named_by_range(tmp_path: Path) -> None:
     )
     assert code == 1
     # reduced shapes: 2 key heads × 16 → q [0, 32), k [32, 64), v [64, 128)
-    assert "causal_conv1d: key channel band [32, 64) is zero" in full["summary"] + json.dumps(compact)
+    finding = "causal_conv1d: key channel band [32, 64) is zero"
+    assert full["summary"].startswith(f"FAIL {finding}"), full["summary"]
+    assert compact is not None and compact["summary"].startswith(f"FAIL {finding}")
+    assert finding in compact["failing"][0]["detail"]
     stats = next(c for c in full["checks"] if c["name"] == "model: per-GDN-layer statistics")
     assert not stats["passed"] and "layer 0 (prefill): conv k band absmax is 0" in stats["detail"]
 

@@ -18,6 +18,9 @@ MAX_COMPACT_FAILING = 8
 
 Verdict = Literal["pass", "fail", "error"]
 
+# Metrics whose failure names the broken slice or the exception (see `failing`).
+_SPECIFIC_METRICS = frozenset({"dead_slices", "raised"})
+
 EXIT_PASS = 0
 EXIT_MISMATCH = 1
 EXIT_COULD_NOT_RUN = 2
@@ -62,7 +65,11 @@ class Report:
 
     @property
     def failing(self) -> list[Check]:
-        return [c for c in self.checks if not c.passed]
+        """Failing checks, the most specific first: a dead band/head/state slice or a kernel that
+        raised says *what* broke ("key channel band [2048, 4096) is zero"); the error metrics
+        of the same output only say that something did."""
+        bad = [c for c in self.checks if not c.passed]
+        return sorted(bad, key=lambda c: 0 if c.metric in _SPECIFIC_METRICS else 1)
 
     @property
     def verdict(self) -> Verdict:
