@@ -100,7 +100,24 @@ def verify_argv(spec: ClefModelSpec) -> list[str]:
     verification = spec.verification
     argv = list(verification.command) or ["clef-runtime", "verify"]
     argv += ["--suite", verification.suite.value, "--dtype", spec.dtype.value]
-    argv += ["--preset", spec.model.architecture.preset]
+    arch = spec.model.architecture
+    argv += ["--preset", arch.preset]
+    # Every shape field, always: the Job checks the served model's heads and dims, whatever the
+    # preset's defaults are (clef-runtime verify --shape).
+    argv += [
+        f"--shape={key}={value}"
+        for key, value in (
+            ("layers", arch.num_layers),
+            ("full_attention_interval", arch.full_attention_interval),
+            ("attention_heads", arch.num_attention_heads),
+            ("kv_heads", arch.num_key_value_heads),
+            ("head_dim", arch.head_dim),
+            ("linear_key_heads", arch.linear_num_key_heads),
+            ("linear_value_heads", arch.linear_num_value_heads),
+            ("linear_key_dim", arch.linear_key_head_dim),
+            ("linear_value_dim", arch.linear_value_head_dim),
+        )
+    ]
     if verification.suite is not Suite.KERNELS and spec.model.volume is not None:
         argv += ["--checkpoint", spec.model.path]
     if verification.tolerance_scale is not None:

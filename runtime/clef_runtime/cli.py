@@ -27,6 +27,14 @@ def _verify_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--device", help="cuda | cpu (default: $CLEF_VERIFY_DEVICE or cuda)")
     p.add_argument("--shapes", help="model | reduced (default: $CLEF_VERIFY_SHAPES or model)")
+    p.add_argument(
+        "--shape",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override the architecture's shape (repeatable): layers, full_attention_interval, attention_heads, "
+        "kv_heads, head_dim, linear_key_heads, linear_value_heads, linear_key_dim, linear_value_dim, conv_width",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the generated inputs and weights")
     p.add_argument("--tolerance-scale", type=float, default=1.0, help="multiply every tolerance (0.1-100)")
     p.add_argument("--report", help="write the full JSON report here instead of stdout")
@@ -79,6 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         tolerance_scale=args.tolerance_scale,
         report=args.report,
         termination_log=args.termination_log,
+        shape=tuple(args.shape),
     )
     report = run_verify(vargs)
     log = args.termination_log or os.environ.get(TERMINATION_LOG_ENV) or DEFAULT_TERMINATION_LOG

@@ -203,3 +203,60 @@ def test_compact_report_with_multibyte_text_fits() -> None:
 def test_no_checks_is_not_a_pass() -> None:
     r = Report(suite="kernels", dtype="f16", device="cpu", runtime_version="0", shapes="reduced")
     assert r.verdict == "error" and r.exit_code == 2
+
+
+# ---- the architecture the operator passes (--shape) ---------------------------------------------
+
+
+def test_shape_overrides_reach_the_model_config() -> None:
+    from clef_runtime.model.config import FULL, preset
+    from clef_runtime.verify.run import _apply_shape, parse_shape
+
+    cfg = _apply_shape(
+        preset("qwen3_5"), parse_shape(("layers=8", "full_attention_interval=2", "linear_key_heads=8"))
+    )
+    assert cfg.num_hidden_layers == 8 and cfg.linear_num_key_heads == 8
+    assert [i for i, t in enumerate(cfg.layer_types) if t == FULL] == [1, 3, 5, 7]
+
+
+@pytest.mark.parametrize(
+    ("item", "words"),
+    [
+        ("heads=3", "KEY one of"),
+        ("linear_key_heads=x", "not an integer"),
+        ("head_dim=0", "at least 1"),
+        ("nokey", "KEY=VALUE"),
+    ],
+)
+def test_bad_shape_flags_exit_2(tmp_path: Path, item: str, words: str) -> None:
+    code, full, _, _ = run_cli(tmp_path, *CPU, "--suite", "kernels", "--shape", item)
+    assert code == 2 and words in full["error"]
+
+
+def test_impossible_shape_exits_2_naming_the_field(tmp_path: Path) -> None:
+    code, full, _, _ = run_cli(tmp_path, *CPU, "--suite", "kernels", "--shape", "linear_value_heads=30")
+    assert code == 2 and "linear_num_value_heads" in full["error"]
+
+
+def test_shape_that_contradicts_the_checkpoint_exits_2(tmp_path: Path) -> None:
+    from clef_runtime.model.checkpoint import write_random_checkpoint
+    from clef_runtime.model.config import preset
+
+    ckpt = write_random_checkpoint(tmp_path / "ckpt", preset("tiny"), seed=1)
+    code, full, _, _ = run_cli(
+        tmp_path, *CPU, "--suite", "model", "--checkpoint", str(ckpt), "--shape", "linear_key_heads=1"
+    )
+    assert code == 2 and "disagrees with" in full["error"] and "linear_num_key_heads" in full["error"]
+
+
+def test_model_suite_runs_a_mounted_checkpoint(tmp_path: Path) -> None:
+    """The real-weights path: the checkpoint's own shape, even under the reduced profile."""
+    from clef_runtime.model.checkpoint import write_random_checkpoint
+    from clef_runtime.model.config import preset
+
+    ckpt = write_random_checkpoint(tmp_path / "ckpt", preset("tiny"), seed=3)
+    code, full, _, err = run_cli(
+        tmp_path, *CPU, "--suite", "model", "--dtype", "f32", "--checkpoint", str(ckpt)
+    )
+    assert code == 0, f"{full['summary']}\n{err[-1500:]}"
+    assert full["modelShape"]["weights"] == f"checkpoint {ckpt}"

@@ -15,7 +15,10 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:
+    from clef_runtime.model.config import ModelConfig
 
 from clef_runtime import __version__
 from clef_runtime.faults import UnknownFaultError, active_fault
@@ -55,6 +58,41 @@ class VerifyArgs:
     tolerance_scale: float = 1.0
     report: str | None = None  # full report path; None → stdout
     termination_log: str | None = None
+    shape: tuple[str, ...] = ()  # KEY=VALUE overrides of the architecture (SHAPE_KEYS)
+
+
+# `--shape KEY=VALUE`: what the operator passes from ClefModel.spec.model.architecture, so the
+# Job checks the served model's head counts and dims, not just the preset's.
+SHAPE_KEYS = {
+    "layers": "num_layers",
+    "full_attention_interval": "full_attention_interval",
+    "attention_heads": "num_attention_heads",
+    "kv_heads": "num_key_value_heads",
+    "head_dim": "head_dim",
+    "linear_key_heads": "linear_num_key_heads",
+    "linear_value_heads": "linear_num_value_heads",
+    "linear_key_dim": "linear_key_head_dim",
+    "linear_value_dim": "linear_value_head_dim",
+    "conv_width": "linear_conv_kernel_dim",
+}
+
+
+def parse_shape(items: tuple[str, ...]) -> dict[str, int]:
+    """``("linear_key_heads=16", ...)`` → ``{"linear_key_heads": 16}``; CannotRun on bad input."""
+    out: dict[str, int] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or key not in SHAPE_KEYS:
+            raise CannotRun(f"--shape {item!r}: expected KEY=VALUE with KEY one of {', '.join(SHAPE_KEYS)}")
+        try:
+            n = int(value)
+        except ValueError:
+            raise CannotRun(f"--shape {item!r}: {value!r} is not an integer") from None
+        if n < 1:
+            raise CannotRun(f"--shape {item!r}: must be at least 1")
+        out[key] = n
+    return out
 
 
 def _env_info() -> dict[str, str]:
@@ -135,9 +173,16 @@ def _run(args: VerifyArgs, report: Report) -> None:
             config = ModelConfig.from_json(args.config)
         else:
             config = preset(args.preset)
+        overrides = parse_shape(args.shape)
+        if overrides:
+            wanted = _apply_shape(config, overrides)
+            if args.checkpoint is not None:
+                _check_against_checkpoint(config, wanted, args.checkpoint)
+            config = wanted
     except ConfigError as exc:
         raise CannotRun(f"bad model config: {exc}") from exc
 
+    checkpoint_config = config  # a mounted checkpoint runs as it is, whatever the profile
     if placement.shapes == "reduced":
         config = config.replace(**REDUCED_HEADS, **REDUCED_WIDTH, layer_types=config.layer_types[:4])
         sizes, workload = ksuite.REDUCED_SIZES, msuite.REDUCED_WORKLOAD
@@ -176,9 +221,9 @@ def _run(args: VerifyArgs, report: Report) -> None:
     if args.suite in ("model", "full"):
         t0 = time.perf_counter()
         if args.checkpoint is not None:
-            model_config = config
+            model_config = checkpoint_config
             try:
-                weights = load_weights(args.checkpoint, config, device=device)
+                weights = load_weights(args.checkpoint, model_config, device=device)
             except (WeightsError, OSError) as exc:
                 raise CannotRun(f"--checkpoint {args.checkpoint}: cannot load the weights: {exc}") from exc
             report.model_shape["weights"] = f"checkpoint {args.checkpoint}"
@@ -211,6 +256,40 @@ def _run(args: VerifyArgs, report: Report) -> None:
         report.durations["model"] = round(time.perf_counter() - t0, 3)
     if device.type == "cuda":
         report.peak_gpu_memory_bytes = int(torch.cuda.max_memory_allocated())
+
+
+def _apply_shape(config: ModelConfig, overrides: dict[str, int]) -> ModelConfig:
+    from clef_runtime.model.config import FULL, LINEAR
+
+    ints = {SHAPE_KEYS[k]: v for k, v in overrides.items()}
+    layers = ints.pop("num_layers", config.num_hidden_layers)
+    interval = ints.pop("full_attention_interval", None)
+    changes: dict[str, object] = dict(ints)
+    if interval is not None or layers != config.num_hidden_layers:
+        if interval is None:
+            full = config.full_layers
+            interval = full[0] + 1 if full else layers + 1
+        changes["layer_types"] = tuple(FULL if (i + 1) % interval == 0 else LINEAR for i in range(layers))
+    return config.replace(**changes)  # validates: a ConfigError names the field
+
+
+def _check_against_checkpoint(config: ModelConfig, wanted: ModelConfig, where: str) -> None:
+    """The ClefModel's architecture (``--shape``) must describe the mounted weights."""
+    fields = (
+        "layer_types",
+        *{f for f in SHAPE_KEYS.values() if f not in ("num_layers", "full_attention_interval")},
+    )
+    diff = [
+        f"{f}: spec {getattr(wanted, f)} vs config.json {getattr(config, f)}"
+        for f in sorted(fields)
+        if getattr(wanted, f) != getattr(config, f)
+    ]
+    if diff:
+        raise CannotRun(
+            f"--shape disagrees with {where}/config.json: "
+            + "; ".join(diff)
+            + " (fix spec.model.architecture or the mounted weights)"
+        )
 
 
 def emit(report: Report, full_out: TextIO, full_path: str | None, termination_log: str) -> None:
