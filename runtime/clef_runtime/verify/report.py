@@ -66,10 +66,13 @@ class Report:
     @property
     def failing(self) -> list[Check]:
         """Failing checks, the most specific first: a dead band/head/state slice or a kernel that
-        raised says *what* broke ("key channel band [2048, 4096) is zero"); the error metrics
-        of the same output only say that something did."""
+        raised says *what* broke ("key channel band [2048, 4096) is zero"); then the model's
+        checks (token ids, logits, per-layer statistics: what the bug does to answers); last the
+        error metrics of the ops, which only say that something broke."""
         bad = [c for c in self.checks if not c.passed]
-        return sorted(bad, key=lambda c: 0 if c.metric in _SPECIFIC_METRICS else 1)
+        return sorted(
+            bad, key=lambda c: 0 if c.metric in _SPECIFIC_METRICS else 1 if c.suite == "model" else 2
+        )
 
     @property
     def verdict(self) -> Verdict:
