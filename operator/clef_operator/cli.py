@@ -1,6 +1,6 @@
 """`clef-operator` command line.
 
-clef-operator run [--namespace NS ... | --all-namespaces] [--kubeconfig FILE]
+clef-operator run [--namespace NS ... | --all-namespaces] [--kubeconfig FILE] [--liveness URL]
 clef-operator crd            print the ClefModel CRD (the same as crds/clefmodel.yaml)
 """
 
@@ -28,6 +28,19 @@ def _run(args: argparse.Namespace) -> int:
     if not args.verbose:
         # kopf logs every watch event it hands to a handler; clef logs its decisions itself.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    from clef_operator.api import GROUP, PLURAL, VERSION
+    from clef_operator.handlers import api_client
+    from clef_operator.kube import serves
+
+    # kopf discovers resources once, at start-up (handlers.configure): started before the CRD, it
+    # would silently watch nothing.
+    if not serves(api_client(), GROUP, VERSION, PLURAL):
+        print(
+            f"clef-operator: the API server does not serve {PLURAL}.{GROUP}/{VERSION}: install the CRD first"
+            " (kubectl apply -f crds/clefmodel.yaml, or kubectl apply -k kustomize/base)",
+            file=sys.stderr,
+        )
+        return 3
     namespaces = args.namespace or None
     kopf.run(
         standalone=True,
@@ -45,7 +58,8 @@ def _crd(_: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (tests check kustomize/base's Deployment args against it)."""
     parser = argparse.ArgumentParser(prog="clef-operator", description="clef's Kubernetes operator")
     parser.add_argument("--version", action="version", version=f"clef-operator {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -59,7 +73,11 @@ def main(argv: list[str] | None = None) -> int:
     run.set_defaults(func=_run)
     crd = sub.add_parser("crd", help="print the ClefModel CustomResourceDefinition")
     crd.set_defaults(func=_crd)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     result: int = args.func(args)
     return result
 

@@ -119,6 +119,11 @@ def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     )
     # clef posts its own events, one per decision; kopf's per-handler chatter would drown them.
     settings.posting.level = logging.WARNING
+    # No dynamic scanning of CRDs and namespaces: kopf would list and watch both cluster-wide,
+    # which the operator's least-privilege RBAC does not grant (kustomize/base/rbac.yaml).  The
+    # resources are discovered once at start-up instead, and `clef-operator run` refuses to start
+    # before the ClefModel CRD is served.
+    settings.scanning.disabled = True
     settings.watching.server_timeout = 120
     settings.watching.client_timeout = 150
     memo.kube = Kube(api_client())

@@ -136,6 +136,17 @@ def _pod(p: Any, node_labels: Mapping[str, Mapping[str, str]]) -> PodState:
     )
 
 
+def serves(api: client.ApiClient, group: str, version: str, plural: str) -> bool:
+    """Whether the API server serves `plural` in `group/version` (discovery: no RBAC needed)."""
+    try:
+        found: Any = client.CustomObjectsApi(api).get_api_resources(group, version)
+    except ApiException as e:
+        if e.status == 404:
+            return False
+        raise
+    return found is not None and any(r.name == plural for r in found.resources or [])
+
+
 class Kube:
     def __init__(self, api: client.ApiClient) -> None:
         self.api = api

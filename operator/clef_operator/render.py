@@ -203,6 +203,9 @@ def render_serving_pod_spec(spec: ClefModelSpec, image: str) -> dict[str, Any]:
     return {
         **_scheduling(spec),
         "terminationGracePeriodSeconds": 30,
+        # The container runtime's default syscall filter is what engines are built and tested
+        # under.  Non-root is left to the image: vLLM's and candle-vllm's images run as root.
+        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [container],
         "volumes": volumes,
     }
