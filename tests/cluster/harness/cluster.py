@@ -130,6 +130,11 @@ class LocalCluster:
         return self.dir / "logs"
 
     @property
+    def audit_log(self) -> Path:
+        """JSON lines, one per request by a clef-system ServiceAccount (manifests/audit-policy.yaml)."""
+        return self.logs / "audit.log"
+
+    @property
     def state_file(self) -> Path:
         return self.dir / "run" / "state.json"
 
@@ -285,6 +290,14 @@ class LocalCluster:
                 f"--service-account-signing-key-file={p.sa_key}",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--authorization-mode=Node,RBAC",
+                # Creating an object whose ownerReference sets blockOwnerDeletion needs `update` on
+                # the owner's finalizers: off by default upstream, on in many production clusters,
+                # so the operator's RBAC is proven with it on.
+                "--enable-admission-plugins=OwnerReferencesPermissionEnforcement",
+                # What the operator's ServiceAccount asked for (manifests/audit-policy.yaml).
+                f"--audit-policy-file={MANIFESTS_DIR / 'audit-policy.yaml'}",
+                f"--audit-log-path={self.audit_log}",
+                "--audit-log-format=json",
                 "--allow-privileged=true",
                 "--profiling=false",
             ],
