@@ -1,0 +1,369 @@
+"""The shipping layer against a real API server: `kubectl apply -k` of kustomize/base and of the
+homelab overlay, and the operator's RBAC proven exact.
+
+The RBAC proof runs the operator the way its Deployment does (`clef-operator run
+--all-namespaces`, liveness endpoint on), but on this host and authenticated as the ServiceAccount
+clef-system/clef-operator with a TokenRequest token, so the API server's RBAC judges every request
+by the rules kustomize/base ships.  It drives one ClefModel through every path that calls the API
+server (verify and serve, a new revision switched in, the old one scaled down and deleted, an
+unpullable image whose Job is deleted, deletion of the ClefModel), then reads the API server's
+audit log (manifests/audit-policy.yaml logs exactly this ServiceAccount's requests):
+
+* nothing missing: no request was denied, and the rollout completed;
+* nothing unused: every (group, resource, verb) the ClusterRoles grant appears among the allowed
+  requests, except `update clefmodels/finalizers`, which only admission checks: that one is proven
+  needed by showing the API server refuse the operator's kind of Job to a role without it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from clef_operator.labels import VERIFICATION_KEY
+
+from .conftest import Cluster, wait_for
+from .harness.procs import free_port
+from .operator_support import IMAGE_10, UNPULLABLE_IMAGE, VERIFY_SECONDS, Models, clefmodel, delete_models
+from .shipping import (
+    ADMISSION_ONLY,
+    BASE,
+    HOMELAB,
+    OPERATOR_NAMESPACE,
+    OPERATOR_SA,
+    RbacComparison,
+    audited_requests,
+    compare_rbac,
+    find,
+    granted_to,
+    kustomize_build,
+    service_account_kubeconfig,
+)
+
+pytestmark = pytest.mark.cluster
+REPO = Path(__file__).resolve().parents[2]
+
+
+def kubectl(cluster: Cluster, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    assert cluster.kubectl, "the cluster tier needs kubectl"
+    proc = subprocess.run(
+        [cluster.kubectl, "--kubeconfig", str(cluster.kubeconfig), *args], capture_output=True, text=True
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"kubectl {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}")
+    return proc
+
+
+@pytest.fixture(scope="module")
+def base(cluster: Cluster) -> Iterator[list[dict[str, Any]]]:
+    """kustomize/base applied as a user would; removed afterwards, all but the CRD, which the
+    rest of the session's tests use."""
+    assert cluster.kubectl
+    objects = kustomize_build(cluster.kubectl, BASE)
+    kubectl(cluster, "apply", "--server-side", "-k", str(BASE))
+    try:
+        yield objects
+    finally:
+        for o in reversed(objects):
+            if o["kind"] == "CustomResourceDefinition":
+                continue
+            ns = o["metadata"].get("namespace")
+            kubectl(
+                cluster,
+                "delete",
+                o["kind"].lower(),
+                o["metadata"]["name"],
+                *(["-n", ns] if ns else []),
+                "--ignore-not-found",
+                "--wait=false",
+                check=False,
+            )
+
+
+def test_base_applies_and_its_operator_pod_passes_restricted_pod_security(
+    cluster: Cluster, base: list[dict[str, Any]]
+) -> None:
+    # The API server's PodSecurity admission enforces "restricted" in clef-system: a pod without
+    # the settings is refused there (this is what makes the check below mean something) ...
+    probe = kubectl(
+        cluster, "-n", OPERATOR_NAMESPACE, "run", "pss-probe", "--image=registry.clef.test/x:1.0", "--dry-run=server",
+        check=False,
+    )  # fmt: skip
+    assert probe.returncode != 0 and "PodSecurity" in probe.stderr, probe.stderr
+    # ... while the operator's pod is admitted and (on kwok, which plays the kubelet) runs.
+    if cluster.local is None:
+        pytest.skip("the operator's image would be pulled for real here; the admission check above ran")
+    deployment = find(base, "Deployment", "clef-operator")
+
+    def available() -> bool:
+        d = cluster.apps.read_namespaced_deployment(deployment["metadata"]["name"], OPERATOR_NAMESPACE)
+        return bool(d.status and d.status.available_replicas == 1)
+
+    def events() -> str:
+        items = cluster.core.list_namespaced_event(OPERATOR_NAMESPACE).items
+        return "; ".join(f"{e.reason}: {e.message}" for e in items[-5:])
+
+    wait_for(available, 60, "the operator Deployment to be available", events)
+
+
+class SAOperator:
+    """`clef-operator run --all-namespaces --liveness=...` on this host, as the ServiceAccount."""
+
+    def __init__(self, kubeconfig: Path, log: Path) -> None:
+        self.port = free_port()
+        self.log = log
+        with log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable, "-m", "clef_operator.cli", "run", "--all-namespaces",
+                    f"--liveness=http://127.0.0.1:{self.port}/healthz",
+                ],
+                cwd=REPO,
+                env={**os.environ, "KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1"},
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=2) as r:
+                return bool(r.status == 200)
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+
+    def tail(self) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-30:])
+
+
+def test_operator_rbac_is_exactly_what_it_uses(
+    cluster: Cluster, base: list[dict[str, Any]], namespace: str, tmp_path: Path
+) -> None:
+    if cluster.local is None:
+        pytest.skip("needs the local cluster's API server audit log (manifests/audit-policy.yaml)")
+    audit = cluster.local.audit_log
+    if not audit.exists():
+        pytest.fail(
+            f"no audit log at {audit}: the running cluster predates the audit policy; "
+            "restart it (make cluster-down) and run again",
+            pytrace=False,
+        )
+    offset = audit.stat().st_size
+    cluster.image_table()
+    sa_kubeconfig = service_account_kubeconfig(
+        cluster.kubeconfig, OPERATOR_NAMESPACE, OPERATOR_SA, tmp_path / "operator.kubeconfig", 3600
+    )
+    operator = SAOperator(sa_kubeconfig, tmp_path / "operator.log")
+    granted = granted_to(base, OPERATOR_NAMESPACE, OPERATOR_SA)
+
+    def audited() -> RbacComparison:
+        with audit.open() as f:
+            f.seek(offset)
+            return compare_rbac(granted, audited_requests(f))
+
+    try:
+        try:
+            _drive_every_api_path(Models(cluster, namespace), operator)
+        except AssertionError as e:
+            # A missing rule shows up as a rollout that never finishes; say which request it was.
+            raise AssertionError(
+                f"{e}\n--- the operator's requests, as audited ---\n{audited().explain()}"
+            ) from None
+    finally:
+        # Releases what a failed run left (stripping the finalizer if the operator is gone), so
+        # the namespace can go.
+        delete_models(cluster, namespace)
+        operator.stop()
+
+    result = audited()
+    assert result.used, f"the audit log recorded no request by the operator ({audit})"
+    assert result.exact, result.explain() + "\n--- operator log ---\n" + operator.tail()
+    assert granted >= ADMISSION_ONLY
+
+    # The one rule no request uses: without it, creating a child with blockOwnerDeletion is refused.
+    _prove_finalizers_rule_needed(cluster, base, namespace)
+
+
+def _drive_every_api_path(models: Models, operator: SAOperator) -> None:
+    name = "rbac"
+    wait_for(operator.healthy, 60, "the operator's liveness endpoint", operator.tail)
+    # 1. verified, created, served: Job, Deployment and Service created; nodes read.
+    models.create(clefmodel(name, IMAGE_10, rollout={"scaleDownDelaySeconds": 0, "revisionHistoryLimit": 0}))
+    models.wait_condition(name, "Ready", "True", "Available", timeout=VERIFY_SECONDS + 120)
+    first = models.get(name)["status"]["activeRevision"]
+    # 2. a new revision without a new Job (engine args are not verification inputs): the Service's
+    #    selector patched, the old Deployment scaled to 0 and, beyond a history of 0, deleted.
+    models.patch(name, {"spec": {"args": ["--max-num-seqs", "8"]}})
+    models.wait_status(
+        name, lambda s: s.get("activeRevision") not in (None, first), "the switch to the new revision", 120
+    )
+
+    def only_active_left() -> bool:
+        active = models.get(name)["status"]["activeRevision"]
+        return [d.metadata.name for d in models.deployments(name)] == [f"{name}-{active}"]
+
+    wait_for(only_active_left, 120, "the old revision's Deployment deleted", operator.tail)
+    # 3. an image that cannot be pulled: its Job is deleted at once.
+    models.set_image(name, UNPULLABLE_IMAGE)
+    models.wait_condition(name, "Verified", "False", "ImagePullFailed", timeout=120)
+    key = models.get(name)["status"]["verificationKey"]
+
+    def job_deleted() -> bool:
+        return not [j for j in models.jobs(name) if (j.metadata.labels or {}).get(VERIFICATION_KEY) == key]
+
+    wait_for(job_deleted, 60, "the unpullable image's Job deleted", operator.tail)
+    # 4. deleted: kopf takes its finalizer off.
+    models.delete(name)
+    wait_for(lambda: _gone(models, name), 60, "the ClefModel gone", operator.tail)
+    assert operator.healthy(), "liveness after a full run"
+
+
+def _gone(models: Models, name: str) -> bool:
+    try:
+        models.get(name)
+    except ApiException as e:
+        return e.status == 404
+    return False
+
+
+def _prove_finalizers_rule_needed(cluster: Cluster, base: list[dict[str, Any]], namespace: str) -> None:
+    role = find(base, "ClusterRole", "clef-operator")
+    without = [r for r in role["rules"] if "clefmodels/finalizers" not in r["resources"]]
+    assert len(without) == len(role["rules"]) - 1
+    probe = f"clef-rbac-probe-{uuid.uuid4().hex[:6]}"
+    rbac = client.RbacAuthorizationV1Api(cluster.api)
+    cluster.core.create_namespaced_service_account(namespace, {"metadata": {"name": probe}})
+    rbac.create_cluster_role({"metadata": {"name": probe}, "rules": without})
+    rbac.create_namespaced_role_binding(
+        namespace,
+        {
+            "metadata": {"name": probe},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": probe},
+            "subjects": [{"kind": "ServiceAccount", "name": probe, "namespace": namespace}],
+        },
+    )
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": "probe",
+            "namespace": namespace,
+            # What render_job writes: the ClefModel as controller, blocking its deletion.
+            "ownerReferences": [
+                {
+                    "apiVersion": "clef.riotpiao.com/v1alpha1",
+                    "kind": "ClefModel",
+                    "name": "probe",
+                    "uid": str(uuid.uuid4()),
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": {
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [{"name": "c", "image": "registry.clef.test/x:1.0"}],
+                }
+            }
+        },
+    }
+    manifest = Path(cluster.kubeconfig).parent / f"{probe}.json"
+    manifest.write_text(json.dumps(job))
+    try:
+
+        def create_as(user: str) -> subprocess.CompletedProcess[str]:
+            return kubectl(
+                cluster, f"--as={user}", "create", "--dry-run=server", "-f", str(manifest), check=False
+            )
+
+        # RBAC bindings take effect within moments; the operator's own identity first.
+        allowed = create_as(f"system:serviceaccount:{OPERATOR_NAMESPACE}:{OPERATOR_SA}")
+        assert allowed.returncode == 0, allowed.stderr
+
+        def refused() -> str | None:
+            out = create_as(f"system:serviceaccount:{namespace}:{probe}")
+            return out.stderr if out.returncode != 0 and "blockOwnerDeletion" in out.stderr else None
+
+        wait_for(refused, 20, "the API server to refuse blockOwnerDeletion without clefmodels/finalizers")
+    finally:
+        manifest.unlink(missing_ok=True)
+        with contextlib.suppress(ApiException):
+            rbac.delete_cluster_role(probe)
+
+
+def test_homelab_overlay_applies_and_the_api_server_accepts_its_models(
+    cluster: Cluster, base: list[dict[str, Any]]
+) -> None:
+    """The overlay as Git would hold it: the namespaced RBAC, the coder's two-port Service and both
+    ClefModels, which pass the CRD's schema and CEL rules on a real API server (no operator runs
+    here: the rollout is what the demo shows)."""
+    assert cluster.kubectl
+    objects = kustomize_build(cluster.kubectl, HOMELAB)
+    try:
+        kubectl(cluster, "apply", "--server-side", "-k", str(HOMELAB))
+        custom = client.CustomObjectsApi(cluster.api)
+        names = {
+            m["metadata"]["name"]
+            for m in custom.list_namespaced_custom_object(
+                "clef.riotpiao.com", "v1alpha1", "homelab", "clefmodels"
+            )["items"]
+        }
+        assert names == {"clef-flash", "coder"}
+        svc = cluster.core.read_namespaced_service("coder-predictor", "homelab")
+        assert sorted(p.port for p in svc.spec.ports) == [80, 8080] and svc.spec.cluster_ip
+        binding = client.RbacAuthorizationV1Api(cluster.api).read_namespaced_role_binding(
+            "clef-operator", "homelab"
+        )
+        assert binding.role_ref.name == "clef-operator"
+        # The namespaced variant really is namespaced: the operator may not list Deployments of
+        # another namespace, only of homelab (checked by the API server's own authorizer).
+        user = f"system:serviceaccount:{OPERATOR_NAMESPACE}:{OPERATOR_SA}"
+        kubectl(cluster, "delete", "clusterrolebinding", "clef-operator", "--ignore-not-found")
+
+        def can(ns: str) -> str:
+            out = kubectl(
+                cluster, f"--as={user}", "auth", "can-i", "list", "deployments", "-n", ns, check=False
+            )
+            return out.stdout.strip()
+
+        wait_for(lambda: (can("homelab"), can("default")) == ("yes", "no"), 20, "RBAC scoped to homelab")
+        assert find(objects, "Deployment", "clef-operator")["spec"]["template"]["spec"]["containers"][0][
+            "args"
+        ][1] == ("--namespace=homelab")
+    finally:
+        kubectl(cluster, "delete", "namespace", "homelab", "--ignore-not-found", "--wait=false", check=False)
+
+
+def test_operator_start_up_check_sees_whether_the_crd_is_served(cluster: Cluster) -> None:
+    """`clef-operator run` exits with a message instead of watching nothing when the CRD is
+    missing (kopf's resource scanning is off, so it would not notice the CRD arrive later)."""
+    from clef_operator.kube import serves
+
+    assert serves(cluster.api, "clef.riotpiao.com", "v1alpha1", "clefmodels")
+    assert not serves(cluster.api, "clef.riotpiao.com", "v1alpha1", "clefmodelz")
+    assert not serves(cluster.api, "absent.clef.test", "v1", "things")

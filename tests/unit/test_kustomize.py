@@ -1,0 +1,287 @@
+"""The kustomize trees, rendered by the pinned kubectl (`kubectl kustomize`), checked for structure:
+what they contain, where, with which security settings and RBAC.  `tests/cluster/test_shipping.py`
+applies the same trees to a real API server and runs the operator with their RBAC.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+from tests.cluster.harness.images import seed_table
+from tests.cluster.shipping import (
+    BASE,
+    DEMO,
+    HOMELAB,
+    OPERATOR_NAMESPACE,
+    OPERATOR_SA,
+    find,
+    find_kubectl,
+    granted_to,
+    kustomize_build,
+    rule_permissions,
+)
+
+from clef_operator.api import ClefModelSpec
+from clef_operator.cli import build_parser
+from clef_operator.crdgen import render_crd_yaml
+from clef_operator.kvcache import estimate_kv_cache_tokens
+
+KUBECTL = find_kubectl()
+Objects = list[dict[str, Any]]
+
+
+def _kubectl() -> str:
+    if KUBECTL is None:
+        reason = (
+            "no kubectl to render kustomize with: the local cluster's build provides one "
+            "(make cluster-build), or put kubectl >= 1.27 on PATH"
+        )
+        # CI must render the trees: there a missing kubectl is a failure, not a skip.
+        if os.environ.get("CLEF_REQUIRE_CLUSTER", "") not in ("", "0"):
+            pytest.fail(reason, pytrace=False)
+        pytest.skip(reason)
+    return KUBECTL
+
+
+@pytest.fixture(scope="module")
+def base() -> Objects:
+    return kustomize_build(_kubectl(), BASE)
+
+
+@pytest.fixture(scope="module")
+def homelab() -> Objects:
+    return kustomize_build(_kubectl(), HOMELAB)
+
+
+@pytest.fixture(scope="module")
+def demo() -> Objects:
+    return kustomize_build(_kubectl(), DEMO)
+
+
+def kinds(objects: Objects) -> list[tuple[str, str]]:
+    return sorted((o["kind"], o["metadata"]["name"]) for o in objects)
+
+
+def operator_container(objects: Objects) -> dict[str, Any]:
+    containers = find(objects, "Deployment", "clef-operator")["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    return dict(containers[0])
+
+
+# ------------------------------------------------------------------------------------ base
+
+
+def test_base_holds_exactly_the_operator_install(base: Objects) -> None:
+    assert kinds(base) == [
+        ("ClusterRole", "clef-operator"),
+        ("ClusterRole", "clef-operator-nodes"),
+        ("ClusterRoleBinding", "clef-operator"),
+        ("ClusterRoleBinding", "clef-operator-nodes"),
+        ("CustomResourceDefinition", "clefmodels.clef.riotpiao.com"),
+        ("Deployment", "clef-operator"),
+        ("Namespace", "clef-system"),
+        ("ServiceAccount", "clef-operator"),
+    ]
+    namespaced = [o for o in base if o["kind"] in ("Deployment", "ServiceAccount")]
+    assert {o["metadata"]["namespace"] for o in namespaced} == {OPERATOR_NAMESPACE}
+    ns = find(base, "Namespace", OPERATOR_NAMESPACE)
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+
+
+def test_base_crd_is_the_generated_one() -> None:
+    # The base's copy exists because kustomize reads nothing outside its directory.
+    copy = (BASE / "clefmodel-crd.yaml").read_text()
+    assert copy == render_crd_yaml(), "kustomize/base/clefmodel-crd.yaml is stale: run `make crd`"
+
+
+def test_operator_deployment_is_locked_down(base: Objects) -> None:
+    deployment = find(base, "Deployment", "clef-operator")
+    spec = deployment["spec"]
+    assert spec["replicas"] == 1
+    assert spec["strategy"] == {"type": "Recreate"}, "two operators must never overlap"
+    pod = spec["template"]["spec"]
+    assert pod["serviceAccountName"] == OPERATOR_SA
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] > 0
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    c = operator_container(base)
+    sc = c["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    for kind in ("requests", "limits"):
+        assert {"cpu", "memory"} <= set(c["resources"][kind]), f"resources.{kind}"
+    # Read-only root: whatever must be written goes to a mounted emptyDir.
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert "emptyDir" in volumes[mounts["/tmp"]]
+    image = c["image"]
+    assert re.fullmatch(r"[a-z0-9./-]+:[0-9]+\.[0-9]+\.[0-9]+", image), f"pinned version tag, not {image}"
+
+
+def test_operator_command_is_the_real_cli_and_the_probe_hits_its_liveness_endpoint(base: Objects) -> None:
+    c = operator_container(base)
+    assert c["command"] == ["clef-operator"]
+    args = build_parser().parse_args(c["args"])  # exits (fails) on a flag the CLI does not have
+    assert args.command == "run" and args.all_namespaces
+    liveness = urlsplit(args.liveness)
+    probe = c["livenessProbe"]["httpGet"]
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert probe["path"] == liveness.path
+    assert ports[probe["port"]] == liveness.port
+    assert liveness.hostname == "0.0.0.0", "the kubelet probes the pod IP"
+
+
+def test_rbac_is_least_privilege(base: Objects) -> None:
+    granted = granted_to(base, OPERATOR_NAMESPACE, OPERATOR_SA)  # refuses wildcards
+    resources = {resource for _, resource, _ in granted}
+    assert not resources & {"secrets", "configmaps", "serviceaccounts", "serviceaccounts/token"}
+    verbs = {verb for _, _, verb in granted}
+    assert not verbs & {"escalate", "bind", "impersonate", "deletecollection", "*"}
+    # Only the finalizers subresource is updated (an admission check; see rbac.yaml); nothing
+    # else is ever replaced wholesale: clef patches.
+    assert {(g, r) for g, r, v in granted if v == "update"} == {
+        ("clef.riotpiao.com", "clefmodels/finalizers")
+    }
+    # Cluster-scoped access is read-only and limited to nodes.
+    nodes = find(base, "ClusterRole", "clef-operator-nodes")
+    assert rule_permissions(nodes["rules"]) == {("", "nodes", "get")}
+    for binding in (o for o in base if o["kind"] == "ClusterRoleBinding"):
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": OPERATOR_SA, "namespace": OPERATOR_NAMESPACE}
+        ]
+
+
+def test_rbac_refuses_wildcards() -> None:
+    with pytest.raises(ValueError, match="wildcard"):
+        rule_permissions([{"apiGroups": [""], "resources": ["*"], "verbs": ["get"]}])
+
+
+# ------------------------------------------------------------------------------------ homelab
+
+
+def models(objects: Objects) -> dict[str, dict[str, Any]]:
+    return {o["metadata"]["name"]: o for o in objects if o["kind"] == "ClefModel"}
+
+
+def test_homelab_is_base_plus_the_two_models_in_their_namespace(homelab: Objects) -> None:
+    assert set(models(homelab)) == {"clef-flash", "coder"}
+    for o in homelab:
+        if o["kind"] in ("ClefModel", "Service", "RoleBinding"):
+            assert o["metadata"]["namespace"] == "homelab", o["metadata"]["name"]
+    # Every spec is one the operator accepts (CEL rules are checked by the API server in the
+    # cluster tier).
+    for model in models(homelab).values():
+        ClefModelSpec.model_validate(model["spec"])
+
+
+def test_homelab_clef_flash_is_the_design_model(homelab: Objects) -> None:
+    spec = ClefModelSpec.model_validate(models(homelab)["clef-flash"]["spec"])
+    assert (spec.engine.value, spec.gpus, spec.dtype.value, spec.kv_fraction) == (
+        "candle-vllm",
+        1,
+        "f16",
+        0.30,
+    )
+    assert spec.service.name == "clef-serve"
+    assert spec.image.startswith("registry.homelab.lan/")
+    assert spec.verification.required and spec.verification.suite.value == "kernels"
+    arch = spec.model.architecture
+    assert (arch.full_attention_layers, arch.num_layers - arch.full_attention_layers) == (8, 24)
+    # DESIGN: "about 66.8K KV tokens" on a V100-16GB.
+    assert 66_000 < (estimate_kv_cache_tokens(spec, 16384) or 0) < 67_500
+
+
+def test_homelab_coder_is_two_gpus_tp2_unverified_behind_its_two_port_service(homelab: Objects) -> None:
+    spec = ClefModelSpec.model_validate(models(homelab)["coder"]["spec"])
+    assert (spec.engine.value, spec.gpus, spec.effective_tensor_parallel, spec.dtype.value) == (
+        "vllm",
+        2,
+        2,
+        "f16",
+    )
+    assert spec.image.startswith("registry.homelab.lan/")
+    assert spec.model.architecture.full_attention_interval == 1, "a plain transformer: no GDN layers"
+    assert spec.verification.required is False
+    assert spec.service.name == "coder-predictor"
+    svc = find(homelab, "Service", "coder-predictor")
+    assert sorted(p["port"] for p in svc["spec"]["ports"]) == [80, 8080]
+    assert {p["targetPort"] for p in svc["spec"]["ports"]} == {spec.service.container_port}
+    # The selector is the operator's: a Service in Git that set one would be reverted by every sync.
+    assert "selector" not in svc["spec"]
+
+
+def test_homelab_uses_the_namespaced_rbac_variant(homelab: Objects, base: Objects) -> None:
+    bindings = {(o["kind"], o["metadata"]["name"]) for o in homelab if o["kind"].endswith("Binding")}
+    assert ("ClusterRoleBinding", "clef-operator") not in bindings, (
+        "no cluster-wide grant in the namespaced variant"
+    )
+    rb = find(homelab, "RoleBinding", "clef-operator")
+    assert rb["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": "clef-operator",
+    }
+    # The operator watches exactly the namespaces it has a RoleBinding in.
+    args = build_parser().parse_args(operator_container(homelab)["args"])
+    role_namespaces = {
+        o["metadata"]["namespace"]
+        for o in homelab
+        if o["kind"] == "RoleBinding" and o["roleRef"]["name"] == "clef-operator"
+    }
+    assert set(args.namespace) == role_namespaces == {"homelab"}
+    # Same rules either way.
+    assert granted_to(homelab, OPERATOR_NAMESPACE, OPERATOR_SA) == granted_to(
+        base, OPERATOR_NAMESPACE, OPERATOR_SA
+    )
+    assert operator_container(homelab)["image"].startswith("registry.homelab.lan/clef/clef-operator:")
+
+
+# ------------------------------------------------------------------------------------ demo
+
+
+def test_demo_is_homelab_with_table_images_and_no_in_cluster_operator(
+    homelab: Objects, demo: Objects
+) -> None:
+    assert set(kinds(homelab)) - set(kinds(demo)) == {("Deployment", "clef-operator")}
+    table = seed_table()
+    flash = models(demo)["clef-flash"]["spec"]["image"]
+    entry = table.lookup(flash)
+    assert entry is not None and entry.kind == "good", f"{flash} must be a good image in the harness table"
+    # Nothing else differs from what the user's Git holds.
+    assert models(demo)["clef-flash"]["spec"] == {**models(homelab)["clef-flash"]["spec"], "image": flash}
+    assert models(demo)["coder"] == models(homelab)["coder"]
+
+
+def test_demo_upgrade_images_mean_what_the_demo_says() -> None:
+    from tests.cluster import demo
+
+    table = seed_table()
+    bad = table.lookup(demo.fault_image(demo.KEY_BAND_FAULT))
+    fixed = table.lookup(demo.FIXED_IMAGE)
+    assert bad is not None and (bad.kind, bad.fault) == ("fault", "conv_key_band_zero")
+    assert fixed is not None and fixed.kind == "good"
+
+
+def test_kustomize_files_have_no_floating_image_tags() -> None:
+    for path in sorted(Path(BASE).parent.rglob("*.yaml")):
+        if path.name == "clefmodel-crd.yaml":
+            continue
+        for doc in yaml.safe_load_all(path.read_text()):
+            for image in _images(doc):
+                assert ":" in image.rsplit("/", 1)[-1] and not image.endswith(":latest"), f"{path}: {image}"
+
+
+def _images(node: Any) -> list[str]:
+    if isinstance(node, dict):
+        found = [v for k, v in node.items() if k == "image" and isinstance(v, str)]
+        return found + [i for v in node.values() for i in _images(v)]
+    if isinstance(node, list):
+        return [i for v in node for i in _images(v)]
+    return []
