@@ -205,15 +205,14 @@ class Demo:
         self.coder_service: tuple[str, list[int]] = ("", [])
 
     # -- plumbing ------------------------------------------------------------------------------
-    def run_kubectl(self, *args: str, show: bool = True, quiet_output: bool = False) -> str:
-        if show:
-            print(f"\n$ kubectl {' '.join(shlex.quote(a) for a in args)}", flush=True)
+    def run_kubectl(self, *args: str) -> str:
+        """Run kubectl as the user would paste it (paths relative to where they are), showing it."""
+        print(f"\n$ kubectl {' '.join(shlex.quote(a) for a in args)}", flush=True)
         env = {**os.environ, "KUBECONFIG": str(self.cluster.kubeconfig)}
-        proc = subprocess.run([self.kubectl, *args], capture_output=True, text=True, env=env, cwd=REPO_ROOT)
+        proc = subprocess.run([self.kubectl, *args], capture_output=True, text=True, env=env)
         if proc.returncode != 0:
             raise DemoFailed(f"kubectl {' '.join(args)} failed: {proc.stderr.strip()}")
-        if show and not quiet_output:
-            print(proc.stdout.rstrip(), flush=True)
+        print(proc.stdout.rstrip(), flush=True)
         return proc.stdout
 
     def custom(self) -> Any:
