@@ -56,7 +56,7 @@ fmt: $(STAMP)
 -include mk/*.mk
 
 .PHONY: test
-test: $(STAMP) lint test-unit test-runtime test-cluster
+test: $(STAMP) lint cluster-build-if-possible test-unit test-runtime test-cluster
 
 .PHONY: test-unit
 test-unit: $(STAMP)

@@ -23,8 +23,13 @@ cluster-env: $(STAMP)
 
 # The cluster tier.  Without CLEF_KUBECONFIG it runs against the local control plane, building it
 # first when the cache lacks it (where Go is missing the build prints why and the tests skip).
-test-cluster: $(STAMP)
+# The control plane's binaries (kubectl among them, which the kustomize unit tests use too), built
+# into the cache when it lacks them; `make test` runs this before any tier.
+.PHONY: cluster-build-if-possible
+cluster-build-if-possible: $(STAMP)
 	@if [ -z "$${CLEF_KUBECONFIG:-}" ]; then $(CLUSTER) build --if-possible; fi
+
+test-cluster: cluster-build-if-possible
 	CLEF_CACHE=$(CLEF_CACHE) $(VPY) -m pytest tests/cluster -q
 
 # Machines with Docker and kind only (untested on the Docker-less build machines): a kind cluster
