@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
+from gdn_inputs import DTYPES, gdn_inputs
 
 from clef_runtime.compare import assert_close
 from clef_runtime.ops.delta_rule_chunk import chunk_gated_delta_rule
@@ -23,32 +23,6 @@ from clef_runtime.tolerances import tolerance
 
 CHUNK = "chunk_gated_delta_rule"
 DECODE = "fused_recurrent_gated_delta_rule"
-DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
-
-
-def gdn_inputs(
-    rng: torch.Generator,
-    device: torch.device,
-    dtype: torch.dtype,
-    *,
-    B: int,
-    T: int,
-    H: int,
-    HV: int,
-    K: int,
-    V: int,
-) -> tuple[torch.Tensor, ...]:
-    """As in test_ops_delta_rule_chunk: q/k/v in `dtype` (normalised inside the op), Qwen3.5-style
-    g (mostly near 0, a tail to about -5) and beta in (0, 1), float32."""
-    q = torch.randn(B, T, H, K, generator=rng)
-    k = torch.randn(B, T, H, K, generator=rng)
-    v = torch.randn(B, T, HV, V, generator=rng)
-    A_log = torch.log(1 + 15 * torch.rand(HV, generator=rng))
-    dt = 1e-3 + (0.1 - 1e-3) * torch.rand(HV, generator=rng)
-    g = -torch.exp(A_log) * F.softplus(torch.randn(B, T, HV, generator=rng) + torch.log(torch.expm1(dt)))
-    beta = torch.sigmoid(torch.randn(B, T, HV, generator=rng))
-    qkv = [t.to(dtype=dtype, device=device) for t in (q, k, v)]
-    return (*qkv, g.to(device), beta.to(device))
 
 
 def _cut(ts: tuple[torch.Tensor, ...], a: int, b: int) -> list[torch.Tensor]:

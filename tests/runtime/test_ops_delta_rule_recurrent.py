@@ -11,7 +11,7 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
+from gdn_inputs import DTYPES, gdn_inputs
 
 from clef_runtime.compare import assert_close
 from clef_runtime.ops.delta_rule_recurrent import fused_recurrent_gated_delta_rule
@@ -19,35 +19,6 @@ from clef_runtime.reference import delta_rule as ref
 from clef_runtime.tolerances import tolerance
 
 OP = "fused_recurrent_gated_delta_rule"
-DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
-
-
-def gdn_inputs(
-    rng: torch.Generator,
-    device: torch.device,
-    dtype: torch.dtype,
-    *,
-    B: int,
-    T: int,
-    H: int,
-    HV: int,
-    K: int,
-    V: int,
-    normalise_qk: bool = False,
-) -> tuple[torch.Tensor, ...]:
-    """As in test_ops_delta_rule_chunk: q/k/v in `dtype`, Qwen3.5-style g (mostly near 0, a
-    tail to about -5) and beta in (0, 1), float32."""
-    q = torch.randn(B, T, H, K, generator=rng)
-    k = torch.randn(B, T, H, K, generator=rng)
-    if normalise_qk:
-        q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
-    v = torch.randn(B, T, HV, V, generator=rng)
-    A_log = torch.log(1 + 15 * torch.rand(HV, generator=rng))
-    dt = 1e-3 + (0.1 - 1e-3) * torch.rand(HV, generator=rng)
-    g = -torch.exp(A_log) * F.softplus(torch.randn(B, T, HV, generator=rng) + torch.log(torch.expm1(dt)))
-    beta = torch.sigmoid(torch.randn(B, T, HV, generator=rng))
-    qkv = [t.to(dtype=dtype, device=device) for t in (q, k, v)]
-    return (*qkv, g.to(device), beta.to(device))
 
 
 def state_pool(
