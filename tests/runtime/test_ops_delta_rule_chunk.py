@@ -89,6 +89,32 @@ def test_matches_reference(case: str, dtype_name: str, rng: torch.Generator, dev
     check_against_reference(rng, device, dtype_name, **CASES[case])  # type: ignore[arg-type]
 
 
+def test_repeated_keys_full_beta_no_decay(dtype_name: str, rng: torch.Generator, device: torch.device) -> None:
+    """The worst case for the in-chunk triangular solve: every key the same, β = 1, g = 0, so
+    every entry of A below the diagonal is 1 and T = (I + A)⁻¹ is bidiagonal (1, -1), while the
+    powers of A's blocks grow like binomial coefficients (a power series would cancel them
+    catastrophically).  Keys in two groups, with a little noise, so the chunk is not all alike."""
+    dtype = DTYPES[dtype_name]
+    B, T, H, HV, K, V = 1, 130, 1, 2, 32, 16
+    base = torch.randn(2, K, generator=rng)
+    which = (torch.arange(T) // 40) % 2  # runs of 40 equal-ish keys, crossing 16- and 64-blocks
+    k = base[which] + 1e-3 * torch.randn(T, K, generator=rng)
+    q = torch.randn(B, T, H, K, generator=rng)
+    k = k.reshape(B, T, H, K)
+    v = torch.randn(B, T, HV, V, generator=rng)
+    g = torch.zeros(B, T, HV)
+    beta = torch.ones(B, T, HV)
+    q, k, v = (t.to(dtype=dtype, device=device) for t in (q, k, v))
+    g, beta = g.to(device), beta.to(device)
+    kw = dict(output_final_state=True, use_qk_l2norm=True)
+    o, ht = chunk_gated_delta_rule(q, k, v, g, beta, **kw)  # type: ignore[arg-type]
+    ro, rht = ref.chunk_gated_delta_rule(q, k, v, g, beta, **kw)  # type: ignore[arg-type]
+    tol = tolerance(OP, dtype_name)
+    assert_close(o, ro, tol, f"{OP} {dtype_name} output, repeated keys")
+    assert ht is not None and rht is not None
+    assert_close(ht, rht, tol, f"{OP} {dtype_name} final state, repeated keys")
+
+
 def test_final_state_flag_does_not_change_output(rng: torch.Generator, device: torch.device) -> None:
     q, k, v, g, beta = gdn_inputs(rng, device, torch.float32, B=1, T=70, H=1, HV=2, K=16, V=16)
     o1, h1 = chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm=True, output_final_state=True)

@@ -111,6 +111,7 @@ def _chunk_prepare_kernel(
     VS: tl.constexpr,
     BT: tl.constexpr,
     BC: tl.constexpr,
+    LOG_BC: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     L2NORM: tl.constexpr,
     CHUNK_DT: tl.constexpr,
@@ -208,23 +209,30 @@ def _chunk_prepare_kernel(
     A = tl.where(strict, KK * (bv * rk)[:, None] * rk[None, :] * decay, 0.0)
 
     # T = (I + A)⁻¹.  Split A = N + L into its 16×16 diagonal blocks N and the strictly
-    # block-lower rest L, D = I + N.  The four D_bb are inverted exactly by forward substitution
-    # (row by row, all four blocks per step); then with M = D⁻¹ L, which is nilpotent (M⁴ = 0
-    # for four blocks), T = (I + M)⁻¹ D⁻¹ = (I - M)(I + M²) D⁻¹ in four 64×64 dots.  No power
-    # series inside a block: with repeated keys and β → 1 its alternating sums would cancel
-    # catastrophically, whereas forward substitution is backward stable.
+    # block-lower rest L, D = I + N.  The four D_bb are inverted in IEEE float32 by doubling
+    # the block size: with X the inverse of D's b×b diagonal blocks and L_b the entries of N
+    # that join two neighbouring b-blocks into one 2b-block,
+    #     [[D1, 0], [L21, D2]]⁻¹ = [[X1, 0], [-X2 L21 X1, X2]],   i.e.   X ← X - X L_b X,
+    # for b = 2, 4, 8: six small batched dots for all four blocks, where row-by-row forward
+    # substitution took fifteen dependent ones (the probe in hack/device/probe_variants.py put
+    # those at a third of this launch).  This is blocked forward substitution, not a power
+    # series: no alternating sums that could cancel with repeated keys and β → 1.  Then with
+    # M = D⁻¹ L, which is nilpotent (M⁴ = 0 for four blocks), T = (I + M)⁻¹ D⁻¹ =
+    # (I - M)(I + M²) D⁻¹ in four 64×64 dots.
     NB: tl.constexpr = BT // BC
     blk = r // BC
     same_blk = blk[:, None] == blk[None, :]
     Nd = tl.sum(tl.reshape(tl.where(same_blk, A, 0.0), [NB, BC, NB, BC]), 2)  # [NB, BC, BC]
     ri = tl.arange(0, BC)
     eye_c = (ri[:, None] == ri[None, :]).to(tl.float32)
-    X = tl.zeros([NB, BC, BC], dtype=tl.float32) + eye_c[None, :, :]
-    for i in range(1, BC):
-        # row i of each block becomes e_i - Σ_{j<i} N_ij X_j: rows j < i of X are final and
-        # N_ij = 0 for j ≥ i, so row i of the batched product N X is exactly that sum (one small
-        # dot per step instead of two cross-lane reductions)
-        X = tl.where((ri == i)[None, :, None], eye_c[None, :, :] - tl.dot(Nd, X, input_precision="ieee"), X)
+    # b = 1: the 1×1 blocks of D are 1, so the 2×2 blocks' inverses are I - N on those blocks
+    X = eye_c[None, :, :] - tl.where(((ri // 2)[:, None] == (ri // 2)[None, :])[None, :, :], Nd, 0.0)
+    for lvl in tl.static_range(1, LOG_BC):
+        joins = ((ri >> (lvl + 1))[:, None] == (ri >> (lvl + 1))[None, :]) & (
+            (ri >> lvl)[:, None] != (ri >> lvl)[None, :]
+        )
+        Lb = tl.where(joins[None, :, :], Nd, 0.0)
+        X = X - tl.dot(tl.dot(X, Lb, input_precision="ieee"), X, input_precision="ieee")
     rb = tl.arange(0, NB)
     eye_b = (rb[:, None] == rb[None, :]).to(tl.float32)
     Dinv = tl.reshape(X[:, :, None, :] * eye_b[:, None, :, None], [BT, BT])
@@ -514,7 +522,7 @@ def chunk_gated_delta_rule(
             q, k, v, g, beta, w, u, aqk, gc, cu,
             scale, T, NT, N,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-            H=H, HV=HV, K=K, V=V, BK=BK, BVF=BVF, KS=KS, VS=VS, BT=BT, BC=BC,
+            H=H, HV=HV, K=K, V=V, BK=BK, BVF=BVF, KS=KS, VS=VS, BT=BT, BC=BC, LOG_BC=BC.bit_length() - 1,
             IS_VARLEN=cu_seqlens is not None, L2NORM=use_qk_l2norm,
             CHUNK_DT=policy.chunk_dtype, SOLVE_PRECISION=policy.solve_precision,
             ROUND_BF16=policy.round_bf16,
