@@ -5,7 +5,7 @@ Each variant is the module's source with a few text edits, written to a temporar
 imported (Triton's jit needs real source), so the production module carries no probe flags.
 A variant's numbers are wrong by design; only its time is read.
 
-    PYTHONPATH=runtime python3 hack/device/probe_variants.py [T] [dtype] [module]
+    PYTHONPATH=runtime python3 hack/device/probe_variants.py [T] [dtype] [module] [B]
 
 `module` defaults to clef_runtime.ops.delta_rule_chunk; VARIANTS maps a name to
 (kernel name to time, [(old, new), ...] edits).  An edit whose `old` text is missing is reported
@@ -26,7 +26,8 @@ sys.path.insert(0, "runtime")
 
 T = int(sys.argv[1]) if len(sys.argv) > 1 else 32768
 dtype = {"bf16": torch.bfloat16, "f16": torch.float16}[sys.argv[2] if len(sys.argv) > 2 else "bf16"]
-MODULE = sys.argv[3] if len(sys.argv) > 3 else "clef_runtime.ops.delta_rule_chunk"
+MODULE = sys.argv[3] if len(sys.argv) > 3 and sys.argv[3] != "-" else "clef_runtime.ops.delta_rule_chunk"
+B = int(sys.argv[4]) if len(sys.argv) > 4 else 1
 VARIANTS_FILE = pathlib.Path(__file__).with_name("probe_variants_table.py")
 
 H, HV, K, V = 16, 32, 128, 128
@@ -35,7 +36,16 @@ H, HV, K, V = 16, 32, 128, 128
 def load_variant(name: str, edits: list[tuple[str, str]]):
     base = importlib.import_module(MODULE)
     src = pathlib.Path(base.__file__).read_text()
-    for old, new in edits:
+    for edit in edits:
+        if edit[0] == "__REGION__":  # (marker, start text, end text, replacement of [start, end))
+            _, start, end, new = edit
+            if start not in src or end not in src:
+                print(f"{name}: region missing")
+                return None
+            a = src.index(start)
+            src = src[:a] + new + src[src.index(end, a):]
+            continue
+        old, new = edit
         if old not in src:
             print(f"{name}: edit target missing: {old[:60]!r}")
             return None
@@ -51,11 +61,11 @@ def load_variant(name: str, edits: list[tuple[str, str]]):
 
 def inputs():
     g0 = torch.Generator(device="cuda").manual_seed(0)
-    q = torch.randn(1, T, H, K, device="cuda", generator=g0).to(dtype)
-    k = torch.randn(1, T, H, K, device="cuda", generator=g0).to(dtype)
-    v = torch.randn(1, T, HV, V, device="cuda", generator=g0).to(dtype)
-    g = torch.nn.functional.logsigmoid(torch.randn(1, T, HV, device="cuda", generator=g0) + 3)
-    beta = torch.rand(1, T, HV, device="cuda", generator=g0)
+    q = torch.randn(B, T, H, K, device="cuda", generator=g0).to(dtype)
+    k = torch.randn(B, T, H, K, device="cuda", generator=g0).to(dtype)
+    v = torch.randn(B, T, HV, V, device="cuda", generator=g0).to(dtype)
+    g = torch.nn.functional.logsigmoid(torch.randn(B, T, HV, device="cuda", generator=g0) + 3)
+    beta = torch.rand(B, T, HV, device="cuda", generator=g0)
     return q, k, v, g, beta
 
 
@@ -83,7 +93,8 @@ def main() -> None:
     exec(VARIANTS_FILE.read_text(), ns)
     variants = ns["VARIANTS"]
     q, k, v, g, beta = inputs()
-    print(f"T={T} {dtype} module={MODULE}")
+    print(f"B={B} T={T} {dtype} module={MODULE}")
+    ref = None
     for name, edits in variants.items():
         mod = load_variant(name, edits) if edits else importlib.import_module(MODULE)
         if mod is None:
@@ -93,12 +104,18 @@ def main() -> None:
             return mod.chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True, use_qk_l2norm=True)
 
         try:
+            o, ht = fn()
+            if ref is None:
+                ref = (o.float(), ht)
+            err = max(
+                ((o.float() - ref[0]).norm() / ref[0].norm()).item(), ((ht - ref[1]).norm() / ref[1].norm()).item()
+            )
             times = kernel_times(fn)
         except Exception as exc:  # a variant may not compile; say so and go on
             print(f"{name:28s} ERROR {type(exc).__name__}: {str(exc)[:200]}")
             continue
         parts = "  ".join(f"{key[:34]}={us:8.1f}" for key, us in sorted(times.items()))
-        print(f"{name:28s} total={sum(times.values()):8.1f} µs  {parts}", flush=True)
+        print(f"{name:20s} err={err:.1e} total={sum(times.values()):8.1f} µs  {parts}", flush=True)
 
 
 if __name__ == "__main__":

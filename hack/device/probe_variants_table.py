@@ -1,25 +1,36 @@
 # Variants for hack/device/probe_variants.py: name -> text edits of the module's source.
-# Read by exec; each variant leaves out one stage (its numbers are wrong by design).
-FSUB = ("for i in range(1, BC):", "for i in range(1, 1):")
+# Read by exec; a variant that leaves a stage out has wrong numbers by design (its err says so).
+BV_LINE = "KS, VS, BV = min(width, BK), min(width, BVF), min(width, BVF)"
+PREP_IDS = (
+    "    i_t = tl.program_id(0).to(tl.int64)\n    hv = tl.program_id(1)\n    h = hv // (HV // H)\n"
+    "    b, t0, eos = _slot_bounds(i_t, cu_seqlens, T, NT, N, BT, IS_VARLEN)\n    # an empty slot"
+)
+SOLVE_3D = "    NB: tl.constexpr = BT // BC\n"
+SOLVE_END = "    # the WY products run on tensor cores"
+SOLVE_2D = '''    eye = (r[:, None] == r[None, :]).to(tl.float32)
+    X = eye - tl.where(((r // 2)[:, None] == (r // 2)[None, :]), A, 0.0)
+    for lvl in tl.static_range(1, 6):
+        joins = ((r >> (lvl + 1))[:, None] == (r >> (lvl + 1))[None, :]) & (
+            (r >> lvl)[:, None] != (r >> lvl)[None, :]
+        )
+        Lb = tl.where(joins, A, 0.0)
+        X = X - tl.dot(tl.dot(X, Lb, input_precision=SOLVE_PRECISION), X, input_precision=SOLVE_PRECISION)
+    Tm = X
+'''
+
+
+def solve_2d(src_marker_pairs=None):
+    return [("__REGION__", SOLVE_3D, SOLVE_END, SOLVE_2D)]
+
+
 VARIANTS = {
     "base": [],
-    "prep_no_fsub": [FSUB],
-    "prep_no_blockinv": [("Tm = Tm.to(CHUNK_DT)", "Tm = Dinv.to(CHUNK_DT)")],
-    "prep_no_solve": [FSUB, ("Tm = Tm.to(CHUNK_DT)", "Tm = (eye + A).to(CHUNK_DT)")],
-    "prep_no_qk": [
-        ('QK = tl.dot(qs.to(CHUNK_DT), kst, QK, input_precision="ieee")', "pass"),
-        ("tl.store(aqk + r[:, None] * (HV * BT) + r[None, :], a_qk.to(aqk.dtype.element_ty), mask=live[:, None])", "pass"),
+    "prep_no_solve": [("    Tm = Tm.to(CHUNK_DT)", "    Tm = (eye + A).to(CHUNK_DT)")],
+    "prep_hv_first": [
+        (PREP_IDS, PREP_IDS.replace("program_id(0)", "program_id(9)").replace("program_id(1)", "program_id(0)").replace("program_id(9)", "program_id(1)")),
+        ("_chunk_prepare_kernel[(slots, HV)]", "_chunk_prepare_kernel[(HV, slots)]"),
     ],
-    "prep_no_wu_solve": [
-        ('ws = tl.dot(Tm, kb, input_precision="ieee")', "ws = kb.to(tl.float32)"),
-        ('us = tl.dot(Tm, vb, input_precision="ieee")', "us = vb.to(tl.float32)"),
-    ],
-    "prep_warps8": [("warps1 = 4 if tc and max(K, V) <= 128 else 8", "warps1 = 8")],
-    "rec_no_out": [
-        ("    tl.store(o_p + r[:, None] * (HV * V) + rv[None, :], oc.to(o_p.dtype.element_ty), mask=vmask)\n", ""),
-    ],
-    "rec_bv64": [("KS, VS, BV = min(width, BK), min(width, BVF), min(width, BVF)", "KS, VS, BV = min(width, BK), min(width, BVF), min(64, BVF)")],
-    "rec_stages1": [("stages2 = 3 if tc else 1", "stages2 = 1")],
-    "rec_stages2": [("stages2 = 3 if tc else 1", "stages2 = 2")],
-    "rec_warps8": [("warps2 = 4 if tc and q.dtype == torch.bfloat16 and max(K, V) <= 128 else 8", "warps2 = 8")],
+    "prep_ks64": [(BV_LINE, "KS, VS, BV = min(64, BK), min(64, BVF), min(width, BVF)")],
+    "prep_ks128": [(BV_LINE, "KS, VS, BV = min(128, BK), min(128, BVF), min(width, BVF)")],
+    "prep_solve2d_tf32": solve_2d(),
 }

@@ -67,6 +67,10 @@ from clef_runtime.ops.delta_rule_common import (
 
 OP = "chunk_gated_delta_rule"
 BT = 64  # chunk length
+FUSE_OUTPUT = False  # the output inside the sequential launch (True) or in a parallel launch 3
+OUT_BV = 128  # launch 3's V block
+OUT_WARPS = 4
+_TORCH_DTYPE = {tl.bfloat16: torch.bfloat16, tl.float16: torch.float16, tl.float32: torch.float32}
 BC = 16  # sub-block of the triangular solve (the smallest tl.dot tile)
 
 
@@ -77,6 +81,35 @@ BC = 16  # sub-block of the triangular solve (the smallest tl.dot tile)
 # ---------------------------------------------------------------------------------------------
 # launch 1: everything in a chunk that does not need the state
 # ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _slot_bounds(i_t, cu_seqlens, T, NT, N, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """(batch row, first token, end of its sequence) of chunk slot `i_t`."""
+    if IS_VARLEN:
+        # Chunk c of sequence n (tokens from cu[n] + BT·c) owns slot cu[n] // BT + n + c: the
+        # slots of one sequence are consecutive and every sequence starts past the previous
+        # one's, all below ceil(T / BT) + N.  So a binary search over n of
+        # key(n) = cu[n] // BT + n finds a slot's sequence from cu_seqlens alone: no host-side
+        # table, no sync.  Slots no chunk owns come out empty (t0 == eos).  Offsets are clamped
+        # to [0, T]: unchecked bad ones (on a GPU) give wrong numbers, never a wild access.
+        b = i_t * 0
+        lo = i_t * 0
+        hi = lo + N - 1
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            key = tl.minimum(tl.maximum(tl.load(cu_seqlens + mid).to(tl.int64), 0), T) // BT + mid
+            lo = tl.where(key <= i_t, mid, lo)
+            hi = tl.where(key <= i_t, hi, mid - 1)
+        bos = tl.minimum(tl.maximum(tl.load(cu_seqlens + lo).to(tl.int64), 0), T)
+        eos = tl.minimum(tl.maximum(tl.load(cu_seqlens + lo + 1).to(tl.int64), bos), T)
+        t0 = bos + (i_t - bos // BT - lo) * BT
+        t0 = tl.where(t0 < bos, eos, t0)
+    else:
+        b = i_t // NT
+        t0 = (i_t % NT) * BT
+        eos = i_t * 0 + T
+    return b, t0, eos
 
 
 @triton.jit
@@ -121,29 +154,7 @@ def _chunk_prepare_kernel(
     i_t = tl.program_id(0).to(tl.int64)
     hv = tl.program_id(1)
     h = hv // (HV // H)
-    if IS_VARLEN:
-        # Chunk c of sequence n (tokens from cu[n] + BT·c) owns slot cu[n] // BT + n + c: the
-        # slots of one sequence are consecutive and every sequence starts past the previous
-        # one's, all below ceil(T / BT) + N.  So a binary search over n of
-        # key(n) = cu[n] // BT + n finds a slot's sequence from cu_seqlens alone: no host-side
-        # table, no sync.  Slots no chunk owns come out empty (t0 == eos).  Offsets are clamped
-        # to [0, T]: unchecked bad ones (on a GPU) give wrong numbers, never a wild access.
-        b = i_t * 0
-        lo = i_t * 0
-        hi = lo + N - 1
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            key = tl.minimum(tl.maximum(tl.load(cu_seqlens + mid).to(tl.int64), 0), T) // BT + mid
-            lo = tl.where(key <= i_t, mid, lo)
-            hi = tl.where(key <= i_t, hi, mid - 1)
-        bos = tl.minimum(tl.maximum(tl.load(cu_seqlens + lo).to(tl.int64), 0), T)
-        eos = tl.minimum(tl.maximum(tl.load(cu_seqlens + lo + 1).to(tl.int64), bos), T)
-        t0 = bos + (i_t - bos // BT - lo) * BT
-        t0 = tl.where(t0 < bos, eos, t0)
-    else:
-        b = i_t // NT
-        t0 = (i_t % NT) * BT
-        eos = i_t * 0 + T
+    b, t0, eos = _slot_bounds(i_t, cu_seqlens, T, NT, N, BT, IS_VARLEN)
     # an empty slot of the varlen grid (t0 ≥ eos) masks every load and store below
 
     # 64-bit scalar bases, 32-bit per-element offsets: int64 offset tiles would cost two
@@ -293,6 +304,8 @@ def _chunk_step(
     a_p,
     gc_p,
     o_p,
+    hs_p,
+    vn_p,
     Vb,
     scale,
     sqt,
@@ -304,13 +317,15 @@ def _chunk_step(
     BV: tl.constexpr,
     BT: tl.constexpr,
     L2NORM: tl.constexpr,
+    FUSE_OUT: tl.constexpr,
     STATE_IN_IO_DTYPE: tl.constexpr,
     STATE_DT: tl.constexpr,
     STATE_PRECISION: tl.constexpr,
     ROUND_BF16: tl.constexpr,
 ):
-    """One chunk starting at token t0: write its output from the chunk-start state S and
-    return the state at the chunk end."""
+    """One chunk starting at token t0, from the chunk-start state S: with FUSE_OUT write its
+    output, else store S (as the dots see it, at `hs_p`) and v_new (at `vn_p`) for the output
+    launch; return the state at the chunk end."""
     # 64-bit scalar bases, 32-bit per-element offsets (see the prepare kernel)
     q_p += t0 * sqt
     k_p += t0 * skt
@@ -319,6 +334,7 @@ def _chunk_step(
     a_p += t0 * (HV * BT)
     gc_p += t0 * HV
     o_p += t0 * (HV * V)
+    vn_p += t0 * (HV * V)
     n_live = eos - t0
     r = tl.arange(0, BT)
     live = r < n_live
@@ -328,32 +344,39 @@ def _chunk_step(
     vmask = live[:, None] & (rv < Vb)[None, :]
     G = tl.load(gc_p + r * HV, mask=live, other=0.0)
     gl = tl.load(gc_p + (tl.minimum(n_live, BT) - 1) * HV)  # decay to the chunk end
-    qc = tl.load(q_p + r[:, None] * sqt + rk[None, :], mask=kmask, other=0.0).to(tl.float32)
     kc = tl.load(k_p + r[:, None] * skt + rk[None, :], mask=kmask, other=0.0).to(tl.float32)
     if L2NORM:
-        qc = qc * tl.rsqrt(tl.sum(qc * qc, 1) + 1e-6)[:, None]
         kc = kc * tl.rsqrt(tl.sum(kc * kc, 1) + 1e-6)[:, None]
     # w, u and Aqk hold values of the input dtype: widening them to STATE_DT is exact
     wc = tl.load(w_p + r[:, None] * (HV * K) + rk[None, :], mask=kmask, other=0.0).to(STATE_DT)
     uc = tl.load(u_p + r[:, None] * (HV * V) + rv[None, :], mask=vmask, other=0.0).to(tl.float32)
-    a_mask = live[:, None] & (r[None, :] <= r[:, None])  # only the causal blocks were written
-    Ac = tl.load(a_p + r[:, None] * (HV * BT) + r[None, :], mask=a_mask, other=0.0).to(STATE_DT)
 
     Sd = S.to(STATE_DT)
-    qs = (qc * (scale * tl.exp(G))[:, None]).to(STATE_DT)
     kd = (kc * tl.exp(gl - G)[:, None]).to(STATE_DT)  # decay to the chunk end, exponent ≤ 0
     if ROUND_BF16:
         Sd = rne_bf16(Sd)
-        qs = rne_bf16(qs)
         kd = rne_bf16(kd)
     v_new = uc - tl.dot(wc, Sd, input_precision=STATE_PRECISION)
     vd = v_new.to(STATE_DT)
     if ROUND_BF16:
         vd = rne_bf16(vd)
-    oc = tl.dot(qs, Sd, input_precision=STATE_PRECISION) + tl.dot(Ac, vd, input_precision=STATE_PRECISION)
-    if ROUND_BF16:
-        oc = rne_bf16(oc)
-    tl.store(o_p + r[:, None] * (HV * V) + rv[None, :], oc.to(o_p.dtype.element_ty), mask=vmask)
+    if FUSE_OUT:
+        qc = tl.load(q_p + r[:, None] * sqt + rk[None, :], mask=kmask, other=0.0).to(tl.float32)
+        if L2NORM:
+            qc = qc * tl.rsqrt(tl.sum(qc * qc, 1) + 1e-6)[:, None]
+        a_mask = live[:, None] & (r[None, :] <= r[:, None])  # only the causal blocks were written
+        Ac = tl.load(a_p + r[:, None] * (HV * BT) + r[None, :], mask=a_mask, other=0.0).to(STATE_DT)
+        qs = (qc * (scale * tl.exp(G))[:, None]).to(STATE_DT)
+        if ROUND_BF16:
+            qs = rne_bf16(qs)
+        oc = tl.dot(qs, Sd, input_precision=STATE_PRECISION) + tl.dot(Ac, vd, input_precision=STATE_PRECISION)
+        if ROUND_BF16:
+            oc = rne_bf16(oc)
+        tl.store(o_p + r[:, None] * (HV * V) + rv[None, :], oc.to(o_p.dtype.element_ty), mask=vmask)
+    else:
+        s_mask = (rk < K)[:, None] & (rv < Vb)[None, :]
+        tl.store(hs_p + rk[:, None] * V + rv[None, :], Sd.to(hs_p.dtype.element_ty), mask=s_mask)
+        tl.store(vn_p + r[:, None] * (HV * V) + rv[None, :], vd.to(vn_p.dtype.element_ty), mask=vmask)
 
     S = S * tl.exp(gl) + tl.dot(tl.trans(kd), vd, input_precision=STATE_PRECISION)
     if STATE_IN_IO_DTYPE:  # fault fp16_state_overflow: the state held in the input dtype
@@ -370,11 +393,14 @@ def _chunk_recurrence_kernel(
     aqk,
     gc,
     o,
+    hs,
+    vn,
     h0,
     ht,
     cu_seqlens,
     scale,
     T,
+    NT,
     sqb,
     sqt,
     skb,
@@ -388,6 +414,7 @@ def _chunk_recurrence_kernel(
     BT: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     L2NORM: tl.constexpr,
+    FUSE_OUT: tl.constexpr,
     HAS_H0: tl.constexpr,
     STORE_FINAL: tl.constexpr,
     STATE_IN_IO_DTYPE: tl.constexpr,
@@ -407,10 +434,12 @@ def _chunk_recurrence_kernel(
         b = n * 0
         bos = tl.minimum(tl.maximum(tl.load(cu_seqlens + n).to(tl.int64), 0), T)
         eos = tl.minimum(tl.maximum(tl.load(cu_seqlens + n + 1).to(tl.int64), bos), T)
+        slot0 = bos // BT + n  # the slot of the sequence's first chunk (see `_slot_bounds`)
     else:
         b = n
         bos = n * 0
         eos = n * 0 + T
+        slot0 = n * NT
 
     q_p = q + b * sqb + h * K
     k_p = k + b * skb + h * K
@@ -420,6 +449,8 @@ def _chunk_recurrence_kernel(
     u_p = u + tok * V + i_v * BV
     a_p = aqk + tok * BT
     o_p = o + tok * V + i_v * BV
+    vn_p = vn + tok * V + i_v * BV
+    hs_p = hs + (slot0 * HV + hv) * (K * V) + i_v * BV  # chunk c's state is c·HV·K·V further
     Vb = V - i_v * BV  # columns of this V block that exist
 
     rk = tl.arange(0, BK)
@@ -438,20 +469,97 @@ def _chunk_recurrence_kernel(
         t0 = bos
         while t0 < eos:
             S = _chunk_step(
-                S, t0, eos, q_p, k_p, w_p, u_p, a_p, gc_p, o_p, Vb, scale, sqt, skt,
-                HV, K, V, BK, BV, BT, L2NORM, STATE_IN_IO_DTYPE, STATE_DT, STATE_PRECISION, ROUND_BF16,
+                S, t0, eos, q_p, k_p, w_p, u_p, a_p, gc_p, o_p, hs_p, vn_p, Vb, scale, sqt, skt,
+                HV, K, V, BK, BV, BT, L2NORM, FUSE_OUT, STATE_IN_IO_DTYPE, STATE_DT, STATE_PRECISION, ROUND_BF16,
             )  # fmt: skip
             t0 += BT
+            hs_p += HV * K * V
     else:
         # a for loop, so the compiler can pipeline the next chunk's loads behind this one's dots
         for c in range(0, tl.cdiv(eos - bos, BT)):
             S = _chunk_step(
-                S, bos + c * BT, eos, q_p, k_p, w_p, u_p, a_p, gc_p, o_p, Vb, scale, sqt, skt,
-                HV, K, V, BK, BV, BT, L2NORM, STATE_IN_IO_DTYPE, STATE_DT, STATE_PRECISION, ROUND_BF16,
+                S, bos + c * BT, eos, q_p, k_p, w_p, u_p, a_p, gc_p, o_p, hs_p + c * (HV * K * V), vn_p, Vb,
+                scale, sqt, skt,
+                HV, K, V, BK, BV, BT, L2NORM, FUSE_OUT, STATE_IN_IO_DTYPE, STATE_DT, STATE_PRECISION, ROUND_BF16,
             )  # fmt: skip
 
     if STORE_FINAL:
         tl.store(ht + s_off, S, mask=s_mask)
+
+
+# ---------------------------------------------------------------------------------------------
+# launch 3 (unfused): the output, fully parallel over chunks
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _chunk_output_kernel(
+    q,
+    aqk,
+    gc,
+    hs,
+    vn,
+    o,
+    cu_seqlens,
+    scale,
+    T,
+    NT,
+    N,
+    sqb,
+    sqt,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    BT: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    L2NORM: tl.constexpr,
+    STATE_DT: tl.constexpr,
+    STATE_PRECISION: tl.constexpr,
+    ROUND_BF16: tl.constexpr,
+):
+    """o = scale e^{G} q̂ S_c + Aqk v_new for one chunk slot, value head and V block, from the
+    chunk-start state S_c and v_new that launch 2 stored (the same operands, rounded the same
+    way, as the fused step's output)."""
+    i_t = tl.program_id(0).to(tl.int64)
+    hv = tl.program_id(1)
+    i_v = tl.program_id(2)
+    h = hv // (HV // H)
+    b, t0, eos = _slot_bounds(i_t, cu_seqlens, T, NT, N, BT, IS_VARLEN)
+    q += b * sqb + t0 * sqt + h * K
+    tok0 = (b * T + t0) * HV + hv
+    gc += tok0
+    aqk += tok0 * BT
+    vn += tok0 * V + i_v * BV
+    o += tok0 * V + i_v * BV
+    hs += (i_t * HV + hv) * (K * V) + i_v * BV
+    Vb = V - i_v * BV
+
+    r = tl.arange(0, BT)
+    live = r < eos - t0
+    rk = tl.arange(0, BK)
+    rv = tl.arange(0, BV)
+    kmask = live[:, None] & (rk < K)[None, :]
+    vmask = live[:, None] & (rv < Vb)[None, :]
+    G = tl.load(gc + r * HV, mask=live, other=0.0)
+    qc = tl.load(q + r[:, None] * sqt + rk[None, :], mask=kmask, other=0.0).to(tl.float32)
+    if L2NORM:
+        qc = qc * tl.rsqrt(tl.sum(qc * qc, 1) + 1e-6)[:, None]
+    qs = (qc * (scale * tl.exp(G))[:, None]).to(STATE_DT)
+    if ROUND_BF16:
+        qs = rne_bf16(qs)
+    # an empty slot (t0 ≥ eos) has no stored state: every row is masked, so load nothing
+    s_mask = (rk < K)[:, None] & (rv < Vb)[None, :] & (t0 < eos)
+    Sd = tl.load(hs + rk[:, None] * V + rv[None, :], mask=s_mask, other=0.0).to(STATE_DT)
+    a_mask = live[:, None] & (r[None, :] <= r[:, None])  # only the causal blocks were written
+    Ac = tl.load(aqk + r[:, None] * (HV * BT) + r[None, :], mask=a_mask, other=0.0).to(STATE_DT)
+    vd = tl.load(vn + r[:, None] * (HV * V) + rv[None, :], mask=vmask, other=0.0).to(STATE_DT)
+    oc = tl.dot(qs, Sd, input_precision=STATE_PRECISION) + tl.dot(Ac, vd, input_precision=STATE_PRECISION)
+    if ROUND_BF16:
+        oc = rne_bf16(oc)
+    tl.store(o + r[:, None] * (HV * V) + rv[None, :], oc.to(o.dtype.element_ty), mask=vmask)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -528,14 +636,24 @@ def chunk_gated_delta_rule(
             ROUND_BF16=policy.round_bf16,
             num_warps=warps1,
         )  # fmt: skip
+    fuse = FUSE_OUTPUT
+    if fuse:
+        hs = vn = gc  # unused pointers
+    else:
+        # the chunk-start states and v_new, as the state dots see them (STATE_DT), for launch 3;
+        # for bf16 on a GPU v_new has u's dtype and overwrites it (each element of u is read once,
+        # by the program that writes the same element of v_new)
+        state_torch = _TORCH_DTYPE[policy.state_dtype]
+        hs = torch.empty(slots, HV, K, V, dtype=state_torch, device=device)
+        vn = u if state_torch == u.dtype else torch.empty(B, T, HV, V, dtype=state_torch, device=device)
     _chunk_recurrence_kernel[(N * HV, triton.cdiv(V, BV))](
-        q, k, w, u, aqk, gc, o,
+        q, k, w, u, aqk, gc, o, hs, vn,
         initial_state if initial_state is not None else gc,
         final if final is not None else gc,
-        cu, scale, T,
+        cu, scale, T, NT,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1),
         H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, BT=BT,
-        IS_VARLEN=cu_seqlens is not None, L2NORM=use_qk_l2norm,
+        IS_VARLEN=cu_seqlens is not None, L2NORM=use_qk_l2norm, FUSE_OUT=fuse,
         HAS_H0=initial_state is not None, STORE_FINAL=final is not None,
         STATE_IN_IO_DTYPE=state_in_io_dtype,
         STATE_DT=policy.state_dtype, STATE_PRECISION=policy.state_precision, ROUND_BF16=policy.round_bf16,
@@ -543,4 +661,13 @@ def chunk_gated_delta_rule(
         num_warps=warps2,
         num_stages=stages2,
     )  # fmt: skip
+    if not fuse and T > 0:
+        BVO = min(OUT_BV, BVF)
+        _chunk_output_kernel[(slots, HV, triton.cdiv(V, BVO))](
+            q, aqk, gc, hs, vn, o, cu, scale, T, NT, N, q.stride(0), q.stride(1),
+            H=H, HV=HV, K=K, V=V, BK=BK, BV=BVO, BT=BT,
+            IS_VARLEN=cu_seqlens is not None, L2NORM=use_qk_l2norm,
+            STATE_DT=policy.state_dtype, STATE_PRECISION=policy.state_precision, ROUND_BF16=policy.round_bf16,
+            num_warps=OUT_WARPS if tc else 8,
+        )  # fmt: skip
     return o, final
