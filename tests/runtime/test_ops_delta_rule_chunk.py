@@ -89,7 +89,9 @@ def test_matches_reference(case: str, dtype_name: str, rng: torch.Generator, dev
     check_against_reference(rng, device, dtype_name, **CASES[case])  # type: ignore[arg-type]
 
 
-def test_repeated_keys_full_beta_no_decay(dtype_name: str, rng: torch.Generator, device: torch.device) -> None:
+def test_repeated_keys_full_beta_no_decay(
+    dtype_name: str, rng: torch.Generator, device: torch.device
+) -> None:
     """The worst case for the in-chunk triangular solve: every key the same, β = 1, g = 0, so
     every entry of A below the diagonal is 1 and T = (I + A)⁻¹ is bidiagonal (1, -1), while the
     powers of A's blocks grow like binomial coefficients (a power series would cancel them
