@@ -24,27 +24,38 @@ repeated in memory):
 1. `_chunk_prepare_kernel`, grid ``(chunk slots, HV)``: per chunk and value head, the in-chunk
    work that does not need the state: cumsum of g; the Gram matrices q kᵀ and k kᵀ of the raw
    inputs with K streamed in slices, the fused L2 norm applied as a rank-one rescaling; ``T``
-   by blockwise forward substitution (the four diagonal 16×16 blocks row by row, then the
-   block-lower part in a few 64×64 dots); then ``w`` and ``u`` (stored in the input dtype),
-   the decayed, scaled causal ``q kᵀ`` block ``Aqk`` and the cumulative decays ``gc``.
+   by blockwise forward substitution (the four diagonal 16×16 blocks by doubling the block
+   size, then the block-lower part in a few 64×64 dots); then ``w`` and ``u`` (stored in the
+   input dtype), the decayed, scaled causal ``q kᵀ`` block ``Aqk`` and the cumulative decays
+   ``gc``.
 2. `_chunk_recurrence_kernel`, grid ``(N·HV, V / BV)``: per sequence, value head and V block,
    sequential over the sequence's chunks with the float32 state in registers; each step forms
-   ``v_new``, writes the chunk's output and advances the state.  The output is fused here so the
-   per-chunk states (``[chunks, HV, K, V]``, 512 MB at T=32K in bf16) never touch memory.
+   ``v_new`` and advances the state, and stores the chunk-start state and ``v_new`` (as the
+   state dots see them) for launch 3.
+3. `_chunk_output_kernel`, grid ``(chunk slots, HV, V / BVO)``: the output of every chunk in
+   parallel, ``o = scale e^{G} q̂ S_c + Aqk v_new``.
+
+The output used to be fused into launch 2 (``FUSE_OUTPUT = True`` still builds that), which saves
+storing the chunk states (``[chunks, HV, K, V]``, 512 MB at T=32K in bf16) but puts the output's
+dots on the sequential chain: on the H200 launch 2 then took 1.60 ms at B1 T32768 bf16, against
+0.80 ms for the chain alone plus 0.43 ms for the parallel output launch (docs/performance.md).
 
 Precision (the policy is in `delta_rule_common`): the Gram matrices take input-dtype operands
 with float32 accumulation; ``T`` is solved in float32 (diagonal blocks exactly, the block-lower
 part at TF32 for 16-bit inputs) and rounded to the input dtype for the WY products; ``w``, ``u``
 and ``Aqk`` are stored in the input dtype.  In launch 2 the state stays float32 in registers and
 enters its dots as bf16 (bf16 inputs), float32 at TF32 precision (f16: no overflow) or IEEE
-float32 (f32), as does ``v_new``; the output is rounded once, to v's dtype.  The fault
+float32 (f32), as does ``v_new``; the chunk states and ``v_new`` are stored in that operand
+dtype (so bf16 inputs store bf16 states, f16 and f32 store float32), and launch 3 computes
+with exactly the operands the fused step used.  The output is rounded once, to v's dtype.  The fault
 ``fp16_state_overflow`` (a compile-time flag) rounds the state to the input dtype when it is
 loaded and after every chunk.
 
 Variable-length batches: chunks never cross a sequence boundary.  Launch 1 runs over
 ``ceil(T/64) + N`` slots (an upper bound on the chunk count) and finds each slot's sequence and
-chunk by a binary search over ``cu_seqlens`` inside the kernel; launch 2 reads its sequence's
-bounds directly.  Nothing is prepared on the host, so there is no sync and no cache.
+chunk by a binary search over ``cu_seqlens`` inside the kernel (so does launch 3; launch 2 stores
+chunk c of sequence n in slot ``cu[n] // 64 + n + c``, the slot launch 3 finds); launch 2 reads
+its sequence's bounds directly.  Nothing is prepared on the host, so there is no sync and no cache.
 """
 
 from __future__ import annotations
@@ -609,9 +620,11 @@ def chunk_gated_delta_rule(
     BK = pow2_at_least(K)
     BVF = pow2_at_least(V)
     # Tile configuration, checked with ptxas at K = V = 128 (no GPU needed: compile for the
-    # target).  On tensor cores: 32-wide K/V slices (launch 1) and V blocks (launch 2) at 4
-    # warps are spill-free on sm90, except launch 2 for f16, whose state dots take float32
-    # operands and want 8 warps.  On the FMA path (float32; sm70, where Triton 3.6 has no MMA)
+    # target) and timed on the H200 (hack/device/probe_variants.py).  On tensor cores: launch 1
+    # takes K/V in slices of up to 128 (whole heads at K = V = 128: 0.89 ms at B1 T32768 bf16,
+    # against 0.99 ms for 64-wide and 1.22 ms for 32-wide slices); launch 2 takes 32-wide V
+    # blocks at 4 warps (16: 1.08 ms, 64: 1.39 ms, 8 warps: 0.89 ms, against 0.79 ms), except
+    # for f16, whose state dots take float32 operands and want 8 warps.  On the FMA path (float32; sm70, where Triton 3.6 has no MMA)
     # every dot holds whole operand rows per thread: 16-wide slices, 8 warps and no software
     # pipelining in launch 2 bring the spills from ~14-18 KB to < 1 KB per thread.
     tc = tensor_core_dots(q.dtype, device)
@@ -621,7 +634,8 @@ def chunk_gated_delta_rule(
         # (K=32/V=16 and K=V=16 heads, f16 and bf16; K, V ≥ 32 and float32 were right), which
         # the interpreter cannot show.  Padding the tiles to 32 (masked) avoids those shapes.
         BK, BVF = max(BK, 32), max(BVF, 32)
-    KS, VS, BV = min(width, BK), min(width, BVF), min(width, BVF)
+    slice_width = 128 if tc else width
+    KS, VS, BV = min(slice_width, BK), min(slice_width, BVF), min(width, BVF)
     warps1 = 4 if tc and max(K, V) <= 128 else 8
     warps2 = 4 if tc and q.dtype == torch.bfloat16 and max(K, V) <= 128 else 8
     stages2 = 3 if tc else 1
