@@ -3,15 +3,16 @@
 Prefill is memory bound (W multiply-adds per element), so the design goal is one pass over ``x``
 and ``y`` in DRAM with few registers per element:
 
-* the bulk kernel: a program owns a ``[BLOCK_T, BLOCK_D]`` tile of one batch row, channels
-  contiguous (the layout the projections produce), and reads the ``W`` time-shifted copies of its
-  input tile; the shifts overlap by all but one row, so only the first reaches DRAM and the
-  ``W - 1`` halo rows come from the neighbouring tile through L2.  A tap that lies before its
-  sequence start contributes zero (a per-row mask), so packed sequences can start anywhere in a
-  tile;
-* with ``cu_seqlens`` every row finds its sequence by a binary search over the offsets in the
-  kernel: no host sync and no per-sequence launch bookkeeping, at ``log2(N + 1)`` cached scalar
-  loads per row;
+* the bulk kernel: a program owns ``CHUNK_T`` rows x ``BLOCK_D`` channels of one batch row,
+  channels contiguous (the layout the projections produce), and streams down its rows eight at
+  a time, keeping the last ``W - 1`` input rows in registers: each input row is read from DRAM
+  once (plus a ``W - 1``-row halo per chunk), with no shifted re-reads.  The next eight rows are
+  loaded before the current eight are stored (the compiler may not move a load of ``x`` above a
+  store to ``y``: they could alias), so 16 row loads per thread are in flight.  A tap that lies
+  before its sequence start contributes zero, so packed sequences can start anywhere in a chunk;
+* with ``cu_seqlens`` a program finds the sequence of its first row by a binary search over the
+  offsets in the kernel (no host sync, no per-sequence launch bookkeeping) and searches again
+  only when a row reaches the next sequence's start;
 * the edge kernel, over ``(N, channel blocks)``: with an initial state it computes the first
   ``W - 1`` outputs of each sequence (the only ones whose taps read the state; the bulk kernel
   leaves those rows to it, so the two write disjoint rows), and it writes the final state (the
@@ -52,6 +53,118 @@ MAX_WIDTH = 8
 
 
 @triton.jit
+def _wcol(w_row, k: tl.constexpr, W: tl.constexpr, d_ok, dflt):
+    """The weight multiplying ``x[t - k]`` (column ``W - 1 - k``) as float32, ``dflt`` for k >= W."""
+    if k < W:
+        return tl.load(w_row + (W - 1 - k), mask=d_ok, other=0.0).to(tl.float32)
+    else:
+        return dflt
+
+
+@triton.jit
+def _hist(x_row, t0, k: tl.constexpr, W: tl.constexpr, lo, stride_xt, d_ok, dflt):
+    """``x[t0 - k]`` as float32 (zero before row ``lo``, the sequence start), ``dflt`` for k >= W."""
+    if k < W:
+        return tl.load(x_row + (t0 - k).to(tl.int64) * stride_xt, mask=d_ok & (t0 - k >= lo), other=0.0).to(
+            tl.float32
+        )
+    else:
+        return dflt
+
+
+@triton.jit
+def _rows8(x_row, tg, lim, stride_xt, d_ok):
+    """Rows tg .. tg + 7 as float32 (zero from row ``lim`` on): eight independent loads, issued
+    together (the compiler may not hoist a load above a store to ``y``: they could alias)."""
+    p = x_row + tg.to(tl.int64) * stride_xt
+    x0 = tl.load(p, mask=d_ok & (tg < lim), other=0.0).to(tl.float32)
+    x1 = tl.load(p + stride_xt, mask=d_ok & (tg + 1 < lim), other=0.0).to(tl.float32)
+    x2 = tl.load(p + 2 * stride_xt, mask=d_ok & (tg + 2 < lim), other=0.0).to(tl.float32)
+    x3 = tl.load(p + 3 * stride_xt, mask=d_ok & (tg + 3 < lim), other=0.0).to(tl.float32)
+    x4 = tl.load(p + 4 * stride_xt, mask=d_ok & (tg + 4 < lim), other=0.0).to(tl.float32)
+    x5 = tl.load(p + 5 * stride_xt, mask=d_ok & (tg + 5 < lim), other=0.0).to(tl.float32)
+    x6 = tl.load(p + 6 * stride_xt, mask=d_ok & (tg + 6 < lim), other=0.0).to(tl.float32)
+    x7 = tl.load(p + 7 * stride_xt, mask=d_ok & (tg + 7 < lim), other=0.0).to(tl.float32)
+    return x0, x1, x2, x3, x4, x5, x6, x7
+
+
+@triton.jit
+def _seq_of(cu_ptr, t, N, SEARCH_STEPS: tl.constexpr):
+    """The sequence of row ``t``: the last n with cu[n] <= t (ties resolve past zero-length
+    sequences).  Invariant lo <= answer <= hi; once lo == hi further steps change nothing, so
+    SEARCH_STEPS only has to be large enough, and is bucketed to limit recompiles.  The clamp
+    keeps out-of-contract offsets inside [0, N - 1]."""
+    lo = t * 0
+    hi = lo + N
+    for _ in tl.static_range(SEARCH_STEPS):
+        mid = (lo + hi + 1) >> 1
+        go = tl.load(cu_ptr + mid) <= t
+        lo = tl.where(go, mid, lo)
+        hi = tl.where(go, hi, mid - 1)
+    return tl.minimum(lo, N - 1)
+
+
+@triton.jit
+def _advance(cu_ptr, t, N, start, nxt, SEARCH_STEPS: tl.constexpr):
+    """(start, next start) of row ``t``'s sequence, given those of row ``t - 1``: rows only move
+    forward, so a new search is needed only when ``t`` reaches the next sequence's first row."""
+    if t >= nxt:
+        seq = _seq_of(cu_ptr, t, N, SEARCH_STEPS)
+        start = tl.load(cu_ptr + seq)
+        nxt = tl.load(cu_ptr + seq + 1)
+    return start, nxt
+
+
+@triton.jit
+def _conv_row(
+    a0, a1, a2, a3, a4, a5, a6, a7, v0, v1, v2, v3, v4, v5, v6, v7,
+    rel, bias_v, band, y_row, t, lim, D, d_ok,
+    W: tl.constexpr, MASK_TAPS: tl.constexpr, HAS_BIAS: tl.constexpr, SKIP_HEAD: tl.constexpr,
+    ACT_SILU: tl.constexpr, FAULT_KEY_BAND_ZERO: tl.constexpr,
+):  # fmt: skip
+    """One output row from its taps ``a_k = x[t - k]`` and weights ``v_k``; ``rel`` is the row's
+    position in its sequence (with MASK_TAPS, tap k counts only if rel >= k)."""
+    if MASK_TAPS:
+        acc = a0 * v0 + tl.where(rel >= 1, a1, 0.0) * v1
+        if W > 2:
+            acc += tl.where(rel >= 2, a2, 0.0) * v2
+        if W > 3:
+            acc += tl.where(rel >= 3, a3, 0.0) * v3
+        if W > 4:
+            acc += tl.where(rel >= 4, a4, 0.0) * v4
+        if W > 5:
+            acc += tl.where(rel >= 5, a5, 0.0) * v5
+        if W > 6:
+            acc += tl.where(rel >= 6, a6, 0.0) * v6
+        if W > 7:
+            acc += tl.where(rel >= 7, a7, 0.0) * v7
+    else:
+        acc = a0 * v0 + a1 * v1
+        if W > 2:
+            acc += a2 * v2
+        if W > 3:
+            acc += a3 * v3
+        if W > 4:
+            acc += a4 * v4
+        if W > 5:
+            acc += a5 * v5
+        if W > 6:
+            acc += a6 * v6
+        if W > 7:
+            acc += a7 * v7
+    if HAS_BIAS:
+        acc += bias_v
+    if ACT_SILU:
+        acc = silu(acc)
+    if FAULT_KEY_BAND_ZERO:
+        acc = tl.where(band, 0.0, acc)
+    ok = d_ok & (t < lim)
+    if SKIP_HEAD:
+        ok &= rel >= W - 1  # the edge kernel writes the rows that read the state
+    tl.store(y_row + t.to(tl.int64) * D, acc.to(y_row.dtype.element_ty), mask=ok)
+
+
+@triton.jit
 def _conv_fwd_kernel(
     x_ptr,
     w_ptr,
@@ -67,7 +180,7 @@ def _conv_fwd_kernel(
     key_hi,
     W: tl.constexpr,
     SEARCH_STEPS: tl.constexpr,
-    BLOCK_T: tl.constexpr,
+    CHUNK_T: tl.constexpr,
     BLOCK_D: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     SKIP_HEAD: tl.constexpr,
@@ -78,48 +191,113 @@ def _conv_fwd_kernel(
     pid_t = tl.program_id(0)
     pid_d = tl.program_id(1)
     b = tl.program_id(2)
-    t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
-    t_ok = t < T
     d_ok = d < D
+    t0 = pid_t * CHUNK_T
+    x_row = x_ptr + b.to(tl.int64) * stride_xb + d
+    y_row = y_ptr + b.to(tl.int64) * T * D + d
+
+    # v_k multiplies x[t - k]; taps k >= W alias v0 and are never read.
+    v0 = _wcol(w_ptr + d * W, 0, W, d_ok, None)
+    v1 = _wcol(w_ptr + d * W, 1, W, d_ok, v0)
+    v2 = _wcol(w_ptr + d * W, 2, W, d_ok, v0)
+    v3 = _wcol(w_ptr + d * W, 3, W, d_ok, v0)
+    v4 = _wcol(w_ptr + d * W, 4, W, d_ok, v0)
+    v5 = _wcol(w_ptr + d * W, 5, W, d_ok, v0)
+    v6 = _wcol(w_ptr + d * W, 6, W, d_ok, v0)
+    v7 = _wcol(w_ptr + d * W, 7, W, d_ok, v0)
+    bias_v = tl.load(bias_ptr + d, mask=d_ok, other=0.0).to(tl.float32) if HAS_BIAS else v0
+    band = (d >= key_lo) & (d < key_hi)
 
     if IS_VARLEN:
-        # Sequence of each row: the last n with cu[n] <= t (ties resolve past zero-length
-        # sequences).  Invariant lo <= answer <= hi; once lo == hi further steps change nothing,
-        # so SEARCH_STEPS only has to be large enough, and is bucketed to limit recompiles.
-        lo = tl.zeros([BLOCK_T], dtype=tl.int32)
-        hi = lo + N
-        for _ in tl.static_range(SEARCH_STEPS):
-            mid = (lo + hi + 1) >> 1
-            go = tl.load(cu_ptr + mid, mask=t_ok, other=0) <= t
-            lo = tl.where(go, mid, lo)
-            hi = tl.where(go, hi, mid - 1)
-        seq = tl.minimum(lo, N - 1)  # only out-of-contract offsets reach the clamp
-        # Position in the sequence (clamped for the same reason).
-        rel = tl.maximum(t - tl.load(cu_ptr + seq, mask=t_ok, other=0), 0)
+        seq = _seq_of(cu_ptr, t0, N, SEARCH_STEPS)
+        start = tl.load(cu_ptr + seq)
+        nxt = tl.load(cu_ptr + seq + 1)  # first row of a later sequence
     else:
-        rel = t
+        start = 0
+        nxt = T
+    # History h_k = x[t0 - k], zero before the sequence start; h_k for k >= W is never read.
+    h1 = _hist(x_row, t0, 1, W, start, stride_xt, d_ok, None)
+    h2 = _hist(x_row, t0, 2, W, start, stride_xt, d_ok, h1)
+    h3 = _hist(x_row, t0, 3, W, start, stride_xt, d_ok, h1)
+    h4 = _hist(x_row, t0, 4, W, start, stride_xt, d_ok, h1)
+    h5 = _hist(x_row, t0, 5, W, start, stride_xt, d_ok, h1)
+    h6 = _hist(x_row, t0, 6, W, start, stride_xt, d_ok, h1)
+    h7 = _hist(x_row, t0, 7, W, start, stride_xt, d_ok, h1)
 
-    # Tap j of row t reads input row t - (W - 1) + j, inside the sequence iff rel >= W - 1 - j.
-    # Pointers are built once; each tap only adds a scalar offset.
-    tile_ok = t_ok[:, None] & d_ok[None, :]
-    x_ptrs = x_ptr + b.to(tl.int64) * stride_xb + t.to(tl.int64)[:, None] * stride_xt + d[None, :]
-    w_ptrs = w_ptr + d * W
-    acc = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
-    for j in tl.static_range(W):
-        inside = (rel >= W - 1 - j)[:, None]
-        xv = tl.load(x_ptrs + (j - (W - 1)) * stride_xt, mask=tile_ok & inside, other=0.0)
-        acc += xv.to(tl.float32) * tl.load(w_ptrs + j, mask=d_ok, other=0.0).to(tl.float32)[None, :]
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + d, mask=d_ok, other=0.0).to(tl.float32)[None, :]
-    if ACT_SILU:
-        acc = silu(acc)
-    if FAULT_KEY_BAND_ZERO:
-        acc = tl.where(((d >= key_lo) & (d < key_hi))[None, :], 0.0, acc)
-    if SKIP_HEAD:
-        tile_ok &= (rel >= W - 1)[:, None]  # the edge kernel writes rows that read the state
-    y_rows = (b.to(tl.int64) * T + t.to(tl.int64)) * D
-    tl.store(y_ptr + y_rows[:, None] + d[None, :], acc.to(y_ptr.dtype.element_ty), mask=tile_ok)
+    lim = tl.minimum(T, t0 + CHUNK_T)  # this program's rows are [t0, lim)
+    # Software pipelining by hand: the next group's eight loads go out before this group's
+    # stores (measured: without it each group waits a full DRAM round trip).
+    n0, n1, n2, n3, n4, n5, n6, n7 = _rows8(x_row, t0, lim, stride_xt, d_ok)
+    for g in range(0, CHUNK_T, 8):
+        tg = t0 + g
+        x0, x1, x2, x3, x4, x5, x6, x7 = n0, n1, n2, n3, n4, n5, n6, n7
+        n0, n1, n2, n3, n4, n5, n6, n7 = _rows8(x_row, tg + 8, lim, stride_xt, d_ok)
+        # Row tg + i: taps x[t], x[t - 1], ... and the same weights and flags throughout.
+        # fmt: off
+        t = tg
+        if IS_VARLEN:
+            start, nxt = _advance(cu_ptr, t, N, start, nxt, SEARCH_STEPS)
+        _conv_row(x0, h1, h2, h3, h4, h5, h6, h7, v0, v1, v2, v3, v4, v5, v6, v7,
+                  t - start, bias_v, band, y_row, t, lim, D, d_ok,
+                  W, IS_VARLEN, HAS_BIAS, SKIP_HEAD, ACT_SILU, FAULT_KEY_BAND_ZERO)
+        t = tg + 1
+        if IS_VARLEN:
+            start, nxt = _advance(cu_ptr, t, N, start, nxt, SEARCH_STEPS)
+        _conv_row(x1, x0, h1, h2, h3, h4, h5, h6, v0, v1, v2, v3, v4, v5, v6, v7,
+                  t - start, bias_v, band, y_row, t, lim, D, d_ok,
+                  W, IS_VARLEN, HAS_BIAS, SKIP_HEAD, ACT_SILU, FAULT_KEY_BAND_ZERO)
+        t = tg + 2
+        if IS_VARLEN:
+            start, nxt = _advance(cu_ptr, t, N, start, nxt, SEARCH_STEPS)
+        _conv_row(x2, x1, x0, h1, h2, h3, h4, h5, v0, v1, v2, v3, v4, v5, v6, v7,
+                  t - start, bias_v, band, y_row, t, lim, D, d_ok,
+                  W, IS_VARLEN, HAS_BIAS, SKIP_HEAD, ACT_SILU, FAULT_KEY_BAND_ZERO)
+        t = tg + 3
+        if IS_VARLEN:
+            start, nxt = _advance(cu_ptr, t, N, start, nxt, SEARCH_STEPS)
+        _conv_row(x3, x2, x1, x0, h1, h2, h3, h4, v0, v1, v2, v3, v4, v5, v6, v7,
+                  t - start, bias_v, band, y_row, t, lim, D, d_ok,
+                  W, IS_VARLEN, HAS_BIAS, SKIP_HEAD, ACT_SILU, FAULT_KEY_BAND_ZERO)
+        t = tg + 4
+        if IS_VARLEN:
+            start, nxt = _advance(cu_ptr, t, N, start, nxt, SEARCH_STEPS)
+        _conv_row(x4, x3, x2, x1, x0, h1, h2, h3, v0, v1, v2, v3, v4, v5, v6, v7,
+                  t - start, bias_v, band, y_row, t, lim, D, d_ok,
+                  W, IS_VARLEN, HAS_BIAS, SKIP_HEAD, ACT_SILU, FAULT_KEY_BAND_ZERO)
+        t = tg + 5
+        if IS_VARLEN:
+            start, nxt = _advance(cu_ptr, t, N, start, nxt, SEARCH_STEPS)
+        _conv_row(x5, x4, x3, x2, x1, x0, h1, h2, v0, v1, v2, v3, v4, v5, v6, v7,
+                  t - start, bias_v, band, y_row, t, lim, D, d_ok,
+                  W, IS_VARLEN, HAS_BIAS, SKIP_HEAD, ACT_SILU, FAULT_KEY_BAND_ZERO)
+        t = tg + 6
+        if IS_VARLEN:
+            start, nxt = _advance(cu_ptr, t, N, start, nxt, SEARCH_STEPS)
+        _conv_row(x6, x5, x4, x3, x2, x1, x0, h1, v0, v1, v2, v3, v4, v5, v6, v7,
+                  t - start, bias_v, band, y_row, t, lim, D, d_ok,
+                  W, IS_VARLEN, HAS_BIAS, SKIP_HEAD, ACT_SILU, FAULT_KEY_BAND_ZERO)
+        t = tg + 7
+        if IS_VARLEN:
+            start, nxt = _advance(cu_ptr, t, N, start, nxt, SEARCH_STEPS)
+        _conv_row(x7, x6, x5, x4, x3, x2, x1, x0, v0, v1, v2, v3, v4, v5, v6, v7,
+                  t - start, bias_v, band, y_row, t, lim, D, d_ok,
+                  W, IS_VARLEN, HAS_BIAS, SKIP_HEAD, ACT_SILU, FAULT_KEY_BAND_ZERO)
+        # fmt: on
+        # The window moves on by eight rows.
+        h1 = x7
+        if W > 2:
+            h2 = x6
+        if W > 3:
+            h3 = x5
+        if W > 4:
+            h4 = x4
+        if W > 5:
+            h5 = x3
+        if W > 6:
+            h6 = x2
+        if W > 7:
+            h7 = x1
 
 
 @triton.jit
@@ -342,17 +520,18 @@ def _search_steps(N: int) -> int:
 
 
 def _prefill_config(T: int, D: int) -> tuple[int, int, int]:
-    """(BLOCK_T, BLOCK_D, num_warps), fixed by shape (no autotuning)."""
+    """(CHUNK_T, BLOCK_D, num_warps), fixed by shape (no autotuning)."""
     if interpreting():
-        # Every program costs the interpreter ~100 Python-level ops whatever its size, so few
-        # programs; still small enough that the CPU tests' shapes cross tile edges.
+        # Every program costs the interpreter a fixed number of Python-level ops, so few programs;
+        # still small enough that the CPU tests' shapes cross chunk and channel-block edges.
         return 32, 64, 1
-    # 32 x 128 at 4 warps: 32 elements per thread, ~124 registers on sm_90 (no spills), 16-byte
-    # vector loads along channels.  Smaller shapes shrink the tile rather than mask most of it.
-    block_d = min(128, max(16, next_pow2(D)))
-    block_t = min(32, max(16, next_pow2(T)))
-    tile = block_t * block_d
-    return block_t, block_d, 4 if tile >= 4096 else (2 if tile >= 1024 else 1)
+    # Swept on the H200 at B1 T32768 D8192 bf16 (docs/performance.md): four contiguous channels
+    # per thread, 4 warps, 32 rows per program (8 + 8 rows of loads in flight per thread) beat
+    # 8 channels per thread (fewer programs resident) and longer chunks (fewer programs).
+    num_warps = max(1, min(4, next_pow2(D) // 128))
+    block_d = 4 * 32 * num_warps
+    chunk_t = min(32, max(8, next_pow2(T)))
+    return chunk_t, block_d, num_warps
 
 
 def causal_conv1d(
@@ -400,9 +579,9 @@ def causal_conv1d(
         W=W, HAS_BIAS=has_bias, IS_VARLEN=is_varlen, ACT_SILU=act_silu, FAULT_KEY_BAND_ZERO=key_band_zero
     )
 
-    block_t, block_d, num_warps = _prefill_config(T, D)
+    chunk_t, block_d, num_warps = _prefill_config(T, D)
     if B * T * D > 0:
-        _conv_fwd_kernel[(cdiv(T, block_t), cdiv(D, block_d), B)](
+        _conv_fwd_kernel[(cdiv(T, chunk_t), cdiv(D, block_d), B)](
             x,
             weight,
             bias if has_bias else placeholder,
@@ -416,7 +595,7 @@ def causal_conv1d(
             key_lo,
             key_hi,
             SEARCH_STEPS=_search_steps(N) if is_varlen else 0,  # no recompiles per batch size
-            BLOCK_T=block_t,
+            CHUNK_T=chunk_t,
             BLOCK_D=block_d,
             SKIP_HEAD=has_init,
             num_warps=num_warps,
