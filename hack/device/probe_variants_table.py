@@ -6,8 +6,9 @@
 # K/V slices 32/64/128; a TF32 64x64 doubling solve; grid order (docs/performance.md).
 VARIANTS = {
     "base": [],
+    "fused": [("FUSE_OUTPUT = False", "FUSE_OUTPUT = True")],
     "prep_no_solve": [("    Tm = Tm.to(CHUNK_DT)", "    Tm = (eye + A).to(CHUNK_DT)")],
-    "prep_w8": [("warps1 = 4 if tc and max(K, V) <= 128 else 8", "warps1 = 8")],
-    "out_bv64_w4": [("OUT_BV = 128", "OUT_BV = 64")],
-    "rec_stages4": [("stages2 = 3 if tc else 1", "stages2 = 4")],
+    "prep_row_substitution": [("solve_by_doubling=True", "solve_by_doubling=False")],
+    "out_bv64": [("OUT_BV = 128", "OUT_BV = 64")],
+    "rec_stages4": [("stages2=3,", "stages2=4,")],
 }

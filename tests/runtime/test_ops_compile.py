@@ -1,4 +1,5 @@
-"""The conv, gating and norm kernels compile for real GPUs, without register spills.
+"""The kernels compile for real GPUs, without register spills (the delta-rule kernels: with
+at most a little on the V100, whose FMA-only dots hold whole operand rows per thread).
 
 The interpreter runs a kernel as Python: it cannot see what only the compiler checks (a constexpr
 that silently became a runtime value, branch types that disagree, an op with no lowering) nor what
@@ -61,7 +62,7 @@ def variants(dt, full):
     # Block sizes and warps as the wrappers pick them at the Qwen3.5 shapes.
     v = [
         ("causal_conv1d bulk", conv._conv_fwd_kernel, fwd,
-         dict(conv_flags, SEARCH_STEPS=4, BLOCK_T=32, BLOCK_D=128, SKIP_HEAD=True), 4),
+         dict(conv_flags, SEARCH_STEPS=4, CHUNK_T=32, BLOCK_D=512, SKIP_HEAD=True), 4),
         ("causal_conv1d edges", conv._conv_edges_kernel, edges,
          dict(conv_flags, BLOCK_D=256, BLOCK_K=4, HAS_INIT=True, WRITE_FINAL=True), 4),
         ("causal_conv1d_update", conv._conv_update_kernel, upd,
@@ -75,7 +76,7 @@ def variants(dt, full):
     if full:  # every fault flag and the other constexpr branches, on one target
         v += [
             ("causal_conv1d bulk, dense, conv_key_band_zero", conv._conv_fwd_kernel, fwd,
-             dict(conv_flags, IS_VARLEN=False, SEARCH_STEPS=4, BLOCK_T=32, BLOCK_D=128, SKIP_HEAD=False,
+             dict(conv_flags, IS_VARLEN=False, SEARCH_STEPS=4, CHUNK_T=32, BLOCK_D=512, SKIP_HEAD=False,
                   FAULT_KEY_BAND_ZERO=True), 4),
             ("causal_conv1d edges, dense, conv_key_band_zero", conv._conv_edges_kernel, edges,
              dict(conv_flags, IS_VARLEN=False, BLOCK_D=256, BLOCK_K=4, HAS_INIT=True, WRITE_FINAL=False,
@@ -129,3 +130,98 @@ def test_kernels_compile_for_sm90_and_sm70_without_spills() -> None:
     assert not failed, "kernels that do not compile:\n" + "\n\n".join(f"{k}: {e}" for k, e in failed.items())
     spills = {k: r for k, r in results.items() if r.get("STACK", 0) or r.get("LOCAL", 0)}
     assert not spills, f"kernels that spill registers to local memory: {spills}"
+
+
+CHUNK_SCRIPT = r"""
+import json, os, re, subprocess, sys, tempfile
+os.environ["TRITON_INTERPRET"] = "0"
+import torch
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from clef_runtime.ops import delta_rule_chunk as dc
+from clef_runtime.ops.delta_rule_common import dot_policy
+
+CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+DIV16 = {"sqb", "sqt", "skb", "skt", "svb", "svt"}
+
+def compile_variant(kernel, types, consts, arch, num_warps, num_stages):
+    signature = {n: ("constexpr" if n in consts else types.get(n, "i32")) for n in kernel.arg_names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
+             if n not in consts and (signature[n].startswith("*") or n in DIV16)}
+    src = ASTSource(fn=kernel, signature=signature, constexprs=consts, attrs=attrs)
+    opts = {"num_warps": num_warps, "num_stages": num_stages}
+    k = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=opts)
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(k.asm["cubin"]); f.flush()
+        out = subprocess.run([CUOBJDUMP, "-res-usage", f.name], capture_output=True, text=True).stdout
+    return {m[0]: int(m[1]) for m in re.findall(r"(REG|STACK|LOCAL):(\d+)", out)}
+
+results = {}
+# (arch, torch dtype, tensor cores): the H200 in bf16 and f16; the V100 (f16, FMA dots only)
+for arch, dtype, tc in ((90, torch.bfloat16, True), (90, torch.float16, True), (70, torch.float16, False)):
+    name = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+    cfg = dc.launch_config(128, 128, dtype, tc)
+    # dot_policy asks the kernel whether it is interpreted; this process compiles, so it is not
+    pol = dot_policy(dtype, dc._chunk_prepare_kernel)
+    p = "*" + name
+    sp = "*" + {torch.bfloat16: "bf16", torch.float32: "fp32"}[dc._TORCH_DTYPE[pol.state_dtype]]
+    common = dict(H=16, HV=32, K=128, V=128, BK=cfg.BK, BT=dc.BT, IS_VARLEN=True, L2NORM=True,
+                  ROUND_BF16=pol.round_bf16)
+    launches = [
+        ("prepare", dc._chunk_prepare_kernel,
+         dict(q=p, k=p, v=p, g="*fp32", beta="*fp32", w=p, u=p, aqk=p, gc="*fp32", cu_seqlens="*i32", scale="fp32"),
+         dict(common, BVF=cfg.BVF, KS=cfg.KS, VS=cfg.VS, BC=dc.BC, LOG_BC=dc.BC.bit_length() - 1,
+              SOLVE_BY_DOUBLING=cfg.solve_by_doubling, CHUNK_DT=pol.chunk_dtype,
+              SOLVE_PRECISION=pol.solve_precision), cfg.warps1, 3),
+        ("recurrence", dc._chunk_recurrence_kernel,
+         dict(q=p, k=p, w=p, u=p, aqk=p, gc="*fp32", o=p, hs=sp, vn=sp, h0="*fp32", ht="*fp32",
+              cu_seqlens="*i32", scale="fp32"),
+         dict(common, BV=cfg.BV, FUSE_OUT=dc.FUSE_OUTPUT, HAS_H0=True, STORE_FINAL=True,
+              STATE_IN_IO_DTYPE=False, STATE_DT=pol.state_dtype, STATE_PRECISION=pol.state_precision,
+              INTERPRETED=False), cfg.warps2, cfg.stages2),
+        ("output", dc._chunk_output_kernel,
+         dict(q=p, aqk=p, gc="*fp32", hs=sp, vn=sp, o=p, cu_seqlens="*i32", scale="fp32"),
+         dict(common, BV=cfg.BVO, STATE_DT=pol.state_dtype, STATE_PRECISION=pol.state_precision),
+         cfg.warps3, 3),
+    ]
+    for launch, kernel, types, consts, warps, stages in launches:
+        key = f"sm_{arch} {name} chunk {launch}"
+        try:
+            results[key] = {"ok": True, **compile_variant(kernel, types, consts, arch, warps, stages)}
+        except Exception as e:
+            results[key] = {"ok": False, "error": f"{type(e).__name__}: {e}"[-2000:]}
+print("RESULTS " + json.dumps(results))
+"""
+
+
+@pytest.mark.slow
+def test_chunk_delta_rule_kernels_compile_for_sm90_and_sm70() -> None:
+    """The three chunked delta-rule launches with the tiles `launch_config` picks at the real
+    head dims: they compile for sm_90 (bf16, f16) without spills and for sm_70 (f16, the V100
+    that verification Jobs may get) with at most 1 KB of stack per thread."""
+    if not _ptxas_available():
+        pytest.skip("skip: the Triton wheel carries no ptxas (not a CUDA build of Triton)")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run(
+        [sys.executable, "-c", CHUNK_SCRIPT], capture_output=True, text=True, env=env, timeout=900
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULTS ")]
+    assert proc.returncode == 0 and lines, (
+        f"compile script failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    )
+    results = json.loads(lines[-1].removeprefix("RESULTS "))
+    assert len(results) == 9, results
+    failed = {k: r["error"] for k, r in results.items() if not r["ok"]}
+    assert not failed, "kernels that do not compile:\n" + "\n\n".join(f"{k}: {e}" for k, e in failed.items())
+    hopper_spills = {
+        k: r for k, r in results.items() if k.startswith("sm_90") and (r.get("STACK") or r.get("LOCAL"))
+    }
+    assert not hopper_spills, f"sm_90 kernels that spill registers: {hopper_spills}"
+    volta = {
+        k: r
+        for k, r in results.items()
+        if k.startswith("sm_70") and r.get("STACK", 0) + r.get("LOCAL", 0) > 1024
+    }
+    assert not volta, f"sm_70 kernels that spill more than 1 KB per thread: {volta}"

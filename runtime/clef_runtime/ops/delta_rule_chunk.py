@@ -60,6 +60,8 @@ its sequence's bounds directly.  Nothing is prepared on the host, so there is no
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -156,6 +158,7 @@ def _chunk_prepare_kernel(
     BT: tl.constexpr,
     BC: tl.constexpr,
     LOG_BC: tl.constexpr,
+    SOLVE_BY_DOUBLING: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     L2NORM: tl.constexpr,
     CHUNK_DT: tl.constexpr,
@@ -231,30 +234,41 @@ def _chunk_prepare_kernel(
     A = tl.where(strict, KK * (bv * rk)[:, None] * rk[None, :] * decay, 0.0)
 
     # T = (I + A)⁻¹.  Split A = N + L into its 16×16 diagonal blocks N and the strictly
-    # block-lower rest L, D = I + N.  The four D_bb are inverted in IEEE float32 by doubling
-    # the block size: with X the inverse of D's b×b diagonal blocks and L_b the entries of N
-    # that join two neighbouring b-blocks into one 2b-block,
-    #     [[D1, 0], [L21, D2]]⁻¹ = [[X1, 0], [-X2 L21 X1, X2]],   i.e.   X ← X - X L_b X,
-    # for b = 2, 4, 8: six small batched dots for all four blocks, where row-by-row forward
-    # substitution took fifteen dependent ones (the probe in hack/device/probe_variants.py put
-    # those at a third of this launch).  This is blocked forward substitution, not a power
-    # series: no alternating sums that could cancel with repeated keys and β → 1.  Then with
-    # M = D⁻¹ L, which is nilpotent (M⁴ = 0 for four blocks), T = (I + M)⁻¹ D⁻¹ =
-    # (I - M)(I + M²) D⁻¹ in four 64×64 dots.
+    # block-lower rest L, D = I + N.  The four D_bb are inverted in IEEE float32 by blocked
+    # forward substitution, all four blocks at once; then with M = D⁻¹ L, which is nilpotent
+    # (M⁴ = 0 for four blocks), T = (I + M)⁻¹ D⁻¹ = (I - M)(I + M²) D⁻¹ in four 64×64 dots.
+    # Neither step is a power series inside a block: with repeated keys and β → 1 its
+    # alternating sums would cancel catastrophically (test_repeated_keys_full_beta_no_decay).
     NB: tl.constexpr = BT // BC
     blk = r // BC
     same_blk = blk[:, None] == blk[None, :]
     Nd = tl.sum(tl.reshape(tl.where(same_blk, A, 0.0), [NB, BC, NB, BC]), 2)  # [NB, BC, BC]
     ri = tl.arange(0, BC)
     eye_c = (ri[:, None] == ri[None, :]).to(tl.float32)
-    # b = 1: the 1×1 blocks of D are 1, so the 2×2 blocks' inverses are I - N on those blocks
-    X = eye_c[None, :, :] - tl.where(((ri // 2)[:, None] == (ri // 2)[None, :])[None, :, :], Nd, 0.0)
-    for lvl in tl.static_range(1, LOG_BC):
-        joins = ((ri >> (lvl + 1))[:, None] == (ri >> (lvl + 1))[None, :]) & (
-            (ri >> lvl)[:, None] != (ri >> lvl)[None, :]
-        )
-        Lb = tl.where(joins[None, :, :], Nd, 0.0)
-        X = X - tl.dot(tl.dot(X, Lb, input_precision="ieee"), X, input_precision="ieee")
+    if SOLVE_BY_DOUBLING:
+        # Tensor-core GPUs: double the block size.  With X the inverse of D's b×b diagonal
+        # blocks and L_b the entries of N that join two neighbouring b-blocks into a 2b-block,
+        #     [[D1, 0], [L21, D2]]⁻¹ = [[X1, 0], [-X2 L21 X1, X2]],   i.e.   X ← X - X L_b X,
+        # for b = 2, 4, 8: six small batched dots with a dependency chain of six, where the
+        # row-by-row form below has fifteen (1.30 → 1.24 ms for launch 1 at B1 T32768 bf16 on
+        # the H200).  On the FMA path (sm70) it spills far more, so that keeps the row form.
+        # b = 1: the 1×1 blocks of D are 1, so the 2×2 blocks' inverses are I - N on them
+        X = eye_c[None, :, :] - tl.where(((ri // 2)[:, None] == (ri // 2)[None, :])[None, :, :], Nd, 0.0)
+        for lvl in tl.static_range(1, LOG_BC):
+            joins = ((ri >> (lvl + 1))[:, None] == (ri >> (lvl + 1))[None, :]) & (
+                (ri >> lvl)[:, None] != (ri >> lvl)[None, :]
+            )
+            Lb = tl.where(joins[None, :, :], Nd, 0.0)
+            X = X - tl.dot(tl.dot(X, Lb, input_precision="ieee"), X, input_precision="ieee")
+    else:
+        X = tl.zeros([NB, BC, BC], dtype=tl.float32) + eye_c[None, :, :]
+        for i in range(1, BC):
+            # row i of each block becomes e_i - Σ_{j<i} N_ij X_j: rows j < i of X are final and
+            # N_ij = 0 for j ≥ i, so row i of the batched product N X is exactly that sum (one
+            # small dot per step instead of two cross-lane reductions)
+            X = tl.where(
+                (ri == i)[None, :, None], eye_c[None, :, :] - tl.dot(Nd, X, input_precision="ieee"), X
+            )
     rb = tl.arange(0, NB)
     eye_b = (rb[:, None] == rb[None, :]).to(tl.float32)
     Dinv = tl.reshape(X[:, :, None, :] * eye_b[:, None, :, None], [BT, BT])
@@ -578,6 +592,55 @@ def _chunk_output_kernel(
 # ---------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Tile sizes, warps and stages of the three launches (see `launch_config`)."""
+
+    BK: int  # K padded to a power of two (one tile)
+    BVF: int  # V likewise
+    KS: int  # launch 1: K slice of the Gram matrices and w
+    VS: int  # launch 1: V slice of u
+    BV: int  # launch 2: V block per program
+    BVO: int  # launch 3: V block per program
+    warps1: int
+    warps2: int
+    stages2: int
+    warps3: int
+    solve_by_doubling: bool  # launch 1: how the 16×16 diagonal blocks are inverted
+
+
+def launch_config(K: int, V: int, dtype: torch.dtype, tensor_cores: bool) -> LaunchConfig:
+    """The tiles for head dims K, V and input `dtype`, on tensor cores or on the FMA path.
+
+    Checked with ptxas for sm_90 and sm_70 at K = V = 128 (tests/runtime/test_ops_compile.py:
+    no spills on sm_90, under 1 KB per thread on sm_70) and timed on the H200
+    (hack/device/probe_variants.py, docs/performance.md).  On tensor cores launch 1 takes K/V in
+    slices of up to 128 (whole heads at K = V = 128: 0.89 ms at B1 T32768 bf16, against 0.99 ms
+    for 64-wide and 1.22 ms for 32-wide slices); launch 2 takes 32-wide V blocks at 4 warps and 3
+    stages (16: 1.08 ms, 64: 1.39 ms, 8 warps: 0.89 ms, 2 stages 1.18 ms; 32 at 4 warps 0.79 ms),
+    except for f16, whose state dots take float32 operands and want 8 warps; launch 3 takes
+    128-wide V blocks at 4 warps (0.43 ms; 64: 0.47 ms, 32: 0.93 ms).  On the FMA path (float32,
+    and sm70, where Triton 3.6 has no MMA) every dot holds whole operand rows per thread: 16-wide
+    slices and blocks, 8 warps and no software pipelining keep the spills under 1 KB per thread
+    (launch 3 at 128-wide blocks would spill 11 KB on sm_70)."""
+    BK, BVF = pow2_at_least(K), pow2_at_least(V)
+    if tensor_cores:
+        # On an H200 (Triton 3.6) tensor-core dots with a 16-wide K or V tile gave wrong sums
+        # (K=32/V=16 and K=V=16 heads, f16 and bf16; K, V ≥ 32 and float32 were right), which
+        # the interpreter cannot show.  Padding the tiles to 32 (masked) avoids those shapes.
+        BK, BVF = max(BK, 32), max(BVF, 32)
+        small = max(K, V) <= 128
+        return LaunchConfig(
+            BK=BK, BVF=BVF, KS=min(128, BK), VS=min(128, BVF), BV=min(32, BVF), BVO=min(OUT_BV, BVF),
+            warps1=4 if small else 8, warps2=4 if dtype == torch.bfloat16 and small else 8, stages2=3,
+            warps3=OUT_WARPS, solve_by_doubling=True,
+        )  # fmt: skip
+    return LaunchConfig(
+        BK=BK, BVF=BVF, KS=min(16, BK), VS=min(16, BVF), BV=min(16, BVF), BVO=min(16, BVF),
+        warps1=8, warps2=8, stages2=1, warps3=8, solve_by_doubling=False,
+    )  # fmt: skip
+
+
 def chunk_gated_delta_rule(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -617,38 +680,19 @@ def chunk_gated_delta_rule(
     cu = cu_seqlens if cu_seqlens is not None else gc  # an unused pointer when not varlen
 
     policy = dot_policy(q.dtype, _chunk_prepare_kernel)
-    BK = pow2_at_least(K)
-    BVF = pow2_at_least(V)
-    # Tile configuration, checked with ptxas at K = V = 128 (no GPU needed: compile for the
-    # target) and timed on the H200 (hack/device/probe_variants.py).  On tensor cores: launch 1
-    # takes K/V in slices of up to 128 (whole heads at K = V = 128: 0.89 ms at B1 T32768 bf16,
-    # against 0.99 ms for 64-wide and 1.22 ms for 32-wide slices); launch 2 takes 32-wide V
-    # blocks at 4 warps (16: 1.08 ms, 64: 1.39 ms, 8 warps: 0.89 ms, against 0.79 ms), except
-    # for f16, whose state dots take float32 operands and want 8 warps.  On the FMA path (float32; sm70, where Triton 3.6 has no MMA)
-    # every dot holds whole operand rows per thread: 16-wide slices, 8 warps and no software
-    # pipelining in launch 2 bring the spills from ~14-18 KB to < 1 KB per thread.
     tc = tensor_core_dots(q.dtype, device)
-    width = 32 if tc else 16
-    if tc:
-        # On an H200 (Triton 3.6) tensor-core dots with a 16-wide K or V tile gave wrong sums
-        # (K=32/V=16 and K=V=16 heads, f16 and bf16; K, V ≥ 32 and float32 were right), which
-        # the interpreter cannot show.  Padding the tiles to 32 (masked) avoids those shapes.
-        BK, BVF = max(BK, 32), max(BVF, 32)
-    slice_width = 128 if tc else width
-    KS, VS, BV = min(slice_width, BK), min(slice_width, BVF), min(width, BVF)
-    warps1 = 4 if tc and max(K, V) <= 128 else 8
-    warps2 = 4 if tc and q.dtype == torch.bfloat16 and max(K, V) <= 128 else 8
-    stages2 = 3 if tc else 1
+    cfg = launch_config(K, V, q.dtype, tc)
     if T > 0:
         _chunk_prepare_kernel[(slots, HV)](
             q, k, v, g, beta, w, u, aqk, gc, cu,
             scale, T, NT, N,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-            H=H, HV=HV, K=K, V=V, BK=BK, BVF=BVF, KS=KS, VS=VS, BT=BT, BC=BC, LOG_BC=BC.bit_length() - 1,
+            H=H, HV=HV, K=K, V=V, BK=cfg.BK, BVF=cfg.BVF, KS=cfg.KS, VS=cfg.VS,
+            BT=BT, BC=BC, LOG_BC=BC.bit_length() - 1, SOLVE_BY_DOUBLING=cfg.solve_by_doubling,
             IS_VARLEN=cu_seqlens is not None, L2NORM=use_qk_l2norm,
             CHUNK_DT=policy.chunk_dtype, SOLVE_PRECISION=policy.solve_precision,
             ROUND_BF16=policy.round_bf16,
-            num_warps=warps1,
+            num_warps=cfg.warps1,
         )  # fmt: skip
     fuse = FUSE_OUTPUT
     if fuse:
@@ -660,28 +704,27 @@ def chunk_gated_delta_rule(
         state_torch = _TORCH_DTYPE[policy.state_dtype]
         hs = torch.empty(slots, HV, K, V, dtype=state_torch, device=device)
         vn = u if state_torch == u.dtype else torch.empty(B, T, HV, V, dtype=state_torch, device=device)
-    _chunk_recurrence_kernel[(N * HV, triton.cdiv(V, BV))](
+    _chunk_recurrence_kernel[(N * HV, triton.cdiv(V, cfg.BV))](
         q, k, w, u, aqk, gc, o, hs, vn,
         initial_state if initial_state is not None else gc,
         final if final is not None else gc,
         cu, scale, T, NT,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1),
-        H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, BT=BT,
+        H=H, HV=HV, K=K, V=V, BK=cfg.BK, BV=cfg.BV, BT=BT,
         IS_VARLEN=cu_seqlens is not None, L2NORM=use_qk_l2norm, FUSE_OUT=fuse,
         HAS_H0=initial_state is not None, STORE_FINAL=final is not None,
         STATE_IN_IO_DTYPE=state_in_io_dtype,
         STATE_DT=policy.state_dtype, STATE_PRECISION=policy.state_precision, ROUND_BF16=policy.round_bf16,
         INTERPRETED=interpreted(_chunk_recurrence_kernel),
-        num_warps=warps2,
-        num_stages=stages2,
+        num_warps=cfg.warps2,
+        num_stages=cfg.stages2,
     )  # fmt: skip
     if not fuse and T > 0:
-        BVO = min(OUT_BV, BVF)
-        _chunk_output_kernel[(slots, HV, triton.cdiv(V, BVO))](
+        _chunk_output_kernel[(slots, HV, triton.cdiv(V, cfg.BVO))](
             q, aqk, gc, hs, vn, o, cu, scale, T, NT, N, q.stride(0), q.stride(1),
-            H=H, HV=HV, K=K, V=V, BK=BK, BV=BVO, BT=BT,
+            H=H, HV=HV, K=K, V=V, BK=cfg.BK, BV=cfg.BVO, BT=BT,
             IS_VARLEN=cu_seqlens is not None, L2NORM=use_qk_l2norm,
             STATE_DT=policy.state_dtype, STATE_PRECISION=policy.state_precision, ROUND_BF16=policy.round_bf16,
-            num_warps=OUT_WARPS if tc else 8,
+            num_warps=cfg.warps3,
         )  # fmt: skip
     return o, final
