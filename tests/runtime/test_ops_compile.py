@@ -113,21 +113,28 @@ def _ptxas_available() -> bool:
     return (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists()
 
 
-@pytest.mark.slow
-def test_kernels_compile_for_sm90_and_sm70_without_spills() -> None:
+def _compile_all(script: str, timeout: int) -> dict[str, dict[str, object]]:
+    """Run a compile script in a fresh process (no interpreter); assert every kernel compiled;
+    return its per-kernel register/stack usage."""
     if not _ptxas_available():
         pytest.skip("skip: the Triton wheel carries no ptxas (not a CUDA build of Triton)")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=600
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=timeout
     )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULTS ")]
     assert proc.returncode == 0 and lines, (
         f"compile script failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
     )
-    results = json.loads(lines[-1].removeprefix("RESULTS "))
+    results: dict[str, dict[str, object]] = json.loads(lines[-1].removeprefix("RESULTS "))
     failed = {k: r["error"] for k, r in results.items() if not r["ok"]}
     assert not failed, "kernels that do not compile:\n" + "\n\n".join(f"{k}: {e}" for k, e in failed.items())
+    return results
+
+
+@pytest.mark.slow
+def test_kernels_compile_for_sm90_and_sm70_without_spills() -> None:
+    results = _compile_all(SCRIPT, 600)
     spills = {k: r for k, r in results.items() if r.get("STACK", 0) or r.get("LOCAL", 0)}
     assert not spills, f"kernels that spill registers to local memory: {spills}"
 
@@ -201,20 +208,8 @@ def test_chunk_delta_rule_kernels_compile_for_sm90_and_sm70() -> None:
     """The three chunked delta-rule launches with the tiles `launch_config` picks at the real
     head dims: they compile for sm_90 (bf16, f16) without spills and for sm_70 (f16, the V100
     that verification Jobs may get) with at most 1 KB of stack per thread."""
-    if not _ptxas_available():
-        pytest.skip("skip: the Triton wheel carries no ptxas (not a CUDA build of Triton)")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run(
-        [sys.executable, "-c", CHUNK_SCRIPT], capture_output=True, text=True, env=env, timeout=900
-    )
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULTS ")]
-    assert proc.returncode == 0 and lines, (
-        f"compile script failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
-    )
-    results = json.loads(lines[-1].removeprefix("RESULTS "))
+    results = _compile_all(CHUNK_SCRIPT, 900)
     assert len(results) == 9, results
-    failed = {k: r["error"] for k, r in results.items() if not r["ok"]}
-    assert not failed, "kernels that do not compile:\n" + "\n\n".join(f"{k}: {e}" for k, e in failed.items())
     hopper_spills = {
         k: r for k, r in results.items() if k.startswith("sm_90") and (r.get("STACK") or r.get("LOCAL"))
     }
