@@ -311,3 +311,14 @@ def test_small_head_dims_gpu(
     """Head dims below the 32-wide tensor-core tiles: on an H200 (Triton 3.6) 16-wide dot tiles
     gave wrong sums in f16/bf16 (found by hack/device/probe_chunk.py); the wrapper pads them."""
     check_against_reference(rng, gpu_device, dtype_name, B=2, T=200, H=2, HV=4, K=K, V=V)
+
+
+def test_fused_output_form_matches_reference(
+    monkeypatch: pytest.MonkeyPatch, rng: torch.Generator, device: torch.device
+) -> None:
+    """`FUSE_OUTPUT = True` (the output inside the sequential launch, kept for comparison by
+    hack/device/probe_variants.py) still computes the same op."""
+    from clef_runtime.ops import delta_rule_chunk
+
+    monkeypatch.setattr(delta_rule_chunk, "FUSE_OUTPUT", True)
+    check_against_reference(rng, device, "bf16", lens=[1, 70, 0, 130], H=1, HV=2, K=32, V=32, initial=True)

@@ -25,9 +25,9 @@ repeated in memory):
    work that does not need the state: cumsum of g; the Gram matrices q kᵀ and k kᵀ of the raw
    inputs with K streamed in slices, the fused L2 norm applied as a rank-one rescaling; ``T``
    by blockwise forward substitution (the four diagonal 16×16 blocks by doubling the block
-   size, then the block-lower part in a few 64×64 dots); then ``w`` and ``u`` (stored in the
-   input dtype), the decayed, scaled causal ``q kᵀ`` block ``Aqk`` and the cumulative decays
-   ``gc``.
+   size on tensor cores, row by row on the FMA path, then the block-lower part in a few 64×64
+   dots); then ``w`` and ``u`` (stored in the input dtype), the decayed, scaled causal ``q kᵀ``
+   block ``Aqk`` and the cumulative decays ``gc``.  Tiles: `launch_config`.
 2. `_chunk_recurrence_kernel`, grid ``(N·HV, V / BV)``: per sequence, value head and V block,
    sequential over the sequence's chunks with the float32 state in registers; each step forms
    ``v_new`` and advances the state, and stores the chunk-start state and ``v_new`` (as the
@@ -35,7 +35,8 @@ repeated in memory):
 3. `_chunk_output_kernel`, grid ``(chunk slots, HV, V / BVO)``: the output of every chunk in
    parallel, ``o = scale e^{G} q̂ S_c + Aqk v_new``.
 
-The output used to be fused into launch 2 (``FUSE_OUTPUT = True`` still builds that), which saves
+The output used to be fused into launch 2 (``FUSE_OUTPUT = True`` still builds that, and a test
+keeps it right), which saves
 storing the chunk states (``[chunks, HV, K, V]``, 512 MB at T=32K in bf16) but puts the output's
 dots on the sequential chain: on the H200 launch 2 then took 1.60 ms at B1 T32768 bf16, against
 0.80 ms for the chain alone plus 0.43 ms for the parallel output launch (docs/performance.md).
