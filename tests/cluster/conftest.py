@@ -56,8 +56,8 @@ class Cluster:
         table = images.read_table(self.core)
         if table is None:
             pytest.skip(
-                "this cluster has no clef harness runner (no clef-harness/image-table ConfigMap): "
-                "verification pods would need real images here"
+                "skip: this cluster has no clef harness runner (no clef-harness/image-table ConfigMap): "
+                "verification pods would need real images here (runs on the local cluster: unset CLEF_KUBECONFIG)"
             )
         return table
 

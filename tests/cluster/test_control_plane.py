@@ -28,13 +28,21 @@ def gpu_nodes(cluster: Cluster) -> dict[str, int]:
         if gpus > 0:
             found[n.metadata.name] = gpus
     if not found:
-        pytest.skip(f"no node in this cluster has allocatable {GPU}")
+        if cluster.local is not None:  # the harness makes GPU nodes: their absence is a bug
+            pytest.fail(f"the local cluster has no node with allocatable {GPU}", pytrace=False)
+        pytest.skip(
+            f"skip: no node in this cluster has allocatable {GPU} (add a GPU node, or use the local cluster)"
+        )
     return found
 
 
 def test_kubectl_lists_the_gpu_nodes_ready_with_allocatable_gpus(cluster: Cluster) -> None:
     if cluster.kubectl is None:
-        pytest.skip("no kubectl: neither the cached build nor one on PATH")
+        if cluster.local is not None:  # the local cluster's build provides kubectl
+            pytest.fail("the local cluster's build has no kubectl (make cluster-build)", pytrace=False)
+        pytest.skip(
+            "skip: no kubectl: neither the cached build nor one on PATH (make cluster-build, or install kubectl)"
+        )
     out = subprocess.run(
         [cluster.kubectl, "--kubeconfig", str(cluster.kubeconfig), "get", "nodes", "-o", "json"],
         capture_output=True,

@@ -22,7 +22,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_make_demo_tells_the_story_and_exits_zero(tmp_path: Path) -> None:
     if os.environ.get("CLEF_KUBECONFIG"):
-        pytest.skip("the demo starts its own local cluster; CLEF_KUBECONFIG points this tier elsewhere")
+        pytest.skip(
+            "skip: the demo starts its own local cluster; CLEF_KUBECONFIG points this tier elsewhere (runs on the local cluster: unset CLEF_KUBECONFIG)"
+        )
     missing = missing_prerequisites()
     assert missing is None, missing  # the tier is deselected with this reason before we get here
     state = tmp_path / "demo"

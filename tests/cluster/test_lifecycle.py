@@ -35,7 +35,9 @@ def _is_zombie(pid: int) -> bool:
 
 def test_down_leaves_no_process_or_port_and_up_works_again(cluster: Cluster, tmp_path: Path) -> None:
     if cluster.local is None:
-        pytest.skip("the cluster comes from CLEF_KUBECONFIG; there is no local control plane to restart")
+        pytest.skip(
+            "skip: the cluster comes from CLEF_KUBECONFIG; there is no local control plane to restart (runs on the local cluster: unset CLEF_KUBECONFIG)"
+        )
     local = LocalCluster(tmp_path / "state")
     try:
         for round_ in (1, 2):

@@ -105,7 +105,9 @@ def test_base_applies_and_its_operator_pod_passes_restricted_pod_security(
     assert probe.returncode != 0 and "PodSecurity" in probe.stderr, probe.stderr
     # ... while the operator's pod is admitted and (on kwok, which plays the kubelet) runs.
     if cluster.local is None:
-        pytest.skip("the operator's image would be pulled for real here; the admission check above ran")
+        pytest.skip(
+            "skip: the operator's image would be pulled for real here; the admission check above ran (runs on the local cluster: unset CLEF_KUBECONFIG)"
+        )
     deployment = find(base, "Deployment", "clef-operator")
 
     def available() -> bool:
@@ -163,7 +165,9 @@ def test_operator_rbac_is_exactly_what_it_uses(
     cluster: Cluster, base: list[dict[str, Any]], namespace: str, tmp_path: Path
 ) -> None:
     if cluster.local is None:
-        pytest.skip("needs the local cluster's API server audit log (manifests/audit-policy.yaml)")
+        pytest.skip(
+            "skip: needs the local cluster's API server audit log (manifests/audit-policy.yaml) (runs on the local cluster: unset CLEF_KUBECONFIG)"
+        )
     audit = cluster.local.audit_log
     if not audit.exists():
         pytest.fail(

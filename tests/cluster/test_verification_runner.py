@@ -217,7 +217,9 @@ def test_active_deadline_kills_the_running_command_and_the_pod_goes_away(
 ) -> None:
     cluster.image_table()
     if cluster.local is None:
-        pytest.skip("needs the local runner's processes on this host")
+        pytest.skip(
+            "skip: needs the local runner's processes on this host (runs on the local cluster: unset CLEF_KUBECONFIG)"
+        )
     marker = f"clef-sleeper-{uuid.uuid4().hex}"
     code = f"import time; tag = {marker!r}; time.sleep(600)"
     job = verification_job("slow", RUNTIME_IMAGE, python_command(code), deadline_seconds=4, grace_seconds=2)
@@ -323,7 +325,9 @@ def test_the_seeded_table_has_an_image_for_every_catalogued_fault(cluster: Clust
 def test_on_failure_restarts_the_container_in_place(cluster: Cluster, namespace: str, tmp_path: Path) -> None:
     cluster.image_table()
     if cluster.local is None:
-        pytest.skip("the command leaves a marker on this host's filesystem")
+        pytest.skip(
+            "skip: the command leaves a marker on this host's filesystem (runs on the local cluster: unset CLEF_KUBECONFIG)"
+        )
     marker = tmp_path / "first-run-done"
     # Fails the first time, succeeds the second: only a restart in place can complete the Job.
     code = (

@@ -67,7 +67,7 @@ if interpreting():
 
 def _gpu_skip_reason() -> str | None:
     if not torch.cuda.is_available():
-        return "skip: no CUDA device"
+        return "skip: no CUDA device (the gpu tier runs on a CUDA host: make test-gpu)"
     if interpreting():
         return "skip: TRITON_INTERPRET is set; the gpu tier runs compiled kernels (make test-gpu)"
     return None

@@ -2,8 +2,7 @@
 ``Qwen3_5ForCausalLM`` and as the reference op set, and the per-GDN-layer statistics side by side.
 
 On CPU this runs the kernels under ``TRITON_INTERPRET=1`` (set by tests/conftest.py), so the
-shapes are tiny: a few prompt tokens and 8 new tokens.  Skipped, with the import error as the
-reason, only while `clef_runtime.ops` cannot be imported.
+shapes are tiny: a few prompt tokens and 8 new tokens.
 """
 
 from __future__ import annotations
@@ -17,17 +16,6 @@ from clef_runtime.compare import errors
 from clef_runtime.model import GDNStats, HybridModel, preset, write_random_checkpoint
 from clef_runtime.opset import get_opset
 from clef_runtime.tolerances import Tolerance
-
-try:
-    import clef_runtime.ops  # noqa: F401
-
-    OPS_IMPORT_ERROR: str | None = None
-except ImportError as e:  # the kernels have not landed yet
-    OPS_IMPORT_ERROR = f"{type(e).__name__}: {e}"
-
-pytestmark = pytest.mark.skipif(
-    OPS_IMPORT_ERROR is not None, reason=f"clef_runtime.ops cannot be imported yet ({OPS_IMPORT_ERROR})"
-)
 
 CONFIG = preset("tiny")
 NEW_TOKENS = 8

@@ -319,7 +319,9 @@ PREFILL_BAD = {
 def test_prefill_rejects_bad_input(case: str, randn, device) -> None:
     make, error, match, cpu_only = PREFILL_BAD[case]
     if cpu_only and device.type != "cpu":
-        pytest.skip("value checks of device tensors are skipped by design (they would need a host sync)")
+        pytest.skip(
+            "skip: values of device tensors are not checked, by design: that would sync (the check runs on CPU tensors, in the CPU tier: make test-runtime)"
+        )
     args = dict(x=randn(1, 4, 12), weight=randn(12, 4), bias=None)
     args.update(make(randn, device))
     x, weight, bias = args.pop("x"), args.pop("weight"), args.pop("bias")
@@ -371,7 +373,9 @@ UPDATE_BAD = {
 def test_update_rejects_bad_input(case: str, randn, device) -> None:
     make, error, match, cpu_only = UPDATE_BAD[case]
     if cpu_only and device.type != "cpu":
-        pytest.skip("value checks of device tensors are skipped by design (they would need a host sync)")
+        pytest.skip(
+            "skip: values of device tensors are not checked, by design: that would sync (the check runs on CPU tensors, in the CPU tier: make test-runtime)"
+        )
     args = dict(x=randn(2, 1, 12), conv_state=randn(4, 12, 3), weight=randn(12, 4))
     args.update(make(randn, device))
     with pytest.raises(error, match=match):

@@ -121,7 +121,10 @@ BAD_INPUTS: dict[str, tuple[dict[str, object], str]] = {
 def test_rejects_bad_inputs(case: str, device: torch.device) -> None:
     changes, message = BAD_INPUTS[case]
     if case in ("indices-past-pool", "indices-duplicate") and device.type != "cpu":
-        pytest.skip("the values of device state_indices are not checked: that would sync")
+        pytest.skip(
+            "skip: the values of device state_indices are not checked, by design: that would sync "
+            "(the check runs on CPU tensors, in the CPU tier: make test-runtime)"
+        )
     args = _valid(device)
     args.update({name: t.to(device) for name, t in changes.items() if isinstance(t, torch.Tensor)})
     with pytest.raises((ValueError, TypeError), match=message):
