@@ -38,7 +38,7 @@ from .harness.cluster import ClusterError, LocalCluster, build
 from .harness.config import REPO_ROOT, default_binaries, missing_prerequisites
 from .harness.images import fault_image
 from .harness.procs import ProcessRecord, is_alive, record, stop
-from .shipping import DEMO, HOMELAB, OPERATOR_NAMESPACE, OPERATOR_SA, find, kustomize_build
+from .shipping import DEMO, HOMELAB, OPERATOR_NAMESPACE, OPERATOR_SA, find, kustomize_build, spawn_operator
 
 DEFAULT_STATE_DIR = REPO_ROOT / ".demo" / "cluster"
 NAMESPACE = "homelab"
@@ -322,15 +322,7 @@ class Demo:
                 f"\n===== {time.strftime('%Y-%m-%dT%H:%M:%S')} clef-operator {' '.join(args)}\n".encode()
             )
             log.flush()
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "clef_operator.cli", *args],
-                cwd=REPO_ROOT,
-                env={**os.environ, "KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1"},
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+            proc = spawn_operator(args, kubeconfig, log)
         self.operator_pid = proc.pid
         # In the cluster's ledger, so that `down` ends it with the cluster.
         self.cluster.ledger.add(record(OPERATOR, proc.pid, group=True))

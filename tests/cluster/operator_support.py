@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -25,6 +24,7 @@ from kubernetes.client.exceptions import ApiException
 from clef_operator.api import GROUP, PLURAL, VERSION
 
 from .conftest import Cluster, wait_for
+from .shipping import spawn_operator
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGE_10 = "registry.clef.test/clef-runtime:1.0"
@@ -56,16 +56,7 @@ class OperatorProcess:
         log = self.log_path.open("ab")
         log.write(f"\n===== start {self.starts} =====\n".encode())
         log.flush()
-        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "clef_operator.cli", "run", "--namespace", self.namespace],
-            cwd=REPO,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        self.proc = spawn_operator(["run", "--namespace", self.namespace], self.kubeconfig, log)
         log.close()
 
     def kill(self) -> None:

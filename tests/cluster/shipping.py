@@ -1,6 +1,7 @@
 """What the shipping layer's tests and `make demo` share: rendering the kustomize trees with the
-pinned kubectl, a kubeconfig that authenticates as a ServiceAccount, and the comparison of an
-API server audit log with RBAC rules.
+pinned kubectl, a kubeconfig that authenticates as a ServiceAccount, the comparison of an
+API server audit log with RBAC rules, and starting `clef-operator` on this host (the operator
+tests use that too).
 
 Nothing here needs a running cluster except `service_account_kubeconfig`.
 """
@@ -8,12 +9,14 @@ Nothing here needs a running cluster except `service_account_kubeconfig`.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
-from collections.abc import Iterable, Iterator
+import sys
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import yaml
 
@@ -35,6 +38,20 @@ Permission = tuple[str, str, str]
 # behalf.  OwnerReferencesPermissionEnforcement asks whether the creator of an object whose
 # ownerReference sets blockOwnerDeletion may `update` the owner's finalizers.
 ADMISSION_ONLY: frozenset[Permission] = frozenset({("clef.riotpiao.com", "clefmodels/finalizers", "update")})
+
+
+def spawn_operator(args: Sequence[str], kubeconfig: Path, log: IO[bytes]) -> subprocess.Popen[bytes]:
+    """`clef-operator ARGS` from this checkout, talking to the API server of `kubeconfig`, its
+    output appended to `log`, in a process group of its own (so a stop ends its children too)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "clef_operator.cli", *args],
+        cwd=REPO_ROOT,
+        env={**os.environ, "KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1"},
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def find_kubectl() -> str | None:

@@ -22,7 +22,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -51,6 +50,7 @@ from .shipping import (
     granted_to,
     kustomize_build,
     service_account_kubeconfig,
+    spawn_operator,
 )
 
 pytestmark = pytest.mark.cluster
@@ -128,18 +128,11 @@ class SAOperator:
         self.port = free_port()
         self.log = log
         with log.open("ab") as out:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable, "-m", "clef_operator.cli", "run", "--all-namespaces",
-                    f"--liveness=http://127.0.0.1:{self.port}/healthz",
-                ],
-                cwd=REPO,
-                env={**os.environ, "KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1"},
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )  # fmt: skip
+            self.proc = spawn_operator(
+                ["run", "--all-namespaces", f"--liveness=http://127.0.0.1:{self.port}/healthz"],
+                kubeconfig,
+                out,
+            )
 
     def healthy(self) -> bool:
         try:
