@@ -8,8 +8,8 @@ A variant's numbers are wrong by design; only its time is read.
     PYTHONPATH=runtime python3 hack/device/probe_variants.py [T] [dtype] [module] [B]
 
 `module` defaults to clef_runtime.ops.delta_rule_chunk; VARIANTS maps a name to
-(kernel name to time, [(old, new), ...] edits).  An edit whose `old` text is missing is reported
-and that variant skipped.
+[(old, new), ...] text edits (or the markers documented in probe_variants_table.py).  An edit
+whose `old` text is missing is reported and that variant skipped.
 """
 
 from __future__ import annotations
@@ -37,6 +37,12 @@ def load_variant(name: str, edits: list[tuple[str, str]]):
     base = importlib.import_module(MODULE)
     src = pathlib.Path(base.__file__).read_text()
     for edit in edits:
+        if edit[0] == "__SOURCE__":  # (marker, path): start from another file, e.g. a commit's version
+            if not pathlib.Path(edit[1]).exists():
+                print(f"{name}: source {edit[1]} missing")
+                return None
+            src = pathlib.Path(edit[1]).read_text()
+            continue
         if edit[0] == "__REGION__":  # (marker, start text, end text, replacement of [start, end))
             _, start, end, new = edit
             if start not in src or end not in src:
@@ -55,6 +61,7 @@ def load_variant(name: str, edits: list[tuple[str, str]]):
     path.write_text(src)
     spec = importlib.util.spec_from_file_location(f"variant_{name}", path)
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up there
     spec.loader.exec_module(mod)
     return mod
 

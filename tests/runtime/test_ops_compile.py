@@ -174,22 +174,22 @@ for arch, dtype, tc in ((90, torch.bfloat16, True), (90, torch.float16, True), (
     pol = dot_policy(dtype, dc._chunk_prepare_kernel)
     p = "*" + name
     sp = "*" + {torch.bfloat16: "bf16", torch.float32: "fp32"}[dc._TORCH_DTYPE[pol.state_dtype]]
-    common = dict(H=16, HV=32, K=128, V=128, BK=cfg.BK, BT=dc.BT, IS_VARLEN=True, L2NORM=True,
-                  ROUND_BF16=pol.round_bf16)
+    common = dict(H=16, HV=32, K=128, V=128, BK=cfg.BK, BT=dc.BT, IS_VARLEN=True, ROUND_BF16=pol.round_bf16)
     launches = [
         ("prepare", dc._chunk_prepare_kernel,
-         dict(q=p, k=p, v=p, g="*fp32", beta="*fp32", w=p, u=p, aqk=p, gc="*fp32", cu_seqlens="*i32", scale="fp32"),
-         dict(common, BVF=cfg.BVF, KS=cfg.KS, VS=cfg.VS, BC=dc.BC, LOG_BC=dc.BC.bit_length() - 1,
+         dict(q=p, k=p, v=p, g="*fp32", beta="*fp32", w=p, u=p, aqk=p, gc="*fp32", kf="*fp32", qf="*fp32",
+              cu_seqlens="*i32", scale="fp32"),
+         dict(common, L2NORM=True, BVF=cfg.BVF, KS=cfg.KS, VS=cfg.VS, BC=dc.BC, LOG_BC=dc.BC.bit_length() - 1,
               SOLVE_BY_DOUBLING=cfg.solve_by_doubling, CHUNK_DT=pol.chunk_dtype,
               SOLVE_PRECISION=pol.solve_precision), cfg.warps1, 3),
         ("recurrence", dc._chunk_recurrence_kernel,
-         dict(q=p, k=p, w=p, u=p, aqk=p, gc="*fp32", o=p, hs=sp, vn=sp, h0="*fp32", ht="*fp32",
-              cu_seqlens="*i32", scale="fp32"),
+         dict(q=p, k=p, w=p, u=p, aqk=p, gc="*fp32", kf="*fp32", qf="*fp32", o=p, hs=sp, vn=sp, h0="*fp32",
+              ht="*fp32", cu_seqlens="*i32"),
          dict(common, BV=cfg.BV, FUSE_OUT=dc.FUSE_OUTPUT, HAS_H0=True, STORE_FINAL=True,
               STATE_IN_IO_DTYPE=False, STATE_DT=pol.state_dtype, STATE_PRECISION=pol.state_precision,
               INTERPRETED=False), cfg.warps2, cfg.stages2),
         ("output", dc._chunk_output_kernel,
-         dict(q=p, aqk=p, gc="*fp32", hs=sp, vn=sp, o=p, cu_seqlens="*i32", scale="fp32"),
+         dict(q=p, aqk=p, qf="*fp32", hs=sp, vn=sp, o=p, cu_seqlens="*i32"),
          dict(common, BV=cfg.BVO, STATE_DT=pol.state_dtype, STATE_PRECISION=pol.state_precision),
          cfg.warps3, 3),
     ]

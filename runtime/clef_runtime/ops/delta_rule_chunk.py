@@ -1,4 +1,4 @@
-"""Chunked gated delta rule (prefill): the WY / UT-transform form, two Triton launches.
+"""Chunked gated delta rule (prefill): the WY / UT-transform form, three Triton launches.
 
 Within a chunk of ``BT = 64`` tokens (per value head, positions t = 0..L-1 after the chunk start,
 ``G_t`` the in-chunk cumulative sum of the log-decay g, computed in float32) the recurrence in
@@ -27,13 +27,18 @@ repeated in memory):
    by blockwise forward substitution (the four diagonal 16×16 blocks by doubling the block
    size on tensor cores, row by row on the FMA path, then the block-lower part in a few 64×64
    dots); then ``w`` and ``u`` (stored in the input dtype), the decayed, scaled causal ``q kᵀ``
-   block ``Aqk`` and the cumulative decays ``gc``.  Tiles: `launch_config`.
+   block ``Aqk``, the cumulative decays ``gc``, and two per-token float32 factors that the
+   later launches apply to raw k and q rows: ``kf = e^{G_L-G_t}/|k_t|`` (the decay to the chunk
+   end) and ``qf = scale e^{G_t}/|q_t|``.  ``gc``, ``kf``, ``qf`` are head-major ``[B, HV, T]``,
+   so a chunk's 64 values are contiguous.  Tiles: `launch_config`.
 2. `_chunk_recurrence_kernel`, grid ``(N·HV, V / BV)``: per sequence, value head and V block,
    sequential over the sequence's chunks with the float32 state in registers; each step forms
-   ``v_new`` and advances the state, and stores the chunk-start state and ``v_new`` (as the
-   state dots see them) for launch 3.
+   ``v_new = u - w S`` and advances the state, ``S ← e^{G_L} S + kᵀ (kf ⊙ v_new)`` (the factor
+   scales the rows of v_new, [64, BV], rather than k's, [64, K]: the raw k goes from memory
+   straight into the dot and nothing on this sequential chain reduces a row or exponentiates),
+   and stores the chunk-start state and ``v_new`` (as the state dots see them) for launch 3.
 3. `_chunk_output_kernel`, grid ``(chunk slots, HV, V / BVO)``: the output of every chunk in
-   parallel, ``o = scale e^{G} q̂ S_c + Aqk v_new``.
+   parallel, ``o = qf ⊙ (q S_c) + Aqk v_new`` (raw q into the dot, the factor on the product).
 
 The output used to be fused into launch 2 (``FUSE_OUTPUT = True`` still builds that, and a test
 keeps it right), which saves
@@ -46,7 +51,8 @@ with float32 accumulation; ``T`` is solved in float32 (diagonal blocks exactly, 
 part at TF32 for 16-bit inputs) and rounded to the input dtype for the WY products; ``w``, ``u``
 and ``Aqk`` are stored in the input dtype.  In launch 2 the state stays float32 in registers and
 enters its dots as bf16 (bf16 inputs), float32 at TF32 precision (f16: no overflow) or IEEE
-float32 (f32), as does ``v_new``; the chunk states and ``v_new`` are stored in that operand
+float32 (f32), as do ``v_new`` and ``kf ⊙ v_new``; k and q enter their dots unscaled (exact in
+that dtype) and the factors kf, qf stay float32; the chunk states and ``v_new`` are stored in that operand
 dtype (so bf16 inputs store bf16 states, f16 and f32 store float32), and launch 3 computes
 with exactly the operands the fused step used.  The output is rounded once, to v's dtype.  The fault
 ``fp16_state_overflow`` (a compile-time flag) rounds the state to the input dtype when it is
@@ -137,6 +143,8 @@ def _chunk_prepare_kernel(
     u,
     aqk,
     gc,
+    kf,
+    qf,
     cu_seqlens,
     scale,
     T,
@@ -180,17 +188,22 @@ def _chunk_prepare_kernel(
     tok0 = (b * T + t0) * HV + hv  # first row of the [B, T, HV, ...] tensors in this chunk
     g += tok0
     beta += tok0
-    gc += tok0
+    hd0 = (b * HV + hv) * T + t0  # the same in the head-major [B, HV, T] per-token factors
+    gc += hd0
+    kf += hd0
+    qf += hd0
     w += tok0 * K
     u += tok0 * V
     aqk += tok0 * BT
 
     r = tl.arange(0, BT)
-    live = r < eos - t0
+    n_live = eos - t0
+    live = r < n_live
     gv = tl.load(g + r * HV, mask=live, other=0.0)
     bv = tl.load(beta + r * HV, mask=live, other=0.0)
     G = tl.cumsum(gv, 0)  # in-chunk cumulative log-decay, float32
-    tl.store(gc + r * HV, G, mask=live)
+    gl = tl.sum(tl.where(r == tl.minimum(n_live, BT) - 1, G, 0.0), 0)  # to the chunk end
+    tl.store(gc + r, G, mask=live)
 
     # Gram matrices of the raw q and k, K streamed in KS-wide slices: small dot operands keep
     # the FMA path (GPUs without usable tensor cores, or float32) from spilling whole operand
@@ -206,10 +219,10 @@ def _chunk_prepare_kernel(
         ks = tl.load(k + r[:, None] * skt + cols[None, :], mask=m, other=0.0)
         qs = tl.load(q + r[:, None] * sqt + cols[None, :], mask=m, other=0.0)
         if L2NORM:
-            kf = ks.to(tl.float32)
-            qf = qs.to(tl.float32)
-            ssk += tl.sum(kf * kf, 1)
-            ssq += tl.sum(qf * qf, 1)
+            k32 = ks.to(tl.float32)
+            q32 = qs.to(tl.float32)
+            ssk += tl.sum(k32 * k32, 1)
+            ssq += tl.sum(q32 * q32, 1)
         kst = tl.trans(ks.to(CHUNK_DT))
         KK = tl.dot(ks.to(CHUNK_DT), kst, KK, input_precision="ieee")
         QK = tl.dot(qs.to(CHUNK_DT), kst, QK, input_precision="ieee")
@@ -219,6 +232,11 @@ def _chunk_prepare_kernel(
     else:
         rk = tl.full([BT], 1.0, dtype=tl.float32)
         rq = tl.full([BT], 1.0, dtype=tl.float32)
+    # the per-token factors launches 2 and 3 apply to the raw k and q rows, so that neither
+    # reduces a row nor exponentiates: the L2 norm and the decay to the chunk end (k, exponent
+    # ≤ 0) or from the chunk start (q, with the scale)
+    tl.store(kf + r, rk * tl.exp(gl - G), mask=live)
+    tl.store(qf + r, (scale * rq) * tl.exp(G), mask=live)
 
     causal = r[:, None] >= r[None, :]
     # e^{G_t - G_j} for j ≤ t (exponent ≤ 0); the upper triangle is zeroed before exp
@@ -329,11 +347,12 @@ def _chunk_step(
     u_p,
     a_p,
     gc_p,
+    kf_p,
+    qf_p,
     o_p,
     hs_p,
     vn_p,
     Vb,
-    scale,
     sqt,
     skt,
     HV: tl.constexpr,
@@ -342,7 +361,6 @@ def _chunk_step(
     BK: tl.constexpr,
     BV: tl.constexpr,
     BT: tl.constexpr,
-    L2NORM: tl.constexpr,
     FUSE_OUT: tl.constexpr,
     STATE_IN_IO_DTYPE: tl.constexpr,
     STATE_DT: tl.constexpr,
@@ -358,7 +376,9 @@ def _chunk_step(
     w_p += t0 * (HV * K)
     u_p += t0 * (HV * V)
     a_p += t0 * (HV * BT)
-    gc_p += t0 * HV
+    gc_p += t0
+    kf_p += t0
+    qf_p += t0
     o_p += t0 * (HV * V)
     vn_p += t0 * (HV * V)
     n_live = eos - t0
@@ -368,34 +388,34 @@ def _chunk_step(
     rv = tl.arange(0, BV)
     kmask = live[:, None] & (rk < K)[None, :]
     vmask = live[:, None] & (rv < Vb)[None, :]
-    G = tl.load(gc_p + r * HV, mask=live, other=0.0)
-    gl = tl.load(gc_p + (tl.minimum(n_live, BT) - 1) * HV)  # decay to the chunk end
-    kc = tl.load(k_p + r[:, None] * skt + rk[None, :], mask=kmask, other=0.0).to(tl.float32)
-    if L2NORM:
-        kc = kc * tl.rsqrt(tl.sum(kc * kc, 1) + 1e-6)[:, None]
-    # w, u and Aqk hold values of the input dtype: widening them to STATE_DT is exact
+    gl = tl.load(gc_p + tl.minimum(n_live, BT) - 1)  # decay to the chunk end
+    # launch 1's per-token factor for k: its L2 norm and e^{G_L - G_t}.  It scales the rows of
+    # v_new in the state update instead of k's (k̃ᵀ v = kᵀ (f ⊙ v)): a [BT, BV] product instead
+    # of [BT, K], and the raw k goes from memory straight into the dot; no row reduction and no
+    # exp on this sequential chain.
+    kfac = tl.load(kf_p + r, mask=live, other=0.0)
+    # k, w, u and Aqk hold values of the input dtype: widening them to STATE_DT is exact
+    kc = tl.load(k_p + r[:, None] * skt + rk[None, :], mask=kmask, other=0.0).to(STATE_DT)
     wc = tl.load(w_p + r[:, None] * (HV * K) + rk[None, :], mask=kmask, other=0.0).to(STATE_DT)
     uc = tl.load(u_p + r[:, None] * (HV * V) + rv[None, :], mask=vmask, other=0.0).to(tl.float32)
 
     Sd = S.to(STATE_DT)
-    kd = (kc * tl.exp(gl - G)[:, None]).to(STATE_DT)  # decay to the chunk end, exponent ≤ 0
     if ROUND_BF16:
         Sd = rne_bf16(Sd)
-        kd = rne_bf16(kd)
     v_new = uc - tl.dot(wc, Sd, input_precision=STATE_PRECISION)
     vd = v_new.to(STATE_DT)
+    vk = (v_new * kfac[:, None]).to(STATE_DT)
     if ROUND_BF16:
         vd = rne_bf16(vd)
+        vk = rne_bf16(vk)
     if FUSE_OUT:
-        qc = tl.load(q_p + r[:, None] * sqt + rk[None, :], mask=kmask, other=0.0).to(tl.float32)
-        if L2NORM:
-            qc = qc * tl.rsqrt(tl.sum(qc * qc, 1) + 1e-6)[:, None]
+        qc = tl.load(q_p + r[:, None] * sqt + rk[None, :], mask=kmask, other=0.0).to(STATE_DT)
+        qfac = tl.load(qf_p + r, mask=live, other=0.0)  # scale, q's L2 norm, e^{G_t}
         a_mask = live[:, None] & (r[None, :] <= r[:, None])  # only the causal blocks were written
         Ac = tl.load(a_p + r[:, None] * (HV * BT) + r[None, :], mask=a_mask, other=0.0).to(STATE_DT)
-        qs = (qc * (scale * tl.exp(G))[:, None]).to(STATE_DT)
-        if ROUND_BF16:
-            qs = rne_bf16(qs)
-        oc = tl.dot(qs, Sd, input_precision=STATE_PRECISION) + tl.dot(Ac, vd, input_precision=STATE_PRECISION)
+        oc = qfac[:, None] * tl.dot(qc, Sd, input_precision=STATE_PRECISION) + tl.dot(
+            Ac, vd, input_precision=STATE_PRECISION
+        )
         if ROUND_BF16:
             oc = rne_bf16(oc)
         tl.store(o_p + r[:, None] * (HV * V) + rv[None, :], oc.to(o_p.dtype.element_ty), mask=vmask)
@@ -404,7 +424,7 @@ def _chunk_step(
         tl.store(hs_p + rk[:, None] * V + rv[None, :], Sd.to(hs_p.dtype.element_ty), mask=s_mask)
         tl.store(vn_p + r[:, None] * (HV * V) + rv[None, :], vd.to(vn_p.dtype.element_ty), mask=vmask)
 
-    S = S * tl.exp(gl) + tl.dot(tl.trans(kd), vd, input_precision=STATE_PRECISION)
+    S = S * tl.exp(gl) + tl.dot(tl.trans(kc), vk, input_precision=STATE_PRECISION)
     if STATE_IN_IO_DTYPE:  # fault fp16_state_overflow: the state held in the input dtype
         S = S.to(q_p.dtype.element_ty).to(tl.float32)
     return S
@@ -418,13 +438,14 @@ def _chunk_recurrence_kernel(
     u,
     aqk,
     gc,
+    kf,
+    qf,
     o,
     hs,
     vn,
     h0,
     ht,
     cu_seqlens,
-    scale,
     T,
     NT,
     sqb,
@@ -439,7 +460,6 @@ def _chunk_recurrence_kernel(
     BV: tl.constexpr,
     BT: tl.constexpr,
     IS_VARLEN: tl.constexpr,
-    L2NORM: tl.constexpr,
     FUSE_OUT: tl.constexpr,
     HAS_H0: tl.constexpr,
     STORE_FINAL: tl.constexpr,
@@ -470,7 +490,10 @@ def _chunk_recurrence_kernel(
     q_p = q + b * sqb + h * K
     k_p = k + b * skb + h * K
     tok = b * T * HV + hv
-    gc_p = gc + tok
+    hd = (b * HV + hv) * T  # this head's row of the head-major per-token factors
+    gc_p = gc + hd
+    kf_p = kf + hd
+    qf_p = qf + hd
     w_p = w + tok * K
     u_p = u + tok * V + i_v * BV
     a_p = aqk + tok * BT
@@ -495,8 +518,8 @@ def _chunk_recurrence_kernel(
         t0 = bos
         while t0 < eos:
             S = _chunk_step(
-                S, t0, eos, q_p, k_p, w_p, u_p, a_p, gc_p, o_p, hs_p, vn_p, Vb, scale, sqt, skt,
-                HV, K, V, BK, BV, BT, L2NORM, FUSE_OUT, STATE_IN_IO_DTYPE, STATE_DT, STATE_PRECISION, ROUND_BF16,
+                S, t0, eos, q_p, k_p, w_p, u_p, a_p, gc_p, kf_p, qf_p, o_p, hs_p, vn_p, Vb, sqt, skt,
+                HV, K, V, BK, BV, BT, FUSE_OUT, STATE_IN_IO_DTYPE, STATE_DT, STATE_PRECISION, ROUND_BF16,
             )  # fmt: skip
             t0 += BT
             hs_p += HV * K * V
@@ -504,9 +527,9 @@ def _chunk_recurrence_kernel(
         # a for loop, so the compiler can pipeline the next chunk's loads behind this one's dots
         for c in range(0, tl.cdiv(eos - bos, BT)):
             S = _chunk_step(
-                S, bos + c * BT, eos, q_p, k_p, w_p, u_p, a_p, gc_p, o_p, hs_p + c * (HV * K * V), vn_p, Vb,
-                scale, sqt, skt,
-                HV, K, V, BK, BV, BT, L2NORM, FUSE_OUT, STATE_IN_IO_DTYPE, STATE_DT, STATE_PRECISION, ROUND_BF16,
+                S, bos + c * BT, eos, q_p, k_p, w_p, u_p, a_p, gc_p, kf_p, qf_p, o_p, hs_p + tl.cast(c, tl.int64) * (HV * K * V),
+                vn_p, Vb, sqt, skt,
+                HV, K, V, BK, BV, BT, FUSE_OUT, STATE_IN_IO_DTYPE, STATE_DT, STATE_PRECISION, ROUND_BF16,
             )  # fmt: skip
 
     if STORE_FINAL:
@@ -522,12 +545,11 @@ def _chunk_recurrence_kernel(
 def _chunk_output_kernel(
     q,
     aqk,
-    gc,
+    qf,
     hs,
     vn,
     o,
     cu_seqlens,
-    scale,
     T,
     NT,
     N,
@@ -541,7 +563,6 @@ def _chunk_output_kernel(
     BV: tl.constexpr,
     BT: tl.constexpr,
     IS_VARLEN: tl.constexpr,
-    L2NORM: tl.constexpr,
     STATE_DT: tl.constexpr,
     STATE_PRECISION: tl.constexpr,
     ROUND_BF16: tl.constexpr,
@@ -556,7 +577,7 @@ def _chunk_output_kernel(
     b, t0, eos = _slot_bounds(i_t, cu_seqlens, T, NT, N, BT, IS_VARLEN)
     q += b * sqb + t0 * sqt + h * K
     tok0 = (b * T + t0) * HV + hv
-    gc += tok0
+    qf += (b * HV + hv) * T + t0
     aqk += tok0 * BT
     vn += tok0 * V + i_v * BV
     o += tok0 * V + i_v * BV
@@ -569,20 +590,19 @@ def _chunk_output_kernel(
     rv = tl.arange(0, BV)
     kmask = live[:, None] & (rk < K)[None, :]
     vmask = live[:, None] & (rv < Vb)[None, :]
-    G = tl.load(gc + r * HV, mask=live, other=0.0)
-    qc = tl.load(q + r[:, None] * sqt + rk[None, :], mask=kmask, other=0.0).to(tl.float32)
-    if L2NORM:
-        qc = qc * tl.rsqrt(tl.sum(qc * qc, 1) + 1e-6)[:, None]
-    qs = (qc * (scale * tl.exp(G))[:, None]).to(STATE_DT)
-    if ROUND_BF16:
-        qs = rne_bf16(qs)
+    # the raw q rows go straight into the dot; launch 1's per-token factor (the scale, q's L2
+    # norm, e^{G_t}) scales the product's rows
+    qfac = tl.load(qf + r, mask=live, other=0.0)
+    qc = tl.load(q + r[:, None] * sqt + rk[None, :], mask=kmask, other=0.0).to(STATE_DT)
     # an empty slot (t0 ≥ eos) has no stored state: every row is masked, so load nothing
     s_mask = (rk < K)[:, None] & (rv < Vb)[None, :] & (t0 < eos)
     Sd = tl.load(hs + rk[:, None] * V + rv[None, :], mask=s_mask, other=0.0).to(STATE_DT)
     a_mask = live[:, None] & (r[None, :] <= r[:, None])  # only the causal blocks were written
     Ac = tl.load(aqk + r[:, None] * (HV * BT) + r[None, :], mask=a_mask, other=0.0).to(STATE_DT)
     vd = tl.load(vn + r[:, None] * (HV * V) + rv[None, :], mask=vmask, other=0.0).to(STATE_DT)
-    oc = tl.dot(qs, Sd, input_precision=STATE_PRECISION) + tl.dot(Ac, vd, input_precision=STATE_PRECISION)
+    oc = qfac[:, None] * tl.dot(qc, Sd, input_precision=STATE_PRECISION) + tl.dot(
+        Ac, vd, input_precision=STATE_PRECISION
+    )
     if ROUND_BF16:
         oc = rne_bf16(oc)
     tl.store(o + r[:, None] * (HV * V) + rv[None, :], oc.to(o.dtype.element_ty), mask=vmask)
@@ -620,7 +640,8 @@ def launch_config(K: int, V: int, dtype: torch.dtype, tensor_cores: bool) -> Lau
     for 64-wide and 1.22 ms for 32-wide slices); launch 2 takes 32-wide V blocks at 4 warps and 3
     stages (16: 1.08 ms, 64: 1.39 ms, 8 warps: 0.89 ms, 2 stages 1.18 ms; 32 at 4 warps 0.79 ms),
     except for f16, whose state dots take float32 operands and want 8 warps; launch 3 takes
-    128-wide V blocks at 4 warps (0.43 ms; 64: 0.47 ms, 32: 0.93 ms).  On the FMA path (float32,
+    128-wide V blocks at 4 warps for bf16 (0.39 ms; 64: 0.47 ms, 32: 0.93 ms) and 64-wide ones
+    for f16, whose float32 state tiles would spill at 128 on sm_90.  On the FMA path (float32,
     and sm70, where Triton 3.6 has no MMA) every dot holds whole operand rows per thread: 16-wide
     slices and blocks, 8 warps and no software pipelining keep the spills under 1 KB per thread
     (launch 3 at 128-wide blocks would spill 11 KB on sm_70)."""
@@ -632,7 +653,8 @@ def launch_config(K: int, V: int, dtype: torch.dtype, tensor_cores: bool) -> Lau
         BK, BVF = max(BK, 32), max(BVF, 32)
         small = max(K, V) <= 128
         return LaunchConfig(
-            BK=BK, BVF=BVF, KS=min(128, BK), VS=min(128, BVF), BV=min(32, BVF), BVO=min(OUT_BV, BVF),
+            BK=BK, BVF=BVF, KS=min(128, BK), VS=min(128, BVF), BV=min(32, BVF),
+            BVO=min(OUT_BV if dtype == torch.bfloat16 else 64, BVF),
             warps1=4 if small else 8, warps2=4 if dtype == torch.bfloat16 and small else 8, stages2=3,
             warps3=OUT_WARPS, solve_by_doubling=True,
         )  # fmt: skip
@@ -674,7 +696,11 @@ def chunk_gated_delta_rule(
     w = torch.empty(B, T, HV, K, dtype=q.dtype, device=device)
     u = torch.empty(B, T, HV, V, dtype=q.dtype, device=device)
     aqk = torch.empty(B, T, HV, BT, dtype=q.dtype, device=device)
-    gc = torch.empty(B, T, HV, dtype=torch.float32, device=device)
+    # per-token float32 factors, head-major [B, HV, T] (a chunk's 64 are contiguous): the
+    # cumulative decay, and what launches 2 and 3 scale k and q rows by
+    gc = torch.empty(B, HV, T, dtype=torch.float32, device=device)
+    kf = torch.empty(B, HV, T, dtype=torch.float32, device=device)
+    qf = torch.empty(B, HV, T, dtype=torch.float32, device=device)
 
     NT = triton.cdiv(T, BT)
     slots = B * NT if cu_seqlens is None else NT + N  # varlen: an upper bound, see the kernel
@@ -685,7 +711,7 @@ def chunk_gated_delta_rule(
     cfg = launch_config(K, V, q.dtype, tc)
     if T > 0:
         _chunk_prepare_kernel[(slots, HV)](
-            q, k, v, g, beta, w, u, aqk, gc, cu,
+            q, k, v, g, beta, w, u, aqk, gc, kf, qf, cu,
             scale, T, NT, N,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             H=H, HV=HV, K=K, V=V, BK=cfg.BK, BVF=cfg.BVF, KS=cfg.KS, VS=cfg.VS,
@@ -706,13 +732,13 @@ def chunk_gated_delta_rule(
         hs = torch.empty(slots, HV, K, V, dtype=state_torch, device=device)
         vn = u if state_torch == u.dtype else torch.empty(B, T, HV, V, dtype=state_torch, device=device)
     _chunk_recurrence_kernel[(N * HV, triton.cdiv(V, cfg.BV))](
-        q, k, w, u, aqk, gc, o, hs, vn,
+        q, k, w, u, aqk, gc, kf, qf, o, hs, vn,
         initial_state if initial_state is not None else gc,
         final if final is not None else gc,
-        cu, scale, T, NT,
+        cu, T, NT,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1),
         H=H, HV=HV, K=K, V=V, BK=cfg.BK, BV=cfg.BV, BT=BT,
-        IS_VARLEN=cu_seqlens is not None, L2NORM=use_qk_l2norm, FUSE_OUT=fuse,
+        IS_VARLEN=cu_seqlens is not None, FUSE_OUT=fuse,
         HAS_H0=initial_state is not None, STORE_FINAL=final is not None,
         STATE_IN_IO_DTYPE=state_in_io_dtype,
         STATE_DT=policy.state_dtype, STATE_PRECISION=policy.state_precision, ROUND_BF16=policy.round_bf16,
@@ -722,9 +748,9 @@ def chunk_gated_delta_rule(
     )  # fmt: skip
     if not fuse and T > 0:
         _chunk_output_kernel[(slots, HV, triton.cdiv(V, cfg.BVO))](
-            q, aqk, gc, hs, vn, o, cu, scale, T, NT, N, q.stride(0), q.stride(1),
+            q, aqk, qf, hs, vn, o, cu, T, NT, N, q.stride(0), q.stride(1),
             H=H, HV=HV, K=K, V=V, BK=cfg.BK, BV=cfg.BVO, BT=BT,
-            IS_VARLEN=cu_seqlens is not None, L2NORM=use_qk_l2norm,
+            IS_VARLEN=cu_seqlens is not None,
             STATE_DT=policy.state_dtype, STATE_PRECISION=policy.state_precision, ROUND_BF16=policy.round_bf16,
             num_warps=cfg.warps3,
         )  # fmt: skip
