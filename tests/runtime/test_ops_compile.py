@@ -25,7 +25,7 @@ os.environ["TRITON_INTERPRET"] = "0"
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from clef_runtime.ops import conv, gating, norm
+from clef_runtime.ops import conv, delta_rule_recurrent as rec, gating, norm
 
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 # Arguments that the wrappers pass with 16-divisible values at the real shapes (Triton
@@ -58,6 +58,8 @@ def variants(dt, full):
                 M="i32", HV="i32")
     l2 = dict(x_ptr=p, y_ptr=p, M="i32", K="i32", eps="fp32")
     gn = dict(x_ptr=p, z_ptr=p, w_ptr=p, y_ptr=p, M="i32", V="i32", eps="fp32")
+    dec = dict(q=p, k=p, v=p, g="*fp32", beta="*fp32", o=p, state="*fp32", state_indices="*i32", scale="fp32",
+               T="i32", POOL="i32", sqb="i32", sqt="i32", skb="i32", skt="i32", svb="i32", svt="i32")
     conv_flags = dict(W=4, HAS_BIAS=True, IS_VARLEN=True, ACT_SILU=True, FAULT_KEY_BAND_ZERO=False)
     # Block sizes and warps as the wrappers pick them at the Qwen3.5 shapes.
     v = [
@@ -72,6 +74,9 @@ def variants(dt, full):
          dict(BLOCK_M=128, BLOCK_H=32, FAULT_BETA_NO_SIGMOID=False, FAULT_DECAY_SIGN_FLIPPED=False), 4),
         ("l2norm", gating._l2norm_kernel, l2, dict(BLOCK_M=32, BLOCK_K=128), 4),
         ("gated_rmsnorm", norm._gated_rmsnorm_kernel, gn, dict(BLOCK_M=32, BLOCK_V=128, FAULT_NO_GATE=False), 4),
+        ("fused_recurrent decode", rec._recurrent_kernel, dec,
+         dict(H=16, HV=32, K=128, V=128, BK=128, BV=min(rec.BV_MAX, 128), HAS_INDICES=True, L2NORM=True,
+              STATE_IN_IO_DTYPE=False, ROUND_BF16=False), rec.WARPS),
     ]
     if full:  # every fault flag and the other constexpr branches, on one target
         v += [

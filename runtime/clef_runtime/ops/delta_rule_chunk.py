@@ -21,7 +21,7 @@ end, so it is ≤ 0 whenever g ≤ 0: nothing is exponentiated that can overflow
 Launches (grouped value heads read key head ``hv // (HV / H)`` by index: q/k are never
 repeated in memory):
 
-1. `_chunk_prepare_kernel`, grid ``(chunk slots, HV)``: per chunk and value head, the in-chunk
+1. `_chunk_prepare_kernel`, grid ``(chunk slots · HV)``, value heads fastest: per chunk and value head, the in-chunk
    work that does not need the state: cumsum of g; the Gram matrices q kᵀ and k kᵀ of the raw
    inputs with K streamed in slices, the fused L2 norm applied as a rank-one rescaling; ``T``
    by blockwise forward substitution (the four diagonal 16×16 blocks by doubling the block
@@ -37,7 +37,7 @@ repeated in memory):
    scales the rows of v_new, [64, BV], rather than k's, [64, K]: the raw k goes from memory
    straight into the dot and nothing on this sequential chain reduces a row or exponentiates),
    and stores the chunk-start state and ``v_new`` (as the state dots see them) for launch 3.
-3. `_chunk_output_kernel`, grid ``(chunk slots, HV, V / BVO)``: the output of every chunk in
+3. `_chunk_output_kernel`, grid ``(chunk slots · HV, V / BVO)``: the output of every chunk in
    parallel, ``o = qf ⊙ (q S_c) + Aqk v_new`` (raw q into the dot, the factor on the product).
 
 The output used to be fused into launch 2 (``FUSE_OUTPUT = True`` still builds that, and a test
@@ -174,8 +174,12 @@ def _chunk_prepare_kernel(
     SOLVE_PRECISION: tl.constexpr,
     ROUND_BF16: tl.constexpr,
 ):
-    i_t = tl.program_id(0).to(tl.int64)
-    hv = tl.program_id(1)
+    # a 1-D grid, value heads fastest: the value heads of one key head (and of one chunk) run
+    # side by side and share q and k through L2 (the chunk count stays off the 65535-limited
+    # grid axes)
+    pid = tl.program_id(0).to(tl.int64)
+    i_t = pid // HV
+    hv = (pid % HV).to(tl.int32)
     h = hv // (HV // H)
     b, t0, eos = _slot_bounds(i_t, cu_seqlens, T, NT, N, BT, IS_VARLEN)
     # an empty slot of the varlen grid (t0 ≥ eos) masks every load and store below
@@ -570,9 +574,10 @@ def _chunk_output_kernel(
     """o = scale e^{G} q̂ S_c + Aqk v_new for one chunk slot, value head and V block, from the
     chunk-start state S_c and v_new that launch 2 stored (the same operands, rounded the same
     way, as the fused step's output)."""
-    i_t = tl.program_id(0).to(tl.int64)
-    hv = tl.program_id(1)
-    i_v = tl.program_id(2)
+    pid = tl.program_id(0).to(tl.int64)  # value heads fastest, as in launch 1
+    i_t = pid // HV
+    hv = (pid % HV).to(tl.int32)
+    i_v = tl.program_id(1)
     h = hv // (HV // H)
     b, t0, eos = _slot_bounds(i_t, cu_seqlens, T, NT, N, BT, IS_VARLEN)
     q += b * sqb + t0 * sqt + h * K
@@ -710,7 +715,7 @@ def chunk_gated_delta_rule(
     tc = tensor_core_dots(q.dtype, device)
     cfg = launch_config(K, V, q.dtype, tc)
     if T > 0:
-        _chunk_prepare_kernel[(slots, HV)](
+        _chunk_prepare_kernel[(slots * HV,)](
             q, k, v, g, beta, w, u, aqk, gc, kf, qf, cu,
             scale, T, NT, N,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
@@ -747,7 +752,7 @@ def chunk_gated_delta_rule(
         num_stages=cfg.stages2,
     )  # fmt: skip
     if not fuse and T > 0:
-        _chunk_output_kernel[(slots, HV, triton.cdiv(V, cfg.BVO))](
+        _chunk_output_kernel[(slots * HV, triton.cdiv(V, cfg.BVO))](
             q, aqk, qf, hs, vn, o, cu, T, NT, N, q.stride(0), q.stride(1),
             H=H, HV=HV, K=K, V=V, BK=cfg.BK, BV=cfg.BVO, BT=BT,
             IS_VARLEN=cu_seqlens is not None,
