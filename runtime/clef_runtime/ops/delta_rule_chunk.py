@@ -21,16 +21,16 @@ end, so it is ≤ 0 whenever g ≤ 0: nothing is exponentiated that can overflow
 Launches (grouped value heads read key head ``hv // (HV / H)`` by index: q/k are never
 repeated in memory):
 
-1. `_chunk_prepare_kernel`, grid ``(chunk slots · HV)``, value heads fastest: per chunk and value head, the in-chunk
-   work that does not need the state: cumsum of g; the Gram matrices q kᵀ and k kᵀ of the raw
-   inputs with K streamed in slices, the fused L2 norm applied as a rank-one rescaling; ``T``
-   by blockwise forward substitution (the four diagonal 16×16 blocks by doubling the block
-   size on tensor cores, row by row on the FMA path, then the block-lower part in a few 64×64
-   dots); then ``w`` and ``u`` (stored in the input dtype), the decayed, scaled causal ``q kᵀ``
-   block ``Aqk``, the cumulative decays ``gc``, and two per-token float32 factors that the
-   later launches apply to raw k and q rows: ``kf = e^{G_L-G_t}/|k_t|`` (the decay to the chunk
-   end) and ``qf = scale e^{G_t}/|q_t|``.  ``gc``, ``kf``, ``qf`` are head-major ``[B, HV, T]``,
-   so a chunk's 64 values are contiguous.  Tiles: `launch_config`.
+1. `_chunk_prepare_kernel`, grid ``(chunk slots · HV)`` with value heads fastest: per chunk and
+   value head, the in-chunk work that does not need the state: cumsum of g; the Gram matrices q
+   kᵀ and k kᵀ of the raw inputs with K streamed in slices, the fused L2 norm applied as a
+   rank-one rescaling; ``T`` by blockwise forward substitution (the four diagonal 16×16 blocks
+   by doubling the block size on tensor cores, row by row on the FMA path, then the block-lower
+   part in a few 64×64 dots); then ``w`` and ``u`` (stored in the input dtype), the decayed,
+   scaled causal ``q kᵀ`` block ``Aqk``, the cumulative decays ``gc``, and two per-token float32
+   factors that the later launches apply to raw k and q rows: ``kf = e^{G_L-G_t}/|k_t|`` (the
+   decay to the chunk end) and ``qf = scale e^{G_t}/|q_t|``.  ``gc``, ``kf``, ``qf`` are
+   head-major ``[B, HV, T]``, so a chunk's 64 values are contiguous.  Tiles: `launch_config`.
 2. `_chunk_recurrence_kernel`, grid ``(N·HV, V / BV)``: per sequence, value head and V block,
    sequential over the sequence's chunks with the float32 state in registers; each step forms
    ``v_new = u - w S`` and advances the state, ``S ← e^{G_L} S + kᵀ (kf ⊙ v_new)`` (the factor
@@ -52,10 +52,10 @@ part at TF32 for 16-bit inputs) and rounded to the input dtype for the WY produc
 and ``Aqk`` are stored in the input dtype.  In launch 2 the state stays float32 in registers and
 enters its dots as bf16 (bf16 inputs), float32 at TF32 precision (f16: no overflow) or IEEE
 float32 (f32), as do ``v_new`` and ``kf ⊙ v_new``; k and q enter their dots unscaled (exact in
-that dtype) and the factors kf, qf stay float32; the chunk states and ``v_new`` are stored in that operand
-dtype (so bf16 inputs store bf16 states, f16 and f32 store float32), and launch 3 computes
-with exactly the operands the fused step used.  The output is rounded once, to v's dtype.  The fault
-``fp16_state_overflow`` (a compile-time flag) rounds the state to the input dtype when it is
+that dtype) and the factors kf, qf stay float32; the chunk states and ``v_new`` are stored in
+that operand dtype (so bf16 inputs store bf16 states, f16 and f32 store float32), and launch 3
+computes with exactly the operands the fused step used.  The output is rounded once, to v's
+dtype.  The fault ``fp16_state_overflow`` (a compile-time flag) rounds the state to the input dtype when it is
 loaded and after every chunk.
 
 Variable-length batches: chunks never cross a sequence boundary.  Launch 1 runs over
@@ -571,9 +571,9 @@ def _chunk_output_kernel(
     STATE_PRECISION: tl.constexpr,
     ROUND_BF16: tl.constexpr,
 ):
-    """o = scale e^{G} q̂ S_c + Aqk v_new for one chunk slot, value head and V block, from the
-    chunk-start state S_c and v_new that launch 2 stored (the same operands, rounded the same
-    way, as the fused step's output)."""
+    """o = qf ⊙ (q S_c) + Aqk v_new (= scale e^{G} q̂ S_c + Aqk v_new) for one chunk slot, value
+    head and V block, from the chunk-start state S_c and v_new that launch 2 stored (the same
+    operands, rounded the same way, as the fused step's output)."""
     pid = tl.program_id(0).to(tl.int64)  # value heads fastest, as in launch 1
     i_t = pid // HV
     hv = (pid % HV).to(tl.int32)
