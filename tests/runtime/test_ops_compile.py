@@ -19,25 +19,28 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = r"""
+# What both compile scripts share: imports, and one kernel compiled for one target with its
+# register and stack use (cuobjdump -res-usage).
+PRELUDE = r"""
 import json, os, re, subprocess, sys, tempfile
 os.environ["TRITON_INTERPRET"] = "0"
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from clef_runtime.ops import conv, delta_rule_recurrent as rec, gating, norm
 
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-# Arguments that the wrappers pass with 16-divisible values at the real shapes (Triton
-# specialises those, and alignment decides vectorisation and so register use).
-DIV16 = {"D", "stride_xb", "stride_xt", "stride_init_n", "stride_pool", "HV", "K", "V"}
 
-def compile_variant(kernel, types, consts, arch, num_warps):
-    signature = {n: ("constexpr" if n in consts else types[n]) for n in kernel.arg_names}
+# types: pointer and float arguments (the rest are i32); div16: integer arguments the wrappers
+# pass with 16-divisible values at the real shapes (Triton specialises those, and alignment
+# decides vectorisation and so register use)
+def compile_variant(kernel, types, consts, arch, num_warps, num_stages, div16):
+    signature = {n: ("constexpr" if n in consts else types.get(n, "i32")) for n in kernel.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
-             if n not in consts and (signature[n].startswith("*") or n in DIV16)}
+             if n not in consts and (signature[n].startswith("*") or n in div16)}
     src = ASTSource(fn=kernel, signature=signature, constexprs=consts, attrs=attrs)
-    k = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps})
+    opts = {"num_warps": num_warps, "num_stages": num_stages}
+    k = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=opts)
     usage = {}
     if os.path.exists(CUOBJDUMP):
         with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
@@ -45,6 +48,12 @@ def compile_variant(kernel, types, consts, arch, num_warps):
             out = subprocess.run([CUOBJDUMP, "-res-usage", f.name], capture_output=True, text=True).stdout
         usage = {m[0]: int(m[1]) for m in re.findall(r"(REG|STACK|LOCAL):(\d+)", out)}
     return usage
+"""
+
+_OPS_BODY = r"""
+from clef_runtime.ops import conv, delta_rule_recurrent as rec, gating, norm
+
+DIV16 = {"D", "stride_xb", "stride_xt", "stride_init_n", "stride_pool", "HV", "K", "V"}
 
 def variants(dt, full):
     p = "*" + dt
@@ -103,11 +112,12 @@ for arch, dt, full in ((90, "bf16", True), (70, "fp16", False)):
     for name, kernel, types, consts, warps in variants(dt, full):
         key = f"sm_{arch} {dt} {name}"
         try:
-            results[key] = {"ok": True, **compile_variant(kernel, types, consts, arch, warps)}
+            results[key] = {"ok": True, **compile_variant(kernel, types, consts, arch, warps, 3, DIV16)}
         except Exception as e:  # report every failure, not just the first
             results[key] = {"ok": False, "error": f"{type(e).__name__}: {e}"[-2000:]}
 print("RESULTS " + json.dumps(results))
 """
+SCRIPT = PRELUDE + _OPS_BODY
 
 
 def _ptxas_available() -> bool:
@@ -122,7 +132,10 @@ def _compile_all(script: str, timeout: int) -> dict[str, dict[str, object]]:
     """Run a compile script in a fresh process (no interpreter); assert every kernel compiled;
     return its per-kernel register/stack usage."""
     if not _ptxas_available():
-        pytest.skip("skip: the Triton wheel carries no ptxas (not a CUDA build of Triton)")
+        pytest.skip(
+            "skip: the installed Triton carries no ptxas (not the CUDA build from PyPI); "
+            "install the pinned one: make venv (constraints.txt)"
+        )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=timeout
@@ -144,31 +157,11 @@ def test_kernels_compile_for_sm90_and_sm70_without_spills() -> None:
     assert not spills, f"kernels that spill registers to local memory: {spills}"
 
 
-CHUNK_SCRIPT = r"""
-import json, os, re, subprocess, sys, tempfile
-os.environ["TRITON_INTERPRET"] = "0"
-import torch
-import triton
-import triton.language as tl
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
+_CHUNK_BODY = r"""
 from clef_runtime.ops import delta_rule_chunk as dc
 from clef_runtime.ops.delta_rule_common import dot_policy
 
-CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 DIV16 = {"sqb", "sqt", "skb", "skt", "svb", "svt"}
-
-def compile_variant(kernel, types, consts, arch, num_warps, num_stages):
-    signature = {n: ("constexpr" if n in consts else types.get(n, "i32")) for n in kernel.arg_names}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
-             if n not in consts and (signature[n].startswith("*") or n in DIV16)}
-    src = ASTSource(fn=kernel, signature=signature, constexprs=consts, attrs=attrs)
-    opts = {"num_warps": num_warps, "num_stages": num_stages}
-    k = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=opts)
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(k.asm["cubin"]); f.flush()
-        out = subprocess.run([CUOBJDUMP, "-res-usage", f.name], capture_output=True, text=True).stdout
-    return {m[0]: int(m[1]) for m in re.findall(r"(REG|STACK|LOCAL):(\d+)", out)}
 
 results = {}
 # (arch, torch dtype, tensor cores): the H200 in bf16 and f16; the V100 (f16, FMA dots only)
@@ -201,11 +194,12 @@ for arch, dtype, tc in ((90, torch.bfloat16, True), (90, torch.float16, True), (
     for launch, kernel, types, consts, warps, stages in launches:
         key = f"sm_{arch} {name} chunk {launch}"
         try:
-            results[key] = {"ok": True, **compile_variant(kernel, types, consts, arch, warps, stages)}
+            results[key] = {"ok": True, **compile_variant(kernel, types, consts, arch, warps, stages, DIV16)}
         except Exception as e:
             results[key] = {"ok": False, "error": f"{type(e).__name__}: {e}"[-2000:]}
 print("RESULTS " + json.dumps(results))
 """
+CHUNK_SCRIPT = PRELUDE + _CHUNK_BODY
 
 
 @pytest.mark.slow
