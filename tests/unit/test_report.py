@@ -7,7 +7,7 @@ import json
 import pytest
 from clef_builders import KEY_BAND_FAILURE, report
 
-from clef_operator.report import ReportInvalid, ReportMissing, parse_report
+from clef_contract.report import ReportInvalid, ReportMissing, parse_report
 
 
 def test_passing_report_parses():
