@@ -26,8 +26,6 @@ SINGULAR = "clefmodel"
 SHORT_NAMES = ["clef"]
 API_VERSION = f"{GROUP}/{VERSION}"
 
-REPORT_SCHEMA_VERSION = "clef.riotpiao.com/verify-report/v1"
-
 # Longest ClefModel name: the Job `<name>-verify-<key10>-<r6>` carries its name in the
 # `job-name` label, whose value is at most 63 characters.
 MAX_MODEL_NAME = 38

@@ -9,12 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from clef_contract.command import TERMINATION_LOG, TERMINATION_LOG_ENV, shape_flags
 from clef_operator import labels
 from clef_operator.api import API_VERSION, KIND, ClefModelSpec, Dtype, Engine, Suite
 from clef_operator.kvcache import kv_budget_bytes_per_gpu
 from clef_operator.revision import deployment_name, job_name, short_hash
 
-TERMINATION_LOG = "/dev/termination-log"
 VERIFY_CONTAINER = "verify"
 ENGINE_CONTAINER = "engine"
 JOB_TTL_SECONDS = 3600
@@ -104,20 +104,7 @@ def verify_argv(spec: ClefModelSpec) -> list[str]:
     argv += ["--preset", arch.preset]
     # Every shape field, always: the Job checks the served model's heads and dims, whatever the
     # preset's defaults are (clef-runtime verify --shape).
-    argv += [
-        f"--shape={key}={value}"
-        for key, value in (
-            ("layers", arch.num_layers),
-            ("full_attention_interval", arch.full_attention_interval),
-            ("attention_heads", arch.num_attention_heads),
-            ("kv_heads", arch.num_key_value_heads),
-            ("head_dim", arch.head_dim),
-            ("linear_key_heads", arch.linear_num_key_heads),
-            ("linear_value_heads", arch.linear_num_value_heads),
-            ("linear_key_dim", arch.linear_key_head_dim),
-            ("linear_value_dim", arch.linear_value_head_dim),
-        )
-    ]
+    argv += shape_flags(arch.model_dump())
     if verification.suite is not Suite.KERNELS and spec.model.volume is not None:
         argv += ["--checkpoint", spec.model.path]
     if verification.tolerance_scale is not None:
@@ -232,7 +219,7 @@ def render_verification_pod_spec(spec: ClefModelSpec) -> dict[str, Any]:
         # Tags move: the verdict must belong to what the registry serves now.
         "imagePullPolicy": "Always",
         "command": verify_argv(spec),
-        "env": _env(spec, {"CLEF_TERMINATION_LOG": TERMINATION_LOG, "TRITON_CACHE_DIR": "/tmp/triton"}),
+        "env": _env(spec, {TERMINATION_LOG_ENV: TERMINATION_LOG, "TRITON_CACHE_DIR": "/tmp/triton"}),
         "resources": _resources(spec),
         "volumeMounts": mounts,
         "terminationMessagePath": TERMINATION_LOG,

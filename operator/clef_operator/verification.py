@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+from clef_contract.report import CompactReport, FailingEntry, ReportInvalid, ReportMissing, parse_report
 from clef_operator.api import ClefModelSpec, FailingCheck, Verdict, VerificationRecord
 from clef_operator.observed import JobState, PodState
 from clef_operator.render import verification_image, verify_argv
-from clef_operator.report import CompactReport, FailingEntry, ReportInvalid, ReportMissing, parse_report
 from clef_operator.revision import pinned_reference
 
 

@@ -7,40 +7,54 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from clef_contract.command import (
+    DEVICE_ENV,
+    DTYPES,
+    FAULT_ENV,
+    SHAPE_FLAG,
+    SHAPE_KEYS,
+    SHAPES_ENV,
+    SUITES,
+    TERMINATION_LOG,
+    TERMINATION_LOG_ENV,
+    ExitCode,
+)
+
+_EXITS = ", ".join(f"{int(code)} {code.name.lower().replace('_', ' ')}" for code in ExitCode)
+
 
 def _verify_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "verify",
-        help="prove this image's GDN kernels match the reference (exit 0 pass, 1 mismatch, 2 could not run)",
+        help=f"prove this image's GDN kernels match the reference (exit {_EXITS})",
         description=(
             "Runs clef's Triton ops and the hybrid model against float64 references at the model's "
             "real head counts and dims, in the deployed dtype.  Full JSON report on stdout (or --report), "
             "compact report (≤ 4 KiB) to the termination log."
         ),
     )
-    p.add_argument("--suite", default="full", help="kernels | model | full (default: full)")
-    p.add_argument("--dtype", default="f16", help="f16 | bf16 | f32 (default: f16)")
+    p.add_argument("--suite", default="full", help=f"{' | '.join(SUITES)} (default: full)")
+    p.add_argument("--dtype", default="f16", help=f"{' | '.join(DTYPES)} (default: f16)")
     p.add_argument("--preset", default="qwen3_5", help="architecture preset when no --config/--checkpoint")
     p.add_argument("--config", help="a Hugging Face style config.json for the model's shape")
     p.add_argument(
         "--checkpoint", help="a checkpoint directory (config.json + safetensors) to run the model suite on"
     )
-    p.add_argument("--device", help="cuda | cpu (default: $CLEF_VERIFY_DEVICE or cuda)")
-    p.add_argument("--shapes", help="model | reduced (default: $CLEF_VERIFY_SHAPES or model)")
+    p.add_argument("--device", help=f"cuda | cpu (default: ${DEVICE_ENV} or cuda)")
+    p.add_argument("--shapes", help=f"model | reduced (default: ${SHAPES_ENV} or model)")
     p.add_argument(
-        "--shape",
+        SHAPE_FLAG,
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="override the architecture's shape (repeatable): layers, full_attention_interval, attention_heads, "
-        "kv_heads, head_dim, linear_key_heads, linear_value_heads, linear_key_dim, linear_value_dim, conv_width",
+        help=f"override the architecture's shape (repeatable): {', '.join(SHAPE_KEYS)}",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the generated inputs and weights")
     p.add_argument("--tolerance-scale", type=float, default=1.0, help="multiply every tolerance (0.1-100)")
     p.add_argument("--report", help="write the full JSON report here instead of stdout")
     p.add_argument(
         "--termination-log",
-        help="compact report path (default: $CLEF_TERMINATION_LOG or /dev/termination-log)",
+        help=f"compact report path (default: ${TERMINATION_LOG_ENV} or {TERMINATION_LOG})",
     )
 
 
@@ -48,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="clef-runtime", description="clef's GDN runtime")
     sub = parser.add_subparsers(dest="command", required=True)
     _verify_parser(sub)
-    sub.add_parser("faults", help="list the fault catalogue (CLEF_RUNTIME_FAULT values)")
+    sub.add_parser("faults", help=f"list the fault catalogue ({FAULT_ENV} values)")
     sub.add_parser("version", help="print the runtime version")
     from clef_runtime.bench import add_bench_parser
 
@@ -72,7 +86,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_bench_command(args)
     import os
 
-    from clef_runtime.verify.environment import DEFAULT_TERMINATION_LOG, TERMINATION_LOG_ENV
     from clef_runtime.verify.run import VerifyArgs, emit, run_verify
 
     vargs = VerifyArgs(
@@ -90,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         shape=tuple(args.shape),
     )
     report = run_verify(vargs)
-    log = args.termination_log or os.environ.get(TERMINATION_LOG_ENV) or DEFAULT_TERMINATION_LOG
+    log = args.termination_log or os.environ.get(TERMINATION_LOG_ENV) or TERMINATION_LOG
     emit(report, sys.stdout, args.report, log)
     print(f"verify: {report.verdict}: {report.summary()}", file=sys.stderr)
     return report.exit_code

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-ENV_VAR = "CLEF_RUNTIME_FAULT"
+from clef_contract.command import FAULT_ENV as ENV_VAR
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from clef_contract.report import MAX_REPORT_BYTES as COMPACT_LIMIT_BYTES
+from clef_contract.report import SCHEMA_VERSION
 from clef_runtime.faults import CATALOGUE
-from clef_runtime.verify.report import COMPACT_LIMIT_BYTES, SCHEMA_VERSION, Check, Report
+from clef_runtime.verify.report import Check, Report
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -219,6 +221,23 @@ def test_shape_overrides_reach_the_model_config() -> None:
     )
     assert cfg.num_hidden_layers == 8 and cfg.linear_num_key_heads == 8
     assert [i for i, t in enumerate(cfg.layer_types) if t == FULL] == [1, 3, 5, 7]
+
+
+def test_every_shape_key_of_the_contract_sets_its_model_config_field() -> None:
+    """What the operator sends (every key, the preset's values doubled where the config allows)
+    lands in the model the suites run."""
+    from clef_contract.command import SHAPE_KEYS
+    from clef_runtime.model.config import preset
+    from clef_runtime.verify.run import _apply_shape
+
+    base = preset("qwen3_5")
+    layout = {"num_layers": 12, "full_attention_interval": 3}
+    values = {field: getattr(base, field) * 2 for field in SHAPE_KEYS.values() if field not in layout}
+    values |= layout
+    cfg = _apply_shape(base, {key: values[field] for key, field in SHAPE_KEYS.items()})
+    assert cfg.num_hidden_layers == 12 and len(cfg.full_layers) == 4
+    for field in set(SHAPE_KEYS.values()) - set(layout):
+        assert getattr(cfg, field) == values[field], field
 
 
 @pytest.mark.parametrize(

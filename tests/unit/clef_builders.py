@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from clef_contract.report import SCHEMA_VERSION as REPORT_SCHEMA_VERSION
 from clef_operator import labels
 from clef_operator.actions import (
     Action,
@@ -23,7 +24,7 @@ from clef_operator.actions import (
     PatchServiceSelector,
     ScaleDeployment,
 )
-from clef_operator.api import REPORT_SCHEMA_VERSION, ClefModelSpec, ClefModelStatus
+from clef_operator.api import ClefModelSpec, ClefModelStatus
 from clef_operator.observed import DeploymentState, JobState, ModelRef, Observed, PodState, ServiceState
 from clef_operator.rollout import Plan, plan_rollout
 

@@ -7,6 +7,7 @@ the PATH.  The linter is tested on bad Dockerfiles too, so it cannot pass by acc
 from __future__ import annotations
 
 import re
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -185,6 +186,17 @@ def test_operator_image_has_no_torch() -> None:
     steps = " ".join(rest for word, rest in instructions(OPERATOR.read_text()) if word == "RUN")
     assert '".[operator]"' in steps
     assert "torch" not in steps and "runtime]" not in steps
+
+
+def test_both_images_ship_the_contract() -> None:
+    """clef_contract (the report schema, exit codes, env names) is in both images: the build
+    context lets it in, each build copies it, and the package list installs it."""
+    for dockerfile in (OPERATOR, RUNTIME):
+        copies = [rest for word, rest in instructions(dockerfile.read_text()) if word == "COPY"]
+        assert "contract ./contract" in copies, f"{dockerfile.relative_to(REPO)} does not copy contract/"
+    assert "!contract/**" in (REPO / ".dockerignore").read_text().splitlines()
+    find = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    assert "contract" in find["where"] and "clef_contract*" in find["include"]
 
 
 def test_make_images_builds_the_archs_the_runtime_supports() -> None:

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from clef_contract.command import FAULT_ENV
 from clef_runtime.bench.floors import QWEN35_9B, TINY, Dims, Floor
 from clef_runtime.bench.report import (
     SCHEMA,
@@ -504,9 +505,9 @@ def run_bench_command(args: argparse.Namespace) -> int:
         mode=opts.mode,
         seed=opts.seed,
     )
-    fault = os.environ.get("CLEF_RUNTIME_FAULT")
+    fault = os.environ.get(FAULT_ENV)
     if fault:
-        _progress(f"bench: CLEF_RUNTIME_FAULT={fault} is set: clef's kernels carry that fault")
+        _progress(f"bench: {FAULT_ENV}={fault} is set: clef's kernels carry that fault")
 
     started = _dt.datetime.now(_dt.UTC)
     with torch.no_grad():

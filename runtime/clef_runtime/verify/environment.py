@@ -9,10 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-DEVICE_ENV = "CLEF_VERIFY_DEVICE"
-SHAPES_ENV = "CLEF_VERIFY_SHAPES"
-TERMINATION_LOG_ENV = "CLEF_TERMINATION_LOG"
-DEFAULT_TERMINATION_LOG = "/dev/termination-log"
+from clef_contract.command import DEVICE_ENV, SHAPES_ENV, TERMINATION_LOG, TERMINATION_LOG_ENV
 
 DEVICES = ("cuda", "cpu")
 SHAPE_PROFILES = ("model", "reduced")
@@ -50,7 +47,7 @@ def resolve_placement(
         os.environ["TRITON_INTERPRET"] = "1"
     elif _interpreting():
         raise CannotRun("TRITON_INTERPRET is set but the device is cuda: unset it, or pass --device cpu")
-    log = termination_flag or os.environ.get(TERMINATION_LOG_ENV) or DEFAULT_TERMINATION_LOG
+    log = termination_flag or os.environ.get(TERMINATION_LOG_ENV) or TERMINATION_LOG
     return Placement(device=device, shapes=shapes, termination_log=log)
 
 

@@ -1,29 +1,19 @@
 """The verification report: the full JSON for stdout and the compact one for the termination log.
 
-The compact report is what the operator reads from the verification pod's termination message,
-which Kubernetes caps at 4096 bytes.  It must always parse and never exceed that cap, also when
-every check fails, so it is built by shrinking (fewer failing checks, then shorter details)
-until it fits, never by cutting the JSON text.
+The compact report is what the operator reads from the verification pod's termination message;
+its fields, size bound and builder are the contract's (`clef_contract.report`).
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-SCHEMA_VERSION = "clef.riotpiao.com/verify-report/v1"
-COMPACT_LIMIT_BYTES = 4096
-MAX_COMPACT_FAILING = 8
-
-Verdict = Literal["pass", "fail", "error"]
+from clef_contract.command import ExitCode
+from clef_contract.report import SCHEMA_VERSION, CompactReport, FailingEntry, Verdict, build_report, clip
 
 # Metrics whose failure names the broken slice or the exception (see `failing`).
 _SPECIFIC_METRICS = frozenset({"dead_slices", "raised"})
-
-EXIT_PASS = 0
-EXIT_MISMATCH = 1
-EXIT_COULD_NOT_RUN = 2
 
 
 @dataclass
@@ -91,7 +81,7 @@ class Report:
 
     @property
     def exit_code(self) -> int:
-        return {"pass": EXIT_PASS, "fail": EXIT_MISMATCH, "error": EXIT_COULD_NOT_RUN}[self.verdict]
+        return int(ExitCode.for_verdict(self.verdict))
 
     def summary(self) -> str:
         """One line an on-call engineer can read in `kubectl get` output."""
@@ -100,7 +90,7 @@ class Report:
         head: list[str] = []
         if self.failing:
             first = self.failing[0]
-            head.append(f"FAIL {_clip(first.detail or first.name, 300)}")
+            head.append(f"FAIL {clip(first.detail or first.name, 300)}")
             if len(self.failing) > 1:
                 head.append(f"{len(self.failing) - 1} more failing")
         passed = sum(c.passed for c in self.checks)
@@ -130,75 +120,20 @@ class Report:
             "layerStats": self.layer_stats,
         }
 
-    def to_compact(self, limit: int = COMPACT_LIMIT_BYTES) -> str:
-        """The compact JSON (UTF-8), guaranteed ≤ `limit` bytes and parseable."""
-        failing = [
-            {"name": c.name, "op": c.op, "detail": c.detail or f"{c.metric}={c.value} > {c.threshold}"}
-            for c in self.failing[:MAX_COMPACT_FAILING]
-        ]
-        doc: dict[str, Any] = {
-            "schemaVersion": SCHEMA_VERSION,
-            "verdict": self.verdict,
-            "summary": self.summary(),
-            "failing": failing,
-            "suite": self.suite,
-            "dtype": self.dtype,
-            "device": self.device,
-            "runtimeVersion": self.runtime_version,
-            "error": self.error_text,
-        }
-        return shrink_to_fit(doc, limit)
-
-
-def _dump(doc: dict[str, Any]) -> str:
-    return json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
-
-
-def _clip(text: str, n: int) -> str:
-    return text if len(text) <= n else text[: max(n - 1, 0)] + "…"
-
-
-def shrink_to_fit(doc: dict[str, Any], limit: int) -> str:
-    """Drop failing entries, then shorten free text, until the JSON fits in `limit` bytes."""
-    text = _dump(doc)
-    if len(text.encode()) <= limit:
-        return text
-    for key in ("summary", "error"):
-        if isinstance(doc.get(key), str):
-            doc[key] = _clip(doc[key], 1000)
-    failing: list[dict[str, str]] = list(doc["failing"])
-    for width in (400, 200, 100, 60):
-        for entry in failing:
-            entry["detail"] = _clip(entry["detail"], width)
-            entry["name"] = _clip(entry["name"], width)
-        doc["failing"] = failing
-        text = _dump(doc)
-        if len(text.encode()) <= limit:
-            return text
-    while failing:
-        failing.pop()
-        doc["failing"] = failing
-        text = _dump(doc)
-        if len(text.encode()) <= limit:
-            return text
-    for key in ("summary", "error", "device"):
-        if isinstance(doc.get(key), str):
-            doc[key] = _clip(doc[key], 300)
-    text = _dump(doc)
-    if len(text.encode()) <= limit:
-        return text
-    # Only pathological inputs (kilobytes of device name) get here: keep the verdict above all.
-    verdict = doc["verdict"]
-    return _dump(
-        {
-            "schemaVersion": SCHEMA_VERSION,
-            "verdict": verdict,
-            "summary": "report truncated to fit the termination message",
-            "failing": [],
-            "suite": _clip(str(doc["suite"]), 20),
-            "dtype": _clip(str(doc["dtype"]), 8),
-            "device": "",
-            "runtimeVersion": _clip(str(doc["runtimeVersion"]), 40),
-            "error": "report truncated" if verdict == "error" else None,
-        }
-    )
+    def to_compact(self) -> str:
+        """The compact JSON (UTF-8), within the termination message's bound and parseable."""
+        return build_report(
+            CompactReport(
+                verdict=self.verdict,
+                summary=self.summary(),
+                failing=tuple(
+                    FailingEntry(c.name, c.op, c.detail or f"{c.metric}={c.value} > {c.threshold}")
+                    for c in self.failing
+                ),
+                suite=self.suite,
+                dtype=self.dtype,
+                device=self.device,
+                runtime_version=self.runtime_version,
+                error=self.error_text,
+            )
+        )

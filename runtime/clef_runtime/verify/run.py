@@ -1,8 +1,9 @@
 """`clef-runtime verify`: run the suites, write the reports, choose the exit code.
 
-Exit codes: 0 every check passed; 1 a check failed (the candidate computes something else);
-2 nothing trustworthy could be measured here (no GPU, bad config, missing checkpoint, unknown
-fault name, a crash outside the ops).  The operator treats anything but 0 as "not verified".
+Exit codes (`clef_contract.command.ExitCode`): every check passed; a check failed (the candidate
+computes something else); nothing trustworthy could be measured here (no GPU, bad config, missing
+checkpoint, unknown fault name, a crash outside the ops).  The operator treats anything but a pass
+as "not verified".
 """
 
 from __future__ import annotations
@@ -20,13 +21,11 @@ from typing import TYPE_CHECKING, TextIO
 if TYPE_CHECKING:
     from clef_runtime.model.config import ModelConfig
 
+from clef_contract.command import DTYPES, SHAPE_FLAG, SHAPE_KEYS, SUITES, ShapeError, parse_shape
 from clef_runtime import __version__
 from clef_runtime.faults import UnknownFaultError, active_fault
 from clef_runtime.verify.environment import CannotRun, check_device, resolve_placement
 from clef_runtime.verify.report import Report
-
-SUITES = ("kernels", "model", "full")
-DTYPES = ("f16", "bf16", "f32")
 
 # What `verify` generates when no checkpoint is mounted, per shape profile.  "model" keeps the
 # architecture's layer pattern, head counts, head dims and conv width and shrinks only the width
@@ -58,41 +57,7 @@ class VerifyArgs:
     tolerance_scale: float = 1.0
     report: str | None = None  # full report path; None → stdout
     termination_log: str | None = None
-    shape: tuple[str, ...] = ()  # KEY=VALUE overrides of the architecture (SHAPE_KEYS)
-
-
-# `--shape KEY=VALUE`: what the operator passes from ClefModel.spec.model.architecture, so the
-# Job checks the served model's head counts and dims, not just the preset's.
-SHAPE_KEYS = {
-    "layers": "num_layers",
-    "full_attention_interval": "full_attention_interval",
-    "attention_heads": "num_attention_heads",
-    "kv_heads": "num_key_value_heads",
-    "head_dim": "head_dim",
-    "linear_key_heads": "linear_num_key_heads",
-    "linear_value_heads": "linear_num_value_heads",
-    "linear_key_dim": "linear_key_head_dim",
-    "linear_value_dim": "linear_value_head_dim",
-    "conv_width": "linear_conv_kernel_dim",
-}
-
-
-def parse_shape(items: tuple[str, ...]) -> dict[str, int]:
-    """``("linear_key_heads=16", ...)`` → ``{"linear_key_heads": 16}``; CannotRun on bad input."""
-    out: dict[str, int] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        key = key.strip().replace("-", "_")
-        if not sep or key not in SHAPE_KEYS:
-            raise CannotRun(f"--shape {item!r}: expected KEY=VALUE with KEY one of {', '.join(SHAPE_KEYS)}")
-        try:
-            n = int(value)
-        except ValueError:
-            raise CannotRun(f"--shape {item!r}: {value!r} is not an integer") from None
-        if n < 1:
-            raise CannotRun(f"--shape {item!r}: must be at least 1")
-        out[key] = n
-    return out
+    shape: tuple[str, ...] = ()  # KEY=VALUE overrides of the architecture (contract's SHAPE_KEYS)
 
 
 def _env_info() -> dict[str, str]:
@@ -173,7 +138,10 @@ def _run(args: VerifyArgs, report: Report) -> None:
             config = ModelConfig.from_json(args.config)
         else:
             config = preset(args.preset)
-        overrides = parse_shape(args.shape)
+        try:
+            overrides = parse_shape(args.shape)
+        except ShapeError as exc:
+            raise CannotRun(str(exc)) from None
         if overrides:
             wanted = _apply_shape(config, overrides)
             if args.checkpoint is not None:
@@ -286,7 +254,7 @@ def _check_against_checkpoint(config: ModelConfig, wanted: ModelConfig, where: s
     ]
     if diff:
         raise CannotRun(
-            f"--shape disagrees with {where}/config.json: "
+            f"{SHAPE_FLAG} disagrees with {where}/config.json: "
             + "; ".join(diff)
             + " (fix spec.model.architecture or the mounted weights)"
         )
