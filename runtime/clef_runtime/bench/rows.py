@@ -257,9 +257,7 @@ def _conv(ctx: Context, B: int, T: int) -> Setup:
         return {"x": r.normal((B, T, d.D), dt), "weight": r.normal((d.D, d.W), dt, scale=d.W**-0.5)}
 
     def clef(s: Tensors) -> Tensors:
-        y, final = ctx.ops.causal_conv1d(
-            s["x"], s["weight"], activation="silu", output_final_state=True, qkv_split=d.qkv_split
-        )
+        y, final = ctx.ops.causal_conv1d(s["x"], s["weight"], activation="silu", output_final_state=True)
         return {"y": y, "final_state": _some(final, "causal_conv1d")}
 
     def fla(p: FlaPeer) -> Impl:
@@ -305,9 +303,7 @@ def _conv_update(ctx: Context, B: int, T: int) -> Setup:
         }
 
     def clef(s: Tensors) -> Tensors:
-        y = ctx.ops.causal_conv1d_update(
-            s["x"], s["state"], s["weight"], activation="silu", qkv_split=d.qkv_split
-        )
+        y = ctx.ops.causal_conv1d_update(s["x"], s["state"], s["weight"], activation="silu")
         return {"y": y, "state": s["state"]}
 
     def fla(p: FlaPeer) -> Impl:
@@ -490,7 +486,7 @@ def clef_core_step(
     """The GDN ops of a decode step through clef's op set, as `GatedDeltaNet.forward` calls them:
     ``mixed`` [B, T, D], ``z`` [B, T, HV, V], ``a``/``b`` [B, T, HV]; states updated in place."""
     B, T, _ = mixed.shape
-    conv = ops.causal_conv1d_update(mixed, conv_state, w.conv, activation="silu", qkv_split=d.qkv_split)
+    conv = ops.causal_conv1d_update(mixed, conv_state, w.conv, activation="silu")
     q, k, v = torch.split(conv, list(d.qkv_split), dim=-1)
     q = q.reshape(B, T, d.H, d.K).contiguous()
     k = k.reshape(B, T, d.H, d.K).contiguous()

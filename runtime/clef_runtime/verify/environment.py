@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from clef_runtime.interpreter import interpreting
+
 DEVICE_ENV = "CLEF_VERIFY_DEVICE"
 SHAPES_ENV = "CLEF_VERIFY_SHAPES"
 TERMINATION_LOG_ENV = "CLEF_TERMINATION_LOG"
@@ -29,10 +31,6 @@ class Placement:
     termination_log: str
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "on", "yes")
-
-
 def resolve_placement(
     device_flag: str | None, shapes_flag: str | None, termination_flag: str | None
 ) -> Placement:
@@ -48,7 +46,7 @@ def resolve_placement(
         # The Triton kernels run on the CPU only through the interpreter, which must be on before
         # triton is imported; verify owns its process, so it may switch it on itself.
         os.environ["TRITON_INTERPRET"] = "1"
-    elif _interpreting():
+    elif interpreting():
         raise CannotRun("TRITON_INTERPRET is set but the device is cuda: unset it, or pass --device cpu")
     log = termination_flag or os.environ.get(TERMINATION_LOG_ENV) or DEFAULT_TERMINATION_LOG
     return Placement(device=device, shapes=shapes, termination_log=log)

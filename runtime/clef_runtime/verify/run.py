@@ -21,12 +21,12 @@ if TYPE_CHECKING:
     from clef_runtime.model.config import ModelConfig
 
 from clef_runtime import __version__
+from clef_runtime.dtypes import NAMES, torch_dtype
 from clef_runtime.faults import UnknownFaultError, active_fault
 from clef_runtime.verify.environment import CannotRun, check_device, resolve_placement
 from clef_runtime.verify.report import Report
 
 SUITES = ("kernels", "model", "full")
-DTYPES = ("f16", "bf16", "f32")
 
 # What `verify` generates when no checkpoint is mounted, per shape profile.  "model" keeps the
 # architecture's layer pattern, head counts, head dims and conv width and shrinks only the width
@@ -136,8 +136,8 @@ def run_verify(args: VerifyArgs) -> Report:
 def _run(args: VerifyArgs, report: Report) -> None:
     if args.suite not in SUITES:
         raise CannotRun(f"--suite {args.suite!r} is not one of {', '.join(SUITES)}")
-    if args.dtype not in DTYPES:
-        raise CannotRun(f"--dtype {args.dtype!r} is not one of {', '.join(DTYPES)}")
+    if args.dtype not in NAMES:
+        raise CannotRun(f"--dtype {args.dtype!r} is not one of {', '.join(NAMES)}")
     if not 0.1 <= args.tolerance_scale <= 100:
         raise CannotRun(f"--tolerance-scale {args.tolerance_scale} must be within [0.1, 100]")
     placement = resolve_placement(args.device, args.shapes, args.termination_log)
@@ -206,13 +206,20 @@ def _run(args: VerifyArgs, report: Report) -> None:
         "conv_width": shape.conv_width,
     }
 
-    fast, ref = get_opset("triton"), get_opset("reference")
+    ref = get_opset("reference")
     scale = args.tolerance_scale
     if args.suite in ("kernels", "full"):
         t0 = time.perf_counter()
         report.checks.extend(
             ksuite.run_kernels_suite(
-                fast, ref, shape, sizes, args.dtype, device, seed=args.seed, tolerance_scale=scale
+                get_opset("triton", qkv_split=shape.qkv_split),
+                ref,
+                shape,
+                sizes,
+                args.dtype,
+                device,
+                seed=args.seed,
+                tolerance_scale=scale,
             )
         )
         report.durations["kernels"] = round(time.perf_counter() - t0, 3)
@@ -240,10 +247,10 @@ def _run(args: VerifyArgs, report: Report) -> None:
         outcome = msuite.run_model_suite(
             model_config,
             weights,
-            fast,
+            get_opset("triton", qkv_split=model_config.qkv_split),
             ref,
             args.dtype,
-            ksuite.DTYPES[args.dtype],
+            torch_dtype(args.dtype),
             device,
             workload,
             seed=args.seed,
