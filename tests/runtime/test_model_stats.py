@@ -40,7 +40,7 @@ def test_stats_cover_every_gdn_layer_over_prefill_and_decode() -> None:
 
 
 def _zero_key_band(ops: OpSet, split: tuple[int, int, int]) -> OpSet:
-    """The incident of DESIGN.md, applied to the reference op set: the conv's key band is zero."""
+    """The incident of docs/verification.md, applied to the reference op set: the conv's key band is zero."""
 
     def zero_k(y: torch.Tensor) -> torch.Tensor:
         y = y.clone()

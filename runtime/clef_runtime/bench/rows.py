@@ -31,6 +31,7 @@ from clef_runtime.bench.floors import (
     layer_decode_floor,
     recurrent_floor,
 )
+from clef_runtime.inputs import gdn_inputs
 from clef_runtime.opset import OpSet
 
 Tensors = dict[str, torch.Tensor]
@@ -109,13 +110,6 @@ class Draw:
         t = torch.rand(shape, generator=self.gen, device=self.device, dtype=torch.float32)
         return t * (hi - lo) + lo
 
-    def log_decay(self, shape: tuple[int, ...]) -> torch.Tensor:
-        """g ≤ 0, float32, mostly near -0.05 (long memory) with a tail to a few units."""
-        return F.logsigmoid(self.normal(shape, torch.float32, mean=3.0))
-
-    def beta(self, shape: tuple[int, ...]) -> torch.Tensor:
-        return torch.sigmoid(self.normal(shape, torch.float32))
-
 
 def _fla(
     ctx: Context, names: tuple[str, ...], make: Callable[[FlaPeer], Impl]
@@ -134,6 +128,12 @@ def _some(t: torch.Tensor | None, what: str) -> torch.Tensor:
     return t
 
 
+def _gdn_set(r: Draw, d: Dims, B: int, T: int, dtype: torch.dtype) -> Tensors:
+    """q, k, v, g, beta as `clef_runtime.inputs.gdn_inputs` draws them (on the device)."""
+    q, k, v, g, beta = gdn_inputs(r.gen, r.device, dtype, B=B, T=T, H=d.H, HV=d.HV, K=d.K, V=d.V)
+    return {"q": q, "k": k, "v": v, "g": g, "beta": beta}
+
+
 # ---- chunked delta rule (prefill) ---------------------------------------------------------------
 
 
@@ -141,14 +141,7 @@ def _chunk(ctx: Context, B: int, T: int) -> Setup:
     d, dt = ctx.dims, ctx.dtype
 
     def make_set(seed: int) -> Tensors:
-        r = Draw(ctx.device, seed)
-        return {
-            "q": r.normal((B, T, d.H, d.K), dt),
-            "k": r.normal((B, T, d.H, d.K), dt),
-            "v": r.normal((B, T, d.HV, d.V), dt),
-            "g": r.log_decay((B, T, d.HV)),
-            "beta": r.beta((B, T, d.HV)),
-        }
+        return _gdn_set(Draw(ctx.device, seed), d, B, T, dt)
 
     def clef(s: Tensors) -> Tensors:
         o, final = ctx.ops.chunk_gated_delta_rule(
@@ -200,14 +193,7 @@ def _recurrent(ctx: Context, B: int, T: int) -> Setup:
 
     def make_set(seed: int) -> Tensors:
         r = Draw(ctx.device, seed)
-        return {
-            "q": r.normal((B, T, d.H, d.K), dt),
-            "k": r.normal((B, T, d.H, d.K), dt),
-            "v": r.normal((B, T, d.HV, d.V), dt),
-            "g": r.log_decay((B, T, d.HV)),
-            "beta": r.beta((B, T, d.HV)),
-            "state": r.normal((B, d.HV, d.K, d.V), torch.float32, scale=0.1),
-        }
+        return {**_gdn_set(r, d, B, T, dt), "state": r.normal((B, d.HV, d.K, d.V), torch.float32, scale=0.1)}
 
     def clef(s: Tensors) -> Tensors:
         o = ctx.ops.fused_recurrent_gated_delta_rule(

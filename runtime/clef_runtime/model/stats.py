@@ -1,6 +1,6 @@
 """Per-GDN-layer statistics that `verify` reports side by side for two op sets.
 
-They are the numbers that exposed the zeroed-key-band incident by hand (DESIGN.md): the sum of
+They are the numbers that exposed the zeroed-key-band incident by hand (docs/verification.md): the sum of
 beta, the absmax of the delta-rule output and of the gated-norm output, and the absmax of each
 conv output band (q, k, v).  A zeroed key band shows up as ``conv_absmax["k"] == 0``.
 

@@ -18,6 +18,7 @@ import torch
 
 from clef_runtime.compare import errors
 from clef_runtime.dtypes import torch_dtype
+from clef_runtime.inputs import gdn_inputs
 from clef_runtime.opset import OpSet
 from clef_runtime.tolerances import Tolerance, tolerance
 from clef_runtime.verify.coverage import Slice, conv_channel_slices, dead_slices, per_index_slices
@@ -255,15 +256,17 @@ def case_l2norm(fast: OpSet, ref: OpSet, shape: GdnShape, sizes: Sizes, dn: str,
 def _gdn_inputs(
     inp: _Inputs, shape: GdnShape, B: int, T: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    H, HV, K, V = shape.key_heads, shape.value_heads, shape.key_dim, shape.value_dim
-    q, k, v = inp.randn(B, T, H, K), inp.randn(B, T, H, K), inp.randn(B, T, HV, V)
-    A_log, dt_bias = inp.gating_params(HV)
-    from clef_runtime.reference import gdn_gating  # the reference makes the gates: this case tests the rule
-
-    g, beta = gdn_gating(
-        inp.randn(B, T, HV, dtype=torch.float32), inp.randn(B, T, HV, dtype=torch.float32), A_log, dt_bias
+    return gdn_inputs(
+        inp.gen,
+        inp.device,
+        inp.dtype,
+        B=B,
+        T=T,
+        H=shape.key_heads,
+        HV=shape.value_heads,
+        K=shape.key_dim,
+        V=shape.value_dim,
     )
-    return q, k, v, g, beta
 
 
 def case_chunk(fast: OpSet, ref: OpSet, shape: GdnShape, sizes: Sizes, dn: str, inp: _Inputs) -> list[Check]:
