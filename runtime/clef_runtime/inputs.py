@@ -15,8 +15,8 @@ def gdn_inputs(
     B: int,
     T: int,
     H: int,
-    HV: int,
     K: int,
+    HV: int,
     V: int,
     normalise_qk: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

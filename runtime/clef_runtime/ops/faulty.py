@@ -67,22 +67,14 @@ def _conv_state_not_advanced() -> dict[str, object]:
     return {"causal_conv1d_update": causal_conv1d_update}
 
 
-def _beta_no_sigmoid() -> dict[str, object]:
-    def gdn_gating(
-        a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        g, _ = gating.gdn_gating(a, b, A_log, dt_bias)
-        return g, b.to(torch.float32, copy=True)  # the raw logit (the kernel has checked b)
-
-    return {"gdn_gating": gdn_gating}
-
-
-def _decay_sign_flipped() -> dict[str, object]:
+def _gating(fault: str) -> dict[str, object]:
     def gdn_gating(
         a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         g, beta = gating.gdn_gating(a, b, A_log, dt_bias)
-        return g.neg_(), beta  # +exp(A_log)·softplus(a + dt_bias): exact, a sign is one bit
+        if fault == "beta_no_sigmoid":
+            return g, b.to(torch.float32, copy=True)  # the raw logit (the kernel has checked b)
+        return g.neg_(), beta  # decay_sign_flipped: +exp(A_log)·softplus(a + dt_bias), exact
 
     return {"gdn_gating": gdn_gating}
 
@@ -95,10 +87,8 @@ def with_fault(ops: SimpleNamespace, fault: str, qkv_split: tuple[int, int, int]
         changes = _conv_key_band_zero(qkv_split)
     elif fault == "conv_state_not_advanced":
         changes = _conv_state_not_advanced()
-    elif fault == "beta_no_sigmoid":
-        changes = _beta_no_sigmoid()
-    elif fault == "decay_sign_flipped":
-        changes = _decay_sign_flipped()
+    elif fault in ("beta_no_sigmoid", "decay_sign_flipped"):
+        changes = _gating(fault)
     elif fault == "gated_norm_no_gate":
         changes = {"gated_rmsnorm": functools.partial(norm.gated_rmsnorm, fault_no_gate=True)}
     elif fault == "fp16_state_overflow":
