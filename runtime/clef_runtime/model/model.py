@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from clef_runtime.dtypes import torch_dtypes
 from clef_runtime.model.cache import GDNState, HybridCache, KVState
 from clef_runtime.model.config import LINEAR, ModelConfig
 from clef_runtime.model.layers import DecoderLayer, Embedding, GatedDeltaNet, RMSNorm, rope_cos_sin
@@ -56,7 +57,7 @@ class HybridModel(nn.Module):
         `load_weights`.  They are cast to the dtype policy above and moved to ``device``
         (default: where the embedding already is)."""
         super().__init__()
-        if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        if dtype not in torch_dtypes().values():
             raise ValueError(f"dtype {dtype} is not supported: use float32, bfloat16 or float16")
         weights = dict(weights)
         if config.tie_word_embeddings:

@@ -17,10 +17,10 @@ import torch
 import triton
 import triton.language as tl
 
-from clef_runtime.dtypes import dtype_name
+from clef_runtime.dtypes import dtype_name, torch_dtypes
 from clef_runtime.interpreter import interpreting
 
-FLOAT_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
+FLOAT_DTYPES: tuple[torch.dtype, ...] = tuple(torch_dtypes().values())
 
 
 def cdiv(a: int, b: int) -> int:
