@@ -31,10 +31,11 @@ def one(K: int, V: int, dt: str, fault: int, varlen: int) -> None:
     sys.path.insert(0, "runtime")
     from clef_runtime.compare import errors
     from clef_runtime.reference import chunk_gated_delta_rule as ref
-    from clef_runtime.ops.delta_rule_chunk import chunk_gated_delta_rule
+    from clef_runtime.opset import get_opset
 
     if fault:
         os.environ["CLEF_RUNTIME_FAULT"] = "fp16_state_overflow"
+    chunk_gated_delta_rule = get_opset("triton").chunk_gated_delta_rule  # reads the fault
     dtype = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}[dt]
     gen = torch.Generator().manual_seed(0)
     T, H, HV = 200, 1, 2

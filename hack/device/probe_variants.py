@@ -1,5 +1,5 @@
 """Where the time goes inside the chunked delta rule's launches, without hardware counters: time
-variants of a kernel that leave one stage out and take differences (H200.md's advice).
+variants of a kernel that leave one stage out and take differences (the device notes' advice, docs/performance.md "Method").
 
 Each variant is the module's source with a few text edits, written to a temporary file and
 imported (Triton's jit needs real source), so the production module carries no probe flags.

@@ -27,7 +27,7 @@ CATALOGUE: dict[str, Fault] = {
             "conv_key_band_zero",
             "causal_conv1d",
             "the conv output's key channel band [H*K, 2*H*K) is written as zero (the incident "
-            "in DESIGN.md: with k = 0 the delta rule never writes its state)",
+            "in docs/verification.md: with k = 0 the delta rule never writes its state)",
         ),
         Fault(
             "conv_state_not_advanced",
@@ -72,10 +72,3 @@ def active_fault() -> str | None:
         known = ", ".join(sorted(CATALOGUE))
         raise UnknownFaultError(f"{ENV_VAR}={name!r} is not in the fault catalogue; known faults: {known}")
     return name
-
-
-def fault_is(name: str) -> bool:
-    """True when the active fault is `name` (which must itself be a catalogue entry)."""
-    if name not in CATALOGUE:
-        raise KeyError(f"fault {name!r} is not in the catalogue")
-    return active_fault() == name

@@ -13,9 +13,6 @@ Layouts (all tensors contiguous unless stated):
 * conv: ``x`` is ``[B, T, D]`` (channels last, as the projections produce it), ``weight`` is
   ``[D, W]`` (depthwise, ``W`` the conv width), conv state is ``[N or pool, D, W - 1]`` holding
   the last ``W - 1`` inputs (pre-activation), oldest first, in the dtype of ``x``;
-* ``qkv_split`` (optional, conv ops): the sizes of the q, k and v channel bands of ``D`` in the
-  GDN layout ``[q | k | v]``.  The result never depends on it; kernels may use it to fuse work
-  per band, and the fault catalogue uses it to find the key band;
 * GDN: ``q, k`` are ``[B, T, H, K]``, ``v`` is ``[B, T, HV, V]`` with ``HV % H == 0``; value head
   ``i`` reads key head ``i // (HV // H)``; ``g`` (log-decay, ≤ 0) and ``beta`` are
   ``[B, T, HV]`` float32; the recurrent state is ``[N or pool, HV, K, V]`` float32;
@@ -55,7 +52,6 @@ class OpSet(Protocol):
         output_final_state: bool = False,
         cu_seqlens: torch.Tensor | None = None,
         activation: str | None = "silu",
-        qkv_split: tuple[int, int, int] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Depthwise causal conv over time (prefill).  ``y[t] = act(bias + sum_j w[:, j] *
         x[t - (W - 1) + j])``, inputs before the sequence start taken from ``initial_state``
@@ -71,7 +67,6 @@ class OpSet(Protocol):
         *,
         activation: str | None = "silu",
         state_indices: torch.Tensor | None = None,
-        qkv_split: tuple[int, int, int] | None = None,
     ) -> torch.Tensor:
         """Decode: ``x`` is ``[B, T, D]`` with a few new tokens per sequence (usually T = 1).
         ``conv_state`` (``[pool, D, W - 1]``) is read and shifted **in place**.  Returns y."""
@@ -139,12 +134,23 @@ class OpSet(Protocol):
         ...
 
 
-def get_opset(name: str) -> OpSet:
-    """``"triton"`` for clef's kernels, ``"reference"`` for the plain-PyTorch references."""
+def get_opset(name: str, *, qkv_split: tuple[int, int, int] | None = None) -> OpSet:
+    """``"triton"`` for clef's kernels, ``"reference"`` for the plain-PyTorch references.
+
+    The Triton op set carries the fault named by ``CLEF_RUNTIME_FAULT`` (`clef_runtime.faults`),
+    read here, once: an unknown name raises `UnknownFaultError`.  ``qkv_split``, the sizes of the
+    q, k and v channel bands of the GDN conv (``[q | k | v]``), is read by one fault only,
+    ``conv_key_band_zero``, to find the key band; without it that fault cannot be built."""
     if name == "triton":
+        from clef_runtime.faults import active_fault
         from clef_runtime.ops import TRITON_OPS
 
-        return TRITON_OPS
+        fault = active_fault()
+        if fault is None:
+            return TRITON_OPS
+        from clef_runtime.ops.faulty import with_fault
+
+        return with_fault(TRITON_OPS, fault, qkv_split)
     if name == "reference":
         from clef_runtime.reference import REFERENCE_OPS
 

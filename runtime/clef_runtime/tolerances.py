@@ -51,8 +51,6 @@ TOLERANCES: dict[str, dict[str, Tolerance]] = {
     "fused_recurrent_gated_delta_rule": _DELTA_RULE,
 }
 
-DTYPE_NAMES = ("f32", "bf16", "f16")
-
 
 def tolerance(op: str, dtype: str) -> Tolerance:
     try:

@@ -17,17 +17,14 @@ from typing import Any
 import pytest
 import torch
 
+from clef_runtime.dtypes import NAMES, torch_dtype
+from clef_runtime.interpreter import interpreting
+
 # Must precede the first `import triton` (see tests/conftest.py, which normally got here first).
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-DTYPES: dict[str, torch.dtype] = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
-
 RandN = Callable[..., torch.Tensor]
-
-
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
 
 
 def _round_bf16_like_gpus() -> None:
@@ -97,7 +94,7 @@ def gpu_device() -> torch.device:
     return torch.device("cuda")
 
 
-@pytest.fixture(params=list(DTYPES))
+@pytest.fixture(params=list(NAMES))
 def dtype_name(request: pytest.FixtureRequest) -> str:
     """ "f32", "bf16", "f16": the keys of `clef_runtime.tolerances`."""
     return str(request.param)
@@ -105,7 +102,7 @@ def dtype_name(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def dtype(dtype_name: str) -> torch.dtype:
-    return DTYPES[dtype_name]
+    return torch_dtype(dtype_name)
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -34,6 +33,7 @@ from clef_runtime.bench.floors import (
 from clef_runtime.bench.report import ImplResult, RowResult, fmt_time, number_notes, table_lines
 from clef_runtime.bench.rows import ROWS, Context, Impl, Row, Setup, Tensors, rotation_sets, select_rows
 from clef_runtime.bench.timing import Budget, Stats
+from clef_runtime.interpreter import interpreting
 
 # A small GDN shape for hand arithmetic: D = 2*H*K + HV*V = 2*2*8 + 4*16 = 96.
 SMALL = Dims(H=2, HV=4, K=8, V=16, W=4, hidden=32)
@@ -45,10 +45,6 @@ def parse(*argv: str) -> argparse.Namespace:
     sub = parser.add_subparsers(dest="command", required=True)
     add_bench_parser(sub)
     return parser.parse_args(["bench", *argv])
-
-
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
 
 
 # ---- arguments ------------------------------------------------------------------------------------

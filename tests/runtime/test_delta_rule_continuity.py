@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from gdn_inputs import DTYPES, gdn_inputs
 
 from clef_runtime.compare import assert_close
+from clef_runtime.dtypes import NAMES, torch_dtype
+from clef_runtime.inputs import gdn_inputs
 from clef_runtime.ops.delta_rule_chunk import chunk_gated_delta_rule
 from clef_runtime.ops.delta_rule_recurrent import fused_recurrent_gated_delta_rule
 from clef_runtime.reference import delta_rule as ref
@@ -41,7 +42,7 @@ def check_split_prefill(
     with_reference: bool,
 ) -> None:
     dims = dict(H=1, HV=2, K=16, V=32) if device.type == "cpu" else dict(H=16, HV=32, K=128, V=128)
-    x = gdn_inputs(rng, device, DTYPES[dtype_name], B=B, T=T, **dims)
+    x = gdn_inputs(rng, device, torch_dtype(dtype_name), B=B, T=T, **dims)
     h0 = (0.1 * torch.randn(B, dims["HV"], dims["K"], dims["V"], generator=rng)).to(device)
     kw = dict(use_qk_l2norm=True, output_final_state=True)
     whole, h_whole = chunk_gated_delta_rule(*x, initial_state=h0, **kw)  # type: ignore[arg-type]
@@ -62,7 +63,7 @@ def check_prefill_then_decode(
     rng: torch.Generator, device: torch.device, dtype_name: str, *, B: int, T: int, steps: int
 ) -> None:
     dims = dict(H=2, HV=4, K=16, V=16) if device.type == "cpu" else dict(H=16, HV=32, K=128, V=128)
-    x = gdn_inputs(rng, device, DTYPES[dtype_name], B=B, T=T, **dims)
+    x = gdn_inputs(rng, device, torch_dtype(dtype_name), B=B, T=T, **dims)
     whole, h_whole = chunk_gated_delta_rule(*x, use_qk_l2norm=True, output_final_state=True)
     head, state = chunk_gated_delta_rule(*_cut(x, 0, T - steps), use_qk_l2norm=True, output_final_state=True)
     assert state is not None and h_whole is not None
@@ -141,7 +142,7 @@ def test_decode_through_permuted_pool_with_padding(rng: torch.Generator, device:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype_name", list(DTYPES))
+@pytest.mark.parametrize("dtype_name", list(NAMES))
 def test_split_prefill_gpu(dtype_name: str, rng: torch.Generator, gpu_device: torch.device) -> None:
     # T = 8192 is past what the float64 reference does in reasonable time: kernel vs kernel only
     check_split_prefill(rng, gpu_device, dtype_name, B=2, T=8192, split=3001, with_reference=False)
@@ -149,6 +150,6 @@ def test_split_prefill_gpu(dtype_name: str, rng: torch.Generator, gpu_device: to
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype_name", list(DTYPES))
+@pytest.mark.parametrize("dtype_name", list(NAMES))
 def test_prefill_then_decode_gpu(dtype_name: str, rng: torch.Generator, gpu_device: torch.device) -> None:
     check_prefill_then_decode(rng, gpu_device, dtype_name, B=4, T=8192, steps=8)

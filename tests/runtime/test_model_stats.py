@@ -23,7 +23,9 @@ def test_stats_cover_every_gdn_layer_over_prefill_and_decode() -> None:
     cfg = TINY.replace(layer_types=(*TINY.layer_types, *TINY.layer_types))
     model = HybridModel(cfg, random_weights(cfg, seed=2))
     stats = GDNStats()
-    model.generate_greedy(prompt(), 5, stats=stats)
+    with model.recording(stats):
+        model.generate_greedy(prompt(), 5)
+    model.generate_greedy(prompt(), 2)  # outside the block: nothing recorded
     report = stats.as_dict()
     json.dumps(report)  # JSON-ready for the verify report
     assert [row["layer"] for row in report["layers"]] == cfg.linear_layers == [0, 1, 2, 4, 5, 6]
@@ -37,21 +39,20 @@ def test_stats_cover_every_gdn_layer_over_prefill_and_decode() -> None:
     assert abs(totals["beta_sum"] - sum(r["beta_sum"] for r in report["layers"])) < 1e-9
 
 
-def _zero_key_band(ops: OpSet) -> OpSet:
-    """The incident of DESIGN.md, applied to the reference op set: the conv's key band is zero."""
+def _zero_key_band(ops: OpSet, split: tuple[int, int, int]) -> OpSet:
+    """The incident of docs/verification.md, applied to the reference op set: the conv's key band is zero."""
 
-    def zero_k(y: torch.Tensor, split: tuple[int, int, int] | None) -> torch.Tensor:
-        assert split is not None, "the model must pass qkv_split to the conv ops"
+    def zero_k(y: torch.Tensor) -> torch.Tensor:
         y = y.clone()
         y[..., split[0] : split[0] + split[1]] = 0
         return y
 
     def conv(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
         y, final = ops.causal_conv1d(*args, **kwargs)
-        return zero_k(y, kwargs.get("qkv_split")), final
+        return zero_k(y), final
 
     def conv_update(*args: Any, **kwargs: Any) -> torch.Tensor:
-        return zero_k(ops.causal_conv1d_update(*args, **kwargs), kwargs.get("qkv_split"))
+        return zero_k(ops.causal_conv1d_update(*args, **kwargs))
 
     fields = {name: getattr(ops, name) for name in dir(ops) if not name.startswith("_")}
     faulty: OpSet = SimpleNamespace(**{**fields, "causal_conv1d": conv, "causal_conv1d_update": conv_update})  # type: ignore[assignment]
@@ -61,10 +62,11 @@ def _zero_key_band(ops: OpSet) -> OpSet:
 def test_zeroed_key_band_shows_in_the_stats() -> None:
     weights = random_weights(TINY, seed=2)
     good, bad = GDNStats(), GDNStats()
-    HybridModel(TINY, weights).generate_greedy(prompt(), 4, stats=good)
-    HybridModel(TINY, weights, opset=_zero_key_band(get_opset("reference"))).generate_greedy(
-        prompt(), 4, stats=bad
-    )
+    healthy = HybridModel(TINY, weights)
+    broken = HybridModel(TINY, weights, opset=_zero_key_band(get_opset("reference"), TINY.qkv_split))
+    with healthy.recording(good), broken.recording(bad):
+        healthy.generate_greedy(prompt(), 4)
+        broken.generate_greedy(prompt(), 4)
     for g, b in zip(good.as_dict()["layers"], bad.as_dict()["layers"], strict=True):
         assert g["conv_absmax"]["k"] > 0 and b["conv_absmax"]["k"] == 0
         # with k = 0 the delta rule never writes its state: every GDN layer returns zero

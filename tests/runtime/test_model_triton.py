@@ -44,8 +44,9 @@ def test_triton_model_matches_reference_and_upstream(checkpoint: Path, device: t
     ids = prompts(device)
 
     t_stats, r_stats = GDNStats(), GDNStats()
-    t_ids, t_logits = triton.generate_greedy_with_logits(ids, NEW_TOKENS, stats=t_stats)
-    r_ids, r_logits = reference.generate_greedy_with_logits(ids, NEW_TOKENS, stats=r_stats)
+    with triton.recording(t_stats), reference.recording(r_stats):
+        t_ids, t_logits = triton.generate_greedy_with_logits(ids, NEW_TOKENS)
+        r_ids, r_logits = reference.generate_greedy_with_logits(ids, NEW_TOKENS)
     with torch.no_grad():
         out = upstream.generate(
             ids,

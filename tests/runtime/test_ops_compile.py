@@ -58,9 +58,9 @@ DIV16 = {"D", "stride_xb", "stride_xt", "stride_init_n", "stride_pool", "HV", "K
 def variants(dt, full):
     p = "*" + dt
     fwd = dict(x_ptr=p, w_ptr=p, bias_ptr=p, cu_ptr="*i32", y_ptr=p, T="i32", D="i32", N="i32",
-               stride_xb="i32", stride_xt="i32", key_lo="i32", key_hi="i32")
+               stride_xb="i32", stride_xt="i32")
     edges = dict(x_ptr=p, w_ptr=p, bias_ptr=p, init_ptr=p, cu_ptr="*i32", y_ptr=p, fin_ptr=p, T="i32", D="i32",
-                 stride_xb="i32", stride_xt="i32", stride_init_n="i32", key_lo="i32", key_hi="i32")
+                 stride_xb="i32", stride_xt="i32", stride_init_n="i32")
     upd = dict(x_ptr=p, state_ptr=p, w_ptr=p, bias_ptr=p, idx_ptr="*i32", y_ptr=p, B="i32", D="i32", pool="i32",
                stride_xb="i32", stride_xt="i32", stride_pool="i32")
     gate = dict(a_ptr=p, b_ptr=p, A_log_ptr="*fp32", dt_bias_ptr="*fp32", g_ptr="*fp32", beta_ptr="*fp32",
@@ -69,7 +69,7 @@ def variants(dt, full):
     gn = dict(x_ptr=p, z_ptr=p, w_ptr=p, y_ptr=p, M="i32", V="i32", eps="fp32")
     dec = dict(q=p, k=p, v=p, g="*fp32", beta="*fp32", o=p, state="*fp32", state_indices="*i32", scale="fp32",
                T="i32", POOL="i32", sqb="i32", sqt="i32", skb="i32", skt="i32", svb="i32", svt="i32")
-    conv_flags = dict(W=4, HAS_BIAS=True, IS_VARLEN=True, ACT_SILU=True, FAULT_KEY_BAND_ZERO=False)
+    conv_flags = dict(W=4, HAS_BIAS=True, IS_VARLEN=True, ACT_SILU=True)
     # Block sizes and warps as the wrappers pick them at the Qwen3.5 shapes.
     v = [
         ("causal_conv1d bulk", conv._conv_fwd_kernel, fwd,
@@ -77,31 +77,22 @@ def variants(dt, full):
         ("causal_conv1d edges", conv._conv_edges_kernel, edges,
          dict(conv_flags, BLOCK_D=256, BLOCK_K=4, HAS_INIT=True, WRITE_FINAL=True), 4),
         ("causal_conv1d_update", conv._conv_update_kernel, upd,
-         dict(T_NEW=1, W=4, ROWS=4, BLOCK_D=128, HAS_BIAS=True, HAS_INDICES=True, ACT_SILU=True,
-              FAULT_STATE_NOT_ADVANCED=False), 4),
-        ("gdn_gating", gating._gdn_gating_kernel, gate,
-         dict(BLOCK_M=128, BLOCK_H=32, FAULT_BETA_NO_SIGMOID=False, FAULT_DECAY_SIGN_FLIPPED=False), 4),
+         dict(T_NEW=1, W=4, ROWS=4, BLOCK_D=128, HAS_BIAS=True, HAS_INDICES=True, ACT_SILU=True), 4),
+        ("gdn_gating", gating._gdn_gating_kernel, gate, dict(BLOCK_M=128, BLOCK_H=32), 4),
         ("l2norm", gating._l2norm_kernel, l2, dict(BLOCK_M=32, BLOCK_K=128), 4),
         ("gated_rmsnorm", norm._gated_rmsnorm_kernel, gn, dict(BLOCK_M=32, BLOCK_V=128, FAULT_NO_GATE=False), 4),
         ("fused_recurrent decode", rec._recurrent_kernel, dec,
          dict(H=16, HV=32, K=128, V=128, BK=128, BV=min(rec.BV_MAX, 128), HAS_INDICES=True, L2NORM=True,
               STATE_IN_IO_DTYPE=False, ROUND_BF16=False), rec.WARPS),
     ]
-    if full:  # every fault flag and the other constexpr branches, on one target
+    if full:  # the in-kernel fault flags and the other constexpr branches, on one target
         v += [
-            ("causal_conv1d bulk, dense, conv_key_band_zero", conv._conv_fwd_kernel, fwd,
-             dict(conv_flags, IS_VARLEN=False, SEARCH_STEPS=4, CHUNK_T=32, BLOCK_D=512, SKIP_HEAD=False,
-                  FAULT_KEY_BAND_ZERO=True), 4),
-            ("causal_conv1d edges, dense, conv_key_band_zero", conv._conv_edges_kernel, edges,
-             dict(conv_flags, IS_VARLEN=False, BLOCK_D=256, BLOCK_K=4, HAS_INIT=True, WRITE_FINAL=False,
-                  FAULT_KEY_BAND_ZERO=True), 4),
-            ("causal_conv1d_update T_new=3, conv_state_not_advanced", conv._conv_update_kernel, upd,
-             dict(T_NEW=3, W=4, ROWS=1, BLOCK_D=128, HAS_BIAS=False, HAS_INDICES=False, ACT_SILU=False,
-                  FAULT_STATE_NOT_ADVANCED=True), 4),
-            ("gdn_gating beta_no_sigmoid", gating._gdn_gating_kernel, gate,
-             dict(BLOCK_M=128, BLOCK_H=32, FAULT_BETA_NO_SIGMOID=True, FAULT_DECAY_SIGN_FLIPPED=False), 4),
-            ("gdn_gating decay_sign_flipped", gating._gdn_gating_kernel, gate,
-             dict(BLOCK_M=128, BLOCK_H=32, FAULT_BETA_NO_SIGMOID=False, FAULT_DECAY_SIGN_FLIPPED=True), 4),
+            ("causal_conv1d bulk, dense", conv._conv_fwd_kernel, fwd,
+             dict(conv_flags, IS_VARLEN=False, SEARCH_STEPS=4, CHUNK_T=32, BLOCK_D=512, SKIP_HEAD=False), 4),
+            ("causal_conv1d edges, dense", conv._conv_edges_kernel, edges,
+             dict(conv_flags, IS_VARLEN=False, BLOCK_D=256, BLOCK_K=4, HAS_INIT=True, WRITE_FINAL=False), 4),
+            ("causal_conv1d_update T_new=3", conv._conv_update_kernel, upd,
+             dict(T_NEW=3, W=4, ROWS=1, BLOCK_D=128, HAS_BIAS=False, HAS_INDICES=False, ACT_SILU=False), 4),
             ("gated_rmsnorm gated_norm_no_gate", norm._gated_rmsnorm_kernel, gn,
              dict(BLOCK_M=32, BLOCK_V=128, FAULT_NO_GATE=True), 4),
         ]
@@ -181,9 +172,8 @@ for arch, dtype, tc in ((90, torch.bfloat16, True), (90, torch.float16, True), (
               SOLVE_BY_DOUBLING=cfg.solve_by_doubling, CHUNK_DT=pol.chunk_dtype,
               SOLVE_PRECISION=pol.solve_precision), cfg.warps1, 3),
         ("recurrence", dc._chunk_recurrence_kernel,
-         dict(q=p, k=p, w=p, u=p, aqk=p, gc="*fp32", kf="*fp32", qf="*fp32", o=p, hs=sp, vn=sp, h0="*fp32",
-              ht="*fp32", cu_seqlens="*i32"),
-         dict(common, BV=cfg.BV, FUSE_OUT=dc.FUSE_OUTPUT, HAS_H0=True, STORE_FINAL=True,
+         dict(k=p, w=p, u=p, gc="*fp32", kf="*fp32", hs=sp, vn=sp, h0="*fp32", ht="*fp32", cu_seqlens="*i32"),
+         dict(common, BV=cfg.BV, HAS_H0=True, STORE_FINAL=True,
               STATE_IN_IO_DTYPE=False, STATE_DT=pol.state_dtype, STATE_PRECISION=pol.state_precision,
               INTERPRETED=False), cfg.warps2, cfg.stages2),
         ("output", dc._chunk_output_kernel,

@@ -15,6 +15,7 @@ import torch
 from clef_runtime import compare
 from clef_runtime.faults import ENV_VAR, UnknownFaultError
 from clef_runtime.ops.conv import causal_conv1d, causal_conv1d_update
+from clef_runtime.opset import get_opset
 from clef_runtime.reference import conv as ref
 from clef_runtime.tolerances import tolerance
 
@@ -282,12 +283,6 @@ PREFILL_BAD = {
         "activation 'relu' is not supported",
         False,
     ),
-    "qkv-split-sum": (
-        lambda r, dev: dict(qkv_split=(4, 4, 5)),
-        ValueError,
-        r"qkv_split \(4, 4, 5\) must add up to the channel count 12",
-        False,
-    ),
     "cu-seqlens-batch": (
         lambda r, dev: dict(x=r(2, 4, 12), cu_seqlens=torch.tensor([0, 4], dtype=torch.int32, device=dev)),
         ValueError,
@@ -395,13 +390,13 @@ def test_fault_key_band_zero(monkeypatch: pytest.MonkeyPatch, randn) -> None:
     x = randn(2, 37, 48, dtype=torch.float16)
     weight, bias = _params(randn, 48, W, torch.float16)
     init = randn(2, 48, W - 1, dtype=torch.float16)
-    kw = dict(initial_state=init, output_final_state=True, qkv_split=SPLIT_48)
+    kw = dict(initial_state=init, output_final_state=True)
     y_ref, final_ref = ref.causal_conv1d(x, weight, bias, **kw)
     lo, hi = SPLIT_48[0], SPLIT_48[0] + SPLIT_48[1]
     assert y_ref[..., lo:hi].abs().amax() > 0.1
 
     monkeypatch.setenv(ENV_VAR, "conv_key_band_zero")
-    y, final = causal_conv1d(x, weight, bias, **kw)
+    y, final = get_opset("triton", qkv_split=SPLIT_48).causal_conv1d(x, weight, bias, **kw)
     assert torch.equal(y[..., lo:hi], torch.zeros_like(y[..., lo:hi])), "key band is not zero"
     _close(y[..., :lo], y_ref[..., :lo], "causal_conv1d", "f16", "query band under the fault")
     _close(y[..., hi:], y_ref[..., hi:], "causal_conv1d", "f16", "value band under the fault")
@@ -415,7 +410,14 @@ def test_fault_key_band_zero(monkeypatch: pytest.MonkeyPatch, randn) -> None:
 def test_fault_key_band_zero_needs_the_layout(monkeypatch: pytest.MonkeyPatch, randn) -> None:
     monkeypatch.setenv(ENV_VAR, "conv_key_band_zero")
     with pytest.raises(ValueError, match="conv_key_band_zero needs qkv_split"):
-        causal_conv1d(randn(1, 4, 48), randn(48, W))
+        get_opset("triton")
+
+
+def test_fault_key_band_zero_checks_the_layout(monkeypatch: pytest.MonkeyPatch, randn) -> None:
+    monkeypatch.setenv(ENV_VAR, "conv_key_band_zero")
+    faulty = get_opset("triton", qkv_split=(4, 4, 5))
+    with pytest.raises(ValueError, match=r"qkv_split \(4, 4, 5\) must add up to the channel count 12"):
+        faulty.causal_conv1d(randn(1, 4, 12), randn(12, W))
 
 
 def test_fault_state_not_advanced(monkeypatch: pytest.MonkeyPatch, randn, device) -> None:
@@ -427,7 +429,7 @@ def test_fault_state_not_advanced(monkeypatch: pytest.MonkeyPatch, randn, device
     y_ref = ref.causal_conv1d_update(x, pool_ref, weight, bias, state_indices=idx)
 
     monkeypatch.setenv(ENV_VAR, "conv_state_not_advanced")
-    y = causal_conv1d_update(x, pool, weight, bias, state_indices=idx)
+    y = get_opset("triton").causal_conv1d_update(x, pool, weight, bias, state_indices=idx)
     _close(y, y_ref, "causal_conv1d_update", "bf16", "output under the fault")
     assert torch.equal(pool, before), "the state must stay where it was"
     assert not torch.equal(pool_ref, before)
@@ -442,12 +444,13 @@ def test_faults_of_other_ops_leave_conv_alone(monkeypatch: pytest.MonkeyPatch, r
     x = randn(1, 9, 48)
     weight, bias = _params(randn, 48, W, torch.float32)
     pool = randn(1, 48, W - 1)
-    y_ref, _ = ref.causal_conv1d(x, weight, bias, qkv_split=SPLIT_48)
+    y_ref, _ = ref.causal_conv1d(x, weight, bias)
     u_ref = ref.causal_conv1d_update(x[:, :1], pool.clone(), weight, bias)
     monkeypatch.setenv(ENV_VAR, "beta_no_sigmoid")
-    y, _ = causal_conv1d(x, weight, bias, qkv_split=SPLIT_48)
+    faulty = get_opset("triton")
+    y, _ = faulty.causal_conv1d(x, weight, bias)
     _close(y, y_ref, "causal_conv1d", "f32", "with another op's fault")
-    u = causal_conv1d_update(x[:, :1], pool, weight, bias)
+    u = faulty.causal_conv1d_update(x[:, :1], pool, weight, bias)
     _close(u, u_ref, "causal_conv1d_update", "f32", "with another op's fault")
 
 
@@ -455,10 +458,11 @@ def test_faults_of_other_ops_leave_conv_alone(monkeypatch: pytest.MonkeyPatch, r
 def test_unknown_fault_raises(which: str, monkeypatch: pytest.MonkeyPatch, randn) -> None:
     monkeypatch.setenv(ENV_VAR, "conv_key_band_zeroo")
     with pytest.raises(UnknownFaultError, match="conv_key_band_zeroo"):
+        faulty = get_opset("triton", qkv_split=SPLIT_48)
         if which == "prefill":
-            causal_conv1d(randn(1, 4, 48), randn(48, W), qkv_split=SPLIT_48)
+            faulty.causal_conv1d(randn(1, 4, 48), randn(48, W))
         else:
-            causal_conv1d_update(randn(1, 1, 48), randn(1, 48, W - 1), randn(48, W))
+            faulty.causal_conv1d_update(randn(1, 1, 48), randn(1, 48, W - 1), randn(48, W))
 
 
 # --- GPU tier: Qwen3.5 GDN shapes ----------------------------------------------------------------
@@ -473,7 +477,7 @@ def test_gpu_prefill_qwen_shapes(
     weight = randn(QWEN_D, W, dtype=dtype, scale=0.5, on=gpu_device)
     bias = randn(QWEN_D, dtype=dtype, scale=0.5, on=gpu_device)
     init = randn(B, QWEN_D, W - 1, dtype=dtype, on=gpu_device)
-    kw = dict(initial_state=init, output_final_state=True, qkv_split=QWEN_SPLIT)
+    kw = dict(initial_state=init, output_final_state=True)
     y, final = causal_conv1d(x, weight, bias, **kw)
     y_ref, final_ref = ref.causal_conv1d(x, weight, bias, **kw)
     _close(y, y_ref, "causal_conv1d", dtype_name, f"B={B} T={T}")
@@ -487,7 +491,7 @@ def test_gpu_prefill_packed_qwen_shapes(dtype: torch.dtype, dtype_name: str, ran
     x = randn(1, 4096, QWEN_D, dtype=dtype, on=gpu_device)
     weight = randn(QWEN_D, W, dtype=dtype, scale=0.5, on=gpu_device)
     init = randn(N, QWEN_D, W - 1, dtype=dtype, on=gpu_device)
-    kw = dict(initial_state=init, output_final_state=True, cu_seqlens=cu, qkv_split=QWEN_SPLIT)
+    kw = dict(initial_state=init, output_final_state=True, cu_seqlens=cu)
     y, final = causal_conv1d(x, weight, None, **kw)
     y_ref, final_ref = ref.causal_conv1d(x, weight, None, **kw)
     _close(y, y_ref, "causal_conv1d", dtype_name, "packed")
@@ -509,7 +513,7 @@ def test_gpu_update_qwen_shapes(
     weight = randn(QWEN_D, W, dtype=dtype, scale=0.5, on=gpu_device)
     bias = randn(QWEN_D, dtype=dtype, scale=0.5, on=gpu_device)
     pool_ref = pool.clone()
-    y = causal_conv1d_update(x, pool, weight, bias, state_indices=idx, qkv_split=QWEN_SPLIT)
+    y = causal_conv1d_update(x, pool, weight, bias, state_indices=idx)
     y_ref = ref.causal_conv1d_update(x, pool_ref, weight, bias, state_indices=idx)
     _close(y, y_ref, "causal_conv1d_update", dtype_name, f"B={B} T_new={t_new}")
     assert torch.equal(pool, pool_ref)
@@ -534,7 +538,7 @@ def test_gpu_fault_key_band_zero_qwen_shapes(monkeypatch: pytest.MonkeyPatch, ra
     x = randn(2, 512, QWEN_D, dtype=torch.float16, on=gpu_device)
     weight = randn(QWEN_D, W, dtype=torch.float16, scale=0.5, on=gpu_device)
     monkeypatch.setenv(ENV_VAR, "conv_key_band_zero")
-    y, _ = causal_conv1d(x, weight, qkv_split=QWEN_SPLIT)
+    y, _ = get_opset("triton", qkv_split=QWEN_SPLIT).causal_conv1d(x, weight)
     y_ref, _ = ref.causal_conv1d(x, weight)
     assert not y[..., 2048:4096].any(), "key band [2048, 4096) must be zero"
     assert y[..., :2048].any() and y[..., 4096:].any()

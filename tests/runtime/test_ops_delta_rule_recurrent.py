@@ -11,10 +11,12 @@ import math
 
 import pytest
 import torch
-from gdn_inputs import DTYPES, gdn_inputs
 
 from clef_runtime.compare import assert_close
+from clef_runtime.dtypes import NAMES, torch_dtype
+from clef_runtime.inputs import gdn_inputs
 from clef_runtime.ops.delta_rule_recurrent import fused_recurrent_gated_delta_rule
+from clef_runtime.opset import get_opset
 from clef_runtime.reference import delta_rule as ref
 from clef_runtime.tolerances import tolerance
 
@@ -44,7 +46,7 @@ def check_against_reference(
     l2norm: bool = True,
     scale: float | None = None,
 ) -> None:
-    dtype = DTYPES[dtype_name]
+    dtype = torch_dtype(dtype_name)
     q, k, v, g, beta = gdn_inputs(rng, device, dtype, B=B, T=T, H=H, HV=HV, K=K, V=V, normalise_qk=not l2norm)
     state = state_pool(rng, device, pool or B, HV, K, V)
     idx = None if indices is None else torch.tensor(indices, dtype=torch.int32, device=device)
@@ -170,7 +172,7 @@ def test_fp16_state_overflow_fault(monkeypatch: pytest.MonkeyPatch, device: torc
 
     monkeypatch.setenv("CLEF_RUNTIME_FAULT", "fp16_state_overflow")
     state = prefill_state.to(device)
-    bad = fused_recurrent_gated_delta_rule(*step, state=state)
+    bad = get_opset("triton").fused_recurrent_gated_delta_rule(*step, state=state)
     assert not torch.isfinite(bad).all()
     assert not torch.isfinite(state).all()
 
@@ -181,7 +183,7 @@ QWEN = dict(H=16, HV=32, K=128, V=128)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype_name", list(DTYPES))
+@pytest.mark.parametrize("dtype_name", list(NAMES))
 @pytest.mark.parametrize(
     "shape",
     [

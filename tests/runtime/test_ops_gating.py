@@ -9,6 +9,7 @@ import torch
 from clef_runtime import compare
 from clef_runtime.faults import ENV_VAR, UnknownFaultError
 from clef_runtime.ops.gating import gdn_gating, l2norm
+from clef_runtime.opset import get_opset
 from clef_runtime.reference import gating as ref
 from clef_runtime.tolerances import tolerance
 
@@ -95,7 +96,7 @@ def test_fault_beta_no_sigmoid(monkeypatch: pytest.MonkeyPatch, randn) -> None:
     a, b, A_log, dt_bias = _gating_inputs(randn, (4, 12), torch.float16)
     g_ref, beta_ref = ref.gdn_gating(a, b, A_log, dt_bias)
     monkeypatch.setenv(ENV_VAR, "beta_no_sigmoid")
-    g, beta = gdn_gating(a, b, A_log, dt_bias)
+    g, beta = get_opset("triton").gdn_gating(a, b, A_log, dt_bias)
     assert torch.equal(beta, b.float()), "beta must be the raw logit b"
     _close(g, g_ref, "gdn_gating", "f16", "g under the beta fault")
     monkeypatch.delenv(ENV_VAR)
@@ -107,7 +108,7 @@ def test_fault_decay_sign_flipped(monkeypatch: pytest.MonkeyPatch, randn) -> Non
     a, b, A_log, dt_bias = _gating_inputs(randn, (4, 12), torch.bfloat16)
     g_ref, beta_ref = ref.gdn_gating(a, b, A_log, dt_bias)
     monkeypatch.setenv(ENV_VAR, "decay_sign_flipped")
-    g, beta = gdn_gating(a, b, A_log, dt_bias)
+    g, beta = get_opset("triton").gdn_gating(a, b, A_log, dt_bias)
     assert (g >= 0).all()
     _close(g, -g_ref, "gdn_gating", "bf16", "g under the sign fault")
     _close(beta, beta_ref, "gdn_gating", "bf16", "beta under the sign fault")
@@ -119,7 +120,7 @@ def test_fault_decay_sign_flipped(monkeypatch: pytest.MonkeyPatch, randn) -> Non
 def test_gating_unknown_fault_raises(monkeypatch: pytest.MonkeyPatch, randn) -> None:
     monkeypatch.setenv(ENV_VAR, "beta-no-sigmoid")
     with pytest.raises(UnknownFaultError, match="beta-no-sigmoid"):
-        gdn_gating(*_gating_inputs(randn, (2, 8), torch.float32))
+        get_opset("triton").gdn_gating(*_gating_inputs(randn, (2, 8), torch.float32))
 
 
 # --- l2norm -------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import torch
 from clef_runtime import compare
 from clef_runtime.faults import ENV_VAR, UnknownFaultError
 from clef_runtime.ops.norm import gated_rmsnorm
+from clef_runtime.opset import get_opset
 from clef_runtime.reference import norm as ref
 from clef_runtime.tolerances import tolerance
 
@@ -56,7 +57,7 @@ def test_fault_gated_norm_no_gate(monkeypatch: pytest.MonkeyPatch, randn) -> Non
     assert compare.errors(no_gate, y_ref).rel_rms > 0.5
 
     monkeypatch.setenv(ENV_VAR, "gated_norm_no_gate")
-    y = gated_rmsnorm(x, z, w)
+    y = get_opset("triton").gated_rmsnorm(x, z, w)
     _close(y, no_gate, "f16", "under the fault (= RMSNorm(x) * w)")
     monkeypatch.delenv(ENV_VAR)
     _close(gated_rmsnorm(x, z, w), y_ref, "f16", "fault unset")
@@ -65,7 +66,7 @@ def test_fault_gated_norm_no_gate(monkeypatch: pytest.MonkeyPatch, randn) -> Non
 def test_gated_rmsnorm_unknown_fault_raises(monkeypatch: pytest.MonkeyPatch, randn) -> None:
     monkeypatch.setenv(ENV_VAR, "no_gate")
     with pytest.raises(UnknownFaultError, match="no_gate"):
-        gated_rmsnorm(*_inputs(randn, (2, 16), torch.float32))
+        get_opset("triton").gated_rmsnorm(*_inputs(randn, (2, 16), torch.float32))
 
 
 @pytest.mark.parametrize(

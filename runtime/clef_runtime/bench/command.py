@@ -44,8 +44,9 @@ from clef_runtime.bench.timing import (
     synchronize,
     time_rounds,
 )
+from clef_runtime.dtypes import NAMES, torch_dtype
+from clef_runtime.interpreter import interpreting
 
-DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 # clef vs FLA, relative L2 error per output: loose, a wrong kernel is off by O(1)
 TOLERANCE = {"bf16": 5e-2, "f16": 2e-2, "f32": 1e-2}
 MIN_SETS = 8
@@ -81,7 +82,7 @@ def add_bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     p.add_argument("--quick", action="store_true", help="fewer samples and warm-up rounds")
     p.add_argument("--no-fla", action="store_true", help="do not import flash-linear-attention")
     p.add_argument("--json", metavar="PATH", help="write the full results (JSON) here")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="activation dtype (default bf16)")
+    p.add_argument("--dtype", choices=sorted(NAMES), default="bf16", help="activation dtype (default bf16)")
     p.add_argument("--device", default="cuda", help="cuda (default), cuda:N, or cpu with --allow-cpu")
     p.add_argument(
         "--allow-cpu",
@@ -134,10 +135,6 @@ class Options:
         )
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
-
-
 def _err(msg: str) -> int:
     print(msg, file=sys.stderr)
     return 2
@@ -155,7 +152,7 @@ def _prepare_device(opts: Options) -> torch.device | str:
         # Triton chooses interpreter or compiler when a kernel is decorated, i.e. at import.
         if "triton" not in sys.modules:
             os.environ.setdefault("TRITON_INTERPRET", "1")
-        if not _interpreting():
+        if not interpreting():
             return (
                 "bench: --allow-cpu needs the Triton interpreter, but TRITON_INTERPRET is not set and "
                 "triton was already imported: run with TRITON_INTERPRET=1"
@@ -165,7 +162,7 @@ def _prepare_device(opts: Options) -> torch.device | str:
         return f"bench: device type {device.type!r} is not supported: use cuda or cpu"
     if not torch.cuda.is_available():
         return "bench: no CUDA device is visible (torch.cuda.is_available() is False); nothing to time"
-    if _interpreting():
+    if interpreting():
         return "bench: TRITON_INTERPRET is set, so the kernels would be interpreted, not compiled: unset it"
     if device.index is None:  # set_device, Generator and friends want an index
         return torch.device("cuda", torch.cuda.current_device())
@@ -470,7 +467,8 @@ def run_bench_command(args: argparse.Namespace) -> int:
     try:
         from clef_runtime.opset import get_opset
 
-        ops = get_opset("triton")
+        # the dims the rows will use (tiny on the CPU): the key-band fault needs their conv bands
+        ops = get_opset("triton", qkv_split=(TINY if device.type == "cpu" else QWEN35_9B).qkv_split)
     except Exception as e:
         return _err(f"bench: clef's Triton ops cannot be imported ({type(e).__name__}: {e})")
 
@@ -518,7 +516,12 @@ def run_bench_command(args: argparse.Namespace) -> int:
         )
         _progress(f"bench: copy bandwidth {copy.bytes_per_s / 1e9:.0f} GB/s (read + written)")
         ctx = Context(
-            device=device, dtype=DTYPES[opts.dtype], dims=env.dims, ops=ops, fla=fla, fla_reason=fla_reason
+            device=device,
+            dtype=torch_dtype(opts.dtype),
+            dims=env.dims,
+            ops=ops,
+            fla=fla,
+            fla_reason=fla_reason,
         )
         base_record = {
             "schema": SCHEMA,

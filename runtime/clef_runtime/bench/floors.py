@@ -24,8 +24,6 @@ F32 = 4
 # chunk length of the chunked (WY) delta-rule algorithm whose FLOPs are counted
 CHUNK = 64
 
-ELEMENT_BYTES: Mapping[str, int] = {"f32": 4, "bf16": 2, "f16": 2}
-
 
 @dataclass(frozen=True)
 class Dims:
@@ -49,7 +47,7 @@ class Dims:
         return (self.H * self.K, self.H * self.K, self.HV * self.V)
 
 
-# Qwen3.5-9B's GDN layer (DESIGN.md "Runtime ops and shapes"): D = 2*16*128 + 32*128 = 8192.
+# Qwen3.5-9B's GDN layer (docs/performance.md): D = 2*16*128 + 32*128 = 8192.
 QWEN35_9B = Dims()
 # The shapes of the `tiny` model preset: what --allow-cpu runs under the Triton interpreter.
 TINY = Dims(H=2, HV=4, K=16, V=16, W=4, hidden=64)

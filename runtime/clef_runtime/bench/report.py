@@ -139,13 +139,6 @@ def fmt_pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
 
-def fmt_bytes(n: float) -> str:
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n:.0f} B"
-
-
 def _impl_cell(row: RowResult, impl: ImplResult) -> str:
     if row.status in ("mismatch", "invalid"):
         return row.status.upper()

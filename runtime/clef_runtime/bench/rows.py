@@ -31,6 +31,7 @@ from clef_runtime.bench.floors import (
     layer_decode_floor,
     recurrent_floor,
 )
+from clef_runtime.inputs import gdn_inputs
 from clef_runtime.opset import OpSet
 
 Tensors = dict[str, torch.Tensor]
@@ -109,13 +110,6 @@ class Draw:
         t = torch.rand(shape, generator=self.gen, device=self.device, dtype=torch.float32)
         return t * (hi - lo) + lo
 
-    def log_decay(self, shape: tuple[int, ...]) -> torch.Tensor:
-        """g ≤ 0, float32, mostly near -0.05 (long memory) with a tail to a few units."""
-        return F.logsigmoid(self.normal(shape, torch.float32, mean=3.0))
-
-    def beta(self, shape: tuple[int, ...]) -> torch.Tensor:
-        return torch.sigmoid(self.normal(shape, torch.float32))
-
 
 def _fla(
     ctx: Context, names: tuple[str, ...], make: Callable[[FlaPeer], Impl]
@@ -134,6 +128,12 @@ def _some(t: torch.Tensor | None, what: str) -> torch.Tensor:
     return t
 
 
+def _gdn_set(r: Draw, d: Dims, B: int, T: int, dtype: torch.dtype) -> Tensors:
+    """q, k, v, g, beta as `clef_runtime.inputs.gdn_inputs` draws them (on the device)."""
+    q, k, v, g, beta = gdn_inputs(r.gen, r.device, dtype, B=B, T=T, H=d.H, HV=d.HV, K=d.K, V=d.V)
+    return {"q": q, "k": k, "v": v, "g": g, "beta": beta}
+
+
 # ---- chunked delta rule (prefill) ---------------------------------------------------------------
 
 
@@ -141,14 +141,7 @@ def _chunk(ctx: Context, B: int, T: int) -> Setup:
     d, dt = ctx.dims, ctx.dtype
 
     def make_set(seed: int) -> Tensors:
-        r = Draw(ctx.device, seed)
-        return {
-            "q": r.normal((B, T, d.H, d.K), dt),
-            "k": r.normal((B, T, d.H, d.K), dt),
-            "v": r.normal((B, T, d.HV, d.V), dt),
-            "g": r.log_decay((B, T, d.HV)),
-            "beta": r.beta((B, T, d.HV)),
-        }
+        return _gdn_set(Draw(ctx.device, seed), d, B, T, dt)
 
     def clef(s: Tensors) -> Tensors:
         o, final = ctx.ops.chunk_gated_delta_rule(
@@ -200,14 +193,7 @@ def _recurrent(ctx: Context, B: int, T: int) -> Setup:
 
     def make_set(seed: int) -> Tensors:
         r = Draw(ctx.device, seed)
-        return {
-            "q": r.normal((B, T, d.H, d.K), dt),
-            "k": r.normal((B, T, d.H, d.K), dt),
-            "v": r.normal((B, T, d.HV, d.V), dt),
-            "g": r.log_decay((B, T, d.HV)),
-            "beta": r.beta((B, T, d.HV)),
-            "state": r.normal((B, d.HV, d.K, d.V), torch.float32, scale=0.1),
-        }
+        return {**_gdn_set(r, d, B, T, dt), "state": r.normal((B, d.HV, d.K, d.V), torch.float32, scale=0.1)}
 
     def clef(s: Tensors) -> Tensors:
         o = ctx.ops.fused_recurrent_gated_delta_rule(
@@ -257,9 +243,7 @@ def _conv(ctx: Context, B: int, T: int) -> Setup:
         return {"x": r.normal((B, T, d.D), dt), "weight": r.normal((d.D, d.W), dt, scale=d.W**-0.5)}
 
     def clef(s: Tensors) -> Tensors:
-        y, final = ctx.ops.causal_conv1d(
-            s["x"], s["weight"], activation="silu", output_final_state=True, qkv_split=d.qkv_split
-        )
+        y, final = ctx.ops.causal_conv1d(s["x"], s["weight"], activation="silu", output_final_state=True)
         return {"y": y, "final_state": _some(final, "causal_conv1d")}
 
     def fla(p: FlaPeer) -> Impl:
@@ -305,9 +289,7 @@ def _conv_update(ctx: Context, B: int, T: int) -> Setup:
         }
 
     def clef(s: Tensors) -> Tensors:
-        y = ctx.ops.causal_conv1d_update(
-            s["x"], s["state"], s["weight"], activation="silu", qkv_split=d.qkv_split
-        )
+        y = ctx.ops.causal_conv1d_update(s["x"], s["state"], s["weight"], activation="silu")
         return {"y": y, "state": s["state"]}
 
     def fla(p: FlaPeer) -> Impl:
@@ -490,7 +472,7 @@ def clef_core_step(
     """The GDN ops of a decode step through clef's op set, as `GatedDeltaNet.forward` calls them:
     ``mixed`` [B, T, D], ``z`` [B, T, HV, V], ``a``/``b`` [B, T, HV]; states updated in place."""
     B, T, _ = mixed.shape
-    conv = ops.causal_conv1d_update(mixed, conv_state, w.conv, activation="silu", qkv_split=d.qkv_split)
+    conv = ops.causal_conv1d_update(mixed, conv_state, w.conv, activation="silu")
     q, k, v = torch.split(conv, list(d.qkv_split), dim=-1)
     q = q.reshape(B, T, d.H, d.K).contiguous()
     k = k.reshape(B, T, d.H, d.K).contiguous()

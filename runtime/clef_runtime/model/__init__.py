@@ -7,7 +7,8 @@ config = preset("clef-flash").reduced(hidden_size=256, vocab_size=512)
 write_random_checkpoint(tmp, config, seed=0, dtype=torch.float16)
 model = HybridModel.from_checkpoint(tmp, opset=get_opset("triton"), dtype=torch.float16, device="cuda")
 stats = GDNStats()
-ids = model.generate_greedy(prompt, max_new_tokens=64, stats=stats)
+with model.recording(stats):
+    ids = model.generate_greedy(prompt, max_new_tokens=64)
 """
 
 from __future__ import annotations

@@ -37,13 +37,3 @@ class HybridCache:
     layers: list[GDNState | KVState] = field(default_factory=list)
     seq_len: int = 0
     batch_size: int = 0
-
-    def gdn(self, i: int) -> GDNState:
-        s = self.layers[i]
-        assert isinstance(s, GDNState), f"layer {i} is not a GDN layer"
-        return s
-
-    def kv(self, i: int) -> KVState:
-        s = self.layers[i]
-        assert isinstance(s, KVState), f"layer {i} is not an attention layer"
-        return s

@@ -397,7 +397,7 @@ _QWEN3_5 = ModelConfig(
 
 PRESETS: dict[str, ModelConfig] = {
     "qwen3_5": _QWEN3_5,
-    # The homelab's served model (DESIGN.md): 8 full-attention + 24 GDN layers, one V100 in f16.
+    # The homelab's served model (docs/api.md's example): 8 full-attention + 24 GDN layers, one V100 in f16.
     # A Qwen3.5-4B-like width; head counts, head dims and conv width are Qwen3.5's.
     "clef-flash": _QWEN3_5.replace(hidden_size=2560, intermediate_size=9216, tie_word_embeddings=True),
     # Test-sized (CPU tests, the Triton interpreter): one hybrid block of 3 GDN + 1 attention layers,

@@ -99,6 +99,8 @@ class GatedDeltaNet(nn.Module):
         self.A_log = nn.Parameter(torch.zeros(c.linear_num_value_heads))
         self.norm = _GatedNormWeight(c.linear_value_head_dim)
         self.out_proj = nn.Linear(c.linear_value_dim, c.hidden_size, bias=False)
+        # Where this layer's statistics go while `HybridModel.recording` is active (None: nowhere).
+        self.stats: GDNStats | None = None
 
     def forward(
         self,
@@ -108,7 +110,6 @@ class GatedDeltaNet(nn.Module):
         *,
         decode: bool,
         cu_seqlens: torch.Tensor | None = None,
-        stats: GDNStats | None = None,
     ) -> torch.Tensor:
         """``x`` [B, T, hidden].  ``decode`` uses the in-place decode ops on ``state`` (which
         must hold a prefill's state); otherwise the prefill ops run, starting from ``state`` when
@@ -123,7 +124,7 @@ class GatedDeltaNet(nn.Module):
         if decode:
             if state is None or state.conv is None or state.recurrent is None:
                 raise ValueError(f"layer {self.layer_idx}: decode needs the state of a prefill")
-            conv = ops.causal_conv1d_update(mixed, state.conv, w, activation="silu", qkv_split=self.qkv_split)
+            conv = ops.causal_conv1d_update(mixed, state.conv, w, activation="silu")
         else:
             conv, conv_final = ops.causal_conv1d(
                 mixed,
@@ -132,7 +133,6 @@ class GatedDeltaNet(nn.Module):
                 output_final_state=state is not None,
                 cu_seqlens=cu_seqlens,
                 activation="silu",
-                qkv_split=self.qkv_split,
             )
             if state is not None:
                 state.conv = conv_final
@@ -164,8 +164,8 @@ class GatedDeltaNet(nn.Module):
                 state.recurrent = final
 
         normed = ops.gated_rmsnorm(o, z, self.norm.weight, self.eps)
-        if stats is not None:
-            stats.record(
+        if self.stats is not None:
+            self.stats.record(
                 self.layer_idx,
                 conv_out=conv,
                 qkv_split=self.qkv_split,
@@ -279,12 +279,11 @@ class DecoderLayer(nn.Module):
         sin: torch.Tensor,
         mask: torch.Tensor | None,
         cu_seqlens: torch.Tensor | None,
-        stats: GDNStats | None,
     ) -> torch.Tensor:
         h = self.input_layernorm(x)
         if self.is_linear:
             assert state is None or isinstance(state, GDNState)
-            h = self.linear_attn(h, ops, state, decode=decode, cu_seqlens=cu_seqlens, stats=stats)
+            h = self.linear_attn(h, ops, state, decode=decode, cu_seqlens=cu_seqlens)
         else:
             assert state is None or isinstance(state, KVState)
             h = self.self_attn(h, cos, sin, state, mask)

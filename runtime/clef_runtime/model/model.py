@@ -2,7 +2,8 @@
 
     model = HybridModel.from_checkpoint(ckpt_dir, opset=get_opset("reference"), dtype=torch.float32)
     stats = GDNStats()
-    new_ids = model.generate_greedy(prompt_ids, max_new_tokens=32, stats=stats)
+    with model.recording(stats):  # optional: per-GDN-layer statistics
+        new_ids = model.generate_greedy(prompt_ids, max_new_tokens=32)
 
 Dtype policy: ``dtype`` is the compute dtype of the embeddings, every projection, attention and
 the residual stream.  The decoder norms' weights, ``A_log`` and ``dt_bias`` stay float32, every
@@ -13,16 +14,18 @@ are returned as float32.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from clef_runtime.dtypes import torch_dtypes
 from clef_runtime.model.cache import GDNState, HybridCache, KVState
 from clef_runtime.model.config import LINEAR, ModelConfig
-from clef_runtime.model.layers import DecoderLayer, Embedding, RMSNorm, rope_cos_sin
+from clef_runtime.model.layers import DecoderLayer, Embedding, GatedDeltaNet, RMSNorm, rope_cos_sin
 from clef_runtime.model.stats import GDNStats
 from clef_runtime.model.weights import check_weights, load_weights
 from clef_runtime.opset import OpSet, get_opset
@@ -54,7 +57,7 @@ class HybridModel(nn.Module):
         `load_weights`.  They are cast to the dtype policy above and moved to ``device``
         (default: where the embedding already is)."""
         super().__init__()
-        if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        if dtype not in torch_dtypes().values():
             raise ValueError(f"dtype {dtype} is not supported: use float32, bfloat16 or float16")
         weights = dict(weights)
         if config.tie_word_embeddings:
@@ -114,6 +117,22 @@ class HybridModel(nn.Module):
         ]
         return HybridCache(layers=layers, seq_len=0, batch_size=batch_size)
 
+    # ---- statistics -------------------------------------------------------------------------
+
+    @contextmanager
+    def recording(self, stats: GDNStats) -> Iterator[GDNStats]:
+        """Within the block every GDN layer adds its statistics to ``stats`` (on the device, no
+        host sync); outside it the layers record nothing."""
+        gdn = [m for m in self.modules() if isinstance(m, GatedDeltaNet)]
+        before = [m.stats for m in gdn]
+        for m in gdn:
+            m.stats = stats
+        try:
+            yield stats
+        finally:
+            for m, old in zip(gdn, before, strict=True):
+                m.stats = old
+
     # ---- forward ----------------------------------------------------------------------------
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
@@ -126,7 +145,6 @@ class HybridModel(nn.Module):
         cache: HybridCache | None,
         *,
         decode: bool,
-        stats: GDNStats | None,
         positions: torch.Tensor,
         mask: torch.Tensor | None,
         cu_seqlens: torch.Tensor | None = None,
@@ -144,7 +162,6 @@ class HybridModel(nn.Module):
                 sin=sin,
                 mask=mask,
                 cu_seqlens=cu_seqlens,
-                stats=stats,
             )
         x = self.norm(x)
         if last_only:
@@ -172,7 +189,6 @@ class HybridModel(nn.Module):
         input_ids: torch.Tensor,
         cache: HybridCache | None = None,
         *,
-        stats: GDNStats | None = None,
         last_only: bool = False,
     ) -> tuple[torch.Tensor, HybridCache]:
         """Run a prompt batch ``[B, T]`` (equal lengths) with the prefill ops.  Returns float32
@@ -194,16 +210,13 @@ class HybridModel(nn.Module):
                 ids,
                 cache,
                 decode=False,
-                stats=stats,
                 positions=positions,
                 mask=self._causal_mask(past, T),
                 last_only=last_only,
             )
             return logits, cache
 
-    def decode_step(
-        self, token_ids: torch.Tensor, cache: HybridCache, *, stats: GDNStats | None = None
-    ) -> torch.Tensor:
+    def decode_step(self, token_ids: torch.Tensor, cache: HybridCache) -> torch.Tensor:
         """Feed one token per sequence (``[B]``), or a few (``[B, T]``), through the decode ops,
         updating ``cache`` in place.  Returns float32 logits ``[B, vocab]`` (``[B, T, vocab]``)."""
         with torch.inference_mode():
@@ -219,48 +232,42 @@ class HybridModel(nn.Module):
                 )
             past = cache.seq_len
             positions = torch.arange(past, past + T, device=self.device)
-            logits = self._run(
-                ids, cache, decode=True, stats=stats, positions=positions, mask=self._causal_mask(past, T)
-            )
+            logits = self._run(ids, cache, decode=True, positions=positions, mask=self._causal_mask(past, T))
             return logits[:, 0] if single else logits
 
-    def generate_greedy(
-        self, input_ids: torch.Tensor, max_new_tokens: int, *, stats: GDNStats | None = None
-    ) -> torch.Tensor:
+    def generate_greedy(self, input_ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
         """Greedy decoding of a prompt batch ``[B, T]``: prefill, then one decode step per token.
         Returns only the new token ids ``[B, max_new_tokens]`` (int64); no early stop at EOS,
         so two runs always yield comparable lengths."""
-        ids, _ = self._greedy(input_ids, max_new_tokens, stats=stats, keep_logits=False)
+        ids, _ = self._greedy(input_ids, max_new_tokens, keep_logits=False)
         return ids
 
     def generate_greedy_with_logits(
-        self, input_ids: torch.Tensor, max_new_tokens: int, *, stats: GDNStats | None = None
+        self, input_ids: torch.Tensor, max_new_tokens: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """`generate_greedy` that also returns the float32 logits each new token was picked from,
         ``[B, max_new_tokens, vocab]`` (to compare steps or to measure top-1/top-2 margins)."""
-        ids, logits = self._greedy(input_ids, max_new_tokens, stats=stats, keep_logits=True)
+        ids, logits = self._greedy(input_ids, max_new_tokens, keep_logits=True)
         assert logits is not None
         return ids, logits
 
     def _greedy(
-        self, input_ids: torch.Tensor, max_new_tokens: int, *, stats: GDNStats | None, keep_logits: bool
+        self, input_ids: torch.Tensor, max_new_tokens: int, *, keep_logits: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens ({max_new_tokens}) must be at least 1")
-        logits, cache = self.prefill(input_ids, stats=stats, last_only=True)
+        logits, cache = self.prefill(input_ids, last_only=True)
         step = logits[:, -1]
         kept = [step] if keep_logits else []
         tokens = [step.argmax(-1)]
         for _ in range(max_new_tokens - 1):
-            step = self.decode_step(tokens[-1], cache, stats=stats)
+            step = self.decode_step(tokens[-1], cache)
             if keep_logits:
                 kept.append(step)
             tokens.append(step.argmax(-1))
         return torch.stack(tokens, dim=1), (torch.stack(kept, dim=1) if keep_logits else None)
 
-    def forward_packed(
-        self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, *, stats: GDNStats | None = None
-    ) -> torch.Tensor:
+    def forward_packed(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
         """Several sequences of different lengths packed back to back (``[T_total]`` or
         ``[1, T_total]``, boundaries in ``cu_seqlens`` int32 ``[N + 1]``): the GDN ops see the
         varlen layout, attention a block-diagonal causal mask.  Returns logits ``[1, T_total,
@@ -287,6 +294,4 @@ class HybridModel(nn.Module):
             idx = torch.arange(T, device=self.device)
             positions = idx - starts
             mask = (idx[None, :] <= idx[:, None]) & (seq[None, :] == seq[:, None])
-            return self._run(
-                ids, None, decode=False, stats=stats, positions=positions, mask=mask, cu_seqlens=cu
-            )
+            return self._run(ids, None, decode=False, positions=positions, mask=mask, cu_seqlens=cu)

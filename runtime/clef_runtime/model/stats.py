@@ -1,11 +1,12 @@
 """Per-GDN-layer statistics that `verify` reports side by side for two op sets.
 
-They are the numbers that exposed the zeroed-key-band incident by hand (DESIGN.md): the sum of
+They are the numbers that exposed the zeroed-key-band incident by hand (docs/verification.md): the sum of
 beta, the absmax of the delta-rule output and of the gated-norm output, and the absmax of each
 conv output band (q, k, v).  A zeroed key band shows up as ``conv_absmax["k"] == 0``.
 
-Values accumulate on the device (no host sync per step) over every call that is handed the
-collector: a prefill and all decode steps of a generation.  Read them with `GDNStats.as_dict`.
+Values accumulate on the device (no host sync per step) over every forward pass made while the
+collector is attached (`HybridModel.recording`): a prefill and all decode steps of a generation.
+Read them with `GDNStats.as_dict`.
 """
 
 from __future__ import annotations
@@ -48,8 +49,7 @@ def _max(acc: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
 
 
 class GDNStats:
-    """Collects `GDNLayerStats` per GDN layer.  Pass one to `HybridModel.prefill`,
-    `decode_step` or `generate_greedy` as ``stats=``."""
+    """Collects `GDNLayerStats` per GDN layer: ``with model.recording(stats): ...``."""
 
     def __init__(self) -> None:
         self.layers: dict[int, GDNLayerStats] = {}

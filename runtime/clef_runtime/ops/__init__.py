@@ -1,7 +1,7 @@
 """clef's Triton kernels, one module per op family (see `clef_runtime.opset` for the contract).
 
-Faults from `clef_runtime.faults` are read here, at call time, and passed to the kernels as
-compile-time flags: the fault-free kernels carry no extra work.
+`TRITON_OPS` is the healthy op set; `clef_runtime.opset.get_opset` builds it with a fault of the
+catalogue when one is set (`clef_runtime.ops.faulty`).
 """
 
 from __future__ import annotations

@@ -11,21 +11,16 @@ without reading the kernel: ``causal_conv1d: weight has 8 channels but x has 12 
 from __future__ import annotations
 
 import itertools
-import os
 from collections.abc import Sequence
 
 import torch
 import triton
 import triton.language as tl
 
-FLOAT_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
+from clef_runtime.dtypes import dtype_name, torch_dtypes
+from clef_runtime.interpreter import interpreting
 
-_DTYPE_NAMES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
-
-
-def interpreting() -> bool:
-    """True when Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``)."""
-    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
+FLOAT_DTYPES: tuple[torch.dtype, ...] = tuple(torch_dtypes().values())
 
 
 def cdiv(a: int, b: int) -> int:
@@ -34,11 +29,6 @@ def cdiv(a: int, b: int) -> int:
 
 def next_pow2(n: int) -> int:
     return int(triton.next_power_of_2(max(int(n), 1)))
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    """ "f32" / "bf16" / "f16" (the keys of `clef_runtime.tolerances`), else torch's own name."""
-    return _DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))
 
 
 def shape_str(t: torch.Tensor) -> str:

@@ -23,8 +23,6 @@ and ``y`` in DRAM with few registers per element:
 Decode reads ``conv_state`` by slot, computes the new tokens' outputs and shifts the state in
 place.  Every state element is loaded and stored through the same per-channel addressing, and a
 CTA barrier separates the reads from the writes, so the in-place shift cannot race.
-
-Faults (see `clef_runtime.faults`) are compile-time flags: the fault-free kernels carry no trace.
 """
 
 from __future__ import annotations
@@ -33,14 +31,13 @@ import torch
 import triton
 import triton.language as tl
 
-from clef_runtime.faults import active_fault
+from clef_runtime.interpreter import interpreting
 from clef_runtime.ops._common import (
     cdiv,
     check_cu_seqlens,
     check_runnable,
     check_state_indices,
     check_tensor,
-    interpreting,
     next_pow2,
     shape_str,
     silu,
@@ -118,9 +115,9 @@ def _advance(cu_ptr, t, N, start, nxt, SEARCH_STEPS: tl.constexpr):
 @triton.jit
 def _conv_row(
     a0, a1, a2, a3, a4, a5, a6, a7, v0, v1, v2, v3, v4, v5, v6, v7,
-    rel, bias_v, band, y_row, t, lim, D, d_ok,
+    rel, bias_v, y_row, t, lim, D, d_ok,
     W: tl.constexpr, MASK_TAPS: tl.constexpr, HAS_BIAS: tl.constexpr, SKIP_HEAD: tl.constexpr,
-    ACT_SILU: tl.constexpr, FAULT_KEY_BAND_ZERO: tl.constexpr,
+    ACT_SILU: tl.constexpr,
 ):  # fmt: skip
     """One output row from its taps ``a_k = x[t - k]`` and weights ``v_k``; ``rel`` is the row's
     position in its sequence (with MASK_TAPS, tap k counts only if rel >= k)."""
@@ -156,8 +153,6 @@ def _conv_row(
         acc += bias_v
     if ACT_SILU:
         acc = silu(acc)
-    if FAULT_KEY_BAND_ZERO:
-        acc = tl.where(band, 0.0, acc)
     ok = d_ok & (t < lim)
     if SKIP_HEAD:
         ok &= rel >= W - 1  # the edge kernel writes the rows that read the state
@@ -176,8 +171,6 @@ def _conv_fwd_kernel(
     N,
     stride_xb,
     stride_xt,
-    key_lo,
-    key_hi,
     W: tl.constexpr,
     SEARCH_STEPS: tl.constexpr,
     CHUNK_T: tl.constexpr,
@@ -186,7 +179,6 @@ def _conv_fwd_kernel(
     SKIP_HEAD: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     ACT_SILU: tl.constexpr,
-    FAULT_KEY_BAND_ZERO: tl.constexpr,
 ):
     pid_t = tl.program_id(0)
     pid_d = tl.program_id(1)
@@ -207,7 +199,6 @@ def _conv_fwd_kernel(
     v6 = _wcol(w_ptr + d * W, 6, W, d_ok, v0)
     v7 = _wcol(w_ptr + d * W, 7, W, d_ok, v0)
     bias_v = tl.load(bias_ptr + d, mask=d_ok, other=0.0).to(tl.float32) if HAS_BIAS else v0
-    band = (d >= key_lo) & (d < key_hi)
 
     if IS_VARLEN:
         seq = _seq_of(cu_ptr, t0, N, SEARCH_STEPS)
@@ -239,50 +230,50 @@ def _conv_fwd_kernel(
         if IS_VARLEN:
             start, nxt = _advance(cu_ptr, t, N, start, nxt, SEARCH_STEPS)
         _conv_row(x0, h1, h2, h3, h4, h5, h6, h7, v0, v1, v2, v3, v4, v5, v6, v7,
-                  t - start, bias_v, band, y_row, t, lim, D, d_ok,
-                  W, IS_VARLEN, HAS_BIAS, SKIP_HEAD, ACT_SILU, FAULT_KEY_BAND_ZERO)
+                  t - start, bias_v, y_row, t, lim, D, d_ok,
+                  W, IS_VARLEN, HAS_BIAS, SKIP_HEAD, ACT_SILU)
         t = tg + 1
         if IS_VARLEN:
             start, nxt = _advance(cu_ptr, t, N, start, nxt, SEARCH_STEPS)
         _conv_row(x1, x0, h1, h2, h3, h4, h5, h6, v0, v1, v2, v3, v4, v5, v6, v7,
-                  t - start, bias_v, band, y_row, t, lim, D, d_ok,
-                  W, IS_VARLEN, HAS_BIAS, SKIP_HEAD, ACT_SILU, FAULT_KEY_BAND_ZERO)
+                  t - start, bias_v, y_row, t, lim, D, d_ok,
+                  W, IS_VARLEN, HAS_BIAS, SKIP_HEAD, ACT_SILU)
         t = tg + 2
         if IS_VARLEN:
             start, nxt = _advance(cu_ptr, t, N, start, nxt, SEARCH_STEPS)
         _conv_row(x2, x1, x0, h1, h2, h3, h4, h5, v0, v1, v2, v3, v4, v5, v6, v7,
-                  t - start, bias_v, band, y_row, t, lim, D, d_ok,
-                  W, IS_VARLEN, HAS_BIAS, SKIP_HEAD, ACT_SILU, FAULT_KEY_BAND_ZERO)
+                  t - start, bias_v, y_row, t, lim, D, d_ok,
+                  W, IS_VARLEN, HAS_BIAS, SKIP_HEAD, ACT_SILU)
         t = tg + 3
         if IS_VARLEN:
             start, nxt = _advance(cu_ptr, t, N, start, nxt, SEARCH_STEPS)
         _conv_row(x3, x2, x1, x0, h1, h2, h3, h4, v0, v1, v2, v3, v4, v5, v6, v7,
-                  t - start, bias_v, band, y_row, t, lim, D, d_ok,
-                  W, IS_VARLEN, HAS_BIAS, SKIP_HEAD, ACT_SILU, FAULT_KEY_BAND_ZERO)
+                  t - start, bias_v, y_row, t, lim, D, d_ok,
+                  W, IS_VARLEN, HAS_BIAS, SKIP_HEAD, ACT_SILU)
         t = tg + 4
         if IS_VARLEN:
             start, nxt = _advance(cu_ptr, t, N, start, nxt, SEARCH_STEPS)
         _conv_row(x4, x3, x2, x1, x0, h1, h2, h3, v0, v1, v2, v3, v4, v5, v6, v7,
-                  t - start, bias_v, band, y_row, t, lim, D, d_ok,
-                  W, IS_VARLEN, HAS_BIAS, SKIP_HEAD, ACT_SILU, FAULT_KEY_BAND_ZERO)
+                  t - start, bias_v, y_row, t, lim, D, d_ok,
+                  W, IS_VARLEN, HAS_BIAS, SKIP_HEAD, ACT_SILU)
         t = tg + 5
         if IS_VARLEN:
             start, nxt = _advance(cu_ptr, t, N, start, nxt, SEARCH_STEPS)
         _conv_row(x5, x4, x3, x2, x1, x0, h1, h2, v0, v1, v2, v3, v4, v5, v6, v7,
-                  t - start, bias_v, band, y_row, t, lim, D, d_ok,
-                  W, IS_VARLEN, HAS_BIAS, SKIP_HEAD, ACT_SILU, FAULT_KEY_BAND_ZERO)
+                  t - start, bias_v, y_row, t, lim, D, d_ok,
+                  W, IS_VARLEN, HAS_BIAS, SKIP_HEAD, ACT_SILU)
         t = tg + 6
         if IS_VARLEN:
             start, nxt = _advance(cu_ptr, t, N, start, nxt, SEARCH_STEPS)
         _conv_row(x6, x5, x4, x3, x2, x1, x0, h1, v0, v1, v2, v3, v4, v5, v6, v7,
-                  t - start, bias_v, band, y_row, t, lim, D, d_ok,
-                  W, IS_VARLEN, HAS_BIAS, SKIP_HEAD, ACT_SILU, FAULT_KEY_BAND_ZERO)
+                  t - start, bias_v, y_row, t, lim, D, d_ok,
+                  W, IS_VARLEN, HAS_BIAS, SKIP_HEAD, ACT_SILU)
         t = tg + 7
         if IS_VARLEN:
             start, nxt = _advance(cu_ptr, t, N, start, nxt, SEARCH_STEPS)
         _conv_row(x7, x6, x5, x4, x3, x2, x1, x0, v0, v1, v2, v3, v4, v5, v6, v7,
-                  t - start, bias_v, band, y_row, t, lim, D, d_ok,
-                  W, IS_VARLEN, HAS_BIAS, SKIP_HEAD, ACT_SILU, FAULT_KEY_BAND_ZERO)
+                  t - start, bias_v, y_row, t, lim, D, d_ok,
+                  W, IS_VARLEN, HAS_BIAS, SKIP_HEAD, ACT_SILU)
         # fmt: on
         # The window moves on by eight rows.
         h1 = x7
@@ -314,8 +305,6 @@ def _conv_edges_kernel(
     stride_xb,
     stride_xt,
     stride_init_n,
-    key_lo,
-    key_hi,
     W: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -323,7 +312,6 @@ def _conv_edges_kernel(
     HAS_INIT: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     ACT_SILU: tl.constexpr,
-    FAULT_KEY_BAND_ZERO: tl.constexpr,
     WRITE_FINAL: tl.constexpr,
 ):
     n = tl.program_id(0)
@@ -365,8 +353,6 @@ def _conv_edges_kernel(
             acc += tl.load(bias_ptr + d, mask=d_ok, other=0.0).to(tl.float32)[None, :]
         if ACT_SILU:
             acc = silu(acc)
-        if FAULT_KEY_BAND_ZERO:
-            acc = tl.where(((d >= key_lo) & (d < key_hi))[None, :], 0.0, acc)
         tl.store(
             y_base + row.to(tl.int64)[:, None] * D + d[None, :], acc.to(y_ptr.dtype.element_ty), mask=row_ok
         )
@@ -411,7 +397,6 @@ def _conv_update_kernel(
     HAS_BIAS: tl.constexpr,
     HAS_INDICES: tl.constexpr,
     ACT_SILU: tl.constexpr,
-    FAULT_STATE_NOT_ADVANCED: tl.constexpr,
 ):
     pid_b = tl.program_id(0)
     pid_d = tl.program_id(1)
@@ -446,15 +431,14 @@ def _conv_update_kernel(
                 acc = silu(acc)
             acc = tl.where(live, acc, 0.0)
             tl.store(y_row + t * D, acc.to(y_ptr.dtype.element_ty), mask=d_ok & row_ok)
-        if not FAULT_STATE_NOT_ADVANCED:
-            tl.debug_barrier()
-            # Ascending k reads column k + T_NEW before it can be overwritten.
-            for k in tl.static_range(W - 1):
-                if T_NEW + k < W - 1:
-                    s = tl.load(s_row + (T_NEW + k), mask=m, other=0.0).to(tl.float32)
-                else:
-                    s = tl.load(x_row + (T_NEW + k - (W - 1)) * stride_xt, mask=m, other=0.0).to(tl.float32)
-                tl.store(s_row + k, s.to(state_ptr.dtype.element_ty), mask=m)
+        tl.debug_barrier()
+        # Ascending k reads column k + T_NEW before it can be overwritten.
+        for k in tl.static_range(W - 1):
+            if T_NEW + k < W - 1:
+                s = tl.load(s_row + (T_NEW + k), mask=m, other=0.0).to(tl.float32)
+            else:
+                s = tl.load(x_row + (T_NEW + k - (W - 1)) * stride_xt, mask=m, other=0.0).to(tl.float32)
+            tl.store(s_row + k, s.to(state_ptr.dtype.element_ty), mask=m)
 
 
 # --- wrappers -----------------------------------------------------------------------------------
@@ -490,17 +474,6 @@ def _check_weight_bias(
         if bias.shape[0] != D:
             raise ValueError(f"{op}: bias has {bias.shape[0]} channels but x has {D}")
     return D, W
-
-
-def _key_band(op: str, D: int, qkv_split: tuple[int, int, int] | None) -> tuple[int, int]:
-    """Validate ``qkv_split`` and return the key band [lo, hi) (0, 0 without a split)."""
-    if qkv_split is None:
-        return 0, 0
-    if len(qkv_split) != 3 or any(int(s) < 0 for s in qkv_split):
-        raise ValueError(f"{op}: qkv_split {qkv_split} must be three non-negative band sizes (q, k, v)")
-    if sum(qkv_split) != D:
-        raise ValueError(f"{op}: qkv_split {qkv_split} must add up to the channel count {D}")
-    return int(qkv_split[0]), int(qkv_split[0]) + int(qkv_split[1])
 
 
 def _check_x(op: str, x: torch.Tensor) -> torch.Tensor:
@@ -543,7 +516,6 @@ def causal_conv1d(
     output_final_state: bool = False,
     cu_seqlens: torch.Tensor | None = None,
     activation: str | None = "silu",
-    qkv_split: tuple[int, int, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Prefill: see `clef_runtime.opset.OpSet.causal_conv1d`.  ``x`` needs contiguous channels;
     its batch and time strides are free.  Zero-length packed sequences are allowed."""
@@ -552,13 +524,6 @@ def causal_conv1d(
     B, T, _ = x.shape
     D, W = _check_weight_bias(op, x, weight, bias)
     act_silu = _silu_flag(op, activation)
-    key_lo, key_hi = _key_band(op, D, qkv_split)
-    key_band_zero = active_fault() == "conv_key_band_zero"
-    if key_band_zero and qkv_split is None:
-        raise ValueError(
-            f"{op}: fault conv_key_band_zero needs qkv_split to locate the key band; "
-            "pass qkv_split=(q, k, v) channel counts"
-        )
     N = B if cu_seqlens is None else check_cu_seqlens(op, cu_seqlens, B, T, x.device)
     if B > 65535:  # the batch is grid axis 2
         raise ValueError(f"{op}: a batch of {B} rows is too large; pack the sequences with cu_seqlens")
@@ -575,9 +540,7 @@ def causal_conv1d(
     final = torch.empty((N, D, W - 1), dtype=x.dtype, device=x.device) if output_final_state else None
     placeholder = x  # stands in for absent optional pointers; constexpr flags keep it unread
     has_bias, has_init, is_varlen = bias is not None, initial_state is not None, cu_seqlens is not None
-    common = dict(
-        W=W, HAS_BIAS=has_bias, IS_VARLEN=is_varlen, ACT_SILU=act_silu, FAULT_KEY_BAND_ZERO=key_band_zero
-    )
+    common = dict(W=W, HAS_BIAS=has_bias, IS_VARLEN=is_varlen, ACT_SILU=act_silu)
 
     chunk_t, block_d, num_warps = _prefill_config(T, D)
     if B * T * D > 0:
@@ -592,8 +555,6 @@ def causal_conv1d(
             N,
             x.stride(0),
             x.stride(1),
-            key_lo,
-            key_hi,
             SEARCH_STEPS=_search_steps(N) if is_varlen else 0,  # no recompiles per batch size
             CHUNK_T=chunk_t,
             BLOCK_D=block_d,
@@ -616,8 +577,6 @@ def causal_conv1d(
             x.stride(0),
             x.stride(1),
             initial_state.stride(0) if initial_state is not None else 0,
-            key_lo,
-            key_hi,
             BLOCK_D=edge_block_d,
             BLOCK_K=next_pow2(W - 1),
             HAS_INIT=has_init,
@@ -649,7 +608,6 @@ def causal_conv1d_update(
     *,
     activation: str | None = "silu",
     state_indices: torch.Tensor | None = None,
-    qkv_split: tuple[int, int, int] | None = None,
 ) -> torch.Tensor:
     """Decode: see `clef_runtime.opset.OpSet.causal_conv1d_update`.  ``conv_state`` is shifted in
     place; a row whose ``state_indices`` entry is negative gets zeros and leaves the pool alone.
@@ -659,8 +617,6 @@ def causal_conv1d_update(
     B, T_new, _ = x.shape
     D, W = _check_weight_bias(op, x, weight, bias)
     act_silu = _silu_flag(op, activation)
-    _key_band(op, D, qkv_split)
-    state_not_advanced = active_fault() == "conv_state_not_advanced"
     check_tensor(
         op, "conv_state", conv_state, ndim=3, device=x.device, contiguous=False, layout="[pool, D, W - 1]"
     )
@@ -710,7 +666,6 @@ def causal_conv1d_update(
         HAS_BIAS=bias is not None,
         HAS_INDICES=state_indices is not None,
         ACT_SILU=act_silu,
-        FAULT_STATE_NOT_ADVANCED=state_not_advanced,
         num_warps=num_warps,
     )
     return y

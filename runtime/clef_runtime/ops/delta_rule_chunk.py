@@ -40,11 +40,9 @@ repeated in memory):
 3. `_chunk_output_kernel`, grid ``(chunk slots · HV, V / BVO)``: the output of every chunk in
    parallel, ``o = qf ⊙ (q S_c) + Aqk v_new`` (raw q into the dot, the factor on the product).
 
-The output used to be fused into launch 2 (``FUSE_OUTPUT = True`` still builds that, and a test
-keeps it right), which saves
-storing the chunk states (``[chunks, HV, K, V]``, 512 MB at T=32K in bf16) but puts the output's
-dots on the sequential chain: on the H200 launch 2 then took 1.60 ms at B1 T32768 bf16, against
-0.80 ms for the chain alone plus 0.43 ms for the parallel output launch (docs/performance.md).
+Launch 3 costs storing the chunk states (``[chunks, HV, K, V]``) but keeps the output's dots off
+the sequential chain; docs/performance.md has the measurements behind this split and behind the
+tiles of `launch_config`.
 
 Precision (the policy is in `delta_rule_common`): the Gram matrices take input-dtype operands
 with float32 accumulation; ``T`` is solved in float32 (diagonal blocks exactly, the block-lower
@@ -54,9 +52,9 @@ enters its dots as bf16 (bf16 inputs), float32 at TF32 precision (f16: no overfl
 float32 (f32), as do ``v_new`` and ``kf ⊙ v_new``; k and q enter their dots unscaled (exact in
 that dtype) and the factors kf, qf stay float32; the chunk states and ``v_new`` are stored in
 that operand dtype (so bf16 inputs store bf16 states, f16 and f32 store float32), and launch 3
-computes with exactly the operands the fused step used.  The output is rounded once, to v's
-dtype.  The fault ``fp16_state_overflow`` (a compile-time flag) rounds the state to the input dtype when it is
-loaded and after every chunk.
+computes with exactly the operands launch 2 saw.  The output is rounded once, to v's dtype.  The
+fault ``fp16_state_overflow`` (a compile-time flag) rounds the state to the input dtype when it
+is loaded and after every chunk.
 
 Variable-length batches: chunks never cross a sequence boundary.  Launch 1 runs over
 ``ceil(T/64) + N`` slots (an upper bound on the chunk count) and finds each slot's sequence and
@@ -73,21 +71,19 @@ import torch
 import triton
 import triton.language as tl
 
+from clef_runtime.interpreter import interpreted
 from clef_runtime.ops._common import check_cu_seqlens, check_runnable
 from clef_runtime.ops.delta_rule_common import (
     check_gdn_inputs,
     check_state,
     dot_policy,
-    interpreted,
     pow2_at_least,
     rne_bf16,
-    state_fault_active,
     tensor_core_dots,
 )
 
 OP = "chunk_gated_delta_rule"
 BT = 64  # chunk length
-FUSE_OUTPUT = False  # the output inside the sequential launch (True) or in a parallel launch 3
 OUT_BV = 128  # launch 3's V block
 OUT_WARPS = 4
 _TORCH_DTYPE = {tl.bfloat16: torch.bfloat16, tl.float16: torch.float16, tl.float32: torch.float32}
@@ -273,8 +269,8 @@ def _chunk_prepare_kernel(
         # blocks and L_b the entries of N that join two neighbouring b-blocks into a 2b-block,
         #     [[D1, 0], [L21, D2]]⁻¹ = [[X1, 0], [-X2 L21 X1, X2]],   i.e.   X ← X - X L_b X,
         # for b = 2, 4, 8: six small batched dots with a dependency chain of six, where the
-        # row-by-row form below has fifteen (1.30 → 1.24 ms for launch 1 at B1 T32768 bf16 on
-        # the H200).  On the FMA path (sm70) it spills far more, so that keeps the row form.
+        # row-by-row form below has fifteen.  On the FMA path (sm70) it spills far more, so that
+        # keeps the row form.
         # b = 1: the 1×1 blocks of D are 1, so the 2×2 blocks' inverses are I - N on them
         X = eye_c[None, :, :] - tl.where(((ri // 2)[:, None] == (ri // 2)[None, :])[None, :, :], Nd, 0.0)
         for lvl in tl.static_range(1, LOG_BC):
@@ -336,7 +332,7 @@ def _chunk_prepare_kernel(
 
 
 # ---------------------------------------------------------------------------------------------
-# launch 2: the inter-chunk recurrence with the output fused in
+# launch 2: the inter-chunk recurrence
 # ---------------------------------------------------------------------------------------------
 
 
@@ -345,19 +341,14 @@ def _chunk_step(
     S,
     t0,
     eos,
-    q_p,
     k_p,
     w_p,
     u_p,
-    a_p,
     gc_p,
     kf_p,
-    qf_p,
-    o_p,
     hs_p,
     vn_p,
     Vb,
-    sqt,
     skt,
     HV: tl.constexpr,
     K: tl.constexpr,
@@ -365,25 +356,19 @@ def _chunk_step(
     BK: tl.constexpr,
     BV: tl.constexpr,
     BT: tl.constexpr,
-    FUSE_OUT: tl.constexpr,
     STATE_IN_IO_DTYPE: tl.constexpr,
     STATE_DT: tl.constexpr,
     STATE_PRECISION: tl.constexpr,
     ROUND_BF16: tl.constexpr,
 ):
-    """One chunk starting at token t0, from the chunk-start state S: with FUSE_OUT write its
-    output, else store S (as the dots see it, at `hs_p`) and v_new (at `vn_p`) for the output
-    launch; return the state at the chunk end."""
+    """One chunk starting at token t0, from the chunk-start state S: store S (as the dots see it,
+    at `hs_p`) and v_new (at `vn_p`) for the output launch; return the state at the chunk end."""
     # 64-bit scalar bases, 32-bit per-element offsets (see the prepare kernel)
-    q_p += t0 * sqt
     k_p += t0 * skt
     w_p += t0 * (HV * K)
     u_p += t0 * (HV * V)
-    a_p += t0 * (HV * BT)
     gc_p += t0
     kf_p += t0
-    qf_p += t0
-    o_p += t0 * (HV * V)
     vn_p += t0 * (HV * V)
     n_live = eos - t0
     r = tl.arange(0, BT)
@@ -398,7 +383,7 @@ def _chunk_step(
     # of [BT, K], and the raw k goes from memory straight into the dot; no row reduction and no
     # exp on this sequential chain.
     kfac = tl.load(kf_p + r, mask=live, other=0.0)
-    # k, w, u and Aqk hold values of the input dtype: widening them to STATE_DT is exact
+    # k, w and u hold values of the input dtype: widening them to STATE_DT is exact
     kc = tl.load(k_p + r[:, None] * skt + rk[None, :], mask=kmask, other=0.0).to(STATE_DT)
     wc = tl.load(w_p + r[:, None] * (HV * K) + rk[None, :], mask=kmask, other=0.0).to(STATE_DT)
     uc = tl.load(u_p + r[:, None] * (HV * V) + rv[None, :], mask=vmask, other=0.0).to(tl.float32)
@@ -412,39 +397,23 @@ def _chunk_step(
     if ROUND_BF16:
         vd = rne_bf16(vd)
         vk = rne_bf16(vk)
-    if FUSE_OUT:
-        qc = tl.load(q_p + r[:, None] * sqt + rk[None, :], mask=kmask, other=0.0).to(STATE_DT)
-        qfac = tl.load(qf_p + r, mask=live, other=0.0)  # scale, q's L2 norm, e^{G_t}
-        a_mask = live[:, None] & (r[None, :] <= r[:, None])  # only the causal blocks were written
-        Ac = tl.load(a_p + r[:, None] * (HV * BT) + r[None, :], mask=a_mask, other=0.0).to(STATE_DT)
-        oc = qfac[:, None] * tl.dot(qc, Sd, input_precision=STATE_PRECISION) + tl.dot(
-            Ac, vd, input_precision=STATE_PRECISION
-        )
-        if ROUND_BF16:
-            oc = rne_bf16(oc)
-        tl.store(o_p + r[:, None] * (HV * V) + rv[None, :], oc.to(o_p.dtype.element_ty), mask=vmask)
-    else:
-        s_mask = (rk < K)[:, None] & (rv < Vb)[None, :]
-        tl.store(hs_p + rk[:, None] * V + rv[None, :], Sd.to(hs_p.dtype.element_ty), mask=s_mask)
-        tl.store(vn_p + r[:, None] * (HV * V) + rv[None, :], vd.to(vn_p.dtype.element_ty), mask=vmask)
+    s_mask = (rk < K)[:, None] & (rv < Vb)[None, :]
+    tl.store(hs_p + rk[:, None] * V + rv[None, :], Sd.to(hs_p.dtype.element_ty), mask=s_mask)
+    tl.store(vn_p + r[:, None] * (HV * V) + rv[None, :], vd.to(vn_p.dtype.element_ty), mask=vmask)
 
     S = S * tl.exp(gl) + tl.dot(tl.trans(kc), vk, input_precision=STATE_PRECISION)
     if STATE_IN_IO_DTYPE:  # fault fp16_state_overflow: the state held in the input dtype
-        S = S.to(q_p.dtype.element_ty).to(tl.float32)
+        S = S.to(k_p.dtype.element_ty).to(tl.float32)
     return S
 
 
 @triton.jit
 def _chunk_recurrence_kernel(
-    q,
     k,
     w,
     u,
-    aqk,
     gc,
     kf,
-    qf,
-    o,
     hs,
     vn,
     h0,
@@ -452,8 +421,6 @@ def _chunk_recurrence_kernel(
     cu_seqlens,
     T,
     NT,
-    sqb,
-    sqt,
     skb,
     skt,
     H: tl.constexpr,
@@ -464,7 +431,6 @@ def _chunk_recurrence_kernel(
     BV: tl.constexpr,
     BT: tl.constexpr,
     IS_VARLEN: tl.constexpr,
-    FUSE_OUT: tl.constexpr,
     HAS_H0: tl.constexpr,
     STORE_FINAL: tl.constexpr,
     STATE_IN_IO_DTYPE: tl.constexpr,
@@ -491,17 +457,13 @@ def _chunk_recurrence_kernel(
         eos = n * 0 + T
         slot0 = n * NT
 
-    q_p = q + b * sqb + h * K
     k_p = k + b * skb + h * K
     tok = b * T * HV + hv
     hd = (b * HV + hv) * T  # this head's row of the head-major per-token factors
     gc_p = gc + hd
     kf_p = kf + hd
-    qf_p = qf + hd
     w_p = w + tok * K
     u_p = u + tok * V + i_v * BV
-    a_p = aqk + tok * BT
-    o_p = o + tok * V + i_v * BV
     vn_p = vn + tok * V + i_v * BV
     hs_p = hs + (slot0 * HV + hv) * (K * V) + i_v * BV  # chunk c's state is c·HV·K·V further
     Vb = V - i_v * BV  # columns of this V block that exist
@@ -514,7 +476,7 @@ def _chunk_recurrence_kernel(
     s_mask = (rk < K)[:, None] & (rv < Vb)[None, :]
     S = tl.load(h0 + s_off, mask=s_mask, other=0.0) if HAS_H0 else tl.zeros([BK, BV], dtype=tl.float32)
     if STATE_IN_IO_DTYPE:  # fault fp16_state_overflow: the state held in the input dtype
-        S = S.to(q.dtype.element_ty).to(tl.float32)
+        S = S.to(k.dtype.element_ty).to(tl.float32)
 
     if INTERPRETED:
         # Triton 3.6's interpreter cannot take a runtime `range` bound with numpy ≥ 2 (it calls
@@ -522,8 +484,8 @@ def _chunk_recurrence_kernel(
         t0 = bos
         while t0 < eos:
             S = _chunk_step(
-                S, t0, eos, q_p, k_p, w_p, u_p, a_p, gc_p, kf_p, qf_p, o_p, hs_p, vn_p, Vb, sqt, skt,
-                HV, K, V, BK, BV, BT, FUSE_OUT, STATE_IN_IO_DTYPE, STATE_DT, STATE_PRECISION, ROUND_BF16,
+                S, t0, eos, k_p, w_p, u_p, gc_p, kf_p, hs_p, vn_p, Vb, skt,
+                HV, K, V, BK, BV, BT, STATE_IN_IO_DTYPE, STATE_DT, STATE_PRECISION, ROUND_BF16,
             )  # fmt: skip
             t0 += BT
             hs_p += HV * K * V
@@ -531,9 +493,9 @@ def _chunk_recurrence_kernel(
         # a for loop, so the compiler can pipeline the next chunk's loads behind this one's dots
         for c in range(0, tl.cdiv(eos - bos, BT)):
             S = _chunk_step(
-                S, bos + c * BT, eos, q_p, k_p, w_p, u_p, a_p, gc_p, kf_p, qf_p, o_p, hs_p + tl.cast(c, tl.int64) * (HV * K * V),
-                vn_p, Vb, sqt, skt,
-                HV, K, V, BK, BV, BT, FUSE_OUT, STATE_IN_IO_DTYPE, STATE_DT, STATE_PRECISION, ROUND_BF16,
+                S, bos + c * BT, eos, k_p, w_p, u_p, gc_p, kf_p, hs_p + tl.cast(c, tl.int64) * (HV * K * V),
+                vn_p, Vb, skt,
+                HV, K, V, BK, BV, BT, STATE_IN_IO_DTYPE, STATE_DT, STATE_PRECISION, ROUND_BF16,
             )  # fmt: skip
 
     if STORE_FINAL:
@@ -541,7 +503,7 @@ def _chunk_recurrence_kernel(
 
 
 # ---------------------------------------------------------------------------------------------
-# launch 3 (unfused): the output, fully parallel over chunks
+# launch 3: the output, fully parallel over chunks
 # ---------------------------------------------------------------------------------------------
 
 
@@ -572,8 +534,8 @@ def _chunk_output_kernel(
     ROUND_BF16: tl.constexpr,
 ):
     """o = qf ⊙ (q S_c) + Aqk v_new (= scale e^{G} q̂ S_c + Aqk v_new) for one chunk slot, value
-    head and V block, from the chunk-start state S_c and v_new that launch 2 stored (the same
-    operands, rounded the same way, as the fused step's output)."""
+    head and V block, from the chunk-start state S_c and v_new that launch 2 stored (the operands
+    its state dots saw, rounded the same way)."""
     pid = tl.program_id(0).to(tl.int64)  # value heads fastest, as in launch 1
     i_t = pid // HV
     hv = (pid % HV).to(tl.int32)
@@ -640,16 +602,14 @@ def launch_config(K: int, V: int, dtype: torch.dtype, tensor_cores: bool) -> Lau
 
     Checked with ptxas for sm_90 and sm_70 at K = V = 128 (tests/runtime/test_ops_compile.py:
     no spills on sm_90, under 1 KB per thread on sm_70) and timed on the H200
-    (hack/device/probe_variants.py, docs/performance.md).  On tensor cores launch 1 takes K/V in
-    slices of up to 128 (whole heads at K = V = 128: 0.89 ms at B1 T32768 bf16, against 0.99 ms
-    for 64-wide and 1.22 ms for 32-wide slices); launch 2 takes 32-wide V blocks at 4 warps and 3
-    stages (16: 1.08 ms, 64: 1.39 ms, 8 warps: 0.89 ms, 2 stages 1.18 ms; 32 at 4 warps 0.79 ms),
-    except for f16, whose state dots take float32 operands and want 8 warps; launch 3 takes
-    128-wide V blocks at 4 warps for bf16 (0.39 ms; 64: 0.47 ms, 32: 0.93 ms) and 64-wide ones
-    for f16, whose float32 state tiles would spill at 128 on sm_90.  On the FMA path (float32,
-    and sm70, where Triton 3.6 has no MMA) every dot holds whole operand rows per thread: 16-wide
-    slices and blocks, 8 warps and no software pipelining keep the spills under 1 KB per thread
-    (launch 3 at 128-wide blocks would spill 11 KB on sm_70)."""
+    (hack/device/probe_variants.py; the timings of each choice are in docs/performance.md).  On
+    tensor cores launch 1 takes K/V in slices of up to 128 (whole heads at K = V = 128); launch 2
+    takes 32-wide V blocks at 4 warps and 3 stages, except for f16, whose state dots take float32
+    operands and want 8 warps; launch 3 takes 128-wide V blocks at 4 warps for bf16 and 64-wide
+    ones for f16, whose float32 state tiles would spill at 128 on sm_90.  On the FMA path
+    (float32, and sm70, where Triton 3.6 has no MMA) every dot holds whole operand rows per
+    thread: 16-wide slices and blocks, 8 warps and no software pipelining keep the spills under
+    1 KB per thread (launch 3 at 128-wide blocks would spill 11 KB on sm_70)."""
     BK, BVF = pow2_at_least(K), pow2_at_least(V)
     if tensor_cores:
         # On an H200 (Triton 3.6) tensor-core dots with a 16-wide K or V tile gave wrong sums
@@ -681,9 +641,11 @@ def chunk_gated_delta_rule(
     output_final_state: bool = False,
     cu_seqlens: torch.Tensor | None = None,
     use_qk_l2norm: bool = False,
+    fault_state_in_io_dtype: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Prefill (see `clef_runtime.opset.OpSet.chunk_gated_delta_rule`).  Returns ``(o [B, T, HV,
-    V] in v's dtype, final_state [N, HV, K, V] float32 or None)``."""
+    V] in v's dtype, final_state [N, HV, K, V] float32 or None)``.  ``fault_state_in_io_dtype`` is
+    the fault ``fp16_state_overflow``, set only by `clef_runtime.ops.faulty`."""
     B, T, H, HV, K, V = check_gdn_inputs(OP, q, k, v, g, beta)
     device = q.device
     check_runnable(OP, device)
@@ -693,7 +655,6 @@ def chunk_gated_delta_rule(
         if initial_state.device != device:
             raise ValueError(f"{OP}: initial_state is on {initial_state.device} but q is on {device}")
     scale = K**-0.5 if scale is None else float(scale)
-    state_in_io_dtype = state_fault_active()
 
     o = torch.empty(B, T, HV, V, dtype=v.dtype, device=device)
     final = torch.empty(N, HV, K, V, dtype=torch.float32, device=device) if output_final_state else None
@@ -726,32 +687,28 @@ def chunk_gated_delta_rule(
             ROUND_BF16=policy.round_bf16,
             num_warps=cfg.warps1,
         )  # fmt: skip
-    fuse = FUSE_OUTPUT
-    if fuse:
-        hs = vn = gc  # unused pointers
-    else:
-        # the chunk-start states and v_new, as the state dots see them (STATE_DT), for launch 3;
-        # for bf16 on a GPU v_new has u's dtype and overwrites it (each element of u is read once,
-        # by the program that writes the same element of v_new)
-        state_torch = _TORCH_DTYPE[policy.state_dtype]
-        hs = torch.empty(slots, HV, K, V, dtype=state_torch, device=device)
-        vn = u if state_torch == u.dtype else torch.empty(B, T, HV, V, dtype=state_torch, device=device)
+    # the chunk-start states and v_new, as the state dots see them (STATE_DT), for launch 3; for
+    # bf16 on a GPU v_new has u's dtype and overwrites it (each element of u is read once, by the
+    # program that writes the same element of v_new)
+    state_torch = _TORCH_DTYPE[policy.state_dtype]
+    hs = torch.empty(slots, HV, K, V, dtype=state_torch, device=device)
+    vn = u if state_torch == u.dtype else torch.empty(B, T, HV, V, dtype=state_torch, device=device)
     _chunk_recurrence_kernel[(N * HV, triton.cdiv(V, cfg.BV))](
-        q, k, w, u, aqk, gc, kf, qf, o, hs, vn,
+        k, w, u, gc, kf, hs, vn,
         initial_state if initial_state is not None else gc,
         final if final is not None else gc,
         cu, T, NT,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+        k.stride(0), k.stride(1),
         H=H, HV=HV, K=K, V=V, BK=cfg.BK, BV=cfg.BV, BT=BT,
-        IS_VARLEN=cu_seqlens is not None, FUSE_OUT=fuse,
+        IS_VARLEN=cu_seqlens is not None,
         HAS_H0=initial_state is not None, STORE_FINAL=final is not None,
-        STATE_IN_IO_DTYPE=state_in_io_dtype,
+        STATE_IN_IO_DTYPE=fault_state_in_io_dtype,
         STATE_DT=policy.state_dtype, STATE_PRECISION=policy.state_precision, ROUND_BF16=policy.round_bf16,
         INTERPRETED=interpreted(_chunk_recurrence_kernel),
         num_warps=cfg.warps2,
         num_stages=cfg.stages2,
     )  # fmt: skip
-    if not fuse and T > 0:
+    if T > 0:
         _chunk_output_kernel[(slots * HV, triton.cdiv(V, cfg.BVO))](
             q, aqk, qf, hs, vn, o, cu, T, NT, N, q.stride(0), q.stride(1),
             H=H, HV=HV, K=K, V=V, BK=cfg.BK, BV=cfg.BVO, BT=BT,

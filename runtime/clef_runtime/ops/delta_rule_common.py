@@ -1,6 +1,6 @@
 """What the chunked (prefill) and fused recurrent (decode) delta-rule kernels share: input checks
-that name the argument and the fix, the dtype policy turned into compile-time kernel flags, the
-fault flag, and two small in-kernel helpers (a dot that survives the interpreter, a row L2 norm).
+that name the argument and the fix, the dtype policy turned into compile-time kernel flags, and
+an in-kernel rounding helper for the interpreter.
 
 Dtype policy (see `clef_runtime.opset`): the state and every accumulation are float32.  The dots
 inside a chunk (k kᵀ, q kᵀ, the WY products) take operands in the input dtype so bf16/f16 run on
@@ -23,15 +23,13 @@ import torch
 import triton
 import triton.language as tl
 
-from clef_runtime.faults import active_fault
+from clef_runtime.dtypes import torch_dtypes
+from clef_runtime.interpreter import interpreted
 
 # The largest key/value head dim the kernels hold in registers (one tile per program).
 MAX_HEAD_DIM = 256
 # Below this a tl.dot operand dim is padded (Triton needs every dot dim ≥ 16).
 MIN_DOT_DIM = 16
-
-_SUPPORTED = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
-STATE_FAULT = "fp16_state_overflow"
 
 
 @dataclass(frozen=True)
@@ -43,12 +41,6 @@ class DotPolicy:
     state_precision: str  # input_precision of those dots (float32 operands only)
     solve_precision: str  # input_precision of the float32 dots of the triangular solve
     round_bf16: bool  # interpreter only: round to bf16 explicitly (see `dot_policy`)
-
-
-def interpreted(kernel: object) -> bool:
-    """Whether `kernel` runs in Triton's CPU interpreter.  Decided when the kernel was decorated
-    (at import), so ask the kernel rather than today's environment."""
-    return type(kernel).__name__ == "InterpretedFunction"
 
 
 def dot_policy(dtype: torch.dtype, kernel: object) -> DotPolicy:
@@ -86,11 +78,6 @@ def tensor_core_dots(dtype: torch.dtype, device: torch.device) -> bool:
     return _capability(device)[0] >= 8
 
 
-def state_fault_active() -> bool:
-    """True when `CLEF_RUNTIME_FAULT=fp16_state_overflow` (an unknown fault name raises)."""
-    return active_fault() == STATE_FAULT
-
-
 def pow2_at_least(n: int, floor: int = MIN_DOT_DIM) -> int:
     return max(floor, triton.next_power_of_2(n))
 
@@ -120,7 +107,7 @@ def check_gdn_inputs(
     for name, d in (("K", K), ("V", V)):
         if not 1 <= d <= MAX_HEAD_DIM:
             raise ValueError(f"{op}: head dim {name}={d} is outside 1..{MAX_HEAD_DIM} that the kernels hold")
-    if q.dtype not in _SUPPORTED:
+    if q.dtype not in torch_dtypes().values():
         raise TypeError(f"{op}: q dtype {q.dtype} is not supported; use float32, bfloat16 or float16")
     for name, t in (("k", k), ("v", v)):
         if t.dtype != q.dtype:

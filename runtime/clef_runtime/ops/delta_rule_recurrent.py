@@ -25,14 +25,12 @@ from clef_runtime.ops.delta_rule_common import (
     dot_policy,
     pow2_at_least,
     rne_bf16,
-    state_fault_active,
 )
 
 OP = "fused_recurrent_gated_delta_rule"
 # V block and warps: a [128, 64] float32 state slice per program at 4 warps (32 state elements
-# per thread).  On the H200 (bf16, B128 / B512, 2026-11-30, hack/device/sweep_recurrent_table.py)
-# that moves the state at 92.9% / 95.3% of copy bandwidth; 32-wide blocks reached 82.2% / 84.3%
-# (2 warps 83.1% / 84.9%, 8 warps 73%), 16-wide at 2 warps 50%, 128-wide at 8 warps 61%.
+# per thread), the fastest of the blocks and warps swept on the H200
+# (hack/device/sweep_recurrent_table.py; docs/performance.md, "Decode V blocks").
 BV_MAX = 64
 WARPS = 4
 
@@ -143,9 +141,12 @@ def fused_recurrent_gated_delta_rule(
     scale: float | None = None,
     state_indices: torch.Tensor | None = None,
     use_qk_l2norm: bool = False,
+    fault_state_in_io_dtype: bool = False,
 ) -> torch.Tensor:
     """Decode (see `clef_runtime.opset.OpSet.fused_recurrent_gated_delta_rule`): ``state``
-    ``[pool, HV, K, V]`` float32 is updated in place; returns ``o [B, T, HV, V]`` in v's dtype."""
+    ``[pool, HV, K, V]`` float32 is updated in place; returns ``o [B, T, HV, V]`` in v's dtype.
+    ``fault_state_in_io_dtype`` is the fault ``fp16_state_overflow``, set only by
+    `clef_runtime.ops.faulty`."""
     B, T, H, HV, K, V = check_gdn_inputs(OP, q, k, v, g, beta)
     check_runnable(OP, q.device)
     check_state(OP, "state", state, None, HV, K, V)
@@ -172,7 +173,7 @@ def fused_recurrent_gated_delta_rule(
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         H=H, HV=HV, K=K, V=V, BK=BK, BV=BV,
         HAS_INDICES=state_indices is not None, L2NORM=use_qk_l2norm,
-        STATE_IN_IO_DTYPE=state_fault_active(),
+        STATE_IN_IO_DTYPE=fault_state_in_io_dtype,
         ROUND_BF16=dot_policy(q.dtype, _recurrent_kernel).round_bf16,
         num_warps=WARPS,
     )  # fmt: skip

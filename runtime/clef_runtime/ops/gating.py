@@ -11,7 +11,6 @@ import torch
 import triton
 import triton.language as tl
 
-from clef_runtime.faults import active_fault
 from clef_runtime.ops._common import (
     MAX_ROW,
     cdiv,
@@ -35,8 +34,6 @@ def _gdn_gating_kernel(
     HV,
     BLOCK_M: tl.constexpr,
     BLOCK_H: tl.constexpr,
-    FAULT_BETA_NO_SIGMOID: tl.constexpr,
-    FAULT_DECAY_SIGN_FLIPPED: tl.constexpr,
 ):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     h = tl.arange(0, BLOCK_H)
@@ -46,14 +43,10 @@ def _gdn_gating_kernel(
     decay_rate = tl.exp(tl.load(A_log_ptr + h, mask=h_ok, other=0.0).to(tl.float32))
     dt_bias = tl.load(dt_bias_ptr + h, mask=h_ok, other=0.0).to(tl.float32)
     a = tl.load(a_ptr + offs, mask=ok, other=0.0).to(tl.float32)
-    g = decay_rate[None, :] * softplus(a + dt_bias[None, :])
-    if not FAULT_DECAY_SIGN_FLIPPED:
-        g = -g
+    g = -(decay_rate[None, :] * softplus(a + dt_bias[None, :]))
     tl.store(g_ptr + offs, g, mask=ok)
     b = tl.load(b_ptr + offs, mask=ok, other=0.0).to(tl.float32)
-    if not FAULT_BETA_NO_SIGMOID:
-        b = tl.sigmoid(b)
-    tl.store(beta_ptr + offs, b, mask=ok)
+    tl.store(beta_ptr + offs, tl.sigmoid(b), mask=ok)
 
 
 @triton.jit
@@ -97,7 +90,6 @@ def gdn_gating(
             raise ValueError(
                 f"{op}: {name} has {p.shape[0]} heads but a has {HV} (a, b are [..., HV], A_log and dt_bias [HV])"
             )
-    fault = active_fault()
     check_runnable(op, a.device)
 
     g = torch.empty(a.shape, dtype=torch.float32, device=a.device)
@@ -117,8 +109,6 @@ def gdn_gating(
         HV,
         BLOCK_M=block_m,
         BLOCK_H=block_h,
-        FAULT_BETA_NO_SIGMOID=fault == "beta_no_sigmoid",
-        FAULT_DECAY_SIGN_FLIPPED=fault == "decay_sign_flipped",
         num_warps=num_warps,
     )
     return g, beta

@@ -10,7 +10,6 @@ import torch
 import triton
 import triton.language as tl
 
-from clef_runtime.faults import active_fault
 from clef_runtime.ops._common import MAX_ROW, cdiv, check_runnable, check_tensor, row_tile, shape_str, silu
 
 
@@ -46,9 +45,12 @@ def gated_rmsnorm(
     z: torch.Tensor,
     weight: torch.Tensor,
     eps: float = 1e-6,
+    *,
+    fault_no_gate: bool = False,
 ) -> torch.Tensor:
     """See `clef_runtime.opset.OpSet.gated_rmsnorm`: ``x * rsqrt(mean(x^2, -1) + eps) * weight *
-    silu(z)`` over the last dim in float32, returned in x's dtype."""
+    silu(z)`` over the last dim in float32, returned in x's dtype.  ``fault_no_gate`` is the fault
+    ``gated_norm_no_gate``, set only by `clef_runtime.ops.faulty`."""
     op = "gated_rmsnorm"
     check_tensor(op, "x", x, layout="[..., V]")
     if x.dim() < 1:
@@ -66,7 +68,6 @@ def gated_rmsnorm(
         raise ValueError(f"{op}: rows of {V} elements are longer than the supported {MAX_ROW}")
     if not eps >= 0:
         raise ValueError(f"{op}: eps must be >= 0, got {eps}")
-    no_gate = active_fault() == "gated_norm_no_gate"
     check_runnable(op, x.device)
 
     y = torch.empty_like(x)
@@ -84,7 +85,7 @@ def gated_rmsnorm(
         float(eps),
         BLOCK_M=block_m,
         BLOCK_V=block_v,
-        FAULT_NO_GATE=no_gate,
+        FAULT_NO_GATE=fault_no_gate,
         num_warps=num_warps,
     )
     return y

@@ -16,11 +16,6 @@ def _activate(y: torch.Tensor, activation: str | None) -> torch.Tensor:
     raise ValueError(f"activation {activation!r} is not supported: use 'silu' or None")
 
 
-def _check_split(D: int, qkv_split: tuple[int, int, int] | None) -> None:
-    if qkv_split is not None and sum(qkv_split) != D:
-        raise ValueError(f"qkv_split {qkv_split} must add up to the channel count {D}")
-
-
 def causal_conv1d(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -30,9 +25,7 @@ def causal_conv1d(
     output_final_state: bool = False,
     cu_seqlens: torch.Tensor | None = None,
     activation: str | None = "silu",
-    qkv_split: tuple[int, int, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    _check_split(x.shape[-1], qkv_split)
     B, T, D = x.shape
     W = weight.shape[1]
     bounds = seq_bounds(B, T, cu_seqlens)
@@ -66,9 +59,7 @@ def causal_conv1d_update(
     *,
     activation: str | None = "silu",
     state_indices: torch.Tensor | None = None,
-    qkv_split: tuple[int, int, int] | None = None,
 ) -> torch.Tensor:
-    _check_split(x.shape[-1], qkv_split)
     B, T, D = x.shape
     W = weight.shape[1]
     w = weight.to(REF_DTYPE)

@@ -92,7 +92,3 @@ def _offset(slices: tuple[Slice, ...], by: int) -> tuple[Slice, ...]:
 def per_index_slices(axis: int, count: int, what: str) -> list[Slice]:
     """One slice per index along `axis` (e.g. each value head of a ``[B, T, HV, V]`` output)."""
     return [Slice(f"{what} {i}", axis, i, i + 1, show_range=False) for i in range(count)]
-
-
-def whole(axis: int, size: int, what: str, children: Sequence[Slice] = ()) -> Slice:
-    return Slice(what, axis, 0, size, tuple(children))

@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass
 
 from clef_contract.command import DEVICE_ENV, SHAPES_ENV, TERMINATION_LOG, TERMINATION_LOG_ENV
+from clef_runtime.interpreter import interpreting
 
 DEVICES = ("cuda", "cpu")
 SHAPE_PROFILES = ("model", "reduced")
@@ -24,10 +25,6 @@ class Placement:
     device: str  # "cuda" or "cpu"
     shapes: str  # "model" or "reduced"
     termination_log: str
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "on", "yes")
 
 
 def resolve_placement(
@@ -45,7 +42,7 @@ def resolve_placement(
         # The Triton kernels run on the CPU only through the interpreter, which must be on before
         # triton is imported; verify owns its process, so it may switch it on itself.
         os.environ["TRITON_INTERPRET"] = "1"
-    elif _interpreting():
+    elif interpreting():
         raise CannotRun("TRITON_INTERPRET is set but the device is cuda: unset it, or pass --device cpu")
     log = termination_flag or os.environ.get(TERMINATION_LOG_ENV) or TERMINATION_LOG
     return Placement(device=device, shapes=shapes, termination_log=log)

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import torch
 
 from clef_runtime.compare import errors
+from clef_runtime.dtypes import torch_dtype
+from clef_runtime.inputs import gdn_inputs
 from clef_runtime.opset import OpSet
 from clef_runtime.tolerances import Tolerance, tolerance
 from clef_runtime.verify.coverage import Slice, conv_channel_slices, dead_slices, per_index_slices
@@ -58,8 +60,6 @@ class Sizes:
 
 MODEL_SIZES = Sizes(batch=2, prefill=1000, varlen=(1, 63, 300, 701), decode_steps=8, long=4096)
 REDUCED_SIZES = Sizes(batch=2, prefill=70, varlen=(1, 13, 66), decode_steps=3, long=160)
-
-DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 
 
 class _Case:
@@ -166,8 +166,8 @@ def case_conv(fast: OpSet, ref: OpSet, shape: GdnShape, sizes: Sizes, dn: str, i
     B, T, D, W = sizes.batch, sizes.prefill, shape.conv_dim, shape.conv_width
     x, w = inp.randn(B, T, D), _conv_weight(inp, shape)
     init = inp.randn(B, D, W - 1)
-    y, fin = fast.causal_conv1d(x, w, initial_state=init, output_final_state=True, qkv_split=shape.qkv_split)
-    ry, rfin = ref.causal_conv1d(x, w, initial_state=init, output_final_state=True, qkv_split=shape.qkv_split)
+    y, fin = fast.causal_conv1d(x, w, initial_state=init, output_final_state=True)
+    ry, rfin = ref.causal_conv1d(x, w, initial_state=init, output_final_state=True)
     assert fin is not None and rfin is not None
     bands = conv_channel_slices(shape.qkv_split, shape.key_dim, shape.value_dim, axis=2)
     c.compare("y", y, ry, bands)
@@ -184,8 +184,8 @@ def case_conv_varlen(
     total, D = sum(sizes.varlen), shape.conv_dim
     x, w = inp.randn(1, total, D), _conv_weight(inp, shape)
     cu = _cu(sizes.varlen, inp.device)
-    y, fin = fast.causal_conv1d(x, w, cu_seqlens=cu, output_final_state=True, qkv_split=shape.qkv_split)
-    ry, rfin = ref.causal_conv1d(x, w, cu_seqlens=cu, output_final_state=True, qkv_split=shape.qkv_split)
+    y, fin = fast.causal_conv1d(x, w, cu_seqlens=cu, output_final_state=True)
+    ry, rfin = ref.causal_conv1d(x, w, cu_seqlens=cu, output_final_state=True)
     assert fin is not None and rfin is not None
     c.compare("y", y, ry, conv_channel_slices(shape.qkv_split, shape.key_dim, shape.value_dim, axis=2))
     c.compare(
@@ -210,8 +210,8 @@ def case_conv_decode(
     ys, rys = [], []
     for _ in range(sizes.decode_steps):
         x = inp.randn(B + 1, 1, D)
-        ys.append(fast.causal_conv1d_update(x, state, w, state_indices=idx, qkv_split=shape.qkv_split))
-        rys.append(ref.causal_conv1d_update(x, ref_state, w, state_indices=idx, qkv_split=shape.qkv_split))
+        ys.append(fast.causal_conv1d_update(x, state, w, state_indices=idx))
+        rys.append(ref.causal_conv1d_update(x, ref_state, w, state_indices=idx))
     bands = conv_channel_slices(shape.qkv_split, shape.key_dim, shape.value_dim, axis=2)
     c.compare("y (all steps)", torch.cat(ys, 1)[:B], torch.cat(rys, 1)[:B], bands)
     c.compare("padding row y", torch.cat(ys, 1)[B:], torch.cat(rys, 1)[B:])
@@ -256,15 +256,17 @@ def case_l2norm(fast: OpSet, ref: OpSet, shape: GdnShape, sizes: Sizes, dn: str,
 def _gdn_inputs(
     inp: _Inputs, shape: GdnShape, B: int, T: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    H, HV, K, V = shape.key_heads, shape.value_heads, shape.key_dim, shape.value_dim
-    q, k, v = inp.randn(B, T, H, K), inp.randn(B, T, H, K), inp.randn(B, T, HV, V)
-    A_log, dt_bias = inp.gating_params(HV)
-    from clef_runtime.reference import gdn_gating  # the reference makes the gates: this case tests the rule
-
-    g, beta = gdn_gating(
-        inp.randn(B, T, HV, dtype=torch.float32), inp.randn(B, T, HV, dtype=torch.float32), A_log, dt_bias
+    return gdn_inputs(
+        inp.gen,
+        inp.device,
+        inp.dtype,
+        B=B,
+        T=T,
+        H=shape.key_heads,
+        HV=shape.value_heads,
+        K=shape.key_dim,
+        V=shape.value_dim,
     )
-    return q, k, v, g, beta
 
 
 def case_chunk(fast: OpSet, ref: OpSet, shape: GdnShape, sizes: Sizes, dn: str, inp: _Inputs) -> list[Check]:
@@ -390,7 +392,7 @@ def run_kernels_suite(
     checks: list[Check] = []
     for i, case in enumerate(CASES):
         # Every case draws fresh inputs from its own stream: adding a case changes no other case.
-        inp = _Inputs(seed * 1000 + i, device, DTYPES[dtype_name], tolerance_scale)
+        inp = _Inputs(seed * 1000 + i, device, torch_dtype(dtype_name), tolerance_scale)
         started = time.perf_counter()
         try:
             checks.extend(case(fast, ref, shape, sizes, dtype_name, inp))

@@ -107,17 +107,19 @@ def run_model_suite(
     fast_logits: list[torch.Tensor] = []
     ref_logits: list[torch.Tensor] = []
 
-    logits, fcache = fast.prefill(prompt, stats=fast_stats, last_only=True)
-    rlogits, rcache = ref.prefill(prompt, stats=ref_stats, last_only=True)
+    with fast.recording(fast_stats), ref.recording(ref_stats):
+        logits, fcache = fast.prefill(prompt, last_only=True)
+        rlogits, rcache = ref.prefill(prompt, last_only=True)
     fast_logits.append(logits[:, -1])
     ref_logits.append(rlogits[:, -1])
     tokens = [logits[:, -1].argmax(-1)]
-    for _ in range(workload.new_tokens - 1):
-        step = fast.decode_step(tokens[-1], fcache, stats=fast_dec)
-        rstep = ref.decode_step(tokens[-1], rcache, stats=ref_dec)
-        fast_logits.append(step)
-        ref_logits.append(rstep)
-        tokens.append(step.argmax(-1))
+    with fast.recording(fast_dec), ref.recording(ref_dec):
+        for _ in range(workload.new_tokens - 1):
+            step = fast.decode_step(tokens[-1], fcache)
+            rstep = ref.decode_step(tokens[-1], rcache)
+            fast_logits.append(step)
+            ref_logits.append(rstep)
+            tokens.append(step.argmax(-1))
 
     fl = torch.stack(fast_logits, 1).float()  # [B, N, vocab]
     rl = torch.stack(ref_logits, 1).float()

@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING, TextIO
 if TYPE_CHECKING:
     from clef_runtime.model.config import ModelConfig
 
-from clef_contract.command import DTYPES, SHAPE_FLAG, SHAPE_KEYS, SUITES, ShapeError, parse_shape
+from clef_contract.command import SHAPE_FLAG, SHAPE_KEYS, SUITES, ShapeError, parse_shape
 from clef_runtime import __version__
+from clef_runtime.dtypes import NAMES, torch_dtype
 from clef_runtime.faults import UnknownFaultError, active_fault
 from clef_runtime.verify.environment import CannotRun, check_device, resolve_placement
 from clef_runtime.verify.report import Report
@@ -101,8 +102,8 @@ def run_verify(args: VerifyArgs) -> Report:
 def _run(args: VerifyArgs, report: Report) -> None:
     if args.suite not in SUITES:
         raise CannotRun(f"--suite {args.suite!r} is not one of {', '.join(SUITES)}")
-    if args.dtype not in DTYPES:
-        raise CannotRun(f"--dtype {args.dtype!r} is not one of {', '.join(DTYPES)}")
+    if args.dtype not in NAMES:
+        raise CannotRun(f"--dtype {args.dtype!r} is not one of {', '.join(NAMES)}")
     if not 0.1 <= args.tolerance_scale <= 100:
         raise CannotRun(f"--tolerance-scale {args.tolerance_scale} must be within [0.1, 100]")
     placement = resolve_placement(args.device, args.shapes, args.termination_log)
@@ -174,7 +175,8 @@ def _run(args: VerifyArgs, report: Report) -> None:
         "conv_width": shape.conv_width,
     }
 
-    fast, ref = get_opset("triton"), get_opset("reference")
+    # the key-band fault needs the conv bands under test: the kernel cases' here, the model's below
+    fast, ref = get_opset("triton", qkv_split=shape.qkv_split), get_opset("reference")
     scale = args.tolerance_scale
     if args.suite in ("kernels", "full"):
         t0 = time.perf_counter()
@@ -208,10 +210,10 @@ def _run(args: VerifyArgs, report: Report) -> None:
         outcome = msuite.run_model_suite(
             model_config,
             weights,
-            fast,
+            get_opset("triton", qkv_split=model_config.qkv_split),  # a checkpoint keeps its own
             ref,
             args.dtype,
-            ksuite.DTYPES[args.dtype],
+            torch_dtype(args.dtype),
             device,
             workload,
             seed=args.seed,
