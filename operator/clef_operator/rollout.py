@@ -379,21 +379,14 @@ def _restore_selector(model: ModelRef, svc: ServiceState, rev: str) -> tuple[Act
 
 
 @dataclass(frozen=True)
-class Stage:
-    """Where a candidate's rollout stands (the Progressing condition's reason and message)."""
-
-    reason: str
-    message: str
-
-
-@dataclass(frozen=True)
 class Move:
-    """The active and candidate revisions after this pass's step towards the desired one."""
+    """The active and candidate revisions after this pass's step towards the desired one, and
+    where the candidate's rollout stands (`stage`: the Progressing condition's reason and message)."""
 
     active_revision: str
     active_deployment: DeploymentState | None
     candidate_revision: str = ""
-    stage: Stage | None = None
+    stage: Progress | None = None
     actions: tuple[Action, ...] = ()
 
 
@@ -425,7 +418,7 @@ def move_towards_desired(
             )
             return Move(active.revision, active.deployment, actions=recreated)
         return Move(active.revision, active.deployment, actions=_keep_replicas(spec, dep, unmark=True))
-    return _roll_out(model, owner, spec, observed, desired, active)
+    return _roll_out(owner, spec, observed, desired, active)
 
 
 def _keep_replicas(
@@ -444,21 +437,16 @@ def _keep_replicas(
 
 
 def _roll_out(
-    model: ModelRef,
-    owner: Owner,
-    spec: ClefModelSpec,
-    observed: Observed,
-    desired: Desired,
-    active: Active,
+    owner: Owner, spec: ClefModelSpec, observed: Observed, desired: Desired, active: Active
 ) -> Move:
     """One step of moving the Service from the active revision to the candidate."""
     assert desired.manifest is not None and desired.image is not None
     candidate, image, replicas = desired.revision, desired.image, spec.replicas
-    starting = Stage(Why.CANDIDATE_STARTING, f"starting revision {candidate} ({image})")
+    starting = Progress(Why.CANDIDATE_STARTING, f"starting revision {candidate} ({image})")
     hold = Move(active.revision, active.deployment, candidate)
     old = active.deployment
     if spec.rollout.strategy is Strategy.RECREATE and old is not None and not old.drained:
-        stopping = Stage(
+        stopping = Progress(
             Why.STOPPING_OLD,
             f"Recreate: waiting for the pods of {old.name} to stop before starting revision {candidate}",
         )
@@ -476,7 +464,7 @@ def _roll_out(
     if dep is None:
         created = _event(
             "RevisionCreated",
-            f"created Deployment {deployment_name(model.name, candidate)} ({replicas} replicas) running {image}",
+            f"created Deployment {deployment_name(owner.name, candidate)} ({replicas} replicas) running {image}",
         )
         return replace(hold, stage=starting, actions=(CreateDeployment(desired.manifest), created))
     if dep.replicas != replicas or labels.SCALE_DOWN_AT in dep.annotations:
@@ -486,18 +474,18 @@ def _roll_out(
         )
         return replace(hold, stage=starting, actions=scale_up)
     if dep.is_available() and not dep.deleting and not active.conflict:
-        return Move(candidate, dep, actions=_switch_service(model, owner, spec, active, candidate, image))
+        return Move(candidate, dep, actions=_switch_service(owner, spec, active, candidate, image))
     count = f"{dep.available_replicas}/{replicas} replicas available"
     return replace(
         hold,
-        stage=Stage(
+        stage=Progress(
             Why.CANDIDATE_STARTING, f"waiting for revision {candidate} to become available ({count})"
         ),
     )
 
 
 def _switch_service(
-    model: ModelRef, owner: Owner, spec: ClefModelSpec, active: Active, candidate: str, image: str
+    owner: Owner, spec: ClefModelSpec, active: Active, candidate: str, image: str
 ) -> tuple[Action, ...]:
     """The one selector patch (or the Service's creation) that makes `candidate` serve."""
     svc = active.service
@@ -506,8 +494,8 @@ def _switch_service(
         actions.append(CreateService(render_service(owner, spec, candidate)))
         actions.append(_event("ServiceCreated", f"created Service {spec.service.name}"))
     else:
-        selector = labels.selector(model.name, candidate)
-        actions.append(PatchServiceSelector(svc.name, selector, service_annotations(model.name, candidate)))
+        selector = labels.selector(owner.name, candidate)
+        actions.append(PatchServiceSelector(svc.name, selector, service_annotations(owner.name, candidate)))
         if not svc.owned and not svc.model:
             actions.append(
                 _event(

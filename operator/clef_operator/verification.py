@@ -23,7 +23,8 @@ MAX_FAILING = 5
 
 @dataclass(frozen=True)
 class Progress:
-    """A verification that has not concluded: why, and what the on-call engineer should know."""
+    """Something not concluded yet (a verification, a candidate's rollout): the reason for its
+    condition, and what the on-call engineer should know."""
 
     reason: str
     message: str
@@ -47,53 +48,52 @@ def _pick_pod(pods: list[PodState]) -> PodState | None:
     return max(pool, key=lambda p: (p.created_at or datetime.min, p.name))
 
 
-def _record(
-    spec: ClefModelSpec,
-    job: JobState,
-    pod: PodState | None,
-    now: datetime,
-    verdict: Verdict,
-    reason: str,
-    summary: str,
-    report: CompactReport | None = None,
-    digest: str | None = None,
-) -> VerificationRecord:
-    failing = []
-    if report is not None:
-        failing = [
-            FailingCheck(name=f.name, op=f.op, detail=f.detail[:1024])
-            for f in _most_telling(report)[:MAX_FAILING]
-        ]
-    return VerificationRecord(
-        key=job.key,
-        image=spec.image,
-        digest=digest,
-        gpu_class=(pod.node_gpu_product or None) if pod else None,
-        gpu_memory_mib=pod.node_gpu_memory_mib if pod else None,
-        dtype=spec.dtype,
-        suite=spec.verification.suite,
-        verdict=verdict,
-        reason=reason,
-        summary=summary[:1024],
-        failing=failing,
-        device=(report.device or None) if report else None,
-        runtime_version=(report.runtime_version or None) if report else None,
-        job=job.name,
-        finished_at=now.isoformat(),
-    )
+@dataclass(frozen=True)
+class _Case:
+    """One Job being judged: what every verdict on it records."""
 
+    spec: ClefModelSpec
+    job: JobState
+    pod: PodState | None
+    now: datetime
 
-def _fail(
-    spec: ClefModelSpec,
-    job: JobState,
-    pod: PodState | None,
-    now: datetime,
-    reason: str,
-    summary: str,
-    report: CompactReport | None = None,
-    stop_job: bool = False,
-) -> Outcome:
-    return Outcome(_record(spec, job, pod, now, Verdict.FAILED, reason, summary, report), stop_job=stop_job)
+    def record(
+        self,
+        verdict: Verdict,
+        reason: str,
+        summary: str,
+        report: CompactReport | None = None,
+        digest: str | None = None,
+    ) -> VerificationRecord:
+        pod = self.pod
+        failing = []
+        if report is not None:
+            failing = [
+                FailingCheck(name=f.name, op=f.op, detail=f.detail[:1024])
+                for f in _most_telling(report)[:MAX_FAILING]
+            ]
+        return VerificationRecord(
+            key=self.job.key,
+            image=self.spec.image,
+            digest=digest,
+            gpu_class=(pod.node_gpu_product or None) if pod else None,
+            gpu_memory_mib=pod.node_gpu_memory_mib if pod else None,
+            dtype=self.spec.dtype,
+            suite=self.spec.verification.suite,
+            verdict=verdict,
+            reason=reason,
+            summary=summary[:1024],
+            failing=failing,
+            device=(report.device or None) if report else None,
+            runtime_version=(report.runtime_version or None) if report else None,
+            job=self.job.name,
+            finished_at=self.now.isoformat(),
+        )
+
+    def fail(
+        self, reason: str, summary: str, report: CompactReport | None = None, stop_job: bool = False
+    ) -> Outcome:
+        return Outcome(self.record(Verdict.FAILED, reason, summary, report), stop_job=stop_job)
 
 
 def _most_telling(report: CompactReport) -> list[FailingEntry]:
@@ -131,131 +131,98 @@ def judge(spec: ClefModelSpec, job: JobState, pods: list[PodState], now: datetim
     """The state of one verification Job, fail-closed."""
     pod = _pick_pod(pods)
     problem = pod.problem() if pod is not None else None
+    case = _Case(spec, job, pod, now)
     if pod is not None and not job.finished and _is(problem, Why.IMAGE_PULL):
         # Decided already: the Job is stopped so it does not hold its GPU until the deadline.
-        return _fail(spec, job, pod, now, Reason.IMAGE_PULL_FAILED, _pull_summary(spec, pod), stop_job=True)
+        return case.fail(Reason.IMAGE_PULL_FAILED, _pull_summary(spec, pod), stop_job=True)
     if job.failed:
-        return _judge_failed(spec, job, pod, problem, now)
+        return _judge_failed(case, problem)
     if job.complete:
-        return _judge_complete(spec, job, pod, now)
+        return _judge_complete(case)
     return _progress(spec, job, pod, problem)
 
 
-def _judge_failed(
-    spec: ClefModelSpec, job: JobState, pod: PodState | None, problem: PodProblem | None, now: datetime
-) -> Outcome:
+def _judge_failed(case: _Case, problem: PodProblem | None) -> Outcome:
     """A failed Job never verifies; the reason says how it failed."""
+    spec, job, pod = case.spec, case.job, case.pod
     if job.failed_reason == "DeadlineExceeded":
         where = ""
         if pod is not None and not pod.terminated:
             if _is(problem, Why.UNSCHEDULABLE):
                 where = f"; the pod was never scheduled: {pod.unschedulable_message}"
             elif _is(problem, Why.IMAGE_PULL):
-                return _fail(spec, job, pod, now, Reason.IMAGE_PULL_FAILED, _pull_summary(spec, pod))
-        return _fail(
-            spec,
-            job,
-            pod,
-            now,
+                return case.fail(Reason.IMAGE_PULL_FAILED, _pull_summary(spec, pod))
+        return case.fail(
             Reason.TIMEOUT,
             f"verification did not finish within spec.verification.timeoutSeconds"
             f" ({spec.verification.timeout_seconds}s){where}",
         )
     if pod is None:
-        return _fail(
-            spec,
-            job,
-            None,
-            now,
+        return case.fail(
             Reason.CRASHED,
             f"Job failed ({job.failed_reason}: {job.failed_message}) and its pod is gone",
         )
     if pod.reason == "Evicted" or (pod.phase == "Failed" and not pod.terminated):
-        return _fail(
-            spec,
-            job,
-            pod,
-            now,
+        return case.fail(
             Reason.CRASHED,
             f"verification pod {pod.phase.lower()}: {pod.reason} {pod.message}".strip(),
         )
     try:
         report = parse_report(pod.termination_message)
     except ReportMissing as exc:
-        return _fail(spec, job, pod, now, Reason.CRASHED, _crash_summary(pod, str(exc)))
+        return case.fail(Reason.CRASHED, _crash_summary(pod, str(exc)))
     except ReportInvalid as exc:
-        return _fail(spec, job, pod, now, Reason.REPORT_INVALID, _crash_summary(pod, str(exc)))
+        return case.fail(Reason.REPORT_INVALID, _crash_summary(pod, str(exc)))
     if report.verdict == "pass":
-        return _fail(
-            spec,
-            job,
-            pod,
-            now,
+        return case.fail(
             Reason.CRASHED,
             _crash_summary(pod, "the report says pass but the Job failed"),
             report,
         )
     reason, summary = _report_failure(report)
-    return _fail(spec, job, pod, now, reason, summary, report)
+    return case.fail(reason, summary, report)
 
 
-def _judge_complete(spec: ClefModelSpec, job: JobState, pod: PodState | None, now: datetime) -> Outcome:
+def _judge_complete(case: _Case) -> Outcome:
     """The one path to a pass: exit 0, a valid passing report for what was asked, a digest."""
+    spec, pod = case.spec, case.pod
     if pod is None or not pod.terminated:
-        return _fail(
-            spec,
-            job,
-            pod,
-            now,
+        return case.fail(
             Reason.REPORT_MISSING,
             "the Job completed but its verification pod (and its report) is gone",
         )
     try:
         report = parse_report(pod.termination_message)
     except ReportMissing as exc:
-        return _fail(spec, job, pod, now, Reason.REPORT_MISSING, str(exc))
+        return case.fail(Reason.REPORT_MISSING, str(exc))
     except ReportInvalid as exc:
-        return _fail(spec, job, pod, now, Reason.REPORT_INVALID, str(exc))
+        return case.fail(Reason.REPORT_INVALID, str(exc))
     if report.verdict != "pass":
         reason, summary = _report_failure(report)
-        return _fail(spec, job, pod, now, reason, summary, report)
+        return case.fail(reason, summary, report)
     asked = (spec.verification.suite.value, spec.dtype.value)
     if (report.suite, report.dtype) != asked:
-        return _fail(
-            spec,
-            job,
-            pod,
-            now,
+        return case.fail(
             Reason.REPORT_INVALID,
             f"the report is for suite {report.suite} dtype {report.dtype}, the Job asked for suite"
             f" {asked[0]} dtype {asked[1]}",
             report,
         )
     if pod.exit_code != 0:
-        return _fail(
-            spec,
-            job,
-            pod,
-            now,
+        return case.fail(
             Reason.CRASHED,
             _crash_summary(pod, "the report says pass but the exit code is not 0"),
             report,
         )
     digest = pinned_reference(verification_image(spec), pod.image_id)
     if digest is None:
-        return _fail(
-            spec,
-            job,
-            pod,
-            now,
+        return case.fail(
             Reason.DIGEST_UNKNOWN,
             f"verification passed but the pod reported no image digest (imageID {pod.image_id!r}),"
             " so there is nothing to pin serving to",
             report,
         )
-    return Outcome(
-        _record(spec, job, pod, now, Verdict.PASSED, Reason.VERIFIED, report.summary, report, digest)
-    )
+    return Outcome(case.record(Verdict.PASSED, Reason.VERIFIED, report.summary, report, digest))
 
 
 def _progress(

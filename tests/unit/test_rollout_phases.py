@@ -26,9 +26,9 @@ from clef_operator.revision import job_name
 from clef_operator.rollout import (
     MAX_RECORDS,
     Active,
+    Conditions,
     Desired,
     Move,
-    Stage,
     Verification,
     VerificationState,
     active_revision,
@@ -164,17 +164,14 @@ def test_nothing_is_desired_without_a_pass(state):
     assert desired_revision(OWNER, make_spec(), Verification(state, "j"), "") == Desired()
 
 
+def active_of(observed: Observed) -> Active:
+    """The active revision of the current spec while nothing new is desired, status lost."""
+    return active_revision(MODEL, OWNER, make_spec(), observed, ClefModelStatus(), no_verdicts(), Desired())
+
+
 def test_a_hand_edited_selector_is_put_back():
     svc = service("r1", selector={"app": "other"})
-    a = active_revision(
-        MODEL,
-        OWNER,
-        make_spec(),
-        Observed((deployment("r1"),), service=svc),
-        ClefModelStatus(),
-        no_verdicts(),
-        Desired(),
-    )
+    a = active_of(Observed((deployment("r1"),), service=svc))
     assert a.revision == "r1" and not a.conflict
     assert isinstance(a.actions[0], PatchServiceSelector)
     assert a.actions[0].selector == labels.selector("clef-flash", "r1")
@@ -182,28 +179,12 @@ def test_a_hand_edited_selector_is_put_back():
 
 def test_a_service_of_another_model_has_no_active_revision():
     svc = service("r1", annotations={labels.SERVICE_MODEL: "coder"})
-    a = active_revision(
-        MODEL,
-        OWNER,
-        make_spec(),
-        Observed((deployment("r1"),), service=svc),
-        ClefModelStatus(),
-        no_verdicts(),
-        Desired(),
-    )
+    a = active_of(Observed((deployment("r1"),), service=svc))
     assert (a.revision, a.conflict, a.actions) == ("", True, ())
 
 
 def test_a_deleted_active_deployment_without_its_spec_is_forgotten():
-    a = active_revision(
-        MODEL,
-        OWNER,
-        make_spec(),
-        Observed(service=service("r1")),
-        ClefModelStatus(),
-        no_verdicts(),
-        Desired(),
-    )
+    a = active_of(Observed(service=service("r1")))
     assert (a.revision, a.actions) == ("", ())
 
 
@@ -273,20 +254,20 @@ def test_history_beyond_the_limit_is_deleted_oldest_first():
 # ---------------------------------------------------------------------------- conditions, status
 
 
+def conditions_of(
+    spec: ClefModelSpec, observed: Observed, v: Verification, active: Active, move: Move
+) -> Conditions:
+    retired = retire_old_revisions(spec, observed, move, T0)
+    return derive_conditions(Stamp(T0, 3), MODEL, spec, observed, v, active, move, retired)
+
+
 def test_a_failed_verification_degrades_while_the_active_revision_stays_ready():
     spec = make_spec()
     failed = record(spec, Verdict.FAILED, Reason.KERNEL_MISMATCH)
     v = Verification(VerificationState.FAILED, "j", record=failed)
     active = deployment("r0")
-    c = derive_conditions(
-        Stamp(T0, 3),
-        MODEL,
-        spec,
-        Observed((active,)),
-        v,
-        Active("r0", active, None, False, None),
-        Move("r0", active),
-        retire_old_revisions(spec, Observed((active,)), Move("r0", active), T0),
+    c = conditions_of(
+        spec, Observed((active,)), v, Active("r0", active, None, False, None), Move("r0", active)
     )
     assert (c.ready.status, c.ready.reason) == (ConditionStatus.TRUE, Why.AVAILABLE)
     assert (c.verified.status, c.verified.reason) == (ConditionStatus.FALSE, Reason.KERNEL_MISMATCH)
@@ -301,17 +282,8 @@ def test_a_stuck_candidate_pod_reaches_progressing_and_degraded():
         name="c", component=labels.COMPONENT_SERVING, revision="r1", unschedulable_message="0/1 nodes"
     )
     v = Verification(VerificationState.PASSED, "j", record=record(spec))
-    move = Move("r0", None, "r1", Stage(Why.CANDIDATE_STARTING, "starting revision r1"))
-    c = derive_conditions(
-        Stamp(T0, 3),
-        MODEL,
-        spec,
-        Observed(pods=(pod,)),
-        v,
-        Active("r0", None, None, False, None),
-        move,
-        retire_old_revisions(spec, Observed(), move, T0),
-    )
+    move = Move("r0", None, "r1", Progress(Why.CANDIDATE_STARTING, "starting revision r1"))
+    c = conditions_of(spec, Observed(pods=(pod,)), v, Active("r0", None, None, False, None), move)
     assert c.progressing.message == "starting revision r1: pod c cannot be scheduled: 0/1 nodes"
     assert (c.degraded.reason, c.degraded.message) == (
         Why.UNSCHEDULABLE,
@@ -328,16 +300,7 @@ def test_status_puts_the_new_verdict_first_and_keeps_a_bounded_history():
     v = Verification(VerificationState.PASSED, "new", record=new, new_record=new)
     move = Move("", None)
     active = Active("", None, None, False, None)
-    c = derive_conditions(
-        Stamp(T0, 3),
-        MODEL,
-        spec,
-        Observed(),
-        v,
-        active,
-        move,
-        retire_old_revisions(spec, Observed(), move, T0),
-    )
+    c = conditions_of(spec, Observed(), v, active, move)
     s = build_status(
         MODEL,
         spec,
