@@ -115,6 +115,8 @@ def plan_rollout(
     status: ClefModelStatus,
     now: datetime,
 ) -> Plan:
+    """The phases in order; the actions are theirs, in the same order (status goes first: the
+    handlers write it before applying any action)."""
     owner = Owner(model.name, model.namespace, model.uid)
     key = verification_key(spec)
     verdicts = collect_verdicts(key, model.reverify_token, status, observed.deployments)
