@@ -22,18 +22,11 @@ from kubernetes import client, config
 from pydantic import ValidationError
 
 from clef_operator import labels
-from clef_operator.api import (
-    GROUP,
-    PLURAL,
-    VERSION,
-    ClefModelSpec,
-    ClefModelStatus,
-    Condition,
-    ConditionStatus,
-)
+from clef_operator.api import GROUP, PLURAL, VERSION, ClefModelSpec, ClefModelStatus
+from clef_operator.conditions import Stamp, invalid_spec
 from clef_operator.kube import Kube
 from clef_operator.observed import ModelRef
-from clef_operator.rollout import DEGRADED, plan_rollout
+from clef_operator.rollout import plan_rollout
 
 log = logging.getLogger("clef.operator")
 
@@ -73,20 +66,8 @@ def reconcile(kube: Kube, namespace: str, name: str, now: datetime | None = None
     try:
         spec = ClefModelSpec.model_validate(obj.get("spec") or {})
     except ValidationError as e:
-        # The CRD's schema rejects such specs; only an outdated CRD lets one through.
-        problem = "; ".join(
-            f"spec.{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()[:3]
-        )
-        degraded = Condition(
-            type=DEGRADED,
-            status=ConditionStatus.TRUE,
-            reason="InvalidSpec",
-            message=f"{problem}. Is crds/clefmodel.yaml up to date in this cluster?",
-            last_transition_time=now.isoformat(),
-            observed_generation=model.generation,
-        )
-        others = [c for c in status.conditions if c.type != DEGRADED]
-        kube.write_status(model, status.model_copy(update={"conditions": [*others, degraded]}))
+        conditions = invalid_spec(status.conditions, e, Stamp(now, model.generation))
+        kube.write_status(model, status.model_copy(update={"conditions": conditions}))
         return None
     observed = kube.observe(model, spec.service.name)
     plan = plan_rollout(model, spec, observed, status, now)

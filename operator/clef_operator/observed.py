@@ -11,6 +11,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from clef_operator import labels
+from clef_operator.conditions import Why
+
+# Waiting reasons of a container (the kubelet's words) that mean it will not start by itself.
+IMAGE_PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"})
+CONFIG_REASONS = frozenset({"CreateContainerConfigError", "CreateContainerError", "RunContainerError"})
 
 
 @dataclass(frozen=True)
@@ -95,6 +100,39 @@ class PodState:
     node_gpu_product: str = ""
     node_gpu_memory_mib: int | None = None
     created_at: datetime | None = None
+
+    def problem(self) -> PodProblem | None:
+        """What keeps this pod from running, in its own words (the scheduler's message, the
+        container's last output); None when nothing is known to be wrong."""
+        if self.unschedulable_message:
+            return PodProblem(
+                Why.UNSCHEDULABLE, f"pod {self.name} cannot be scheduled: {self.unschedulable_message}"
+            )
+        if self.waiting_reason == "CrashLoopBackOff":
+            said = (
+                self.last_termination_message.strip() or self.last_terminated_reason or self.waiting_message
+            )
+            return PodProblem(
+                Why.CRASH_LOOP,
+                f"pod {self.name} is crash-looping ({self.restart_count} restarts); last words: {said}",
+            )
+        if self.waiting_reason in IMAGE_PULL_REASONS:
+            return PodProblem(
+                Why.IMAGE_PULL, f"pod {self.name}: {self.waiting_reason}: {self.waiting_message}"
+            )
+        if self.waiting_reason in CONFIG_REASONS:
+            return PodProblem(
+                Why.CONTAINER_ERROR, f"pod {self.name}: {self.waiting_reason}: {self.waiting_message}"
+            )
+        return None
+
+
+@dataclass(frozen=True)
+class PodProblem:
+    """Why a pod is stuck: a reason of `conditions.Why` and a message that names the pod."""
+
+    reason: str
+    message: str
 
 
 @dataclass(frozen=True)

@@ -13,38 +13,18 @@ from datetime import datetime
 
 from clef_contract.report import CompactReport, FailingEntry, ReportInvalid, ReportMissing, parse_report
 from clef_operator.api import ClefModelSpec, FailingCheck, Verdict, VerificationRecord
-from clef_operator.observed import JobState, PodState
+from clef_operator.conditions import Reason, Why
+from clef_operator.observed import JobState, PodProblem, PodState
 from clef_operator.render import verification_image, verify_argv
 from clef_operator.revision import pinned_reference
 
-
-class Reason:
-    """Verified/Degraded reasons (CamelCase), also listed in docs/api.md."""
-
-    VERIFIED = "Verified"
-    RUNNING = "VerificationRunning"
-    PENDING = "VerificationPending"
-    NOT_REQUIRED = "VerificationNotRequired"
-    KERNEL_MISMATCH = "KernelMismatch"
-    IMAGE_PULL_FAILED = "ImagePullFailed"
-    TIMEOUT = "VerificationTimeout"
-    REPORT_MISSING = "ReportMissing"
-    REPORT_INVALID = "ReportInvalid"
-    CRASHED = "VerificationCrashed"
-    ERROR = "VerificationError"
-    DIGEST_UNKNOWN = "ImageDigestUnknown"
-    UNSCHEDULABLE = "Unschedulable"
-    CONTAINER_CONFIG = "VerificationConfigError"
-
-
-IMAGE_PULL_REASONS = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
-CONFIG_REASONS = {"CreateContainerConfigError", "CreateContainerError", "RunContainerError"}
 MAX_FAILING = 5
 
 
 @dataclass(frozen=True)
 class Progress:
-    """A verification that has not concluded: why, and what the on-call engineer should know."""
+    """Something not concluded yet (a verification, a candidate's rollout): the reason for its
+    condition, and what the on-call engineer should know."""
 
     reason: str
     message: str
@@ -68,53 +48,52 @@ def _pick_pod(pods: list[PodState]) -> PodState | None:
     return max(pool, key=lambda p: (p.created_at or datetime.min, p.name))
 
 
-def _record(
-    spec: ClefModelSpec,
-    job: JobState,
-    pod: PodState | None,
-    now: datetime,
-    verdict: Verdict,
-    reason: str,
-    summary: str,
-    report: CompactReport | None = None,
-    digest: str | None = None,
-) -> VerificationRecord:
-    failing = []
-    if report is not None:
-        failing = [
-            FailingCheck(name=f.name, op=f.op, detail=f.detail[:1024])
-            for f in _most_telling(report)[:MAX_FAILING]
-        ]
-    return VerificationRecord(
-        key=job.key,
-        image=spec.image,
-        digest=digest,
-        gpu_class=(pod.node_gpu_product or None) if pod else None,
-        gpu_memory_mib=pod.node_gpu_memory_mib if pod else None,
-        dtype=spec.dtype,
-        suite=spec.verification.suite,
-        verdict=verdict,
-        reason=reason,
-        summary=summary[:1024],
-        failing=failing,
-        device=(report.device or None) if report else None,
-        runtime_version=(report.runtime_version or None) if report else None,
-        job=job.name,
-        finished_at=now.isoformat(),
-    )
+@dataclass(frozen=True)
+class _Case:
+    """One Job being judged: what every verdict on it records."""
 
+    spec: ClefModelSpec
+    job: JobState
+    pod: PodState | None
+    now: datetime
 
-def _fail(
-    spec: ClefModelSpec,
-    job: JobState,
-    pod: PodState | None,
-    now: datetime,
-    reason: str,
-    summary: str,
-    report: CompactReport | None = None,
-    stop_job: bool = False,
-) -> Outcome:
-    return Outcome(_record(spec, job, pod, now, Verdict.FAILED, reason, summary, report), stop_job=stop_job)
+    def record(
+        self,
+        verdict: Verdict,
+        reason: str,
+        summary: str,
+        report: CompactReport | None = None,
+        digest: str | None = None,
+    ) -> VerificationRecord:
+        pod = self.pod
+        failing = []
+        if report is not None:
+            failing = [
+                FailingCheck(name=f.name, op=f.op, detail=f.detail[:1024])
+                for f in _most_telling(report)[:MAX_FAILING]
+            ]
+        return VerificationRecord(
+            key=self.job.key,
+            image=self.spec.image,
+            digest=digest,
+            gpu_class=(pod.node_gpu_product or None) if pod else None,
+            gpu_memory_mib=pod.node_gpu_memory_mib if pod else None,
+            dtype=self.spec.dtype,
+            suite=self.spec.verification.suite,
+            verdict=verdict,
+            reason=reason,
+            summary=summary[:1024],
+            failing=failing,
+            device=(report.device or None) if report else None,
+            runtime_version=(report.runtime_version or None) if report else None,
+            job=self.job.name,
+            finished_at=self.now.isoformat(),
+        )
+
+    def fail(
+        self, reason: str, summary: str, report: CompactReport | None = None, stop_job: bool = False
+    ) -> Outcome:
+        return Outcome(self.record(Verdict.FAILED, reason, summary, report), stop_job=stop_job)
 
 
 def _most_telling(report: CompactReport) -> list[FailingEntry]:
@@ -130,8 +109,11 @@ def _report_failure(report: CompactReport) -> tuple[str, str]:
     return Reason.ERROR, f"verify could not run: {report.error}"
 
 
-def _pull_message(pod: PodState) -> str:
-    return f"{pod.waiting_reason}: {pod.waiting_message}".rstrip(": ")
+def _pull_summary(spec: ClefModelSpec, pod: PodState) -> str:
+    return (
+        f"cannot pull {verification_image(spec)}: "
+        + f"{pod.waiting_reason}: {pod.waiting_message}".rstrip(": ")
+    )
 
 
 def _crash_summary(pod: PodState, problem: str) -> str:
@@ -141,152 +123,118 @@ def _crash_summary(pod: PodState, problem: str) -> str:
     return f"verification container ended ({', '.join(parts)}) without a valid report: {problem}"
 
 
+def _is(problem: PodProblem | None, reason: str) -> bool:
+    return problem is not None and problem.reason == reason
+
+
 def judge(spec: ClefModelSpec, job: JobState, pods: list[PodState], now: datetime) -> Progress | Outcome:
     """The state of one verification Job, fail-closed."""
     pod = _pick_pod(pods)
-
-    if pod is not None and not job.finished and pod.waiting_reason in IMAGE_PULL_REASONS:
-        return _fail(
-            spec,
-            job,
-            pod,
-            now,
-            Reason.IMAGE_PULL_FAILED,
-            f"cannot pull {verification_image(spec)}: {_pull_message(pod)}",
-            stop_job=True,
-        )
-
+    problem = pod.problem() if pod is not None else None
+    case = _Case(spec, job, pod, now)
+    if pod is not None and not job.finished and _is(problem, Why.IMAGE_PULL):
+        # Decided already: the Job is stopped so it does not hold its GPU until the deadline.
+        return case.fail(Reason.IMAGE_PULL_FAILED, _pull_summary(spec, pod), stop_job=True)
     if job.failed:
-        if job.failed_reason == "DeadlineExceeded":
-            where = ""
-            if pod is None or not pod.terminated:
-                if pod is not None and pod.unschedulable_message:
-                    where = f"; the pod was never scheduled: {pod.unschedulable_message}"
-                elif pod is not None and pod.waiting_reason in IMAGE_PULL_REASONS:
-                    return _fail(
-                        spec,
-                        job,
-                        pod,
-                        now,
-                        Reason.IMAGE_PULL_FAILED,
-                        f"cannot pull {verification_image(spec)}: {_pull_message(pod)}",
-                    )
-            return _fail(
-                spec,
-                job,
-                pod,
-                now,
-                Reason.TIMEOUT,
-                f"verification did not finish within spec.verification.timeoutSeconds"
-                f" ({spec.verification.timeout_seconds}s){where}",
-            )
-        if pod is None:
-            return _fail(
-                spec,
-                job,
-                None,
-                now,
-                Reason.CRASHED,
-                f"Job failed ({job.failed_reason}: {job.failed_message}) and its pod is gone",
-            )
-        if pod.reason == "Evicted" or (pod.phase == "Failed" and not pod.terminated):
-            return _fail(
-                spec,
-                job,
-                pod,
-                now,
-                Reason.CRASHED,
-                f"verification pod {pod.phase.lower()}: {pod.reason} {pod.message}".strip(),
-            )
-        try:
-            report = parse_report(pod.termination_message)
-        except ReportMissing as exc:
-            return _fail(spec, job, pod, now, Reason.CRASHED, _crash_summary(pod, str(exc)))
-        except ReportInvalid as exc:
-            return _fail(spec, job, pod, now, Reason.REPORT_INVALID, _crash_summary(pod, str(exc)))
-        if report.verdict == "pass":
-            return _fail(
-                spec,
-                job,
-                pod,
-                now,
-                Reason.CRASHED,
-                _crash_summary(pod, "the report says pass but the Job failed"),
-                report,
-            )
-        reason, summary = _report_failure(report)
-        return _fail(spec, job, pod, now, reason, summary, report)
-
+        return _judge_failed(case, problem)
     if job.complete:
-        if pod is None or not pod.terminated:
-            return _fail(
-                spec,
-                job,
-                pod,
-                now,
-                Reason.REPORT_MISSING,
-                "the Job completed but its verification pod (and its report) is gone",
-            )
-        try:
-            report = parse_report(pod.termination_message)
-        except ReportMissing as exc:
-            return _fail(spec, job, pod, now, Reason.REPORT_MISSING, str(exc))
-        except ReportInvalid as exc:
-            return _fail(spec, job, pod, now, Reason.REPORT_INVALID, str(exc))
-        if report.verdict != "pass":
-            reason, summary = _report_failure(report)
-            return _fail(spec, job, pod, now, reason, summary, report)
-        asked = (spec.verification.suite.value, spec.dtype.value)
-        if (report.suite, report.dtype) != asked:
-            return _fail(
-                spec,
-                job,
-                pod,
-                now,
-                Reason.REPORT_INVALID,
-                f"the report is for suite {report.suite} dtype {report.dtype}, the Job asked for suite"
-                f" {asked[0]} dtype {asked[1]}",
-                report,
-            )
-        if pod.exit_code != 0:
-            return _fail(
-                spec,
-                job,
-                pod,
-                now,
-                Reason.CRASHED,
-                _crash_summary(pod, "the report says pass but the exit code is not 0"),
-                report,
-            )
-        digest = pinned_reference(verification_image(spec), pod.image_id)
-        if digest is None:
-            return _fail(
-                spec,
-                job,
-                pod,
-                now,
-                Reason.DIGEST_UNKNOWN,
-                f"verification passed but the pod reported no image digest (imageID {pod.image_id!r}),"
-                " so there is nothing to pin serving to",
-                report,
-            )
-        return Outcome(
-            _record(spec, job, pod, now, Verdict.PASSED, Reason.VERIFIED, report.summary, report, digest)
-        )
+        return _judge_complete(case)
+    return _progress(spec, job, pod, problem)
 
-    # Still running.
+
+def _judge_failed(case: _Case, problem: PodProblem | None) -> Outcome:
+    """A failed Job never verifies; the reason says how it failed."""
+    spec, job, pod = case.spec, case.job, case.pod
+    if job.failed_reason == "DeadlineExceeded":
+        where = ""
+        if pod is not None and not pod.terminated:
+            if _is(problem, Why.UNSCHEDULABLE):
+                where = f"; the pod was never scheduled: {pod.unschedulable_message}"
+            elif _is(problem, Why.IMAGE_PULL):
+                return case.fail(Reason.IMAGE_PULL_FAILED, _pull_summary(spec, pod))
+        return case.fail(
+            Reason.TIMEOUT,
+            f"verification did not finish within spec.verification.timeoutSeconds"
+            f" ({spec.verification.timeout_seconds}s){where}",
+        )
+    if pod is None:
+        return case.fail(
+            Reason.CRASHED,
+            f"Job failed ({job.failed_reason}: {job.failed_message}) and its pod is gone",
+        )
+    if pod.reason == "Evicted" or (pod.phase == "Failed" and not pod.terminated):
+        return case.fail(
+            Reason.CRASHED,
+            f"verification pod {pod.phase.lower()}: {pod.reason} {pod.message}".strip(),
+        )
+    try:
+        report = parse_report(pod.termination_message)
+    except ReportMissing as exc:
+        return case.fail(Reason.CRASHED, _crash_summary(pod, str(exc)))
+    except ReportInvalid as exc:
+        return case.fail(Reason.REPORT_INVALID, _crash_summary(pod, str(exc)))
+    if report.verdict == "pass":
+        return case.fail(
+            Reason.CRASHED,
+            _crash_summary(pod, "the report says pass but the Job failed"),
+            report,
+        )
+    reason, summary = _report_failure(report)
+    return case.fail(reason, summary, report)
+
+
+def _judge_complete(case: _Case) -> Outcome:
+    """The one path to a pass: exit 0, a valid passing report for what was asked, a digest."""
+    spec, pod = case.spec, case.pod
+    if pod is None or not pod.terminated:
+        return case.fail(
+            Reason.REPORT_MISSING,
+            "the Job completed but its verification pod (and its report) is gone",
+        )
+    try:
+        report = parse_report(pod.termination_message)
+    except ReportMissing as exc:
+        return case.fail(Reason.REPORT_MISSING, str(exc))
+    except ReportInvalid as exc:
+        return case.fail(Reason.REPORT_INVALID, str(exc))
+    if report.verdict != "pass":
+        reason, summary = _report_failure(report)
+        return case.fail(reason, summary, report)
+    asked = (spec.verification.suite.value, spec.dtype.value)
+    if (report.suite, report.dtype) != asked:
+        return case.fail(
+            Reason.REPORT_INVALID,
+            f"the report is for suite {report.suite} dtype {report.dtype}, the Job asked for suite"
+            f" {asked[0]} dtype {asked[1]}",
+            report,
+        )
+    if pod.exit_code != 0:
+        return case.fail(
+            Reason.CRASHED,
+            _crash_summary(pod, "the report says pass but the exit code is not 0"),
+            report,
+        )
+    digest = pinned_reference(verification_image(spec), pod.image_id)
+    if digest is None:
+        return case.fail(
+            Reason.DIGEST_UNKNOWN,
+            f"verification passed but the pod reported no image digest (imageID {pod.image_id!r}),"
+            " so there is nothing to pin serving to",
+            report,
+        )
+    return Outcome(case.record(Verdict.PASSED, Reason.VERIFIED, report.summary, report, digest))
+
+
+def _progress(
+    spec: ClefModelSpec, job: JobState, pod: PodState | None, problem: PodProblem | None
+) -> Progress:
+    """A Job still running: where it stands, and what holds it up."""
     if pod is None:
         return Progress(Reason.PENDING, f"Job {job.name} created; waiting for its pod")
-    if pod.unschedulable_message:
-        return Progress(
-            Reason.UNSCHEDULABLE,
-            f"verification pod {pod.name} cannot be scheduled: {pod.unschedulable_message}",
-        )
-    if pod.waiting_reason in CONFIG_REASONS:
-        return Progress(
-            Reason.CONTAINER_CONFIG,
-            f"verification pod {pod.name}: {pod.waiting_reason}: {pod.waiting_message}",
-        )
+    if problem is not None and problem.reason == Why.UNSCHEDULABLE:
+        return Progress(Reason.UNSCHEDULABLE, f"verification {problem.message}")
+    if problem is not None and problem.reason == Why.CONTAINER_ERROR:
+        return Progress(Reason.CONTAINER_CONFIG, f"verification {problem.message}")
     if pod.phase == "Running" or pod.terminated:
         return Progress(
             Reason.RUNNING,

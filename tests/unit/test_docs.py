@@ -7,8 +7,7 @@ import typing
 from pathlib import Path
 
 from clef_operator import api
-from clef_operator.rollout import CONDITION_TYPES, Why
-from clef_operator.verification import Reason
+from clef_operator.conditions import CONDITION_TYPES, Reason, Why
 
 API_MD = Path(__file__).resolve().parents[2] / "docs" / "api.md"
 

@@ -9,8 +9,7 @@ from pathlib import Path
 import yaml
 from tests.cluster.shipping import rule_permissions
 
-from clef_operator.rollout import CONDITION_TYPES, Why
-from clef_operator.verification import Reason
+from clef_operator.conditions import CONDITION_TYPES, Reason, Why
 
 REPO = Path(__file__).resolve().parents[2]
 OPERATIONS = REPO / "docs" / "operations.md"

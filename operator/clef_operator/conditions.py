@@ -1,0 +1,111 @@
+"""The ClefModel's conditions: their types, every reason clef sets on them, and how they are built.
+
+docs/api.md and docs/operations.md explain each type and reason here (tests/unit/test_docs.py and
+test_operations_doc.py fail when one is missing).  Which condition says what is decided by the
+planner (`rollout.derive_conditions`); this module only names and builds them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from pydantic import ValidationError
+
+from clef_operator.api import Condition, ConditionStatus
+
+READY = "Ready"
+VERIFIED = "Verified"
+PROGRESSING = "Progressing"
+DEGRADED = "Degraded"
+CONDITION_TYPES = (READY, VERIFIED, PROGRESSING, DEGRADED)
+
+MAX_MESSAGE = 4096
+
+
+class Reason:
+    """Reasons of Verified (and of Degraded when verification failed or is stuck).  A record in
+    `status.verifications` carries one of these too."""
+
+    VERIFIED = "Verified"
+    RUNNING = "VerificationRunning"
+    PENDING = "VerificationPending"
+    NOT_REQUIRED = "VerificationNotRequired"
+    KERNEL_MISMATCH = "KernelMismatch"
+    IMAGE_PULL_FAILED = "ImagePullFailed"
+    TIMEOUT = "VerificationTimeout"
+    REPORT_MISSING = "ReportMissing"
+    REPORT_INVALID = "ReportInvalid"
+    CRASHED = "VerificationCrashed"
+    ERROR = "VerificationError"
+    DIGEST_UNKNOWN = "ImageDigestUnknown"
+    UNSCHEDULABLE = "Unschedulable"
+    CONTAINER_CONFIG = "VerificationConfigError"
+
+
+class Why:
+    """Reasons of Ready, Progressing and Degraded."""
+
+    AVAILABLE = "Available"
+    PARKED = "Parked"
+    NO_ACTIVE = "NoActiveRevision"
+    UNAVAILABLE = "RevisionUnavailable"
+    CANDIDATE_STARTING = "CandidateStarting"
+    STOPPING_OLD = "StoppingOldRevision"
+    SCALE_DOWN_PENDING = "ScaleDownPending"
+    COMPLETE = "RolloutComplete"
+    HALTED = "VerificationFailed"
+    SERVICE_CONFLICT = "ServiceConflict"
+    # What is wrong with a pod (`observed.PodState.problem`).
+    CRASH_LOOP = "CrashLoopBackOff"
+    UNSCHEDULABLE = "Unschedulable"
+    IMAGE_PULL = "ImagePullFailed"
+    CONTAINER_ERROR = "ContainerError"
+    AS_EXPECTED = "AsExpected"
+    # Set by the handlers, not the planner: the stored spec does not validate.
+    INVALID_SPEC = "InvalidSpec"
+
+
+@dataclass(frozen=True)
+class Stamp:
+    """Builds the conditions of one reconcile: all stamped `now`, for the spec of `generation`."""
+
+    now: datetime
+    generation: int
+
+    def condition(self, type_: str, status: ConditionStatus, reason: str, message: str) -> Condition:
+        return Condition(
+            type=type_,
+            status=status,
+            reason=reason,
+            message=message[:MAX_MESSAGE],
+            last_transition_time=self.now.isoformat(),
+            observed_generation=self.generation,
+        )
+
+
+def merge_conditions(old: list[Condition], new: list[Condition]) -> list[Condition]:
+    """`new`, keeping each condition's lastTransitionTime when its status did not change."""
+    before = {c.type: c for c in old}
+    out = []
+    for c in new:
+        prev = before.get(c.type)
+        if prev is not None and prev.status == c.status:
+            c = c.model_copy(update={"last_transition_time": prev.last_transition_time})
+        out.append(c)
+    return out
+
+
+def invalid_spec(old: list[Condition], error: ValidationError, at: Stamp) -> list[Condition]:
+    """`old` with Degraded=True/InvalidSpec naming the first offending fields.  The CRD's schema
+    rejects such specs; only an outdated CRD lets one through, so the message says where to look."""
+    problem = "; ".join(
+        f"spec.{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in error.errors()[:3]
+    )
+    degraded = at.condition(
+        DEGRADED,
+        ConditionStatus.TRUE,
+        Why.INVALID_SPEC,
+        f"{problem}. Is crds/clefmodel.yaml up to date in this cluster?",
+    )
+    return [*(c for c in old if c.type != DEGRADED), degraded]
