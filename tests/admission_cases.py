@@ -96,6 +96,7 @@ BAD: list[tuple[str, Mutation, str]] = [
     ("image tag too long", spec(image="registry.clef.test/clef:" + "t" * 129), "spec.image"),
     ("image tag starting with '-'", spec(image="registry.clef.test/clef:-1"), "spec.image"),
     ("image path ending in a separator", spec(image="registry.clef.test/clef-:1.0"), "spec.image"),
+    ("image name over 255 characters", spec(image="registry.clef.test/" + "a" * 240 + ":1.0"), "spec.image"),
     (
         "verification image with two colons",
         nested("spec.verification.image", "registry.clef.test:5000:1.0"),
@@ -107,6 +108,10 @@ BAD: list[tuple[str, Mutation, str]] = [
     ("model path on /tmp", nested("spec.model.path", "/tmp"), "spec.model.path"),
     ("model path on /dev/shm", nested("spec.model.path", "/dev/shm/"), "spec.model.path"),
     ("model path /", nested("spec.model.path", "/"), "spec.model.path"),
+    ("model path /tmp/.", nested("spec.model.path", "/tmp/."), "spec.model.path"),
+    ("model path under /proc", nested("spec.model.path", "/proc/models"), "spec.model.path"),
+    ("model path /dev", nested("spec.model.path", "/dev"), "spec.model.path"),
+    ("model path with a NUL", nested("spec.model.path", "/models/clef\0"), "spec.model.path"),
     (
         "two volume sources",
         nested("spec.model.volume", {"pvc": {"claimName": "weights"}, "hostPath": {"path": "/srv"}}),
@@ -205,6 +210,13 @@ BAD: list[tuple[str, Mutation, str]] = [
     # Argument lists.
     ("too many args", spec(args=["--x"] * 65), "spec.args"),
     ("oversized arg", spec(args=["x" * 1025]), "spec.args[0]"),
+    ("arg with a NUL", spec(args=["--x\0y"]), "spec.args[0]"),
+    (
+        "verification command with a NUL",
+        nested("spec.verification.command", ["verify\0"]),
+        "spec.verification.command[0]",
+    ),
+    ("env value with a NUL", spec(env=[{"name": "A", "value": "a\0"}]), "spec.env[0].value"),
     (
         "too many verification command words",
         nested("spec.verification.command", ["x"] * 17),

@@ -1,9 +1,12 @@
 """The ClefModel API (`clef.riotpiao.com/v1alpha1`): pydantic models of spec and status.
 
 These models are the single source of truth for the CRD: `crdgen` turns them (and the CEL rules
-attached to their fields) into `crds/clefmodel.yaml`.  The API server enforces the schema, so the
-operator can trust a stored spec; `ClefModelSpec.model_validate` is still used on what it reads,
-which also fills in the same defaults the API server applied.
+attached to their fields) into `crds/clefmodel.yaml`.  Every rule is a `checks.Check`, kept next
+to the field it checks and enforced twice: by the API server at admission and by
+`ClefModelSpec.model_validate`, which the operator applies to every spec it reads (and which also
+fills in the same defaults the API server applied).  The rules refuse whatever Kubernetes would
+refuse in a child object (labels, tolerations, quantities, image references, paths), so a stored
+ClefModel never gets stuck on a Deployment or Job the API server rejects.
 
 Every status field the operator writes is declared here: the API server prunes undeclared fields
 silently, and a pruned status field is a bug that no test of the planner would catch.
@@ -11,25 +14,14 @@ silently, and a pruned status field is a bug that no test of the planner would c
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Any, ClassVar, Literal, Self
 
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    ConfigDict,
-    Field,
-    GetCoreSchemaHandler,
-    GetJsonSchemaHandler,
-    model_validator,
-)
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
-from pydantic.json_schema import JsonSchemaValue
-from pydantic_core import CoreSchema, core_schema
 
 from clef_operator import syntax
+from clef_operator.checks import Check, add_checks, for_each_entry, in_range, matching
 
 GROUP = "clef.riotpiao.com"
 VERSION = "v1alpha1"
@@ -46,79 +38,6 @@ REPORT_SCHEMA_VERSION = "clef.riotpiao.com/verify-report/v1"
 # `job-name` label, whose value is at most 63 characters.
 MAX_MODEL_NAME = 38
 
-# The patterns live in `syntax`; these names are kept for the modules that import them from here.
-DNS1035_LABEL = syntax.DNS1035_LABEL
-DNS1123_SUBDOMAIN = syntax.DNS1123_SUBDOMAIN
-IMAGE_REFERENCE = syntax.IMAGE_REFERENCE
-ENV_NAME = syntax.ENV_NAME
-
-
-def cel(rule: str, message: str, *, field_path: str = "") -> dict[str, str]:
-    """One `x-kubernetes-validations` entry.  Messages name the field and say how to fix it."""
-    # Static messages: messageExpression with string() of a number is costed as unbounded by the
-    # API server's CEL estimator and would make the whole CRD exceed its budget.
-    entry = {"rule": rule, "message": message}
-    if field_path:
-        entry["fieldPath"] = field_path
-    return entry
-
-
-@dataclass(frozen=True)
-class Check:
-    """One admission rule, enforced twice: as CEL by the API server, in Python by the operator.
-
-    `holds` is the rule in Python, over the wire form (camelCase dicts, absent fields absent), so
-    the operator's parse of a spec refuses what the API server refuses.  Put a Check in a field's
-    `Annotated[...]` (the field's value) or in a model's `checks` (the model's wire dict).
-    """
-
-    rule: str
-    message: str
-    holds: Callable[[Any], bool]
-    field_path: str = ""
-
-    def entry(self) -> dict[str, str]:
-        return cel(self.rule, self.message, field_path=self.field_path)
-
-    def enforce(self, value: Any) -> Any:
-        if not self.holds(value):
-            raise ValueError(self.message)
-        return value
-
-    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
-        return core_schema.no_info_after_validator_function(self.enforce, handler(source))
-
-    def __get_pydantic_json_schema__(
-        self, schema: CoreSchema, handler: GetJsonSchemaHandler
-    ) -> JsonSchemaValue:
-        out = handler(schema)
-        out.setdefault("x-kubernetes-validations", []).append(self.entry())
-        return out
-
-
-def in_range(path: str, low: float, high: float) -> Check:
-    return Check(
-        f"self >= {low} && self <= {high}",
-        f"{path}: must be between {low} and {high}",
-        lambda v: low <= v <= high,
-    )
-
-
-def matching(pattern: str, message: str) -> Check:
-    """The string matches `pattern` (a regex both RE2 and Python read alike)."""
-    return Check(f"self.matches(r'{pattern}')", message, lambda v: syntax.matches(pattern, v))
-
-
-def for_each_entry(rule: str, message: str, holds: Callable[[str, str], bool]) -> Check:
-    """`rule` (CEL over a key `k` and its value `self[k]`) holds for every entry of a map."""
-    return Check(f"self.all(k, {rule})", message, lambda m: all(holds(k, v) for k, v in m.items()))
-
-
-def _add_checks(schema: dict[str, Any], cls: type) -> None:
-    checks = getattr(cls, "checks", ())
-    if checks:
-        schema.setdefault("x-kubernetes-validations", []).extend(c.entry() for c in checks)
-
 
 def wire_name(field: str) -> str:
     """snake_case -> camelCase, keeping the unit MiB spelt as Kubernetes spells it."""
@@ -133,7 +52,7 @@ class ApiModel(BaseModel):
     """
 
     model_config = ConfigDict(
-        alias_generator=wire_name, populate_by_name=True, extra="forbid", json_schema_extra=_add_checks
+        alias_generator=wire_name, populate_by_name=True, extra="forbid", json_schema_extra=add_checks
     )
     checks: ClassVar[tuple[Check, ...]] = ()
 
@@ -181,13 +100,38 @@ def _no_backstep(path: str) -> bool:
     return not syntax.matches(syntax.BACKSTEP, path)
 
 
+def no_nul(path: str) -> Check:
+    """A NUL byte is valid JSON and stored as is, but no container can be started with it (argv,
+    environment and mount paths are C strings): the pod would fail at every start."""
+    return Check(
+        f"!self.contains('{syntax.NUL_ESCAPE}')",
+        f"{path}: must not contain a NUL character",
+        lambda v: "\0" not in v,
+    )
+
+
+def image_reference(path: str, example: str) -> tuple[Check, Check]:
+    return (
+        matching(
+            syntax.IMAGE_REFERENCE,
+            f"{path}: must be an image reference [host[:port]/]path[:tag][@sha256:<digest>] such as {example}"
+            " (no scheme, no spaces, lower-case path)",
+        ),
+        Check(
+            syntax.IMAGE_NAME_LENGTH_RULE,
+            f"{path}: the name before the tag or digest is at most {syntax.MAX_IMAGE_NAME} characters",
+            syntax.image_name_fits,
+        ),
+    )
+
+
 class PvcSource(ApiModel):
     """A PersistentVolumeClaim in the model's namespace that holds the weights."""
 
     claim_name: Annotated[
         str,
         matching(
-            DNS1123_SUBDOMAIN,
+            syntax.DNS1123_SUBDOMAIN,
             "spec.model.volume.pvc.claimName: must be the name of a PersistentVolumeClaim (a DNS subdomain)",
         ),
     ] = Field(max_length=253)
@@ -203,6 +147,7 @@ class HostPathSource(ApiModel):
             "spec.model.volume.hostPath.path: must be an absolute path without '..' elements",
             lambda v: v.startswith("/") and _no_backstep(v),
         ),
+        no_nul("spec.model.volume.hostPath.path"),
     ] = Field(max_length=1024)
 
 
@@ -226,6 +171,7 @@ class ModelVolume(ApiModel):
                 "spec.model.volume.subPath: must be a relative path without '..' elements",
                 lambda v: not v.startswith("/") and _no_backstep(v),
             ),
+            no_nul("spec.model.volume.subPath"),
         ]
         | None
     ) = Field(
@@ -285,10 +231,12 @@ class Architecture(ApiModel):
         return self.num_layers // self.full_attention_interval
 
 
-# Paths the operator mounts in the same containers (the verification Job's /tmp, the serving
-# pods' /dev/shm): a second mount there is refused by Kubernetes ("must be unique"); `/` would
-# hide the image.
-_TAKEN_MOUNT = r"^/*(tmp|dev/+shm)?/*$"
+# Where the weights cannot be mounted: the operator mounts its own volumes at /tmp (verification)
+# and /dev/shm (serving), and Kubernetes refuses a second mount at one path; container runtimes
+# refuse mounts over /proc and /sys, one over /dev would hide the devices; `/` would hide the image.
+_TAKEN_MOUNT = r"^/*(tmp/*|(dev|proc|sys)(/.*)?)?$"
+# A '.' or '..' element: /tmp/. is /tmp.
+_DOT_ELEMENT = r"(^|/)\.\.?(/|$)"
 
 
 class ModelSource(ApiModel):
@@ -302,16 +250,17 @@ class ModelSource(ApiModel):
     path: Annotated[
         str,
         Check(
-            f"self.startsWith('/') && !self.matches(r'{syntax.BACKSTEP}')",
-            "spec.model.path: must be an absolute path without '..' elements, such as /models/clef-flash",
-            lambda v: v.startswith("/") and _no_backstep(v),
+            f"self.startsWith('/') && !self.matches(r'{_DOT_ELEMENT}')",
+            "spec.model.path: must be an absolute path without '.' or '..' elements, such as /models/clef-flash",
+            lambda v: v.startswith("/") and not syntax.matches(_DOT_ELEMENT, v),
         ),
         Check(
             f"!self.matches(r'{_TAKEN_MOUNT}')",
-            "spec.model.path: / , /tmp and /dev/shm are taken (the operator mounts its own volumes there);"
-            " use e.g. /models/clef-flash",
+            "spec.model.path: not /, /tmp, or /dev, /proc, /sys or below (the operator and the container"
+            " runtime mount there); use e.g. /models/clef-flash",
             lambda v: not syntax.matches(_TAKEN_MOUNT, v),
         ),
+        no_nul("spec.model.path"),
     ] = Field(
         max_length=1024,
         description="Where the weights are inside the container (the volume is mounted here).",
@@ -455,7 +404,7 @@ class Resources(ApiModel):
 class EnvVar(ApiModel):
     name: Annotated[
         str,
-        matching(ENV_NAME, "spec.env[].name: must be a C identifier such as RUST_LOG"),
+        matching(syntax.ENV_NAME, "spec.env[].name: must be a C identifier such as RUST_LOG"),
         Check(
             f"!self.matches(r'{syntax.RESERVED_ENV}')",
             "spec.env[].name: CLEF_* and TRITON_INTERPRET* are reserved: they steer the verification run (its"
@@ -463,14 +412,14 @@ class EnvVar(ApiModel):
             lambda v: not syntax.matches(syntax.RESERVED_ENV, v),
         ),
     ] = Field(max_length=256)
-    value: str = Field(default="", max_length=8192)
+    value: Annotated[str, no_nul("spec.env[].value")] = Field(default="", max_length=8192)
 
 
 class ServiceSpec(ApiModel):
     name: Annotated[
         str,
         matching(
-            DNS1035_LABEL,
+            syntax.DNS1035_LABEL,
             "spec.service.name: must be a DNS-1035 label (lower case letters, digits and '-', starting"
             " with a letter, at most 63 characters), e.g. clef-serve",
         ),
@@ -499,11 +448,7 @@ class VerificationSpec(ApiModel):
     image: (
         Annotated[
             str,
-            matching(
-                IMAGE_REFERENCE,
-                "spec.verification.image: must be an image reference [host[:port]/]path[:tag][@sha256:<digest>]"
-                " such as registry.example/clef-runtime:1.0",
-            ),
+            *image_reference("spec.verification.image", "registry.example/clef-runtime:1.0"),
         ]
         | None
     ) = Field(
@@ -512,7 +457,7 @@ class VerificationSpec(ApiModel):
         description="Run verification in this image instead of spec.image (serving is then pinned to spec.image as"
         " written, not to a verified digest).",
     )
-    command: list[Annotated[str, Field(max_length=1024)]] = Field(
+    command: list[Annotated[str, Field(max_length=1024), no_nul("spec.verification.command[]")]] = Field(
         default_factory=list,
         max_length=16,
         description="Replaces `clef-runtime verify` (the flags are still appended).",
@@ -604,11 +549,7 @@ class ClefModelSpec(ApiModel):
     engine: Engine = Field(description="The serving engine preset that turns these fields into argv.")
     image: Annotated[
         str,
-        matching(
-            IMAGE_REFERENCE,
-            "spec.image: must be an image reference [host[:port]/]path[:tag][@sha256:<digest>] such as"
-            " registry.example/candle-vllm:sm70 (no scheme, no spaces, lower-case path)",
-        ),
+        *image_reference("spec.image", "registry.example/candle-vllm:sm70"),
     ] = Field(
         max_length=512,
         description="The serving image: the unit of verification.  Tags are resolved to the digest that passed.",
@@ -645,7 +586,7 @@ class ClefModelSpec(ApiModel):
     runtime_class_name: Annotated[
         str,
         matching(
-            DNS1123_SUBDOMAIN,
+            syntax.DNS1123_SUBDOMAIN,
             "spec.runtimeClassName: must name a RuntimeClass (a DNS subdomain), e.g. nvidia",
         ),
     ] = Field(default="nvidia", max_length=253)
@@ -671,7 +612,7 @@ class ClefModelSpec(ApiModel):
         max_length=64,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
-    args: list[Annotated[str, Field(max_length=1024)]] = Field(
+    args: list[Annotated[str, Field(max_length=1024), no_nul("spec.args[]")]] = Field(
         default_factory=list,
         max_length=64,
         description="Extra engine arguments, appended to the preset's argv (never through a shell).",

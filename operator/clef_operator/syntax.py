@@ -32,6 +32,13 @@ IMAGE_REFERENCE = (
     rf"^({_HOST}/)?{_PATH_COMPONENT}(/{_PATH_COMPONENT})*"
     r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[a-f0-9]{64})?$"
 )
+# docker/distribution: the name (host and path, without tag or digest) is at most 255 characters.
+MAX_IMAGE_NAME = 255
+_NAME = "self.split('@')[0]"
+IMAGE_NAME_LENGTH_RULE = (
+    f"({_NAME}.lastIndexOf(':') > {_NAME}.lastIndexOf('/') ? {_NAME}.lastIndexOf(':') : {_NAME}.size())"
+    f" <= {MAX_IMAGE_NAME}"
+)
 
 # Stricter than the API server (which allows any printable ASCII but '=' since 1.34): engines and
 # shells read these, and a C identifier is what every one of them understands.
@@ -41,6 +48,8 @@ ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 # interpreter swaps the GPU for the CPU.  A user's env would silently change what is verified.
 RESERVED_ENV = r"^(CLEF_.*|TRITON_INTERPRET.*)$"
 
+# CEL's escape for the NUL character (the rule text itself must not hold one).
+NUL_ESCAPE = "\\u0000"
 # A '..' element of a path: Kubernetes refuses it in hostPath and subPath.
 BACKSTEP = r"(^|/)\.\.(/|$)"
 # A qualified name whose prefix is longer than a DNS subdomain may be (253).
@@ -102,3 +111,10 @@ def quantity(value: str) -> Decimal | None:
     if suffix in _DECIMAL:
         return amount.scaleb(_DECIMAL[suffix])
     return amount.scaleb(int(suffix[1:]))
+
+
+def image_name_fits(reference: str) -> bool:
+    """What IMAGE_NAME_LENGTH_RULE says: the name before `:tag` and `@digest` is short enough."""
+    name = reference.split("@")[0]
+    colon, slash = name.rfind(":"), name.rfind("/")
+    return (colon if colon > slash else len(name)) <= MAX_IMAGE_NAME
