@@ -19,11 +19,14 @@ from pydantic_core import CoreSchema, core_schema
 from clef_operator import syntax
 
 
-def cel(rule: str, message: str, *, field_path: str = "") -> dict[str, str]:
+def cel(rule: str, message: str, *, field_path: str = "", message_expression: str = "") -> dict[str, str]:
     """One `x-kubernetes-validations` entry.  Messages name the field and say how to fix it."""
-    # Static messages: messageExpression with string() of a number is costed as unbounded by the
-    # API server's CEL estimator and would make the whole CRD exceed its budget.
+    # Mostly static messages: messageExpression with string() of a number is costed as unbounded by
+    # the API server's CEL estimator and would make the whole CRD exceed its budget.  `message`
+    # stays as the fallback when a messageExpression fails.
     entry = {"rule": rule, "message": message}
+    if message_expression:
+        entry["messageExpression"] = message_expression
     if field_path:
         entry["fieldPath"] = field_path
     return entry
@@ -41,13 +44,18 @@ class Check:
     message: str
     holds: Callable[[Any], bool]
     field_path: str = ""
+    # A CEL messageExpression and its Python twin: the message naming the offending part.
+    message_expression: str = ""
+    explain: Callable[[Any], str] | None = None
 
     def entry(self) -> dict[str, str]:
-        return cel(self.rule, self.message, field_path=self.field_path)
+        return cel(
+            self.rule, self.message, field_path=self.field_path, message_expression=self.message_expression
+        )
 
     def enforce(self, value: Any) -> Any:
         if not self.holds(value):
-            raise ValueError(self.message)
+            raise ValueError(self.explain(value) if self.explain else self.message)
         return value
 
     def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
@@ -75,8 +83,24 @@ def matching(pattern: str, message: str) -> Check:
 
 
 def for_each_entry(rule: str, message: str, holds: Callable[[str, str], bool]) -> Check:
-    """`rule` (CEL over a key `k` and its value `self[k]`) holds for every entry of a map."""
-    return Check(f"self.all(k, {rule})", message, lambda m: all(holds(k, v) for k, v in m.items()))
+    """`rule` (CEL over a key `k` and its value `self[k]`) holds for every entry of a map.
+
+    `message` is `<field>: <what to do>`; the refusal names the first offending key after the field:
+    `spec.nodeSelector: "a b": keys must be label keys ...`.
+    """
+    path, _, advice = message.partition(": ")
+
+    def explain(entries: dict[str, str]) -> str:
+        bad = next(k for k, v in entries.items() if not holds(k, v))
+        return f'{path}: "{bad}": {advice}'
+
+    return Check(
+        f"self.all(k, {rule})",
+        message,
+        lambda m: all(holds(k, v) for k, v in m.items()),
+        message_expression=f"""'''{path}: "''' + self.filter(k, !({rule}))[0] + '''": {advice}'''""",
+        explain=explain,
+    )
 
 
 def add_checks(schema: dict[str, Any], cls: type) -> None:

@@ -96,3 +96,9 @@ def test_quantities_read_as_kubernetes_reads_them(text: str, amount: Decimal) ->
 @pytest.mark.parametrize("text", ["", "1 Gi", "1gi", "1e", "Gi", ".", "1.2.3", "1Gii", "0x10"])
 def test_non_quantities_are_refused(text: str) -> None:
     assert syntax.quantity(text) is None
+
+
+def test_a_map_refusal_names_the_offending_key() -> None:
+    case = body()["spec"] | {"nodeSelector": {"nvidia.com/gpu.product": V100, "a b": "x"}}
+    with pytest.raises(ValidationError, match='spec.nodeSelector: "a b": keys must be label keys'):
+        ClefModelSpec.model_validate(case)
