@@ -13,6 +13,7 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+from clef_builders import base_spec_dict
 from pydantic import ValidationError
 from tests.admission_cases import BAD, GOOD, Body, Mutation
 
@@ -23,21 +24,10 @@ V100 = "Tesla-V100-SXM2-16GB"
 
 
 def body() -> Body:
-    """The cluster tier's base ClefModel (tests/cluster/operator_support.clefmodel), as plain data."""
+    """A valid ClefModel as the cases expect it (they mutate `spec` and `metadata`)."""
     return {
         "metadata": {"name": "valid"},
-        "spec": {
-            "engine": "candle-vllm",
-            "image": "registry.clef.test/clef-runtime:1.0",
-            "model": {"name": "clef-flash", "path": "/models/clef-flash", "weightsMiB": 9426},
-            "dtype": "f16",
-            "kvFraction": 0.30,
-            "gpus": 1,
-            "nodeSelector": {"nvidia.com/gpu.product": V100},
-            "service": {"name": "clef-serve"},
-            "verification": {"timeoutSeconds": 600},
-            "rollout": {"scaleDownDelaySeconds": 5},
-        },
+        "spec": base_spec_dict(nodeSelector={"nvidia.com/gpu.product": V100}),
     }
 
 
@@ -100,5 +90,5 @@ def test_non_quantities_are_refused(text: str) -> None:
 
 def test_a_map_refusal_names_the_offending_key() -> None:
     case = body()["spec"] | {"nodeSelector": {"nvidia.com/gpu.product": V100, "a b": "x"}}
-    with pytest.raises(ValidationError, match='spec.nodeSelector: "a b": keys must be label keys'):
+    with pytest.raises(ValidationError, match=re.escape('spec.nodeSelector: "a b": keys must be label keys')):
         ClefModelSpec.model_validate(case)
