@@ -268,6 +268,8 @@ BAD: list[tuple[str, Mutation, str]] = [
     ("node selector value with a space", spec(nodeSelector={"gpu": "Tesla V100"}), "spec.nodeSelector"),
     ("node selector value ending in '-'", spec(nodeSelector={"gpu": "v100-"}), "spec.nodeSelector"),
     ("node selector value too long", spec(nodeSelector={"gpu": "v" * 64}), "spec.nodeSelector"),
+    ("node selector value ending in a newline", spec(nodeSelector={"gpu": "v100\n"}), "spec.nodeSelector"),
+    ("env name ending in a newline", spec(env=[{"name": "RUST_LOG\n", "value": "x"}]), "spec.env[0].name"),
     # Verification and rollout.
     ("unknown suite", nested("spec.verification.suite", "all"), "spec.verification.suite"),
     ("timeout too short", nested("spec.verification.timeoutSeconds", 5), "spec.verification.timeoutSeconds"),

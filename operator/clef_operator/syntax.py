@@ -71,8 +71,9 @@ _QUANTITY_PARTS = re.compile(r"([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))(.*)")
 
 
 def matches(pattern: str, value: str) -> bool:
-    """What CEL's `value.matches(pattern)` says (the patterns are anchored)."""
-    return re.search(pattern, value) is not None
+    """What CEL's `value.matches(pattern)` says.  RE2's `$` is the end of the text; Python's also
+    matches before a final newline, so it is spelt `\\Z` here (the patterns have no literal `$`)."""
+    return re.search(pattern.replace("$", r"\Z"), value) is not None
 
 
 def is_qualified_name(value: str) -> bool:
