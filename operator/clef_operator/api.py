@@ -344,7 +344,7 @@ def _quantities(path: str) -> tuple[Check, ...]:
             lambda k, _: syntax.is_resource_name(k),
         ),
         for_each_entry(
-            "isQuantity(self[k]) && quantity(self[k]).sign() >= 0",
+            "isQuantity(self[k]) && !quantity(self[k]).isLessThan(quantity('0'))",
             f"{path}: values must be non-negative quantities such as 500m, 16Gi or 1e3",
             lambda _, v: (q := syntax.quantity(v)) is not None and q >= 0,
         ),

@@ -55,8 +55,10 @@ BACKSTEP = r"(^|/)\.\.(/|$)"
 # A qualified name whose prefix is longer than a DNS subdomain may be (253).
 LONG_PREFIX = r"^[^/]{254,}/"
 
-# resource.Quantity: a signed decimal, then a binary suffix, a decimal suffix or an exponent.
-QUANTITY = r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]+)?$"
+# resource.ParseQuantity: a signed decimal, then a binary suffix, a decimal suffix or an exponent.
+# Its parser reads a missing number as 0, so ".", "-" and "Mi" are quantities (zero) too; only the
+# empty string is not.
+QUANTITY = r"^[+-]?[0-9]*(\.[0-9]*)?([KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]+)?$"
 # Container resources: the standard ones (hugepages are left out: Kubernetes wants a limit equal to
 # the request in page-size multiples next to cpu or memory), or an extended resource
 # `<domain>/<name>` outside kubernetes.io.
@@ -67,7 +69,7 @@ NATIVE_PREFIX = r"^([^/]*kubernetes\.io/|requests\.)"
 
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
 _DECIMAL = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
-_QUANTITY_PARTS = re.compile(r"([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))(.*)")
+_QUANTITY_PARTS = re.compile(r"([+-]?)([0-9]*(?:\.[0-9]*)?)(.*)")
 
 
 def matches(pattern: str, value: str) -> bool:
@@ -97,14 +99,14 @@ def is_extended_resource(value: str) -> bool:
 
 def quantity(value: str) -> Decimal | None:
     """The amount a Kubernetes quantity stands for, or None if it is not one."""
-    if not matches(QUANTITY, value):
+    if not value or not matches(QUANTITY, value):
         return None
     found = _QUANTITY_PARTS.fullmatch(value)
     if found is None:
         return None
-    number, suffix = found.groups()
+    sign, number, suffix = found.groups()
     try:
-        amount = Decimal(number)
+        amount = Decimal(sign + number) if number.strip(".") else Decimal(0)
     except InvalidOperation:
         return None
     if suffix in _BINARY:

@@ -11,6 +11,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from clef_operator import syntax
 from clef_operator.api import GROUP, PLURAL, VERSION
 
 from ..admission_cases import BAD, GOOD, Body, Mutation
@@ -71,8 +72,9 @@ def test_unknown_fields_are_refused_with_strict_field_validation(cluster: Cluste
         api.create_namespaced_custom_object(
             GROUP, VERSION, namespace, PLURAL, unknown_field(), dry_run="All", field_validation="Strict"
         )
-    assert caught.value.status == 422, caught.value.body
+    assert caught.value.status == 400, caught.value.body
     message = json.loads(caught.value.body)["message"]
+    assert "strict decoding error" in message, message
     assert 'unknown field "spec.gpuCount"' in message, message
     assert 'unknown field "spec.service.nodePort"' in message, message
 
@@ -85,9 +87,84 @@ def test_unknown_fields_are_dropped_unless_validation_is_strict(
     object is stored without the unknown fields (the schema is structural, so they are pruned)."""
     api = client.CustomObjectsApi(cluster.api)
     options = {"field_validation": mode} if mode else {}
-    stored = api.create_namespaced_custom_object(
+    stored, status, headers = api.create_namespaced_custom_object_with_http_info(
         GROUP, VERSION, namespace, PLURAL, unknown_field(), dry_run="All", **options
     )
+    assert status == 201
+    warning = headers.get("Warning", "")
+    if mode == "Ignore":
+        assert "unknown field" not in warning, warning
+    else:
+        # A Warning header: 299 - "unknown field \"spec.gpuCount\"", ...
+        assert "unknown field" in warning and "spec.gpuCount" in warning, warning
     assert "gpuCount" not in stored["spec"]
     assert "nodePort" not in stored["spec"]["service"]
     assert stored["spec"]["gpus"] == 1
+
+
+def test_a_map_refusal_names_the_offending_key(cluster: Cluster, namespace: str) -> None:
+    body = copy.deepcopy(clefmodel("invalid"))
+    body["spec"]["nodeSelector"]["a b"] = "x"
+    api = client.CustomObjectsApi(cluster.api)
+    with pytest.raises(ApiException) as caught:
+        api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body, dry_run="All")
+    message = json.loads(caught.value.body)["message"]
+    assert 'spec.nodeSelector: "a b": keys must be label keys' in message, message
+
+
+# Strings at the edges of Kubernetes' quantity syntax (resource.ParseQuantity).
+QUANTITY_EDGES = [
+    "1",
+    "1.",
+    ".5",
+    ".",
+    "+",
+    "-",
+    "+1",
+    "0",
+    "00",
+    "1e3",
+    "1E3",
+    "1e+3",
+    "1e-3",
+    "1E",
+    "1Ei",
+    "1Ki",
+    "1K",
+    "1k",
+    "1m",
+    "1mi",
+    "1e",
+    "Mi",
+    "m",
+    "1 ",
+    " 1",
+    "1,5",
+    "0x10",
+    "1.5.5",
+    "1ee3",
+    "1n",
+    "1u",
+    "1.5Gi",
+    "1e3Gi",
+]
+
+
+@pytest.mark.parametrize("text", QUANTITY_EDGES)
+def test_the_operator_reads_a_quantity_as_the_api_server_does(
+    cluster: Cluster, namespace: str, text: str
+) -> None:
+    """The unit tier trusts `syntax.quantity`; here the API server's own parser is the judge."""
+    body = copy.deepcopy(clefmodel("quantity"))
+    body["spec"]["resources"] = {"requests": {"memory": text}}
+    api = client.CustomObjectsApi(cluster.api)
+    try:
+        api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body, dry_run="All")
+        accepted = True
+    except ApiException as refused:
+        assert refused.status == 422, refused.body
+        accepted = False
+    amount = syntax.quantity(text)
+    assert accepted == (amount is not None and amount >= 0), (
+        f"{text!r}: API server {accepted}, operator {amount}"
+    )

@@ -77,13 +77,18 @@ def test_valid_spec_near_a_rule_is_accepted(what: str, mutate: Mutation) -> None
         ("+2", Decimal(2)),
         ("-1", Decimal(-1)),
         ("2E3", Decimal(2000)),
+        # resource.ParseQuantity reads a missing number as 0 (checked against the API server in
+        # tests/cluster/test_operator_validation.py).
+        (".", Decimal(0)),
+        ("-", Decimal(0)),
+        ("Mi", Decimal(0)),
     ],
 )
 def test_quantities_read_as_kubernetes_reads_them(text: str, amount: Decimal) -> None:
     assert syntax.quantity(text) == amount
 
 
-@pytest.mark.parametrize("text", ["", "1 Gi", "1gi", "1e", "Gi", ".", "1.2.3", "1Gii", "0x10"])
+@pytest.mark.parametrize("text", ["", "1 Gi", "1gi", "1e", "1K", "1.2.3", "1Gii", "0x10", "1ee3", " 1"])
 def test_non_quantities_are_refused(text: str) -> None:
     assert syntax.quantity(text) is None
 
