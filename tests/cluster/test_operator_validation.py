@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import subprocess
 
 import pytest
 from kubernetes import client
@@ -168,3 +169,46 @@ def test_the_operator_reads_a_quantity_as_the_api_server_does(
     assert accepted == (amount is not None and amount >= 0), (
         f"{text!r}: API server {accepted}, operator {amount}"
     )
+
+
+@pytest.mark.parametrize(
+    ("flags", "refused"),
+    [([], True), (["--validate=strict"], True), (["--validate=warn"], False), (["--validate=false"], False)],
+    ids=["default", "strict", "warn", "false"],
+)
+def test_what_kubectl_apply_does_with_an_unknown_field(
+    cluster: Cluster, namespace: str, flags: list[str], refused: bool
+) -> None:
+    """docs/api.md's table of fieldValidation modes, as kubectl users meet them."""
+    if cluster.kubectl is None:
+        if cluster.local is not None:  # the local cluster's build provides kubectl
+            pytest.fail("the local cluster's build has no kubectl (make cluster-build)", pytrace=False)
+        pytest.skip(
+            "skip: no kubectl: neither the cached build nor one on PATH (make cluster-build, or install kubectl)"
+        )
+    proc = subprocess.run(
+        [
+            cluster.kubectl,
+            "--kubeconfig",
+            str(cluster.kubeconfig),
+            "-n",
+            namespace,
+            "apply",
+            "--dry-run=server",
+            *flags,
+            "-f",
+            "-",
+        ],
+        input=json.dumps(unknown_field()),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (proc.returncode != 0) == refused, proc.stderr
+    if refused:
+        assert 'strict decoding error: unknown field "spec.gpuCount"' in proc.stderr, proc.stderr
+    elif "warn" in flags[0]:
+        assert 'unknown field "spec.gpuCount"' in proc.stderr, proc.stderr
+    else:
+        assert "unknown field" not in proc.stderr, proc.stderr
