@@ -277,11 +277,9 @@ class ModelSource(ApiModel):
     )
 
 
-def _is_label_key(key: str) -> bool:
-    return syntax.is_qualified_name(key)
-
-
-_LABEL_KEY_RULE = f"k.matches(r'{syntax.QUALIFIED_NAME}') && !k.matches(r'{syntax.LONG_PREFIX}')"
+def _label_key_rule(name: str) -> str:
+    """CEL: the string `name` is a label key (what `syntax.is_qualified_name` says)."""
+    return f"{name}.matches(r'{syntax.QUALIFIED_NAME}') && !{name}.matches(r'{syntax.LONG_PREFIX}')"
 
 
 class Toleration(ApiModel):
@@ -310,9 +308,9 @@ class Toleration(ApiModel):
         Annotated[
             str,
             Check(
-                f"self == '' || (self.matches(r'{syntax.QUALIFIED_NAME}') && !self.matches(r'{syntax.LONG_PREFIX}'))",
+                f"self == '' || ({_label_key_rule('self')})",
                 "spec.tolerations[].key: must be a label key ([prefix/]name, e.g. nvidia.com/gpu)",
-                lambda v: v == "" or _is_label_key(v),
+                lambda v: v == "" or syntax.is_qualified_name(v),
             ),
         ]
         | None
@@ -593,10 +591,10 @@ class ClefModelSpec(ApiModel):
     node_selector: Annotated[
         dict[str, Annotated[str, Field(max_length=63)]],
         for_each_entry(
-            _LABEL_KEY_RULE,
+            _label_key_rule("k"),
             "spec.nodeSelector: keys must be label keys ([prefix/]name: a DNS subdomain of at most 253 characters,"
             " then a name of at most 63 letters, digits, '-', '_' or '.'), e.g. nvidia.com/gpu.product",
-            lambda k, _: _is_label_key(k),
+            lambda k, _: syntax.is_qualified_name(k),
         ),
         for_each_entry(
             f"self[k].matches(r'{syntax.LABEL_VALUE}')",
