@@ -1,9 +1,12 @@
 """The ClefModel API (`clef.riotpiao.com/v1alpha1`): pydantic models of spec and status.
 
 These models are the single source of truth for the CRD: `crdgen` turns them (and the CEL rules
-attached to their fields) into `crds/clefmodel.yaml`.  The API server enforces the schema, so the
-operator can trust a stored spec; `ClefModelSpec.model_validate` is still used on what it reads,
-which also fills in the same defaults the API server applied.
+attached to their fields) into `crds/clefmodel.yaml`.  Every rule is a `checks.Check`, kept next
+to the field it checks and enforced twice: by the API server at admission and by
+`ClefModelSpec.model_validate`, which the operator applies to every spec it reads (and which also
+fills in the same defaults the API server applied).  The rules refuse whatever Kubernetes would
+refuse in a child object (labels, tolerations, quantities, image references, paths), so a stored
+ClefModel never gets stuck on a Deployment or Job the API server rejects.
 
 Every status field the operator writes is declared here: the API server prunes undeclared fields
 silently, and a pruned status field is a bug that no test of the planner would catch.
@@ -12,10 +15,13 @@ silently, and a pruned status field is a bug that no test of the planner would c
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Annotated, Any, ClassVar, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
+
+from clef_operator import syntax
+from clef_operator.checks import Check, add_checks, for_each_entry, in_range, matching
 
 GROUP = "clef.riotpiao.com"
 VERSION = "v1alpha1"
@@ -30,29 +36,6 @@ API_VERSION = f"{GROUP}/{VERSION}"
 # `job-name` label, whose value is at most 63 characters.
 MAX_MODEL_NAME = 38
 
-DNS1035_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
-DNS1123_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-IMAGE_REFERENCE = r"^[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-]+[a-z0-9]+)*)*(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[a-f0-9]{64})?$"
-ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
-
-
-def cel(rule: str, message: str, *, field_path: str = "") -> dict[str, str]:
-    """One `x-kubernetes-validations` entry.  Messages name the field and say how to fix it."""
-    # Static messages: messageExpression with string() of a number is costed as unbounded by the
-    # API server's CEL estimator and would make the whole CRD exceed its budget.
-    entry = {"rule": rule, "message": message}
-    if field_path:
-        entry["fieldPath"] = field_path
-    return entry
-
-
-def rules(*entries: dict[str, str]) -> dict[str, Any]:
-    return {"x-kubernetes-validations": list(entries)}
-
-
-def int_range(path: str, low: int, high: int) -> dict[str, Any]:
-    return rules(cel(f"self >= {low} && self <= {high}", f"{path}: must be between {low} and {high}"))
-
 
 def wire_name(field: str) -> str:
     """snake_case -> camelCase, keeping the unit MiB spelt as Kubernetes spells it."""
@@ -60,9 +43,24 @@ def wire_name(field: str) -> str:
 
 
 class ApiModel(BaseModel):
-    """camelCase on the wire, snake_case in Python; unknown fields are an error, not ignored."""
+    """camelCase on the wire, snake_case in Python; unknown fields are an error, not ignored.
 
-    model_config = ConfigDict(alias_generator=wire_name, populate_by_name=True, extra="forbid")
+    `checks` are the object-level rules (those that relate fields); each is a CEL rule on the
+    object in the CRD and runs on the wire form after the fields have parsed.
+    """
+
+    model_config = ConfigDict(
+        alias_generator=wire_name, populate_by_name=True, extra="forbid", json_schema_extra=add_checks
+    )
+    checks: ClassVar[tuple[Check, ...]] = ()
+
+    @model_validator(mode="after")
+    def _enforce_checks(self) -> Self:
+        if self.checks:
+            wire = self.to_wire()
+            for check in self.checks:
+                check.enforce(wire)
+        return self
 
     def to_wire(self) -> dict[str, Any]:
         return self.model_dump(by_alias=True, exclude_none=True, mode="json")
@@ -96,81 +94,134 @@ class Strategy(StrEnum):
     RECREATE = "Recreate"
 
 
+def _no_backstep(path: str) -> bool:
+    return not syntax.matches(syntax.BACKSTEP, path)
+
+
+def no_nul(path: str) -> Check:
+    """A NUL byte is valid JSON and stored as is, but no container can be started with it (argv,
+    environment and mount paths are C strings): the pod would fail at every start."""
+    return Check(
+        f"!self.contains('{syntax.NUL_ESCAPE}')",
+        f"{path}: must not contain a NUL character",
+        lambda v: "\0" not in v,
+    )
+
+
+def image_reference(path: str, example: str) -> tuple[Check, Check]:
+    return (
+        matching(
+            syntax.IMAGE_REFERENCE,
+            f"{path}: must be an image reference [host[:port]/]path[:tag][@sha256:<digest>] such as {example}"
+            " (no scheme, no spaces, lower-case path)",
+        ),
+        Check(
+            syntax.IMAGE_NAME_LENGTH_RULE,
+            f"{path}: the name before the tag or digest is at most {syntax.MAX_IMAGE_NAME} characters",
+            syntax.image_name_fits,
+        ),
+    )
+
+
 class PvcSource(ApiModel):
     """A PersistentVolumeClaim in the model's namespace that holds the weights."""
 
-    claim_name: str = Field(
-        max_length=253,
-        json_schema_extra=rules(
-            cel(
-                f"self.matches(r'{DNS1123_SUBDOMAIN}')",
-                "spec.model.volume.pvc.claimName: must be the name of a PersistentVolumeClaim (a DNS subdomain)",
-            )
+    claim_name: Annotated[
+        str,
+        matching(
+            syntax.DNS1123_SUBDOMAIN,
+            "spec.model.volume.pvc.claimName: must be the name of a PersistentVolumeClaim (a DNS subdomain)",
         ),
-    )
+    ] = Field(max_length=253)
 
 
 class HostPathSource(ApiModel):
     """A directory on the node that holds the weights."""
 
-    path: str = Field(
-        max_length=1024,
-        json_schema_extra=rules(
-            cel("self.startsWith('/')", "spec.model.volume.hostPath.path: must be an absolute path")
+    path: Annotated[
+        str,
+        Check(
+            f"self.startsWith('/') && !self.matches(r'{syntax.BACKSTEP}')",
+            "spec.model.volume.hostPath.path: must be an absolute path without '..' elements",
+            lambda v: v.startswith("/") and _no_backstep(v),
         ),
-    )
+        no_nul("spec.model.volume.hostPath.path"),
+    ] = Field(max_length=1024)
 
 
 class ModelVolume(ApiModel):
     """Where the weights come from; mounted read-only at `spec.model.path`."""
 
+    checks = (
+        Check(
+            "has(self.pvc) != has(self.hostPath)",
+            "spec.model.volume: set exactly one of pvc or hostPath",
+            lambda v: ("pvc" in v) != ("hostPath" in v),
+        ),
+    )
     pvc: PvcSource | None = None
     host_path: HostPathSource | None = None
-    sub_path: str | None = Field(
+    sub_path: (
+        Annotated[
+            str,
+            Check(
+                f"!self.startsWith('/') && !self.matches(r'{syntax.BACKSTEP}')",
+                "spec.model.volume.subPath: must be a relative path without '..' elements",
+                lambda v: not v.startswith("/") and _no_backstep(v),
+            ),
+            no_nul("spec.model.volume.subPath"),
+        ]
+        | None
+    ) = Field(
         default=None,
         max_length=1024,
         description="Directory inside the volume to mount (e.g. one model of many on a shared PVC).",
-        json_schema_extra=rules(
-            cel(
-                "!self.startsWith('/') && !self.contains('..')",
-                "spec.model.volume.subPath: must be a relative path without '..'",
-            )
-        ),
     )
 
 
 class Architecture(ApiModel):
     """The hybrid model's shape.  Defaults are the `qwen3_5` preset; set a field to override it."""
 
+    checks = (
+        Check(
+            "self.fullAttentionInterval <= self.numLayers",
+            "spec.model.architecture.fullAttentionInterval: must not exceed numLayers (the model would have no"
+            " attention layer)",
+            lambda a: a["fullAttentionInterval"] <= a["numLayers"],
+            field_path=".fullAttentionInterval",
+        ),
+        Check(
+            "self.numAttentionHeads % self.numKeyValueHeads == 0",
+            "spec.model.architecture.numKeyValueHeads: must divide numAttentionHeads",
+            lambda a: a["numAttentionHeads"] % a["numKeyValueHeads"] == 0,
+            field_path=".numKeyValueHeads",
+        ),
+        Check(
+            "self.linearNumValueHeads % self.linearNumKeyHeads == 0",
+            "spec.model.architecture.linearNumKeyHeads: must divide linearNumValueHeads (GDN value heads are"
+            " grouped over key heads)",
+            lambda a: a["linearNumValueHeads"] % a["linearNumKeyHeads"] == 0,
+            field_path=".linearNumKeyHeads",
+        ),
+    )
+
     preset: Literal["qwen3_5"] = "qwen3_5"
-    num_layers: int = Field(
-        default=32, json_schema_extra=int_range("spec.model.architecture.numLayers", 1, 512)
+    num_layers: Annotated[int, in_range("spec.model.architecture.numLayers", 1, 512)] = 32
+    full_attention_interval: Annotated[
+        int, in_range("spec.model.architecture.fullAttentionInterval", 1, 512)
+    ] = Field(
+        default=4, description="Every N-th layer is full attention; the others are Gated DeltaNet layers."
     )
-    full_attention_interval: int = Field(
-        default=4,
-        description="Every N-th layer is full attention; the others are Gated DeltaNet layers.",
-        json_schema_extra=int_range("spec.model.architecture.fullAttentionInterval", 1, 512),
-    )
-    num_attention_heads: int = Field(
-        default=16, json_schema_extra=int_range("spec.model.architecture.numAttentionHeads", 1, 1024)
-    )
-    num_key_value_heads: int = Field(
-        default=4, json_schema_extra=int_range("spec.model.architecture.numKeyValueHeads", 1, 1024)
-    )
-    head_dim: int = Field(
-        default=256, json_schema_extra=int_range("spec.model.architecture.headDim", 1, 1024)
-    )
-    linear_num_key_heads: int = Field(
-        default=16, json_schema_extra=int_range("spec.model.architecture.linearNumKeyHeads", 1, 1024)
-    )
-    linear_num_value_heads: int = Field(
-        default=32, json_schema_extra=int_range("spec.model.architecture.linearNumValueHeads", 1, 1024)
-    )
-    linear_key_head_dim: int = Field(
-        default=128, json_schema_extra=int_range("spec.model.architecture.linearKeyHeadDim", 1, 1024)
-    )
-    linear_value_head_dim: int = Field(
-        default=128, json_schema_extra=int_range("spec.model.architecture.linearValueHeadDim", 1, 1024)
+    num_attention_heads: Annotated[int, in_range("spec.model.architecture.numAttentionHeads", 1, 1024)] = 16
+    num_key_value_heads: Annotated[int, in_range("spec.model.architecture.numKeyValueHeads", 1, 1024)] = 4
+    head_dim: Annotated[int, in_range("spec.model.architecture.headDim", 1, 1024)] = 256
+    linear_num_key_heads: Annotated[int, in_range("spec.model.architecture.linearNumKeyHeads", 1, 1024)] = 16
+    linear_num_value_heads: Annotated[
+        int, in_range("spec.model.architecture.linearNumValueHeads", 1, 1024)
+    ] = 32
+    linear_key_head_dim: Annotated[int, in_range("spec.model.architecture.linearKeyHeadDim", 1, 1024)] = 128
+    linear_value_head_dim: Annotated[int, in_range("spec.model.architecture.linearValueHeadDim", 1, 1024)] = (
+        128
     )
 
     @property
@@ -178,174 +229,234 @@ class Architecture(ApiModel):
         return self.num_layers // self.full_attention_interval
 
 
-ARCHITECTURE_RULES = rules(
-    cel(
-        "self.fullAttentionInterval <= self.numLayers",
-        "spec.model.architecture.fullAttentionInterval: must not exceed numLayers (the model would have no"
-        " attention layer)",
-        field_path=".fullAttentionInterval",
-    ),
-    cel(
-        "self.numAttentionHeads % self.numKeyValueHeads == 0",
-        "spec.model.architecture.numKeyValueHeads: must divide numAttentionHeads",
-        field_path=".numKeyValueHeads",
-    ),
-    cel(
-        "self.linearNumValueHeads % self.linearNumKeyHeads == 0",
-        "spec.model.architecture.linearNumKeyHeads: must divide linearNumValueHeads (GDN value heads are grouped"
-        " over key heads)",
-        field_path=".linearNumKeyHeads",
-    ),
-)
+# Where the weights cannot be mounted: the operator mounts its own volumes at /tmp (verification)
+# and /dev/shm (serving), and Kubernetes refuses a second mount at one path; container runtimes
+# refuse mounts over /proc and /sys, one over /dev would hide the devices; `/` would hide the image.
+_TAKEN_MOUNT = r"^/*(tmp/*|(dev|proc|sys)(/.*)?)?$"
+# A '.' or '..' element: /tmp/. is /tmp.
+_DOT_ELEMENT = r"(^|/)\.\.?(/|$)"
 
 
 class ModelSource(ApiModel):
-    name: str = Field(
-        max_length=128,
-        description="The served model name (what clients put in `model`).",
-        json_schema_extra=rules(
-            cel(
-                "self.matches('^[A-Za-z0-9][A-Za-z0-9._/-]*$')",
-                "spec.model.name: use letters, digits and . _ / - (e.g. clef-flash)",
-            )
+    name: Annotated[
+        str,
+        matching(
+            "^[A-Za-z0-9][A-Za-z0-9._/-]*$",
+            "spec.model.name: use letters, digits and . _ / - (e.g. clef-flash)",
         ),
-    )
-    path: str = Field(
+    ] = Field(max_length=128, description="The served model name (what clients put in `model`).")
+    path: Annotated[
+        str,
+        Check(
+            f"self.startsWith('/') && !self.matches(r'{_DOT_ELEMENT}')",
+            "spec.model.path: must be an absolute path without '.' or '..' elements, such as /models/clef-flash",
+            lambda v: v.startswith("/") and not syntax.matches(_DOT_ELEMENT, v),
+        ),
+        Check(
+            f"!self.matches(r'{_TAKEN_MOUNT}')",
+            "spec.model.path: not /, /tmp, or /dev, /proc, /sys or below (the operator and the container"
+            " runtime mount there); use e.g. /models/clef-flash",
+            lambda v: not syntax.matches(_TAKEN_MOUNT, v),
+        ),
+        no_nul("spec.model.path"),
+    ] = Field(
         max_length=1024,
         description="Where the weights are inside the container (the volume is mounted here).",
-        json_schema_extra=rules(
-            cel(
-                "self.startsWith('/')", "spec.model.path: must be an absolute path such as /models/clef-flash"
-            )
-        ),
     )
-    volume: ModelVolume | None = Field(
-        default=None,
-        json_schema_extra=rules(
-            cel(
-                "has(self.pvc) != has(self.hostPath)",
-                "spec.model.volume: set exactly one of pvc or hostPath",
-            )
-        ),
-    )
-    weights_mib: int | None = Field(
+    volume: ModelVolume | None = None
+    weights_mib: Annotated[int, in_range("spec.model.weightsMiB", 0, 16777216)] | None = Field(
         default=None,
         description="Size of the weights in MiB (all shards); improves the kvCacheTokens estimate.",
-        json_schema_extra=int_range("spec.model.weightsMiB", 0, 16777216),
     )
     # The whole preset as the default: the API server checks a default against the rules at this
     # level before it fills in nested defaults.
     architecture: Architecture = Field(
-        default_factory=Architecture,
-        json_schema_extra={"default": Architecture().to_wire(), **ARCHITECTURE_RULES},
+        default_factory=Architecture, json_schema_extra={"default": Architecture().to_wire()}
     )
+
+
+def _label_key_rule(name: str) -> str:
+    """CEL: the string `name` is a label key (what `syntax.is_qualified_name` says)."""
+    return f"{name}.matches(r'{syntax.QUALIFIED_NAME}') && !{name}.matches(r'{syntax.LONG_PREFIX}')"
 
 
 class Toleration(ApiModel):
-    model_config = ConfigDict(
-        json_schema_extra=rules(
-            cel(
-                "self.operator != 'Exists' || !has(self.value)",
-                "spec.tolerations[].value: must be empty when operator is Exists",
-                field_path=".value",
-            )
-        )
+    checks = (
+        Check(
+            "self.operator == 'Exists' || (has(self.key) && self.key != '')",
+            "spec.tolerations[].key: required unless operator is Exists",
+            lambda t: t["operator"] == "Exists" or bool(t.get("key")),
+            field_path=".key",
+        ),
+        Check(
+            "self.operator != 'Exists' || !has(self.value) || self.value == ''",
+            "spec.tolerations[].value: must be empty when operator is Exists",
+            lambda t: t["operator"] != "Exists" or not t.get("value"),
+            field_path=".value",
+        ),
+        Check(
+            "!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+            "spec.tolerations[].tolerationSeconds: only with effect NoExecute",
+            lambda t: "tolerationSeconds" not in t or t.get("effect") == "NoExecute",
+            field_path=".tolerationSeconds",
+        ),
     )
 
-    key: str | None = Field(default=None, max_length=317)
+    key: (
+        Annotated[
+            str,
+            Check(
+                f"self == '' || ({_label_key_rule('self')})",
+                "spec.tolerations[].key: must be a label key ([prefix/]name, e.g. nvidia.com/gpu)",
+                lambda v: v == "" or syntax.is_qualified_name(v),
+            ),
+        ]
+        | None
+    ) = Field(default=None, max_length=317)
     operator: Literal["Exists", "Equal"] = "Equal"
-    value: str | None = Field(default=None, max_length=63)
+    value: (
+        Annotated[
+            str,
+            matching(
+                syntax.LABEL_VALUE,
+                "spec.tolerations[].value: must be a label value (at most 63 letters, digits, '-', '_' or '.',"
+                " starting and ending with a letter or digit)",
+            ),
+        ]
+        | None
+    ) = Field(default=None, max_length=63)
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
     toleration_seconds: int | None = None
 
 
-QUANTITY_MAP_RULES = rules(
-    cel(
-        "!('nvidia.com/gpu' in self)",
-        "spec.resources: do not set nvidia.com/gpu here; set spec.gpus (GPUs per replica) instead",
-    ),
-)
+def _quantities(path: str) -> tuple[Check, ...]:
+    """The rules on one map of `spec.resources` (requests or limits), whose name is `path`."""
+    return (
+        for_each_entry(
+            f"k.matches(r'{syntax.STANDARD_RESOURCE}') || (k.matches(r'{syntax.EXTENDED_RESOURCE}')"
+            f" && !k.matches(r'{syntax.LONG_PREFIX}') && !k.matches(r'{syntax.NATIVE_PREFIX}'))",
+            f"{path}: keys must be cpu, memory, ephemeral-storage or an extended resource <domain>/<name>"
+            " (e.g. example.com/fpga) outside kubernetes.io",
+            lambda k, _: syntax.is_resource_name(k),
+        ),
+        for_each_entry(
+            "isQuantity(self[k]) && !quantity(self[k]).isLessThan(quantity('0'))",
+            f"{path}: values must be non-negative quantities such as 500m, 16Gi or 1e3",
+            lambda _, v: (q := syntax.quantity(v)) is not None and q >= 0,
+        ),
+        for_each_entry(
+            "!k.contains('/') || !isQuantity(self[k]) || quantity(self[k]).isInteger()",
+            f"{path}: an extended resource (<domain>/<name>) takes a whole number",
+            lambda k, v: "/" not in k or (q := syntax.quantity(v)) is None or q == q.to_integral_value(),
+        ),
+        Check(
+            "!('nvidia.com/gpu' in self)",
+            "spec.resources: do not set nvidia.com/gpu here; set spec.gpus (GPUs per replica) instead",
+            lambda m: "nvidia.com/gpu" not in m,
+        ),
+    )
+
+
+def _request_fits(resources: dict[str, dict[str, str]], name: str) -> bool:
+    request = syntax.quantity(resources["requests"][name])
+    limit = syntax.quantity(resources.get("limits", {}).get(name, ""))
+    if syntax.is_extended_resource(name):
+        return request is None or (limit is not None and request == limit)
+    return request is None or limit is None or request <= limit
+
+
+_REQUEST = "isQuantity(self.requests[k]) && isQuantity(self.limits[k])"
 
 
 class Resources(ApiModel):
     """CPU, memory and other non-GPU resources of the engine and verification containers."""
 
-    requests: dict[str, str] = Field(
-        default_factory=dict,
-        max_length=16,
-        json_schema_extra={"additionalProperties": {"type": "string", "maxLength": 64}, **QUANTITY_MAP_RULES},
+    checks = (
+        Check(
+            f"!has(self.requests) || !has(self.limits) || self.requests.all(k, k.contains('/') || !(k in self.limits)"
+            f" || !({_REQUEST}) || quantity(self.requests[k]).compareTo(quantity(self.limits[k])) <= 0)",
+            "spec.resources.requests: a request must not exceed the limit of the same resource",
+            lambda r: all(_request_fits(r, k) for k in r.get("requests", {}) if "/" not in k),
+            field_path=".requests",
+        ),
+        Check(
+            "!has(self.requests) || self.requests.all(k, !k.contains('/') || (has(self.limits) && k in self.limits"
+            f" && ({_REQUEST}) && quantity(self.requests[k]).compareTo(quantity(self.limits[k])) == 0))",
+            "spec.resources.requests: an extended resource (<domain>/<name>) cannot be overcommitted: give it a"
+            " limit equal to the request",
+            lambda r: all(_request_fits(r, k) for k in r.get("requests", {}) if "/" in k),
+            field_path=".requests",
+        ),
     )
-    limits: dict[str, str] = Field(
-        default_factory=dict,
-        max_length=16,
-        json_schema_extra={"additionalProperties": {"type": "string", "maxLength": 64}, **QUANTITY_MAP_RULES},
-    )
+
+    requests: Annotated[
+        dict[str, Annotated[str, Field(max_length=64)]], *_quantities("spec.resources.requests")
+    ] = Field(default_factory=dict, max_length=16)
+    limits: Annotated[
+        dict[str, Annotated[str, Field(max_length=64)]], *_quantities("spec.resources.limits")
+    ] = Field(default_factory=dict, max_length=16)
 
 
 class EnvVar(ApiModel):
-    name: str = Field(
-        max_length=256,
-        json_schema_extra=rules(
-            cel(f"self.matches(r'{ENV_NAME}')", "spec.env[].name: must be a C identifier such as RUST_LOG")
+    name: Annotated[
+        str,
+        matching(syntax.ENV_NAME, "spec.env[].name: must be a C identifier such as RUST_LOG"),
+        Check(
+            f"!self.matches(r'{syntax.RESERVED_ENV}')",
+            "spec.env[].name: CLEF_* and TRITON_INTERPRET* are reserved: they steer the verification run (its"
+            " shapes, device, fault injection and report), which must check what serving runs",
+            lambda v: not syntax.matches(syntax.RESERVED_ENV, v),
         ),
-    )
-    value: str = Field(default="", max_length=8192)
+    ] = Field(max_length=256)
+    value: Annotated[str, no_nul("spec.env[].value")] = Field(default="", max_length=8192)
 
 
 class ServiceSpec(ApiModel):
-    name: str = Field(
+    name: Annotated[
+        str,
+        matching(
+            syntax.DNS1035_LABEL,
+            "spec.service.name: must be a DNS-1035 label (lower case letters, digits and '-', starting"
+            " with a letter, at most 63 characters), e.g. clef-serve",
+        ),
+    ] = Field(
         max_length=63,
         description="The stable Service.  Adopted if it exists: only its selector is ever patched.",
-        json_schema_extra=rules(
-            cel(
-                f"self.matches(r'{DNS1035_LABEL}')",
-                "spec.service.name: must be a DNS-1035 label (lower case letters, digits and '-', starting"
-                " with a letter, at most 63 characters), e.g. clef-serve",
-            )
-        ),
     )
-    port: int = Field(default=8000, json_schema_extra=int_range("spec.service.port", 1, 65535))
-    container_port: int = Field(
-        default=8000,
-        description="The port the engine listens on inside the pod.",
-        json_schema_extra=int_range("spec.service.containerPort", 1, 65535),
+    port: Annotated[int, in_range("spec.service.port", 1, 65535)] = 8000
+    container_port: Annotated[int, in_range("spec.service.containerPort", 1, 65535)] = Field(
+        default=8000, description="The port the engine listens on inside the pod."
     )
 
 
 class VerificationSpec(ApiModel):
     suite: Suite = Suite.KERNELS
-    timeout_seconds: int = Field(
+    timeout_seconds: Annotated[int, in_range("spec.verification.timeoutSeconds", 10, 86400)] = Field(
         default=1800,
         description="The verification Job's activeDeadlineSeconds: a verification still running then fails.",
-        json_schema_extra=int_range("spec.verification.timeoutSeconds", 10, 86400),
     )
-    tolerance_scale: float | None = Field(
-        default=None,
-        description="Multiplies every check's tolerance (`verify --tolerance-scale`); unset: the runtime's own.",
-        json_schema_extra=rules(
-            cel(
-                "self >= 0.1 && self <= 100.0",
-                "spec.verification.toleranceScale: must be between 0.1 and 100",
-            )
-        ),
+    tolerance_scale: Annotated[float, in_range("spec.verification.toleranceScale", 0.1, 100.0)] | None = (
+        Field(
+            default=None,
+            description="Multiplies every check's tolerance (`verify --tolerance-scale`); unset: the runtime's own.",
+        )
     )
-    image: str | None = Field(
+    image: (
+        Annotated[
+            str,
+            *image_reference("spec.verification.image", "registry.example/clef-runtime:1.0"),
+        ]
+        | None
+    ) = Field(
         default=None,
         max_length=512,
         description="Run verification in this image instead of spec.image (serving is then pinned to spec.image as"
         " written, not to a verified digest).",
-        json_schema_extra=rules(
-            cel(
-                f"self.matches(r'{IMAGE_REFERENCE}')",
-                "spec.verification.image: must be an image reference such as registry.example/clef-runtime:1.0",
-            )
-        ),
     )
-    command: list[str] = Field(
+    command: list[Annotated[str, Field(max_length=1024), no_nul("spec.verification.command[]")]] = Field(
         default_factory=list,
         max_length=16,
         description="Replaces `clef-runtime verify` (the flags are still appended).",
-        json_schema_extra={"items": {"type": "string", "maxLength": 1024}},
     )
     required: bool = Field(
         default=True,
@@ -355,142 +466,152 @@ class VerificationSpec(ApiModel):
 
 class RolloutSpec(ApiModel):
     strategy: Strategy = Strategy.BLUE_GREEN
-    scale_down_delay_seconds: int = Field(
-        default=30, json_schema_extra=int_range("spec.rollout.scaleDownDelaySeconds", 0, 86400)
-    )
-    revision_history_limit: int = Field(
-        default=2,
-        description="Old Deployments kept at 0 replicas for instant rollback.",
-        json_schema_extra=int_range("spec.rollout.revisionHistoryLimit", 0, 10),
+    scale_down_delay_seconds: Annotated[int, in_range("spec.rollout.scaleDownDelaySeconds", 0, 86400)] = 30
+    revision_history_limit: Annotated[int, in_range("spec.rollout.revisionHistoryLimit", 0, 10)] = Field(
+        default=2, description="Old Deployments kept at 0 replicas for instant rollback."
     )
 
 
-SPEC_RULES = rules(
-    cel(
-        "!has(self.tensorParallel) || self.gpus % self.tensorParallel == 0",
-        "spec.tensorParallel: must divide spec.gpus (GPUs per replica)",
-        field_path=".tensorParallel",
-    ),
-    cel(
-        "self.model.architecture.numAttentionHeads % (has(self.tensorParallel) ? self.tensorParallel : self.gpus) == 0"
-        " && self.model.architecture.numKeyValueHeads % (has(self.tensorParallel) ? self.tensorParallel : self.gpus) == 0",
-        "spec.tensorParallel: (default spec.gpus) must divide model.architecture.numAttentionHeads and"
-        " numKeyValueHeads; choose a tensor-parallel degree that does",
-        field_path=".tensorParallel",
-    ),
-    cel(
-        "self.model.architecture.linearNumKeyHeads % (has(self.tensorParallel) ? self.tensorParallel : self.gpus) == 0"
-        " && self.model.architecture.linearNumValueHeads % (has(self.tensorParallel) ? self.tensorParallel : self.gpus)"
-        " == 0",
-        "spec.tensorParallel: (default spec.gpus) cannot shard the GDN layers: it must divide"
-        " model.architecture.linearNumKeyHeads and linearNumValueHeads",
-        field_path=".tensorParallel",
-    ),
-    cel(
-        "self.engine != 'candle-vllm' || !has(self.tensorParallel) || self.tensorParallel == self.gpus",
-        "spec.tensorParallel: candle-vllm shards only by tensor parallelism, so tensorParallel must equal spec.gpus"
-        " (or be left out)",
-        field_path=".tensorParallel",
-    ),
-    cel(
-        "self.engine != 'vllm' || has(self.gpuMemoryMiB)",
-        "spec.gpuMemoryMiB: required for engine vllm (its KV cache is sized in bytes: kvFraction x the memory left"
-        " after the weights); e.g. 32768 for a V100-32GB",
-        field_path=".gpuMemoryMiB",
-    ),
-    cel(
-        "self.verification.required || !has(self.verification.image)",
-        "spec.verification.image: has no effect when verification.required is false; remove one of them",
-        field_path=".verification.image",
-    ),
-)
+def _unique_env_names(env: list[EnvVar]) -> list[EnvVar]:
+    """What the API server's list-map (keyed by name) enforces for spec.env."""
+    seen: set[str] = set()
+    for i, var in enumerate(env):
+        if var.name in seen:
+            raise ValueError(f"spec.env[{i}]: Duplicate value: name {var.name!r}")
+        seen.add(var.name)
+    return env
+
+
+def _tp(spec: dict[str, Any]) -> int:
+    return int(spec.get("tensorParallel", spec["gpus"]))
+
+
+def _divides_heads(spec: dict[str, Any], *heads: str) -> bool:
+    arch = spec["model"]["architecture"]
+    return all(arch[h] % _tp(spec) == 0 for h in heads)
+
+
+_TP = "(has(self.tensorParallel) ? self.tensorParallel : self.gpus)"
 
 
 class ClefModelSpec(ApiModel):
     """A hybrid Gated-DeltaNet model served from a verified image behind a stable Service."""
 
-    model_config = ConfigDict(json_schema_extra=SPEC_RULES)
+    checks = (
+        Check(
+            "!has(self.tensorParallel) || self.gpus % self.tensorParallel == 0",
+            "spec.tensorParallel: must divide spec.gpus (GPUs per replica)",
+            lambda s: s["gpus"] % _tp(s) == 0,
+            field_path=".tensorParallel",
+        ),
+        Check(
+            f"self.model.architecture.numAttentionHeads % {_TP} == 0"
+            f" && self.model.architecture.numKeyValueHeads % {_TP} == 0",
+            "spec.tensorParallel: (default spec.gpus) must divide model.architecture.numAttentionHeads and"
+            " numKeyValueHeads; choose a tensor-parallel degree that does",
+            lambda s: _divides_heads(s, "numAttentionHeads", "numKeyValueHeads"),
+            field_path=".tensorParallel",
+        ),
+        Check(
+            f"self.model.architecture.linearNumKeyHeads % {_TP} == 0"
+            f" && self.model.architecture.linearNumValueHeads % {_TP} == 0",
+            "spec.tensorParallel: (default spec.gpus) cannot shard the GDN layers: it must divide"
+            " model.architecture.linearNumKeyHeads and linearNumValueHeads",
+            lambda s: _divides_heads(s, "linearNumKeyHeads", "linearNumValueHeads"),
+            field_path=".tensorParallel",
+        ),
+        Check(
+            "self.engine != 'candle-vllm' || !has(self.tensorParallel) || self.tensorParallel == self.gpus",
+            "spec.tensorParallel: candle-vllm shards only by tensor parallelism, so tensorParallel must equal"
+            " spec.gpus (or be left out)",
+            lambda s: s["engine"] != "candle-vllm" or _tp(s) == s["gpus"],
+            field_path=".tensorParallel",
+        ),
+        Check(
+            "self.engine != 'vllm' || has(self.gpuMemoryMiB)",
+            "spec.gpuMemoryMiB: required for engine vllm (its KV cache is sized in bytes: kvFraction x the memory"
+            " left after the weights); e.g. 32768 for a V100-32GB",
+            lambda s: s["engine"] != "vllm" or "gpuMemoryMiB" in s,
+            field_path=".gpuMemoryMiB",
+        ),
+        Check(
+            "self.verification.required || !has(self.verification.image)",
+            "spec.verification.image: has no effect when verification.required is false; remove one of them",
+            lambda s: s["verification"]["required"] or "image" not in s["verification"],
+            field_path=".verification.image",
+        ),
+    )
 
     engine: Engine = Field(description="The serving engine preset that turns these fields into argv.")
-    image: str = Field(
+    image: Annotated[
+        str,
+        *image_reference("spec.image", "registry.example/candle-vllm:sm70"),
+    ] = Field(
         max_length=512,
         description="The serving image: the unit of verification.  Tags are resolved to the digest that passed.",
-        json_schema_extra=rules(
-            cel(
-                f"self.matches(r'{IMAGE_REFERENCE}')",
-                "spec.image: must be an image reference such as registry.example/candle-vllm:sm70 (no scheme, no spaces)",
-            )
-        ),
     )
     model: ModelSource
     dtype: Dtype
-    kv_fraction: float = Field(
-        description="Fraction of the GPU memory left after the weights that the KV cache gets.",
-        json_schema_extra=rules(
-            cel(
-                "self > 0.0 && self <= 0.95",
-                "spec.kvFraction: must be in (0, 0.95], e.g. 0.30",
-            )
+    kv_fraction: Annotated[
+        float,
+        Check(
+            "self > 0.0 && self <= 0.95",
+            "spec.kvFraction: must be in (0, 0.95], e.g. 0.30",
+            lambda v: 0 < v <= 0.95,
         ),
-    )
-    gpus: int = Field(
-        default=1,
-        description="GPUs per replica.",
-        json_schema_extra=rules(
-            cel(
-                "self >= 1 && self <= 16",
-                "spec.gpus: must be between 1 and 16 (GPUs per replica)",
-            )
+    ] = Field(description="Fraction of the GPU memory left after the weights that the KV cache gets.")
+    gpus: Annotated[
+        int,
+        Check(
+            "self >= 1 && self <= 16",
+            "spec.gpus: must be between 1 and 16 (GPUs per replica)",
+            lambda v: 1 <= v <= 16,
         ),
+    ] = Field(default=1, description="GPUs per replica.")
+    tensor_parallel: Annotated[int, in_range("spec.tensorParallel", 1, 16)] | None = Field(
+        default=None, description="Tensor-parallel degree; defaults to spec.gpus."
     )
-    tensor_parallel: int | None = Field(
-        default=None,
-        description="Tensor-parallel degree; defaults to spec.gpus.",
-        json_schema_extra=int_range("spec.tensorParallel", 1, 16),
-    )
-    gpu_memory_mib: int | None = Field(
+    gpu_memory_mib: Annotated[int, in_range("spec.gpuMemoryMiB", 1024, 4194304)] | None = Field(
         default=None,
         description="Memory of one GPU in MiB.  Defaults to the node label nvidia.com/gpu.memory of the verification"
         " pod's node (kvCacheTokens estimate); required for engine vllm.",
-        json_schema_extra=int_range("spec.gpuMemoryMiB", 1024, 4194304),
     )
-    replicas: int = Field(
-        default=1,
-        description="Serving replicas; 0 keeps a parked (verified, not serving) Deployment.",
-        json_schema_extra=int_range("spec.replicas", 0, 64),
+    replicas: Annotated[int, in_range("spec.replicas", 0, 64)] = Field(
+        default=1, description="Serving replicas; 0 keeps a parked (verified, not serving) Deployment."
     )
-    runtime_class_name: str = Field(
-        default="nvidia",
-        max_length=253,
-        json_schema_extra=rules(
-            cel(
-                f"self.matches(r'{DNS1123_SUBDOMAIN}')",
-                "spec.runtimeClassName: must name a RuntimeClass (a DNS subdomain), e.g. nvidia",
-            )
+    runtime_class_name: Annotated[
+        str,
+        matching(
+            syntax.DNS1123_SUBDOMAIN,
+            "spec.runtimeClassName: must name a RuntimeClass (a DNS subdomain), e.g. nvidia",
         ),
-    )
-    node_selector: dict[str, str] = Field(
-        default_factory=dict,
-        max_length=32,
-        json_schema_extra={
-            "additionalProperties": {"type": "string", "maxLength": 63},
-            **rules(
-                cel("self.all(k, k.size() <= 317)", "spec.nodeSelector: keys are at most 317 characters")
-            ),
-        },
-    )
+    ] = Field(default="nvidia", max_length=253)
+    node_selector: Annotated[
+        dict[str, Annotated[str, Field(max_length=63)]],
+        for_each_entry(
+            _label_key_rule("k"),
+            "spec.nodeSelector: keys must be label keys ([prefix/]name: a DNS subdomain of at most 253 characters,"
+            " then a name of at most 63 letters, digits, '-', '_' or '.'), e.g. nvidia.com/gpu.product",
+            lambda k, _: syntax.is_qualified_name(k),
+        ),
+        for_each_entry(
+            f"self[k].matches(r'{syntax.LABEL_VALUE}')",
+            "spec.nodeSelector: values must be label values (at most 63 letters, digits, '-', '_' or '.', starting"
+            " and ending with a letter or digit), e.g. Tesla-V100-SXM2-16GB",
+            lambda _, v: syntax.matches(syntax.LABEL_VALUE, v),
+        ),
+    ] = Field(default_factory=dict, max_length=32)
     tolerations: list[Toleration] = Field(default_factory=list, max_length=16)
     resources: Resources = Field(default_factory=Resources, json_schema_extra={"default": {}})
-    env: list[EnvVar] = Field(
+    env: Annotated[list[EnvVar], AfterValidator(_unique_env_names)] = Field(
         default_factory=list,
         max_length=64,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
-    args: list[str] = Field(
+    args: list[Annotated[str, Field(max_length=1024), no_nul("spec.args[]")]] = Field(
         default_factory=list,
         max_length=64,
         description="Extra engine arguments, appended to the preset's argv (never through a shell).",
-        json_schema_extra={"items": {"type": "string", "maxLength": 1024}},
     )
     service: ServiceSpec
     verification: VerificationSpec = Field(

@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from clef_operator import api
+from clef_operator import api, checks, syntax
 
 CRD_PATH = Path(__file__).resolve().parents[2] / "crds" / "clefmodel.yaml"
 
@@ -126,13 +126,13 @@ def build_crd() -> dict[str, Any]:
             "status": model_schema(api.ClefModelStatus),
         },
         "x-kubernetes-validations": [
-            api.cel(
+            checks.cel(
                 f"self.metadata.name.size() <= {api.MAX_MODEL_NAME}",
                 f"metadata.name: at most {api.MAX_MODEL_NAME} characters (it prefixes the names of the"
                 " model's Deployments and verification Jobs)",
             ),
-            api.cel(
-                f"self.metadata.name.matches('{api.DNS1035_LABEL}')",
+            checks.cel(
+                f"self.metadata.name.matches('{syntax.DNS1035_LABEL}')",
                 "metadata.name: must be a DNS-1035 label (lower case letters, digits and '-', starting with a letter)",
             ),
         ],

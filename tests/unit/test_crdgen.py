@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import typing
 from typing import Any
 
 import yaml
 
 from clef_operator import api, crdgen
+from clef_operator.checks import Check
 
 
 def walk(node: Any, path: str = ""):
@@ -92,3 +94,31 @@ def test_defaults_match_the_models():
     assert spec["verification"]["properties"]["required"]["default"] is True
     assert spec["rollout"]["properties"]["strategy"]["default"] == "BlueGreen"
     assert spec["model"]["properties"]["architecture"]["properties"]["numLayers"]["default"] == 32
+
+
+def checks_of(model: type[api.ApiModel]) -> set[str]:
+    """The CEL rules of every `checks.Check` a model (and the models inside it) carries."""
+    found = {c.rule for c in model.checks}
+
+    def visit(annotation: Any) -> None:
+        if isinstance(annotation, Check):
+            found.add(annotation.rule)
+        elif isinstance(annotation, type) and issubclass(annotation, api.ApiModel):
+            found.update(checks_of(annotation))
+        for inner in typing.get_args(annotation):
+            visit(inner)
+
+    for f in model.model_fields.values():
+        for annotation in (f.annotation, *f.metadata):
+            visit(annotation)
+    return found
+
+
+def test_every_spec_rule_is_also_enforced_by_the_operator():
+    """A CEL rule without its Python twin would let the operator's parse accept what admission refuses."""
+    crd_rules = {
+        r["rule"]
+        for _, node in walk(schema()["properties"]["spec"])
+        for r in node.get("x-kubernetes-validations", [])
+    }
+    assert crd_rules == checks_of(api.ClefModelSpec)

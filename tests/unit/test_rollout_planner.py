@@ -175,7 +175,7 @@ def test_job_timeout_fails_closed():
 
 
 def test_unschedulable_verification_pod_surfaces_the_scheduler_message():
-    w = World(make_spec(gpus=8))
+    w = World(make_spec(gpus=4))
     w.step()
     msg = "0/1 nodes are available: 1 Insufficient nvidia.com/gpu. preemption: 0/1 nodes are available"
     w.set_job_pod(w.current_job(), unschedulable_message=msg)
