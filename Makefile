@@ -44,14 +44,14 @@ lock: | $(UV)
 
 .PHONY: lint
 lint: $(STAMP)
-	$(VENV)/bin/ruff check operator runtime tests
-	$(VENV)/bin/ruff format --check operator runtime tests
+	$(VENV)/bin/ruff check operator runtime devcluster tests
+	$(VENV)/bin/ruff format --check operator runtime devcluster tests
 	$(VENV)/bin/mypy
 
 .PHONY: fmt
 fmt: $(STAMP)
-	$(VENV)/bin/ruff format operator runtime tests
-	$(VENV)/bin/ruff check --fix operator runtime tests
+	$(VENV)/bin/ruff format operator runtime devcluster tests
+	$(VENV)/bin/ruff check --fix operator runtime devcluster tests
 
 -include mk/*.mk
 

@@ -23,10 +23,10 @@ import pytest
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from .harness import images
-from .harness.cluster import ClusterError, LocalCluster, build, install_crds
-from .harness.config import CRDS_DIR, DEFAULT_STATE_DIR, default_binaries, missing_prerequisites
-from .harness.rest import Rest
+from clef_devcluster import images
+from clef_devcluster.cluster import ClusterError, LocalCluster, build, install_crds
+from clef_devcluster.config import CRDS_DIR, DEFAULT_STATE_DIR, default_binaries, missing_prerequisites
+from clef_devcluster.rest import Rest
 
 T = TypeVar("T")
 

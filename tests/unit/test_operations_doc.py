@@ -7,8 +7,8 @@ import re
 from pathlib import Path
 
 import yaml
-from tests.cluster.shipping import rule_permissions
 
+from clef_devcluster.rbac_audit import rule_permissions
 from clef_operator.rollout import CONDITION_TYPES, Why
 from clef_operator.verification import Reason
 

@@ -178,9 +178,7 @@ class LocalCluster:
         ]
         if missing:
             raise ClusterError(
-                "not built: "
-                + ", ".join(map(str, missing))
-                + " (run `python -m tests.cluster.harness build`)"
+                "not built: " + ", ".join(map(str, missing)) + " (run `python -m clef_devcluster build`)"
             )
         started = self._started = time.monotonic()
         self._timings = {}
@@ -217,7 +215,7 @@ class LocalCluster:
                 [
                     sys.executable,
                     "-m",
-                    "tests.cluster.harness.runner",
+                    "clef_devcluster.runner",
                     f"--state-dir={self.dir}",
                     f"--kubeconfig={runner_kc}",
                 ],

@@ -7,7 +7,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 HARNESS_DIR = Path(__file__).resolve().parent
 MANIFESTS_DIR = HARNESS_DIR / "manifests"
 IMAGE_TABLE_FILE = HARNESS_DIR / "images.yaml"
