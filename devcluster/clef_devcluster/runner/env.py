@@ -7,6 +7,7 @@ import base64
 import logging
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from ..config import VENV_BIN
@@ -54,6 +55,20 @@ def host_env(pod_name: str) -> dict[str, str]:
     for passthrough in ("TMPDIR", "TRITON_CACHE_DIR", "HF_HOME", "TORCHINDUCTOR_CACHE_DIR"):
         if passthrough in os.environ:
             env[passthrough] = os.environ[passthrough]
+    return env
+
+
+def process_env(
+    pod_name: str, container: dict[str, str], termination_log: Path, fault: str | None
+) -> dict[str, str]:
+    """What the command runs with: the image's ENV, the container's env over it, the runner's own
+    over both (where the termination message goes, and the fault an image carries)."""
+    env = host_env(pod_name)
+    env.update(container)
+    env.update(HARNESS_ENV)
+    env["CLEF_TERMINATION_LOG"] = str(termination_log)
+    if fault is not None:
+        env["CLEF_RUNTIME_FAULT"] = fault
     return env
 
 

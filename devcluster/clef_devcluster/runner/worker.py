@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from .. import images
 from ..rest import ApiError
 from .container import ContainerState, kill_group, now, read_termination_message
-from .env import HARNESS_ENV, ContainerEnv, expand, host_env
+from .env import ContainerEnv, expand, process_env
 
 if TYPE_CHECKING:
     from .watch import Runner
@@ -268,12 +268,8 @@ class PodWorker:
         termlog = run_dir / "termination-log"
         termlog.write_bytes(b"")
         out_path = self.runner.log_path(self.namespace, self.name, spec["name"], state.restart_count)
-        proc_env = host_env(self.name)
-        proc_env.update(env)
-        proc_env.update(HARNESS_ENV)
-        proc_env["CLEF_TERMINATION_LOG"] = str(termlog)
-        if entry.kind == "fault":
-            proc_env["CLEF_RUNTIME_FAULT"] = str(entry.fault)
+        fault = str(entry.fault) if entry.kind == "fault" else None
+        proc_env = process_env(self.name, env, termlog, fault)
         if not argv:
             return terminate(128, "StartError", "no command specified")
         exe = argv[0] if "/" in argv[0] else shutil.which(argv[0], path=proc_env["PATH"])
