@@ -44,14 +44,14 @@ lock: | $(UV)
 
 .PHONY: lint
 lint: $(STAMP)
-	$(VENV)/bin/ruff check operator runtime contract tests
-	$(VENV)/bin/ruff format --check operator runtime contract tests
+	$(VENV)/bin/ruff check operator runtime contract devcluster tests
+	$(VENV)/bin/ruff format --check operator runtime contract devcluster tests
 	$(VENV)/bin/mypy
 
 .PHONY: fmt
 fmt: $(STAMP)
-	$(VENV)/bin/ruff format operator runtime contract tests
-	$(VENV)/bin/ruff check --fix operator runtime contract tests
+	$(VENV)/bin/ruff format operator runtime contract devcluster tests
+	$(VENV)/bin/ruff check --fix operator runtime contract devcluster tests
 
 -include mk/*.mk
 

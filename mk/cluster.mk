@@ -2,7 +2,7 @@
 # the verification runner as local processes on 127.0.0.1; no Docker).  docs/local-cluster.md.
 # Binaries are built once from the pins in hack/cluster/versions.env into $(CLEF_CACHE).
 
-CLUSTER := CLEF_CACHE=$(CLEF_CACHE) $(VPY) -m tests.cluster.harness
+CLUSTER := CLEF_CACHE=$(CLEF_CACHE) $(VPY) -m clef_devcluster
 
 .PHONY: cluster-build cluster-up cluster-down cluster-status cluster-env kind-up kind-down test-cluster
 

@@ -10,7 +10,6 @@ names it; with CLEF_REQUIRE_CLUSTER=1 (CI) that is a failure instead.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import time
 import uuid
@@ -23,10 +22,11 @@ import pytest
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from .harness import images
-from .harness.cluster import ClusterError, LocalCluster, build, install_crds
-from .harness.config import CRDS_DIR, DEFAULT_STATE_DIR, default_binaries, missing_prerequisites
-from .harness.rest import Rest
+from clef_devcluster import images
+from clef_devcluster.cluster import ClusterError, LocalCluster, build, install_crds
+from clef_devcluster.config import CRDS_DIR, DEFAULT_STATE_DIR, missing_prerequisites
+from clef_devcluster.kustomize import find_kubectl
+from clef_devcluster.rest import Rest
 
 T = TypeVar("T")
 
@@ -122,8 +122,7 @@ def cluster(pytestconfig: pytest.Config) -> Iterator[Cluster]:
     if external:
         path = Path(external).expanduser().resolve()
         api = config.new_client_from_config(config_file=str(path))
-        cached = default_binaries().kubectl
-        kubectl = str(cached) if cached.is_file() else shutil.which("kubectl")
+        kubectl = find_kubectl()
         _install_crds_anywhere(path, kubectl)
         yield Cluster(path, api, None, kubectl)
         return

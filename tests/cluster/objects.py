@@ -6,7 +6,7 @@ from typing import Any
 
 from kubernetes import client
 
-from .harness.config import COMPONENT_LABEL, VERIFICATION
+from clef_devcluster.config import COMPONENT_LABEL, VERIFICATION
 
 RUNTIME_IMAGE = "registry.clef.test/clef-runtime:1.0"
 

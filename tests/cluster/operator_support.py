@@ -21,10 +21,10 @@ from typing import Any
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
+from clef_devcluster.host_operator import spawn_operator
 from clef_operator.api import GROUP, PLURAL, VERSION
 
 from .conftest import Cluster, wait_for
-from .shipping import spawn_operator
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGE_10 = "registry.clef.test/clef-runtime:1.0"

@@ -12,8 +12,9 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from clef_devcluster.config import MANIFESTS_DIR
+
 from .conftest import Cluster, wait_for
-from .harness.config import MANIFESTS_DIR
 from .objects import RUNTIME_IMAGE, describe_pods, serving_deployment
 
 pytestmark = pytest.mark.cluster

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from .harness.config import missing_prerequisites
-from .harness.procs import ProcessLedger, is_alive
+from clef_devcluster.config import missing_prerequisites
+from clef_devcluster.procs import ProcessLedger, is_alive
 
 pytestmark = pytest.mark.cluster
 REPO = Path(__file__).resolve().parents[2]
@@ -28,7 +28,7 @@ def test_make_demo_tells_the_story_and_exits_zero(tmp_path: Path) -> None:
     missing = missing_prerequisites()
     assert missing is None, missing  # the tier is deselected with this reason before we get here
     state = tmp_path / "demo"
-    demo = [sys.executable, "-m", "tests.cluster.demo", "--state-dir", str(state)]
+    demo = [sys.executable, "-m", "clef_devcluster.demo", "--state-dir", str(state)]
     try:
         run = subprocess.run(demo, cwd=REPO, capture_output=True, text=True, timeout=840)
         out = run.stdout

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from .harness.images import (
+from clef_devcluster.images import (
     ImageEntry,
     ImageTable,
     default_digest,

@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 from kubernetes import client, config
 
+from clef_devcluster.cluster import LocalCluster
+from clef_devcluster.procs import is_alive, listening_ports
+
 from .conftest import Cluster, wait_for
-from .harness.cluster import LocalCluster
-from .harness.procs import is_alive, listening_ports
 from .objects import RUNTIME_IMAGE, python_command, verification_job
 
 pytestmark = pytest.mark.cluster

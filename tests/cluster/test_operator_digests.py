@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from clef_devcluster.images import put_image
+
 from .conftest import Cluster, wait_for
-from .harness.images import put_image
 from .operator_support import VERIFY_SECONDS, Models, clefmodel, image_of, operator_running
 
 pytestmark = pytest.mark.cluster

@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
+from clef_devcluster.images import put_image
+
 from .conftest import Cluster, wait_for
-from .harness.images import put_image
 from .operator_support import VERIFY_SECONDS, Models, OperatorProcess, clefmodel, delete_models
 
 pytestmark = pytest.mark.cluster

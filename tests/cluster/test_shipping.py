@@ -32,26 +32,25 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from clef_operator.labels import VERIFICATION_KEY
-
-from .conftest import Cluster, wait_for
-from .harness.procs import free_port
-from .operator_support import IMAGE_10, UNPULLABLE_IMAGE, VERIFY_SECONDS, Models, clefmodel, delete_models
-from .shipping import (
-    ADMISSION_ONLY,
-    BASE,
-    HOMELAB,
+from clef_devcluster.host_operator import (
     OPERATOR_NAMESPACE,
     OPERATOR_SA,
-    RbacComparison,
-    audited_requests,
-    compare_rbac,
-    find,
-    granted_to,
-    kustomize_build,
     service_account_kubeconfig,
     spawn_operator,
 )
+from clef_devcluster.kustomize import BASE, HOMELAB, find, kustomize_build
+from clef_devcluster.procs import free_port
+from clef_devcluster.rbac_audit import (
+    ADMISSION_ONLY,
+    RbacComparison,
+    audited_requests,
+    compare_rbac,
+    granted_to,
+)
+from clef_operator.labels import VERIFICATION_KEY
+
+from .conftest import Cluster, wait_for
+from .operator_support import IMAGE_10, UNPULLABLE_IMAGE, VERIFY_SECONDS, Models, clefmodel, delete_models
 
 pytestmark = pytest.mark.cluster
 REPO = Path(__file__).resolve().parents[2]

@@ -12,9 +12,10 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from clef_devcluster import images
+from clef_devcluster.images import fault_image, fault_names, put_image
+
 from .conftest import Cluster, wait_for
-from .harness import images
-from .harness.images import fault_image, fault_names, put_image
 from .objects import RUNTIME_IMAGE, describe_pods, job_condition, python_command, verification_job
 
 pytestmark = pytest.mark.cluster

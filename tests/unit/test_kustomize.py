@@ -13,20 +13,11 @@ from urllib.parse import urlsplit
 
 import pytest
 import yaml
-from tests.cluster.harness.images import seed_table
-from tests.cluster.shipping import (
-    BASE,
-    DEMO,
-    HOMELAB,
-    OPERATOR_NAMESPACE,
-    OPERATOR_SA,
-    find,
-    find_kubectl,
-    granted_to,
-    kustomize_build,
-    rule_permissions,
-)
 
+from clef_devcluster.host_operator import OPERATOR_NAMESPACE, OPERATOR_SA
+from clef_devcluster.images import fault_image, seed_table
+from clef_devcluster.kustomize import BASE, DEMO, HOMELAB, find, find_kubectl, kustomize_build
+from clef_devcluster.rbac_audit import granted_to, rule_permissions
 from clef_operator.api import ClefModelSpec
 from clef_operator.cli import build_parser
 from clef_operator.crdgen import render_crd_yaml
@@ -260,11 +251,11 @@ def test_demo_is_homelab_with_table_images_and_no_in_cluster_operator(
 
 
 def test_demo_upgrade_images_mean_what_the_demo_says() -> None:
-    from tests.cluster import demo
+    from clef_devcluster.demo import story
 
     table = seed_table()
-    bad = table.lookup(demo.fault_image(demo.KEY_BAND_FAULT))
-    fixed = table.lookup(demo.FIXED_IMAGE)
+    bad = table.lookup(fault_image(story.KEY_BAND_FAULT))
+    fixed = table.lookup(story.FIXED_IMAGE)
     assert bad is not None and (bad.kind, bad.fault) == ("fault", "conv_key_band_zero")
     assert fixed is not None and fixed.kind == "good"
 

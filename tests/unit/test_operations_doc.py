@@ -7,8 +7,8 @@ import re
 from pathlib import Path
 
 import yaml
-from tests.cluster.shipping import rule_permissions
 
+from clef_devcluster.rbac_audit import rule_permissions
 from clef_operator.conditions import CONDITION_TYPES, Reason, Why
 
 REPO = Path(__file__).resolve().parents[2]

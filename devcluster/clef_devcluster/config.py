@@ -7,10 +7,10 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
-HARNESS_DIR = Path(__file__).resolve().parent
-MANIFESTS_DIR = HARNESS_DIR / "manifests"
-IMAGE_TABLE_FILE = HARNESS_DIR / "images.yaml"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PACKAGE_DIR = Path(__file__).resolve().parent
+MANIFESTS_DIR = PACKAGE_DIR / "manifests"
+IMAGE_TABLE_FILE = PACKAGE_DIR / "images.yaml"
 VERSIONS_FILE = REPO_ROOT / "hack" / "cluster" / "versions.env"
 BUILD_SCRIPT = REPO_ROOT / "hack" / "cluster" / "build.sh"
 CRDS_DIR = REPO_ROOT / "crds"

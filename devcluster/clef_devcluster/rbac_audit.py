@@ -1,35 +1,15 @@
-"""What the shipping layer's tests and `make demo` share: rendering the kustomize trees with the
-pinned kubectl, a kubeconfig that authenticates as a ServiceAccount, the comparison of an
-API server audit log with RBAC rules, and starting `clef-operator` on this host (the operator
-tests use that too).
-
-Nothing here needs a running cluster except `service_account_kubeconfig`.
-"""
+"""RBAC rules expanded into single permissions, and compared with what an API server's audit log
+says a ServiceAccount asked for (the local cluster logs the operator's: manifests/audit-policy.yaml).
+Pure: no cluster needed."""
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-import yaml
-
-from .harness.config import REPO_ROOT, default_binaries
-
-KUSTOMIZE_DIR = REPO_ROOT / "kustomize"
-BASE = KUSTOMIZE_DIR / "base"
-HOMELAB = KUSTOMIZE_DIR / "overlays" / "homelab"
-DEMO = KUSTOMIZE_DIR / "overlays" / "demo"
-
-OPERATOR_NAMESPACE = "clef-system"
-OPERATOR_SA = "clef-operator"
-OPERATOR_USER = f"system:serviceaccount:{OPERATOR_NAMESPACE}:{OPERATOR_SA}"
+from .host_operator import OPERATOR_USER
 
 # (apiGroup, resource[/subresource], verb) -- one API permission.
 Permission = tuple[str, str, str]
@@ -38,43 +18,6 @@ Permission = tuple[str, str, str]
 # behalf.  OwnerReferencesPermissionEnforcement asks whether the creator of an object whose
 # ownerReference sets blockOwnerDeletion may `update` the owner's finalizers.
 ADMISSION_ONLY: frozenset[Permission] = frozenset({("clef.riotpiao.com", "clefmodels/finalizers", "update")})
-
-
-def spawn_operator(args: Sequence[str], kubeconfig: Path, log: IO[bytes]) -> subprocess.Popen[bytes]:
-    """`clef-operator ARGS` from this checkout, talking to the API server of `kubeconfig`, its
-    output appended to `log`, in a process group of its own (so a stop ends its children too)."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "clef_operator.cli", *args],
-        cwd=REPO_ROOT,
-        env={**os.environ, "KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1"},
-        stdin=subprocess.DEVNULL,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-
-
-def find_kubectl() -> str | None:
-    """The pinned kubectl the local cluster is built with (it embeds kustomize), else PATH's."""
-    cached = default_binaries().kubectl
-    if cached.is_file():
-        return str(cached)
-    return shutil.which("kubectl")
-
-
-def kustomize_build(kubectl: str, directory: Path) -> list[dict[str, Any]]:
-    """`kubectl kustomize DIR` as a list of objects; a kustomize error is raised with its text."""
-    proc = subprocess.run([kubectl, "kustomize", str(directory)], capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"kubectl kustomize {directory} failed: {proc.stderr.strip()}")
-    return [d for d in yaml.safe_load_all(proc.stdout) if d]
-
-
-def find(objects: Iterable[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
-    matches = [o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name]
-    if len(matches) != 1:
-        raise LookupError(f"expected one {kind} {name}, found {len(matches)}")
-    return matches[0]
 
 
 def rule_permissions(rules: Iterable[dict[str, Any]]) -> set[Permission]:
@@ -204,39 +147,3 @@ def compare_rbac(
         unused=granted - used - admission_only,
         ungranted=used - granted,
     )
-
-
-def service_account_kubeconfig(
-    admin_kubeconfig: Path, namespace: str, name: str, out: Path, seconds: int = 86400
-) -> Path:
-    """A kubeconfig that authenticates as ServiceAccount namespace/name with a token from the
-    TokenRequest API, for the same server and CA as `admin_kubeconfig`: how to run the operator on
-    a host with exactly the rights its in-cluster pod would have."""
-    from kubernetes import client, config
-
-    api = config.new_client_from_config(config_file=str(admin_kubeconfig))
-    try:
-        request = client.AuthenticationV1TokenRequest(
-            spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=seconds)
-        )
-        response: Any = client.CoreV1Api(api).create_namespaced_service_account_token(
-            name, namespace, request
-        )
-    finally:
-        api.close()
-    admin = yaml.safe_load(admin_kubeconfig.read_text())
-    context = next(c for c in admin["contexts"] if c["name"] == admin["current-context"])["context"]
-    cluster = next(c for c in admin["clusters"] if c["name"] == context["cluster"])
-    user = f"{namespace}-{name}"
-    kubeconfig = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [cluster],
-        "users": [{"name": user, "user": {"token": response.status.token}}],
-        "contexts": [{"name": user, "context": {"cluster": cluster["name"], "user": user}}],
-        "current-context": user,
-    }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.touch(mode=0o600)
-    out.write_text(yaml.safe_dump(kubeconfig))
-    return out

@@ -1,44 +1,25 @@
-"""`make demo`: DESIGN's homelab story, end to end, on the local control plane.
-
-    python -m tests.cluster.demo [--state-dir DIR]        run it (what `make demo` does)
-    python -m tests.cluster.demo [--state-dir DIR] down   stop its operator and cluster (`make demo-down`)
-
-It starts its own local cluster from `.demo/cluster` (separate from `.cluster`, which the test
-tier uses, so `make test` is unaffected by a demo left running), applies
-`kustomize/overlays/demo` (the homelab overlay with images the local cluster knows, minus the
-in-cluster operator), runs the operator on this host as the ServiceAccount
-clef-system/clef-operator with the RBAC the overlay installed, and then plays three steps:
-
-1. clef-flash is verified (a real `clef-runtime verify` run) and serves behind clef-serve;
-2. an upgrade to an image carrying the key-band fault is rejected with the failing check, the
-   old revision still serving and the Service's ClusterIP unchanged;
-3. an upgrade to a fixed image is verified and swapped in.
-
-Every step checks what it claims; any deviation ends the demo with exit status 1 and the
-ClefModel's conditions and the operator's log.  The cluster and the operator are left running
-for a look around, until `make demo-down`.
-"""
+"""The demo's three steps, each checking what it claims, and the cluster and operator they run on."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import re
 import shlex
 import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .harness.cluster import ClusterError, LocalCluster, build
-from .harness.config import REPO_ROOT, default_binaries, missing_prerequisites
-from .harness.images import fault_image
-from .harness.procs import ProcessRecord, is_alive, record, stop
-from .shipping import DEMO, HOMELAB, OPERATOR_NAMESPACE, OPERATOR_SA, find, kustomize_build, spawn_operator
+from ..cluster import ClusterError, LocalCluster, build
+from ..config import REPO_ROOT, default_binaries, missing_prerequisites
+from ..host_operator import OPERATOR_NAMESPACE, OPERATOR_SA, service_account_kubeconfig, spawn_operator
+from ..images import fault_image
+from ..kustomize import DEMO, HOMELAB, find, kustomize_build
+from ..procs import ProcessRecord, is_alive, record, stop
+from .narration import Narrator, detail, heading, rel, say, short
+from .snapshot import GROUP, PLURAL, VERSION, Snapshot, read_snapshot
 
 DEFAULT_STATE_DIR = REPO_ROOT / ".demo" / "cluster"
 NAMESPACE = "homelab"
@@ -49,7 +30,6 @@ CODER_SERVICE = "coder-predictor"
 KEY_BAND_FAULT = "conv_key_band_zero"
 FIXED_IMAGE = "registry.clef.test/clef-runtime:1.1"
 OPERATOR = "clef-operator"
-GROUP, VERSION, PLURAL = "clef.riotpiao.com", "v1alpha1", "clefmodels"
 # A real verify on this host's CPU takes seconds to a minute; a step also waits for the rollout.
 STEP_TIMEOUT = float(os.environ.get("CLEF_DEMO_STEP_TIMEOUT", "420"))
 HEARTBEAT_SECONDS = 15.0
@@ -57,135 +37,6 @@ HEARTBEAT_SECONDS = 15.0
 
 class DemoFailed(Exception):
     """A step did not happen as described."""
-
-
-def _now() -> str:
-    return time.strftime("%H:%M:%S")
-
-
-def say(message: str) -> None:
-    print(f"[{_now()}] {message}", flush=True)
-
-
-def detail(message: str) -> None:
-    print(f"           {message}", flush=True)
-
-
-def heading(title: str) -> None:
-    print(f"\n── {title} " + "─" * max(4, 78 - len(title)), flush=True)
-
-
-def _rel(path: Path) -> str:
-    try:
-        return str(path.relative_to(Path.cwd()))
-    except ValueError:
-        return str(path)
-
-
-_DIGEST = re.compile(r"@sha256:([0-9a-f]{12})[0-9a-f]{52}")
-
-
-def _short(text: str, limit: int = 200) -> str:
-    """One line, digests abbreviated (`@sha256:82003baffba5…`), at most `limit` characters."""
-    text = _DIGEST.sub(r"@sha256:\1…", " ".join(text.split()))
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-# ------------------------------------------------------------------------------------ state
-
-
-@dataclass
-class Snapshot:
-    """What one poll saw of one ClefModel and its children."""
-
-    model: dict[str, Any]
-    jobs: dict[str, str]  # name -> Pending | Running | Complete | Failed
-    job_images: dict[str, str]
-    pods: dict[str, tuple[str, str, str]]  # verification pod -> (job, phase, node)
-    deployments: dict[str, tuple[int, int]]  # name -> (replicas, available)
-    service: tuple[str, str] | None  # (selected revision, ClusterIP)
-
-    @property
-    def status(self) -> dict[str, Any]:
-        return dict(self.model.get("status") or {})
-
-    def condition(self, type_: str) -> dict[str, Any]:
-        for c in self.status.get("conditions") or []:
-            if c.get("type") == type_:
-                return dict(c)
-        return {}
-
-    def current(self) -> bool:
-        """The status was computed for the spec as it is now (not for the one before a patch)."""
-        return self.status.get("observedGeneration") == self.model["metadata"].get("generation")
-
-
-# Condition changes that the Job and pod lines already tell, or that say nothing new.
-_TOLD_ELSEWHERE: dict[str, set[tuple[str, str]]] = {
-    "Verified": {("Unknown", "VerificationPending"), ("Unknown", "VerificationRunning")},
-    "Progressing": {
-        ("True", "VerificationPending"),
-        ("True", "VerificationRunning"),
-        ("False", "VerificationFailed"),
-    },
-    "Degraded": {("False", "AsExpected")},
-}
-
-
-@dataclass
-class Narrator:
-    """Prints what changed between two snapshots of a model, one line per change."""
-
-    node_gpus: dict[str, str]
-    last: dict[str, Snapshot] = field(default_factory=dict)
-
-    def tell(self, name: str, snap: Snapshot) -> None:
-        before = self.last.get(name)
-        self.last[name] = snap
-        who = f"{name}:"
-        old_jobs = before.jobs if before else {}
-        for job, state in snap.jobs.items():
-            if job not in old_jobs:
-                say(f"{who} verification Job {job} created for {snap.job_images.get(job, '?')}")
-            elif old_jobs[job] != state and state in ("Complete", "Failed"):
-                say(f"{who} verification Job {job} finished: {state}")
-        old_pods = before.pods if before else {}
-        for pod, (job, phase, node) in snap.pods.items():
-            if old_pods.get(pod, ("", "", ""))[1:] == (phase, node):
-                continue
-            if phase == "Running":
-                gpu = self.node_gpus.get(node, "")
-                say(
-                    f"{who} waiting for verification Job {job} "
-                    f"(running clef-runtime verify on {node}{', ' + gpu if gpu else ''})…"
-                )
-            elif phase == "Pending" and node:
-                say(f"{who} verification pod {pod} scheduled on {node}, starting")
-        old_deps = before.deployments if before else {}
-        for dep, (replicas, available) in snap.deployments.items():
-            if dep not in old_deps:
-                ready = f", {available}/{replicas} available" if available else ""
-                say(
-                    f"{who} Deployment {dep} created ({replicas} replica{'s' if replicas != 1 else ''}{ready})"
-                )
-            elif old_deps[dep] != (replicas, available):
-                say(f"{who} Deployment {dep}: {available}/{replicas} available")
-        old_svc = before.service if before else None
-        if snap.service and (old_svc is None or old_svc[0] != snap.service[0]):
-            rev, ip = snap.service
-            say(f"{who} Service now selects revision {rev or '(none)'} (ClusterIP {ip})")
-        for type_ in ("Verified", "Progressing", "Ready", "Degraded"):
-            new = snap.condition(type_)
-            old = before.condition(type_) if before else {}
-            key = (new.get("status"), new.get("reason"))
-            if not new or key == (old.get("status"), old.get("reason")):
-                continue
-            # Degraded going back to False is news; its steady False is not.
-            cleared = type_ == "Degraded" and old.get("status") == "True"
-            if key in _TOLD_ELSEWHERE.get(type_, ()) and not cleared:
-                continue
-            message = _short(new.get("message", ""))
-            say(f"{who} {type_}={new['status']} ({new['reason']})" + (f": {message}" if message else ""))
 
 
 # ------------------------------------------------------------------------------------ demo
@@ -220,51 +71,6 @@ class Demo:
 
         return client.CustomObjectsApi(self.api)
 
-    def snapshot(self, name: str, service: str) -> Snapshot:
-        from kubernetes import client
-        from kubernetes.client.exceptions import ApiException
-
-        model: Any = self.custom().get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, name)
-        selector = f"clef.riotpiao.com/model={name}"
-        jobs: dict[str, str] = {}
-        job_images: dict[str, str] = {}
-        for j in client.BatchV1Api(self.api).list_namespaced_job(NAMESPACE, label_selector=selector).items:
-            conds = {c.type: c.status for c in (j.status.conditions or [])} if j.status else {}
-            state = (
-                "Complete"
-                if conds.get("Complete") == "True"
-                else "Failed"
-                if conds.get("Failed") == "True"
-                else "Running"
-                if j.status and j.status.active
-                else "Pending"
-            )
-            jobs[j.metadata.name] = state
-            job_images[j.metadata.name] = j.spec.template.spec.containers[0].image
-        pods: dict[str, tuple[str, str, str]] = {}
-        core = client.CoreV1Api(self.api)
-        for p in core.list_namespaced_pod(
-            NAMESPACE, label_selector=f"{selector},clef.riotpiao.com/component=verification"
-        ).items:
-            labels = p.metadata.labels or {}
-            job = labels.get("batch.kubernetes.io/job-name") or labels.get("job-name", "")
-            pods[p.metadata.name] = (job, p.status.phase or "Pending", p.spec.node_name or "")
-        deployments = {
-            d.metadata.name: (d.spec.replicas or 0, (d.status.available_replicas or 0) if d.status else 0)
-            for d in client.AppsV1Api(self.api)
-            .list_namespaced_deployment(NAMESPACE, label_selector=selector)
-            .items
-        }
-        svc: tuple[str, str] | None = None
-        try:
-            s = core.read_namespaced_service(service, NAMESPACE)
-            if (s.spec.selector or {}).get("clef.riotpiao.com/model") == name:
-                svc = ((s.spec.selector or {}).get("clef.riotpiao.com/revision", ""), s.spec.cluster_ip or "")
-        except ApiException as e:
-            if e.status != 404:
-                raise
-        return Snapshot(dict(model), jobs, job_images, pods, deployments, svc)
-
     def service(self, name: str) -> Any:
         from kubernetes import client
 
@@ -282,7 +88,7 @@ class Demo:
         last_line = started
         while True:
             self.check_operator()
-            snaps = {name: self.snapshot(name, svc) for name, svc in models.items()}
+            snaps = {name: read_snapshot(self.api, NAMESPACE, name, svc) for name, svc in models.items()}
             for name, snap in snaps.items():
                 narrator.tell(name, snap)
             if done(snaps):
@@ -306,8 +112,6 @@ class Demo:
         return [a for a in argv[1:] if not a.startswith("--liveness")]
 
     def start_operator(self) -> None:
-        from .shipping import service_account_kubeconfig
-
         kubeconfig = service_account_kubeconfig(
             self.cluster.kubeconfig,
             OPERATOR_NAMESPACE,
@@ -330,7 +134,7 @@ class Demo:
         detail(
             f"as system:serviceaccount:{OPERATOR_NAMESPACE}:{OPERATOR_SA} (the RBAC the overlay installed)"
         )
-        detail(f"on this host (pid {proc.pid}); log: {_rel(self.operator_log)}")
+        detail(f"on this host (pid {proc.pid}); log: {rel(self.operator_log)}")
 
     def check_operator(self) -> None:
         if self.operator_pid is None:
@@ -372,16 +176,16 @@ class Demo:
 
     def start_cluster(self) -> None:
         if self.cluster.ledger.load():
-            say(f"cluster: a previous demo is running from {_rel(self.state_dir)}; stopping it first")
+            say(f"cluster: a previous demo is running from {rel(self.state_dir)}; stopping it first")
             stop_demo(self.cluster)
-        say(f"cluster: starting the local control plane from {_rel(self.state_dir)} …")
+        say(f"cluster: starting the local control plane from {rel(self.state_dir)} …")
         seconds = self.cluster.up()
         from kubernetes import config
 
         self.api = config.new_client_from_config(config_file=str(self.cluster.kubeconfig))
         from kubernetes import client
 
-        nodes = client.CoreV1Api(self.api).list_node().items
+        nodes: list[Any] = client.CoreV1Api(self.api).list_node().items
         gpus = {
             n.metadata.name: f"{n.status.capacity.get('nvidia.com/gpu', '0')} × {n.metadata.labels.get('nvidia.com/gpu.product', '?')}"
             for n in nodes
@@ -393,7 +197,7 @@ class Demo:
         )
 
     def install(self) -> None:
-        self.run_kubectl("apply", "--server-side", "-k", _rel(DEMO))
+        self.run_kubectl("apply", "--server-side", "-k", rel(DEMO))
         # Before clef sees it: an adopted Service must keep its ClusterIP and ports.
         svc = self.service(CODER_SERVICE)
         self.coder_service = (svc.spec.cluster_ip, sorted(p.port for p in svc.spec.ports))
@@ -504,7 +308,7 @@ class Demo:
         print()
         detail(f"clef-flash: REJECTED {bad}")
         detail(f"            failing check: {first.get('name')}: {first.get('detail')}")
-        detail(f"            summary: {_short(str(record_.get('summary', '')).split(' — ')[0], 120)}")
+        detail(f"            summary: {short(str(record_.get('summary', '')).split(' — ')[0], 120)}")
         detail(f"            still serving revision {active} ({status.get('activeImage')}), 1/1 available")
         self.show_service(SERVICE, note="unchanged")
         self.passed(2, "the key-band fault was caught; the old revision still serves; ClusterIP unchanged")
@@ -559,7 +363,7 @@ class Demo:
     def finish(self) -> None:
         self.run_kubectl("get", "clefmodels", "-n", NAMESPACE)
         self.run_kubectl("get", "services", "-n", NAMESPACE, "-o", "wide")
-        kubeconfig = _rel(self.cluster.kubeconfig)
+        kubeconfig = rel(self.cluster.kubeconfig)
         print(
             f"""
 All three steps happened as described.
@@ -570,8 +374,8 @@ Look around (the cluster and the operator keep running):
   kubectl -n {NAMESPACE} describe clefmodel {MODEL}          # conditions and events
   kubectl -n {NAMESPACE} get deployments,jobs,pods,services
   kubectl -n {NAMESPACE} annotate clefmodel {MODEL} clef.riotpiao.com/reverify="$(date +%s)" --overwrite
-  less {_rel(self.operator_log)}     # what the operator did
-  ls {_rel(self.cluster.logs / "verify")}/                   # one log per verification run
+  less {rel(self.operator_log)}     # what the operator did
+  ls {rel(self.cluster.logs / "verify")}/                   # one log per verification run
 
 Tear down:
   make demo-down        # stops the operator and the demo cluster (make test never needs it)
@@ -607,10 +411,10 @@ Tear down:
                     GROUP, VERSION, NAMESPACE, PLURAL, MODEL
                 )
                 for c in (model.get("status") or {}).get("conditions") or []:
-                    print(f"  {c['type']}={c['status']} ({c['reason']}): {_short(c.get('message', ''), 300)}")
+                    print(f"  {c['type']}={c['status']} ({c['reason']}): {short(c.get('message', ''), 300)}")
             except Exception as e:  # the failure report must not hide the failure
                 print(f"  (could not read {MODEL}: {e})")
-        print(f"operator log ({_rel(self.operator_log)}):\n{self.operator_tail()}", flush=True)
+        print(f"operator log ({rel(self.operator_log)}):\n{self.operator_tail()}", flush=True)
         print("\nThe demo cluster is still running for a look; `make demo-down` stops it.", flush=True)
 
 
@@ -630,38 +434,3 @@ def stop_demo(cluster: LocalCluster) -> bool:
         )
         return False
     return True
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m tests.cluster.demo", description="clef's demo (make demo)"
-    )
-    parser.add_argument(
-        "--state-dir", type=Path, default=DEFAULT_STATE_DIR, help="where the demo cluster lives"
-    )
-    parser.add_argument("command", nargs="?", choices=["run", "down"], default="run")
-    args = parser.parse_args(argv)
-    if args.command == "down":
-        cluster = LocalCluster(args.state_dir)
-        if not cluster.ledger.load():
-            print(f"demo: nothing is running from {_rel(args.state_dir.resolve())}", file=sys.stderr)
-            return 0
-        ok = stop_demo(cluster)
-        if ok:
-            print(
-                f"demo: stopped the operator and the cluster from {_rel(args.state_dir.resolve())}",
-                file=sys.stderr,
-            )
-        return 0 if ok else 1
-    try:
-        return Demo(args.state_dir).run()
-    except KeyboardInterrupt:
-        print(
-            "\ndemo: interrupted; whatever started is still running: `make demo-down` stops it",
-            file=sys.stderr,
-        )
-        return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,4 @@
-"""`python -m tests.cluster.harness build|up|down|status|env|check` (see docs/local-cluster.md)."""
+"""`python -m clef_devcluster build|up|down|status|env|check` (see docs/local-cluster.md)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from .procs import is_alive
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.cluster.harness")
+    parser = argparse.ArgumentParser(prog="python -m clef_devcluster")
     parser.add_argument(
         "--state-dir", type=Path, default=DEFAULT_STATE_DIR, help="where certs, logs and data live"
     )
@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     sub.add_parser("down", help="stop everything started from --state-dir")
     sub.add_parser("status", help="what is running")
-    sub.add_parser("env", help='shell exports for kubectl: eval "$(python -m tests.cluster.harness env)"')
+    sub.add_parser("env", help='shell exports for kubectl: eval "$(python -m clef_devcluster env)"')
     sub.add_parser("check", help="print what is missing to run the local cluster (exit 3 if anything)")
     args = parser.parse_args(argv)
     cluster = LocalCluster(args.state_dir)

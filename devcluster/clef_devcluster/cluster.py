@@ -31,14 +31,12 @@ from typing import Any
 
 import yaml
 
-from . import images
+from . import components, images
 from .config import (
     BUILD_SCRIPT,
     CRDS_DIR,
     DEFAULT_STATE_DIR,
     HARNESS_NAMESPACE,
-    KWOK_NODE_ANNOTATION,
-    KWOK_NODE_VALUE,
     MANIFESTS_DIR,
     REPO_ROOT,
     Binaries,
@@ -46,7 +44,7 @@ from .config import (
     default_binaries,
     missing_prerequisites,
 )
-from .pki import PKI, SERVICE_CIDR
+from .pki import PKI
 from .procs import ProcessLedger, ProcessRecord, free_port, listening_ports, record, stop
 from .rest import ApiError, Rest, object_path
 
@@ -178,9 +176,7 @@ class LocalCluster:
         ]
         if missing:
             raise ClusterError(
-                "not built: "
-                + ", ".join(map(str, missing))
-                + " (run `python -m tests.cluster.harness build`)"
+                "not built: " + ", ".join(map(str, missing)) + " (run `python -m clef_devcluster build`)"
             )
         started = self._started = time.monotonic()
         self._timings = {}
@@ -199,30 +195,9 @@ class LocalCluster:
                 kwok_kc = runner_kc = kubeconfig
                 self._write_state({"externalKubeconfig": str(kubeconfig)})
             rest = Rest(kubeconfig)
-            self._spawn(
-                "kwok",
-                [
-                    str(self.bin.kwok),
-                    f"--kubeconfig={kwok_kc}",
-                    f"--config={MANIFESTS_DIR / 'kwok-stages.yaml'}",
-                    "--manage-all-nodes=false",
-                    f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}={KWOK_NODE_VALUE}",
-                    "--node-lease-duration-seconds=40",
-                    "--cidr=10.244.0.0/16",
-                ],
-            )
+            self._spawn("kwok", components.kwok(self.bin, kwok_kc))
             (self.dir / "run" / "runner.ready").unlink(missing_ok=True)
-            self._spawn(
-                "runner",
-                [
-                    sys.executable,
-                    "-m",
-                    "tests.cluster.harness.runner",
-                    f"--state-dir={self.dir}",
-                    f"--kubeconfig={runner_kc}",
-                ],
-                cwd=REPO_ROOT,
-            )
+            self._spawn("runner", components.runner(self.dir, runner_kc), cwd=REPO_ROOT)
             # kwok and the runner start while the objects are written: neither depends on the
             # order (kwok's node stage keeps the capacity whenever it arrives).
             self._seed(rest)
@@ -250,93 +225,43 @@ class LocalCluster:
         etcd_url = f"http://127.0.0.1:{ports['etcd']}"
         peer_url = f"http://127.0.0.1:{ports['etcdPeer']}"
         shutil.rmtree(self.dir / "etcd", ignore_errors=True)
-        # etcd on plain HTTP: it listens on loopback only and holds a throwaway cluster; fsync is
-        # off for the same reason (it is most of etcd's latency on a CI disk).
-        self._spawn(
-            "etcd",
-            [
-                str(self.bin.etcd),
-                "--name=clef",
-                f"--data-dir={self.dir / 'etcd'}",
-                f"--listen-client-urls={etcd_url}",
-                f"--advertise-client-urls={etcd_url}",
-                f"--listen-peer-urls={peer_url}",
-                f"--initial-advertise-peer-urls={peer_url}",
-                f"--initial-cluster=clef={peer_url}",
-                "--unsafe-no-fsync",
-                "--log-level=warn",
-            ],
-        )
+        self._spawn("etcd", components.etcd(self.bin, self.dir / "etcd", etcd_url, peer_url))
         self._wait("etcd", lambda: _http_ok(f"{etcd_url}/health"), deadline)
         self._mark("etcd")
         cert_dir = self.dir / "run" / "certs"
         self._spawn(
             "kube-apiserver",
-            [
-                str(self.bin.kube_apiserver),
-                f"--etcd-servers={etcd_url}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
-                # The `kubernetes` Service's endpoints may not be a loopback address, and nothing
-                # here runs in-cluster to need them: no endpoint reconciler.
-                "--endpoint-reconciler-type=none",
-                f"--secure-port={ports['apiserver']}",
-                f"--cert-dir={cert_dir / 'apiserver'}",
-                f"--tls-cert-file={p.cert('apiserver')}",
-                f"--tls-private-key-file={p.key('apiserver')}",
-                f"--client-ca-file={p.ca_cert}",
-                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-                f"--service-account-key-file={p.sa_pub}",
-                f"--service-account-signing-key-file={p.sa_key}",
-                f"--service-cluster-ip-range={SERVICE_CIDR}",
-                "--authorization-mode=Node,RBAC",
-                # Creating an object whose ownerReference sets blockOwnerDeletion needs `update` on
-                # the owner's finalizers: off by default upstream, on in many production clusters,
-                # so the operator's RBAC is proven with it on.
-                "--enable-admission-plugins=OwnerReferencesPermissionEnforcement",
-                # What the operator's ServiceAccount asked for (manifests/audit-policy.yaml).
-                f"--audit-policy-file={MANIFESTS_DIR / 'audit-policy.yaml'}",
-                f"--audit-log-path={self.audit_log}",
-                "--audit-log-format=json",
-                "--allow-privileged=true",
-                "--profiling=false",
-            ],
+            components.kube_apiserver(
+                self.bin,
+                p,
+                etcd_url=etcd_url,
+                port=ports["apiserver"],
+                cert_dir=cert_dir / "apiserver",
+                audit_log=self.audit_log,
+            ),
         )
         ctx = ssl.create_default_context(cafile=str(p.ca_cert))
         ctx.load_cert_chain(str(p.cert("admin")), str(p.key("admin")))
         self._wait("kube-apiserver", lambda: _http_ok(f"{server}/readyz", ctx), deadline)
         self._mark("apiserver")
-        # No delegated authentication/authorization kubeconfigs: their secure ports then serve
-        # only the always-allowed /healthz, /readyz, /livez, which is all the harness asks, and
-        # they start faster.  One instance each, so no leader election to wait for.
-        delegated = ["--bind-address=127.0.0.1", "--leader-elect=false"]
-        cm_kc = self.component_kubeconfig("controller-manager")
         self._spawn(
             "kube-controller-manager",
-            [
-                str(self.bin.kube_controller_manager),
-                f"--kubeconfig={cm_kc}",
-                f"--secure-port={ports['controllerManager']}",
-                f"--cert-dir={cert_dir / 'controller-manager'}",
-                f"--root-ca-file={p.ca_cert}",
-                f"--service-account-private-key-file={p.sa_key}",
-                f"--cluster-signing-cert-file={p.ca_cert}",
-                f"--cluster-signing-key-file={p.ca_key}",
-                f"--service-cluster-ip-range={SERVICE_CIDR}",
-                "--use-service-account-credentials=true",
-                *delegated,
-            ],
+            components.kube_controller_manager(
+                self.bin,
+                p,
+                kubeconfig=self.component_kubeconfig("controller-manager"),
+                port=ports["controllerManager"],
+                cert_dir=cert_dir / "controller-manager",
+            ),
         )
-        sched_kc = self.component_kubeconfig("scheduler")
         self._spawn(
             "kube-scheduler",
-            [
-                str(self.bin.kube_scheduler),
-                f"--kubeconfig={sched_kc}",
-                f"--secure-port={ports['scheduler']}",
-                f"--cert-dir={cert_dir / 'scheduler'}",
-                *delegated,
-            ],
+            components.kube_scheduler(
+                self.bin,
+                kubeconfig=self.component_kubeconfig("scheduler"),
+                port=ports["scheduler"],
+                cert_dir=cert_dir / "scheduler",
+            ),
         )
 
     def _seed(self, rest: Rest) -> None:

@@ -1,0 +1,110 @@
+"""How the demo speaks: timestamped lines, and a Narrator that turns two snapshots of a ClefModel
+into one line per change."""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .snapshot import Snapshot
+
+
+def clock() -> str:
+    return time.strftime("%H:%M:%S")
+
+
+def say(message: str) -> None:
+    print(f"[{clock()}] {message}", flush=True)
+
+
+def detail(message: str) -> None:
+    print(f"           {message}", flush=True)
+
+
+def heading(title: str) -> None:
+    print(f"\n── {title} " + "─" * max(4, 78 - len(title)), flush=True)
+
+
+def rel(path: Path) -> str:
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+_DIGEST = re.compile(r"@sha256:([0-9a-f]{12})[0-9a-f]{52}")
+
+
+def short(text: str, limit: int = 200) -> str:
+    """One line, digests abbreviated (`@sha256:82003baffba5…`), at most `limit` characters."""
+    text = _DIGEST.sub(r"@sha256:\1…", " ".join(text.split()))
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+_TOLD_ELSEWHERE: dict[str, set[tuple[str, str]]] = {
+    "Verified": {("Unknown", "VerificationPending"), ("Unknown", "VerificationRunning")},
+    "Progressing": {
+        ("True", "VerificationPending"),
+        ("True", "VerificationRunning"),
+        ("False", "VerificationFailed"),
+    },
+    "Degraded": {("False", "AsExpected")},
+}
+
+
+@dataclass
+class Narrator:
+    """Prints what changed between two snapshots of a model, one line per change."""
+
+    node_gpus: dict[str, str]
+    last: dict[str, Snapshot] = field(default_factory=dict)
+
+    def tell(self, name: str, snap: Snapshot) -> None:
+        before = self.last.get(name)
+        self.last[name] = snap
+        who = f"{name}:"
+        old_jobs = before.jobs if before else {}
+        for job, state in snap.jobs.items():
+            if job not in old_jobs:
+                say(f"{who} verification Job {job} created for {snap.job_images.get(job, '?')}")
+            elif old_jobs[job] != state and state in ("Complete", "Failed"):
+                say(f"{who} verification Job {job} finished: {state}")
+        old_pods = before.pods if before else {}
+        for pod, (job, phase, node) in snap.pods.items():
+            if old_pods.get(pod, ("", "", ""))[1:] == (phase, node):
+                continue
+            if phase == "Running":
+                gpu = self.node_gpus.get(node, "")
+                say(
+                    f"{who} waiting for verification Job {job} "
+                    f"(running clef-runtime verify on {node}{', ' + gpu if gpu else ''})…"
+                )
+            elif phase == "Pending" and node:
+                say(f"{who} verification pod {pod} scheduled on {node}, starting")
+        old_deps = before.deployments if before else {}
+        for dep, (replicas, available) in snap.deployments.items():
+            if dep not in old_deps:
+                ready = f", {available}/{replicas} available" if available else ""
+                say(
+                    f"{who} Deployment {dep} created ({replicas} replica{'s' if replicas != 1 else ''}{ready})"
+                )
+            elif old_deps[dep] != (replicas, available):
+                say(f"{who} Deployment {dep}: {available}/{replicas} available")
+        old_svc = before.service if before else None
+        if snap.service and (old_svc is None or old_svc[0] != snap.service[0]):
+            rev, ip = snap.service
+            say(f"{who} Service now selects revision {rev or '(none)'} (ClusterIP {ip})")
+        for type_ in ("Verified", "Progressing", "Ready", "Degraded"):
+            new = snap.condition(type_)
+            old = before.condition(type_) if before else {}
+            key = (new.get("status"), new.get("reason"))
+            if not new or key == (old.get("status"), old.get("reason")):
+                continue
+            # Degraded going back to False is news; its steady False is not.
+            cleared = type_ == "Degraded" and old.get("status") == "True"
+            if key in _TOLD_ELSEWHERE.get(type_, ()) and not cleared:
+                continue
+            message = short(new.get("message", ""))
+            say(f"{who} {type_}={new['status']} ({new['reason']})" + (f": {message}" if message else ""))

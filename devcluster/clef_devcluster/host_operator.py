@@ -1,0 +1,69 @@
+"""`clef-operator` from this checkout, run on this host against a cluster: as the admin, or with
+exactly the rights its in-cluster ServiceAccount would have."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, Any
+
+import yaml
+
+from .config import REPO_ROOT
+
+OPERATOR_NAMESPACE = "clef-system"
+OPERATOR_SA = "clef-operator"
+OPERATOR_USER = f"system:serviceaccount:{OPERATOR_NAMESPACE}:{OPERATOR_SA}"
+
+
+def spawn_operator(args: Sequence[str], kubeconfig: Path, log: IO[bytes]) -> subprocess.Popen[bytes]:
+    """`clef-operator ARGS` from this checkout, talking to the API server of `kubeconfig`, its
+    output appended to `log`, in a process group of its own (so a stop ends its children too)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "clef_operator.cli", *args],
+        cwd=REPO_ROOT,
+        env={**os.environ, "KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1"},
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def service_account_kubeconfig(
+    admin_kubeconfig: Path, namespace: str, name: str, out: Path, seconds: int = 86400
+) -> Path:
+    """A kubeconfig that authenticates as ServiceAccount namespace/name with a token from the
+    TokenRequest API, for the same server and CA as `admin_kubeconfig`: how to run the operator on
+    a host with exactly the rights its in-cluster pod would have."""
+    from kubernetes import client, config
+
+    api = config.new_client_from_config(config_file=str(admin_kubeconfig))
+    try:
+        request = client.AuthenticationV1TokenRequest(
+            spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=seconds)
+        )
+        response: Any = client.CoreV1Api(api).create_namespaced_service_account_token(
+            name, namespace, request
+        )
+    finally:
+        api.close()
+    admin = yaml.safe_load(admin_kubeconfig.read_text())
+    context = next(c for c in admin["contexts"] if c["name"] == admin["current-context"])["context"]
+    cluster = next(c for c in admin["clusters"] if c["name"] == context["cluster"])
+    user = f"{namespace}-{name}"
+    kubeconfig = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [cluster],
+        "users": [{"name": user, "user": {"token": response.status.token}}],
+        "contexts": [{"name": user, "context": {"cluster": cluster["name"], "user": user}}],
+        "current-context": user,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.touch(mode=0o600)
+    out.write_text(yaml.safe_dump(kubeconfig))
+    return out

@@ -1,0 +1,317 @@
+"""One verification pod, driven from bound to terminal (and, once deleted, gone) as a kubelet
+would: pull, start, restart with back-off, report every change through the status subresource."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import threading
+import traceback
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from .. import images
+from ..rest import ApiError
+from .container import ContainerState, kill_group, now, read_termination_message
+from .env import ContainerEnv, expand, process_env
+
+if TYPE_CHECKING:
+    from .watch import Runner
+
+log = logging.getLogger("clef.runner")
+
+Obj = dict[str, Any]
+
+# kubelet's crash-loop back-off (10s doubling to 5min), for restartPolicy OnFailure/Always.
+BACKOFF_START, BACKOFF_MAX = 10.0, 300.0
+# How often ErrImagePull is retried (and re-reported) while the pod lives.
+PULL_RETRY_SECONDS = 20.0
+
+
+class PodWorker:
+    """Drives one pod from bound to terminal (and, once deleted, gone)."""
+
+    def __init__(self, runner: Runner, pod: Obj) -> None:
+        self.runner = runner
+        self.rest = runner.rest
+        self.path = f"/api/v1/namespaces/{pod['metadata']['namespace']}/pods/{pod['metadata']['name']}"
+        self.pod = pod
+        meta = pod["metadata"]
+        self.name: str = meta["name"]
+        self.namespace: str = meta["namespace"]
+        self.uid: str = meta["uid"]
+        self.node: str = pod["spec"].get("nodeName") or ""
+        self.specs: list[Obj] = pod["spec"]["containers"]
+        self.stop = threading.Event()
+        self.grace = 30.0
+        self.lock = threading.Lock()
+        # Held from building a status to the server's answer, so that containers finishing at
+        # once cannot land their updates out of order (terminated, then an older "running").
+        self.publishing = threading.Lock()
+        self.containers = {c["name"]: ContainerState(c["name"], c["image"]) for c in self.specs}
+        self.start_time: str | None = (pod.get("status") or {}).get("startTime")
+        self.phase = "Pending"
+        self.gone = False
+        self.transitions: dict[str, tuple[str, str]] = {}
+
+    # -- requests from the watch loop ------------------------------------------------------
+    def request_stop(self, grace: float) -> None:
+        self.grace = max(0.0, min(grace, 30.0))
+        self.stop.set()
+
+    # -- status ------------------------------------------------------------------------------
+    def _publish(self) -> None:
+        with self.publishing:
+            self._publish_now()
+
+    def _publish_now(self) -> None:
+        if self.gone or self.runner.shutting_down.is_set():
+            return
+        with self.lock:
+            statuses = [s.to_status() for s in self.containers.values()]
+            all_running = all(s.running for s in self.containers.values())
+            terminal = self.phase in ("Succeeded", "Failed")
+            if terminal:
+                ready_reason: dict[str, str] = {"reason": "PodCompleted"}
+            elif all_running:
+                ready_reason = {}
+            else:
+                waiting = [n for n, s in self.containers.items() if not s.running]
+                ready_reason = {
+                    "reason": "ContainersNotReady",
+                    "message": f"containers with unready status: [{' '.join(waiting)}]",
+                }
+            ready = "True" if all_running and not terminal else "False"
+            stamp = now()
+            conditions = []
+            for kind, value, extra in (
+                ("PodReadyToStartContainers", "True", {}),
+                ("Initialized", "True", {}),
+                ("ContainersReady", ready, ready_reason),
+                ("Ready", ready, ready_reason),
+            ):
+                # A condition's transition time moves only when its status does.
+                if self.transitions.get(kind, ("", ""))[0] != value:
+                    self.transitions[kind] = (value, stamp)
+                since = self.transitions[kind][1]
+                conditions.append({"type": kind, "status": value, "lastTransitionTime": since, **extra})
+            status: Obj = {"phase": self.phase, "containerStatuses": statuses, "conditions": conditions}
+            if self.start_time is None:
+                self.start_time = stamp
+            status["startTime"] = self.start_time
+            host_ip = self.runner.node_ip(self.node)
+            if host_ip:
+                status["hostIP"] = host_ip
+                status["hostIPs"] = [{"ip": host_ip}]
+        try:
+            self.rest.patch_status(self.path, status)
+        except ApiError as e:
+            if e.status == 404:
+                self.gone = True
+                self.stop.set()
+                return
+            log.error("%s/%s: status update rejected: %s", self.namespace, self.name, e)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def run(self) -> None:
+        try:
+            self._run()
+        except Exception:
+            log.error("%s/%s: runner error\n%s", self.namespace, self.name, traceback.format_exc())
+        finally:
+            if self.stop.is_set() and not self.runner.shutting_down.is_set():
+                self.runner.finalize(self.namespace, self.name, self.uid)
+            self.runner.forget(self.uid)
+
+    def _run(self) -> None:
+        table = self.runner.image_table()
+        entries = {c["name"]: table.lookup(c["image"]) for c in self.specs}
+        log.info(
+            "%s/%s: images %s",
+            self.namespace,
+            self.name,
+            {n: (e.kind if e else "unknown") for n, e in entries.items()},
+        )
+        if any(e is None or e.kind == "unpullable" for e in entries.values()):
+            self._pull_failure(entries)
+            return
+        threads = [
+            threading.Thread(target=self._container_loop, args=(c, entries[c["name"]]), daemon=True)
+            for c in self.specs
+        ]
+        with self.lock:
+            self.phase = "Running"
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        with self.lock:
+            codes = [s.terminated["exitCode"] if s.terminated else 1 for s in self.containers.values()]
+            self.phase = "Succeeded" if all(c == 0 for c in codes) else "Failed"
+        self._publish()
+        log.info("%s/%s: %s (exit codes %s)", self.namespace, self.name, self.phase, codes)
+
+    def _pull_failure(self, entries: dict[str, images.ImageEntry | None]) -> None:
+        def waiting(reason: str) -> None:
+            with self.lock:
+                for name, entry in entries.items():
+                    if entry is None or entry.kind == "unpullable":
+                        s = self.containers[name]
+                        why = "not found" if entry is None else "unauthorized or not found"
+                        message = (
+                            f'failed to pull and unpack image "{s.image}": {why} (clef local cluster: '
+                            + (
+                                "the image is in no entry of the image table)"
+                                if entry is None
+                                else "unpullable)"
+                            )
+                            if reason == "ErrImagePull"
+                            else f'Back-off pulling image "{s.image}"'
+                        )
+                        s.state = {"waiting": {"reason": reason, "message": message}}
+            self._publish()
+
+        while not self.stop.is_set():
+            waiting("ErrImagePull")
+            if self.stop.wait(5.0):
+                break
+            waiting("ImagePullBackOff")
+            if self.stop.wait(PULL_RETRY_SECONDS):
+                break
+        # A pod deleted before its image arrived: the kubelet reports the container as unknown.
+        with self.lock:
+            for s in self.containers.values():
+                if not s.terminated:
+                    s.state = {
+                        "terminated": {
+                            "exitCode": 137,
+                            "reason": "ContainerStatusUnknown",
+                            "message": "The container could not be located when the pod was terminated",
+                            "startedAt": None,
+                            "finishedAt": now(),
+                        }
+                    }
+            self.phase = "Failed"
+        self._publish()
+
+    def _container_loop(self, spec: Obj, entry: images.ImageEntry | None) -> None:
+        assert entry is not None
+        state = self.containers[spec["name"]]
+        policy = self.pod["spec"].get("restartPolicy") or "Always"
+        backoff = BACKOFF_START
+        while True:
+            exit_code = self._run_container(spec, entry, state)
+            restart = not self.stop.is_set() and (
+                policy == "Always" or (policy == "OnFailure" and exit_code != 0)
+            )
+            if not restart:
+                return
+            with self.lock:
+                state.last_state = state.state
+                state.restart_count += 1
+                state.state = {
+                    "waiting": {
+                        "reason": "CrashLoopBackOff",
+                        "message": f"back-off {int(backoff)}s restarting failed container={spec['name']}",
+                    }
+                }
+            self._publish()
+            if self.stop.wait(backoff):
+                return
+            backoff = min(backoff * 2, BACKOFF_MAX)
+
+    def _run_container(self, spec: Obj, entry: images.ImageEntry, state: ContainerState) -> int:
+        container_id = f"clef-harness://{uuid.uuid4().hex}"
+        started = now()
+        with self.lock:
+            state.image_id = entry.image_id
+            state.container_id = container_id
+
+        def terminate(code: int, reason: str, message: str) -> int:
+            with self.lock:
+                state.state = {
+                    "terminated": {
+                        "exitCode": code,
+                        "reason": reason,
+                        "message": message,
+                        "startedAt": started,
+                        "finishedAt": now(),
+                        "containerID": container_id,
+                    }
+                }
+            self._publish()
+            return code
+
+        if entry.kind == "hang":
+            with self.lock:
+                state.state = {"running": {"startedAt": started}}
+            self._publish()
+            self.stop.wait()
+            return terminate(137, "Error", "")
+
+        try:
+            env = ContainerEnv(self.rest, self.runner.node_ip).resolve(self.pod, spec)
+        except LookupError as e:
+            # kubelet: CreateContainerConfigError, the container never starts.
+            with self.lock:
+                state.state = {"waiting": {"reason": "CreateContainerConfigError", "message": str(e)}}
+            self._publish()
+            self.stop.wait()
+            return terminate(137, "ContainerStatusUnknown", str(e))
+
+        command = list(spec.get("command") or entry.entrypoint)
+        argv = [expand(str(a), env) for a in command + list(spec.get("args") or [])]
+        run_dir = self.runner.run_dir(self.namespace, self.name, spec["name"], state.restart_count)
+        termlog = run_dir / "termination-log"
+        termlog.write_bytes(b"")
+        out_path = self.runner.log_path(self.namespace, self.name, spec["name"], state.restart_count)
+        fault = str(entry.fault) if entry.kind == "fault" else None
+        proc_env = process_env(self.name, env, termlog, fault)
+        if not argv:
+            return terminate(128, "StartError", "no command specified")
+        exe = argv[0] if "/" in argv[0] else shutil.which(argv[0], path=proc_env["PATH"])
+        if exe is None or not os.access(exe, os.X_OK):
+            return terminate(
+                128,
+                "StartError",
+                f'exec: "{argv[0]}": executable file not found in $PATH',
+            )
+        with out_path.open("wb") as out:
+            out.write(f"# {json.dumps(argv)}\n# image {spec['image']} ({entry.kind}"
+                      f"{' ' + str(entry.fault) if entry.fault else ''})\n".encode())  # fmt: skip
+            out.flush()
+            try:
+                proc = subprocess.Popen(
+                    [exe, *argv[1:]],
+                    cwd=run_dir,
+                    env=proc_env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            except OSError as e:
+                return terminate(128, "StartError", f"{argv[0]}: {e.strerror}")
+            self.runner.track(proc.pid)
+            with self.lock:
+                state.state = {"running": {"startedAt": started}}
+            self._publish()
+            log.info("%s/%s/%s: started pid %d: %s", self.namespace, self.name, spec["name"], proc.pid, argv)
+            try:
+                code = self._wait(proc)
+            finally:
+                self.runner.untrack(proc.pid)
+        message = read_termination_message(termlog, out_path, spec.get("terminationMessagePolicy"), code)
+        return terminate(code, "Completed" if code == 0 else "Error", message)
+
+    def _wait(self, proc: subprocess.Popen[bytes]) -> int:
+        while proc.poll() is None:
+            if self.stop.wait(0.2):
+                kill_group(proc, self.grace)
+                break
+        rc = proc.wait()
+        # A signal death is reported as the shell (and the kubelet) does: 128 + signal.
+        return 128 - rc if rc < 0 else rc
