@@ -285,7 +285,7 @@ def test_the_seam_has_one_home() -> None:
     )
     # `--shape` but not `--shapes` (the shape profile, a flag of the runtime's own).
     spelt = {name: re.compile(rf"{re.escape(name)}(?!\w)") for name in names}
-    files = _python_files("operator", "runtime")
+    files = _python_files("operator", "runtime", "devcluster")
     assert len(files) > 20
     problems = []
     for path in files:

@@ -10,6 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from clef_contract.command import DEVICE_ENV, FAULT_ENV, SHAPES_ENV, TERMINATION_LOG_ENV
+
 from ..config import VENV_BIN
 from ..rest import ApiError, Rest
 
@@ -19,8 +21,8 @@ Obj = dict[str, Any]
 
 # Forced for every run: the host has no GPU for these pods, and the verify suite must fit a CPU.
 HARNESS_ENV = {
-    "CLEF_VERIFY_DEVICE": "cpu",
-    "CLEF_VERIFY_SHAPES": "reduced",
+    DEVICE_ENV: "cpu",
+    SHAPES_ENV: "reduced",
     "TRITON_INTERPRET": "1",
 }
 
@@ -66,9 +68,9 @@ def process_env(
     env = host_env(pod_name)
     env.update(container)
     env.update(HARNESS_ENV)
-    env["CLEF_TERMINATION_LOG"] = str(termination_log)
+    env[TERMINATION_LOG_ENV] = str(termination_log)
     if fault is not None:
-        env["CLEF_RUNTIME_FAULT"] = fault
+        env[FAULT_ENV] = fault
     return env
 
 
