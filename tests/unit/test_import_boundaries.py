@@ -56,3 +56,19 @@ def test_the_operator_and_the_runtime_do_not_import_the_dev_cluster() -> None:
     files = sorted((REPO / "operator").rglob("*.py")) + sorted((REPO / "runtime").rglob("*.py"))
     assert files
     assert not offending(files, "clef_devcluster")
+
+
+def test_each_image_carries_only_what_it_imports() -> None:
+    """The operator image has no torch and no runtime; the runtime image has no kopf, kubernetes
+    client or operator; the contract, in both, has neither."""
+    tree = {name: sorted((REPO / name).rglob("*.py")) for name in ("operator", "runtime", "contract")}
+    assert all(tree.values())
+    forbidden = {
+        "operator": ("clef_runtime", "torch", "triton"),
+        "runtime": ("clef_operator", "kopf", "kubernetes"),
+        "contract": ("clef_operator", "clef_runtime", "clef_devcluster", "torch", "kubernetes", "pydantic"),
+    }
+    problems = [
+        line for home, names in forbidden.items() for name in names for line in offending(tree[home], name)
+    ]
+    assert problems == []
