@@ -61,21 +61,3 @@ def tolerance(op: str, dtype: str) -> Tolerance:
         return TOLERANCES[op][dtype]
     except KeyError:
         raise KeyError(f"no tolerance for op {op!r} at dtype {dtype!r}") from None
-
-
-# Per-check exceptions for `verify` (op, kind) → dtype → tolerance, where the op's tolerance does
-# not fit one kind of check.  "large-state": the states of the long-context cases, ~1e5, where
-# bf16 rounds the state for every chunk's dots: the healthy final state's error per head is
-# ~5 bf16 ulps (docs/verification.md has the measurements and the margin of every check).
-_CHECKS: dict[tuple[str, str], dict[str, Tolerance]] = {
-    ("chunk_gated_delta_rule", "large-state"): {"bf16": Tolerance(rel_rms=6e-2, rel_max=2e-1)},
-    ("fused_recurrent_gated_delta_rule", "large-state"): {"bf16": Tolerance(rel_rms=6e-2, rel_max=2e-1)},
-}
-
-
-def check_tolerance(op: str, kind: str, dtype: str) -> Tolerance:
-    """The tolerance of one `verify` check: ``kind`` is "out" (an op's output), "state" (a final
-    or in-place state) or "large-state" (the long-context cases' states); the op's tolerance
-    unless `_CHECKS` has one for the kind."""
-    found = _CHECKS.get((op, kind), {}).get(dtype)
-    return found if found is not None else tolerance(op, dtype)

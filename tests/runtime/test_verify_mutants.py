@@ -24,7 +24,7 @@ import clef_runtime.ops
 from clef_runtime.compare import worst_group
 from clef_runtime.ops import TRITON_OPS
 from clef_runtime.reference import REFERENCE_OPS
-from clef_runtime.tolerances import check_tolerance
+from clef_runtime.tolerances import tolerance
 from clef_runtime.verify.report import Report
 from clef_runtime.verify.run import REDUCED_HEADS, VerifyArgs, run_verify
 
@@ -52,7 +52,7 @@ def damage(seen: dict[str, Seen], reference: dict[str, Seen]) -> list[str]:
     """What the candidate's scenario left beyond the tolerance of the reference's (per head/block)."""
     found = []
     for name, s in seen.items():
-        tol = check_tolerance(s.op, s.kind, DTYPE)
+        tol = tolerance(s.op, DTYPE)
         w = worst_group(s.tensor, reference[name].tensor, s.groups)
         if not w.finite or w.rel_rms > tol.rel_rms or w.rel_max > tol.rel_max:
             found.append(f"{name}: rel_rms {w.rel_rms:.3g}, rel_max {w.rel_max:.3g} (tolerance {tol})")

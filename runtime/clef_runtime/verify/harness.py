@@ -24,7 +24,7 @@ import torch
 
 from clef_runtime.compare import worst_group
 from clef_runtime.opset import OpSet
-from clef_runtime.tolerances import check_tolerance
+from clef_runtime.tolerances import tolerance
 from clef_runtime.verify.coverage import Slice, dead_slices
 from clef_runtime.verify.report import Check
 
@@ -109,20 +109,10 @@ class Case:
         return out, getattr(self.ref, op)(**ref_args)
 
     def compare(
-        self,
-        what: str,
-        candidate: torch.Tensor,
-        reference: torch.Tensor,
-        slices: Sequence[Slice] = (),
-        groups: Sequence[int] = (),
-        group_name: Callable[[int], str] | None = None,
-        kind: str = "out",
-        regroup: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        self, what: str, candidate: torch.Tensor, reference: torch.Tensor, *args: Any, **kwargs: Any
     ) -> None:
-        """rel_rms and rel_max of the worst group (every index of the `groups` dims of
-        ``regroup(tensor)``; the whole tensor when there are none) against the check's tolerance,
-        and coverage over `slices`."""
-        self.compare_parts(what, [("", candidate, reference)], slices, groups, group_name, kind, regroup)
+        """`compare_parts` for one call's tensor."""
+        self.compare_parts(what, [("", candidate, reference)], *args, **kwargs)
 
     def compare_parts(
         self,
@@ -131,14 +121,16 @@ class Case:
         slices: Sequence[Slice] = (),
         groups: Sequence[int] = (),
         group_name: Callable[[int], str] | None = None,
-        kind: str = "out",
         regroup: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> None:
-        """`compare` over several calls (``(label, candidate, reference)``, e.g. one per launch
-        configuration): one set of checks, the worst part and group deciding and named."""
+        """rel_rms and rel_max of the worst group (every index of the `groups` dims of
+        ``regroup(tensor)``; the whole tensor when there are none) against the check's tolerance,
+        and coverage over `slices`, over one or several calls (``(label, candidate, reference)``,
+        e.g. one per launch configuration): one set of checks, the worst part and group deciding
+        and named."""
         if not parts:  # e.g. no launch configuration beyond the other cases' here
             return
-        base = check_tolerance(self.op, kind, self.dtype_name)
+        base = tolerance(self.op, self.dtype_name)
         limits = (base.rel_rms * self.scale, base.rel_max * self.scale)
         prefix = f"{self.prefix} {what}"
         worst: list[tuple[float, str]] = [(-1.0, ""), (-1.0, "")]

@@ -4,7 +4,7 @@ and dims and the deployed dtype, on seeded random inputs, through every path of 
 Each case runs its ops through `harness.Case` (reference on a snapshot of the inputs, inputs
 checked unchanged, results re-checked after a second call) and produces, per output tensor, two
 error checks (``rel_rms``, ``rel_max`` of the worst value head / state block / conv head, against
-`clef_runtime.tolerances.check_tolerance`) and one coverage check (no band, head or state slice
+`clef_runtime.tolerances`) and one coverage check (no band, head or state slice
 dead in the candidate but alive in the reference).  Decode cases chain several calls through one
 state pool, so a kernel that corrupts state it hands on is caught where the next call reads it.
 The paths: batched and packed (varlen) prefill, packed with per-sequence initial states and a
@@ -179,7 +179,7 @@ def _conv_prefill(
     c.compare("y", y, ry, _bands(shape, 2), (-2,), name, regroup=regroup)
     sregroup, sname = _conv_state_groups(shape, "sequence")
     c.compare("final conv state", fin, rfin, per_index_slices(0, N, "final conv state of sequence"), (0, 1),
-              sname, kind="state", regroup=sregroup)  # fmt: skip
+              sname, regroup=sregroup)  # fmt: skip
 
 
 def case_conv(run: Run, shape: GdnShape, sizes: Sizes, inp: Inputs) -> list[Check]:
@@ -217,7 +217,7 @@ def case_conv_configs(run: Run, shape: GdnShape, sizes: Sizes, inp: Inputs) -> l
         fins.append((f"{label} (T={T})", fin, rfin))
     regroup, name = _conv_groups(shape)
     c.compare_parts("y", ys, _bands(shape, 2), (-2,), name, regroup=regroup)
-    c.compare_parts("final conv state", fins, kind="state")
+    c.compare_parts("final conv state", fins)
     return c.done()
 
 
@@ -251,7 +251,7 @@ def case_conv_decode(run: Run, shape: GdnShape, sizes: Sizes, inp: Inputs) -> li
     c.compare_parts("y", ys, _bands(shape, 2), (-2,), name, regroup=regroup)
     c.compare_parts("padding row y", pads)
     sregroup, sname = _conv_state_groups(shape, "slot")
-    c.compare_parts("conv state pool", pools, (), (0, 1), sname, kind="state", regroup=sregroup)
+    c.compare_parts("conv state pool", pools, (), (0, 1), sname, regroup=sregroup)
     return c.done()
 
 
@@ -383,12 +383,12 @@ def _state(inp: Inputs, shape: GdnShape, n: int, scale: float) -> torch.Tensor:
 
 
 def _chunk(
-    c: Case, shape: GdnShape, kw: dict[str, torch.Tensor], n: int, what: str = "sequence", kind: str = "state"
+    c: Case, shape: GdnShape, kw: dict[str, torch.Tensor], n: int, what: str = "sequence"
 ) -> tuple[torch.Tensor, torch.Tensor]:
     (o, s), (ro, rs) = c.run("chunk_gated_delta_rule", output_final_state=True, use_qk_l2norm=True, **kw)
     c.compare("o", o, ro, _heads(shape), (2,), _value_head)
     slices = per_index_slices(0, n, f"final state of {what}") if n > 1 else _state_slices(shape)
-    c.compare("final state", s, rs, slices, (0, 1), _state_block(shape.value_heads, what), kind=kind)
+    c.compare("final state", s, rs, slices, (0, 1), _state_block(shape.value_heads, what))
     return s, rs
 
 
@@ -440,7 +440,7 @@ def case_long_context(run: Run, shape: GdnShape, sizes: Sizes, inp: Inputs) -> l
     kw = _gdn(inp, shape, 1, sizes.long)
     kw["g"] = torch.full((1, sizes.long, shape.value_heads), -1e-4, device=inp.device)
     kw["k"][..., shape.key_dim // 2 :] = 0
-    s, rs = _chunk(c, shape, {**kw, "initial_state": _state(inp, shape, 1, 3e4)}, 1, kind="large-state")
+    s, rs = _chunk(c, shape, {**kw, "initial_state": _state(inp, shape, 1, 3e4)}, 1)
     checks = c.done()
     d = run.case("fused_recurrent_gated_delta_rule", "decode-after-long-context")
     outs = []
@@ -452,7 +452,7 @@ def case_long_context(run: Run, shape: GdnShape, sizes: Sizes, inp: Inputs) -> l
         o, ro = d.run("fused_recurrent_gated_delta_rule", ref_inplace={"state": ref_state},
                       state=state, use_qk_l2norm=True, **_gdn(inp, shape, 1, T))  # fmt: skip
         outs.append((f"T={T}", o, ro))
-    d.compare_parts("o", outs, _heads(shape), (2,), _value_head, kind="large-state")
+    d.compare_parts("o", outs, _heads(shape), (2,), _value_head)
     d.compare(
         "state",
         state,
@@ -460,7 +460,6 @@ def case_long_context(run: Run, shape: GdnShape, sizes: Sizes, inp: Inputs) -> l
         _state_slices(shape),
         (0, 1),
         _state_block(shape.value_heads),
-        kind="large-state",
     )
     return checks + d.done()
 
@@ -482,7 +481,7 @@ def case_recurrent(run: Run, shape: GdnShape, sizes: Sizes, inp: Inputs) -> list
     c.compare_parts("o", outs, _heads(shape), (2,), _value_head)
     c.compare_parts("padding row o", pads)
     c.compare("state pool", state, ref_state, _state_slices(shape), (0, 1),
-              _state_block(shape.value_heads, "slot"), kind="state")  # fmt: skip
+              _state_block(shape.value_heads, "slot"))  # fmt: skip
     return c.done()
 
 

@@ -27,7 +27,6 @@ class Seen:
 
     tensor: torch.Tensor
     op: str
-    kind: str  # "out" or "state" (the tolerance of `clef_runtime.tolerances.check_tolerance`)
     groups: tuple[int, ...]  # dims whose every index is judged on its own (heads, blocks)
 
 
@@ -66,10 +65,10 @@ def _conv(lengths: tuple[int, ...] | None) -> Scenario:
             y, fin = ops.causal_conv1d(x, w, **kw)
             if layer == 0:
                 seen = {
-                    "y": Seen(y, "causal_conv1d", "out", (2,)),
-                    "final state": Seen(fin, "causal_conv1d", "state", (0, 1)),
-                    "x after": Seen(x, "causal_conv1d", "out", (2,)),
-                    "initial state after": Seen(init, "causal_conv1d", "state", (0, 1)),
+                    "y": Seen(y, "causal_conv1d", (2,)),
+                    "final state": Seen(fin, "causal_conv1d", (0, 1)),
+                    "x after": Seen(x, "causal_conv1d", (2,)),
+                    "initial state after": Seen(init, "causal_conv1d", (0, 1)),
                 }
         return seen
 
@@ -88,8 +87,8 @@ def conv_decode(
     ops.causal_conv1d_update(_randn(gen, dev, dt, 3, 2, D), state, w, state_indices=idx)
     y1 = ops.causal_conv1d_update(_randn(gen, dev, dt, 3, 1, D), state, w, state_indices=idx)
     op = "causal_conv1d_update"
-    return {"y (T=2)": Seen(y2, op, "out", (0, 2)), "y (T=1)": Seen(y1, op, "out", (0, 2)),
-            "state pool": Seen(state, op, "state", (0, 1))}  # fmt: skip
+    return {"y (T=2)": Seen(y2, op, (0, 2)), "y (T=1)": Seen(y1, op, (0, 2)),
+            "state pool": Seen(state, op, (0, 1))}  # fmt: skip
 
 
 def _gating(grid: bool) -> Scenario:
@@ -120,8 +119,8 @@ def _gating_run(
         b = _randn(gen, dev, dt, a.shape[0], HV, scale=3.0)
         g, beta = ops.gdn_gating(a, b, A_log, dt_bias)
         if layer == 0:
-            seen = {"g": Seen(g, "gdn_gating", "out", (1,)), "beta": Seen(beta, "gdn_gating", "out", (1,)),
-                    "a after": Seen(a, "gdn_gating", "out", (1,))}  # fmt: skip
+            seen = {"g": Seen(g, "gdn_gating", (1,)), "beta": Seen(beta, "gdn_gating", (1,)),
+                    "a after": Seen(a, "gdn_gating", (1,))}  # fmt: skip
     return seen
 
 
@@ -134,7 +133,7 @@ def _small_rows(gen: torch.Generator, dev: torch.device, dt: torch.dtype, *shape
 def l2norm(ops: SimpleNamespace, gen: torch.Generator, dev: torch.device, dt: torch.dtype) -> dict[str, Seen]:
     x = _small_rows(gen, dev, dt, 2, 30, SHAPE.key_heads, SHAPE.key_dim)
     y = ops.l2norm(x)
-    return {"y": Seen(y, "l2norm", "out", (0, 1, 2)), "x after": Seen(x, "l2norm", "out", (2,))}
+    return {"y": Seen(y, "l2norm", (0, 1, 2)), "x after": Seen(x, "l2norm", (2,))}
 
 
 def gated_norm(
@@ -144,7 +143,7 @@ def gated_norm(
     z = _randn(gen, dev, dt, 2, 30, SHAPE.value_heads, SHAPE.value_dim)
     w = _randn(gen, dev, dt, SHAPE.value_dim, scale=0.1) + 1
     y = ops.gated_rmsnorm(x, z, w)
-    return {"y": Seen(y, "gated_rmsnorm", "out", (2,)), "x after": Seen(x, "gated_rmsnorm", "out", (2,))}
+    return {"y": Seen(y, "gated_rmsnorm", (2,)), "x after": Seen(x, "gated_rmsnorm", (2,))}
 
 
 def _gdn(
@@ -178,9 +177,9 @@ def _chunk(B: int, T: int, lengths: tuple[int, ...] | None = None, state_scale: 
                 kw["cu_seqlens"] = _cu(lengths, dev)
             o, fin = ops.chunk_gated_delta_rule(q, k, v, g, beta, **kw)
             if layer == 0:
-                seen = {"o": Seen(o, op, "out", (2,)), "final state": Seen(fin, op, "state", (0, 1)),
-                        "v after": Seen(v, op, "out", (2,)),
-                        "initial state after": Seen(init, op, "state", (0, 1))}  # fmt: skip
+                seen = {"o": Seen(o, op, (2,)), "final state": Seen(fin, op, (0, 1)),
+                        "v after": Seen(v, op, (2,)),
+                        "initial state after": Seen(init, op, (0, 1))}  # fmt: skip
         return seen
 
     return run
@@ -199,8 +198,8 @@ def _recurrent(rows: int, pool: int, tokens: tuple[int, ...], state_scale: float
             o = ops.fused_recurrent_gated_delta_rule(
                 q, k, v, g, beta, state=state, state_indices=idx, use_qk_l2norm=True
             )
-            seen.setdefault(f"o (T={T})", Seen(o, op, "out", (0, 2)))
-        seen["state pool"] = Seen(state, op, "state", (0, 1))
+            seen.setdefault(f"o (T={T})", Seen(o, op, (0, 2)))
+        seen["state pool"] = Seen(state, op, (0, 1))
         return seen
 
     return run
