@@ -13,8 +13,8 @@ Why these numbers (u = unit roundoff of the I/O dtype: f32 6e-8, bf16 3.9e-3, f1
   to use tensor cores, so errors compound over a chunk: the delta rule's tolerances are about 8u
   rms and 40u max for f16, 5u and 20u for bf16.
 * float32 runs in IEEE mode (no TF32), so errors are a small multiple of 6e-8 times the condition
-  of the triangular solve; 1e-4 rms leaves two orders of headroom and still catches any real bug
-  (a dropped term or a wrong index moves rel_rms to >1e-2).
+  of the triangular solve; 1e-4 rms still catches any real bug (a dropped term or a wrong index
+  moves rel_rms to >1e-2).
 
 A bug like the zeroed key band moves rel_rms to ~1, far beyond any of these.  `verify` judges
 each value head, state block and conv head on its own (`clef_runtime.compare.worst_group`); the

@@ -50,6 +50,11 @@ def _other_inputs(kwargs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise the same values (NaN where the other has NaN)."""
+    return a.shape == b.shape and bool((a == b).logical_or(a.isnan() & b.isnan()).all())
+
+
 class Case:
     """Runs the ops of one case and collects its checks, timing them together."""
 
@@ -95,15 +100,12 @@ class Case:
             kept = [t.clone() for t in results]
             getattr(self.fast, op)(**other)
             for i, (t, k) in enumerate(zip(results, kept, strict=True)):
-                if not torch.equal(t, k) and not (torch.isnan(t).any() and torch.isnan(k).any()):
+                if not _same(t, k):
                     self.unstable.append(f"result {i} of {op} changed when {op} was called again")
         for name, v in kwargs.items():
             if name in ref_inplace or not isinstance(v, torch.Tensor):
                 continue
-            same = v.shape == snapshot[name].shape and bool(
-                (v == snapshot[name]).logical_or(v.isnan() & snapshot[name].isnan()).all()
-            )
-            if not same:
+            if not _same(v, snapshot[name]):
                 self.modified.append(f"{op}: input {name} was modified (call {self.calls} of the case)")
         ref_args = {**snapshot, **ref_inplace}
         return out, getattr(self.ref, op)(**ref_args)

@@ -20,6 +20,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -227,20 +228,18 @@ def case_conv_decode(run: Run, shape: GdnShape, sizes: Sizes, inp: Inputs) -> li
     each call leaves behind is what the next reads, so a state that is not advanced shows up."""
     c = run.case("causal_conv1d_update", "decode")
     D, W = shape.conv_dim, shape.conv_width
-    rows = [sizes.batch] * len(sizes.decode_tokens)
-    tokens = list(sizes.decode_tokens)
-    for label, B in configs.conv_decode_rows(D, [sizes.batch]).items():
-        rows.append(B)
-        tokens.append(1)
-        del label  # the batch size in the part label names the choice
+    # (rows, tokens per call): the decode batch, then one batch size per other tile choice (the
+    # part labels name the batch size, which names the choice)
+    plan = [(sizes.batch, sizes.decode_tokens)]
+    plan += [(B, (1,)) for B in configs.conv_decode_rows(D, [sizes.batch]).values()]
     regroup, name = _conv_groups(shape)
     ys, pads, pools = [], [], []
-    for B in sorted(set(rows), key=rows.index):
+    for B, calls in plan:
         pool, idx = _pool_rows(B, inp.device)
         w = _conv_weight(inp, shape)
         state = inp.randn(pool, D, W - 1)
         ref_state = state.clone()
-        for T in [t for b, t in zip(rows, tokens, strict=True) if b == B]:
+        for T in calls:
             y, ry = c.run(
                 "causal_conv1d_update", ref_inplace={"conv_state": ref_state},
                 x=inp.randn(B + 1, T, D), conv_state=state, weight=w, state_indices=idx,
@@ -305,7 +304,7 @@ def case_gating_regimes(run: Run, shape: GdnShape, sizes: Sizes, inp: Inputs) ->
 
 def _row_configs(
     c: Case, op: str, width: int, covered: Sequence[int], make: Callable[[int], dict[str, torch.Tensor]]
-) -> list[tuple[str, object, object]]:
+) -> list[tuple[str, Any, Any]]:
     out = []
     for label, M in configs.row_tile_rows(width, covered).items():
         y, ry = c.run(op, **make(M))
@@ -323,20 +322,20 @@ def case_rowwise_configs(run: Run, shape: GdnShape, sizes: Sizes, inp: Inputs) -
     A_log, dt_bias = inp.gating_params(HV)
     parts = _row_configs(gc, "gdn_gating", HV, [rows, softplus_points().numel()],
                          lambda m: {"a": inp.randn(m, HV), "b": inp.randn(m, HV), "A_log": A_log, "dt_bias": dt_bias})  # fmt: skip
-    gc.compare_parts("g", [(lbl, y[0], r[0]) for lbl, y, r in parts], groups=(-1,), group_name=_value_head)  # type: ignore[index]
-    gc.compare_parts("beta", [(lbl, y[1], r[1]) for lbl, y, r in parts], groups=(-1,), group_name=_value_head)  # type: ignore[index]
+    gc.compare_parts("g", [(lbl, y[0], r[0]) for lbl, y, r in parts], groups=(-1,), group_name=_value_head)
+    gc.compare_parts("beta", [(lbl, y[1], r[1]) for lbl, y, r in parts], groups=(-1,), group_name=_value_head)
     checks += gc.done()
     lc = run.case("l2norm", "launch-configs")
     parts = _row_configs(
         lc, "l2norm", K, [rows * shape.key_heads], lambda m: {"x": inp.randn(m, K, scale=3.0)}
     )
-    lc.compare_parts("y", parts)  # type: ignore[arg-type]
+    lc.compare_parts("y", parts)
     checks += lc.done()
     nc = run.case("gated_rmsnorm", "launch-configs")
     w = inp.randn(V, scale=0.1) + 1.0
     parts = _row_configs(nc, "gated_rmsnorm", V, [rows * HV],
                          lambda m: {"x": inp.randn(m, V, scale=0.3), "z": inp.randn(m, V), "weight": w})  # fmt: skip
-    nc.compare_parts("y", parts)  # type: ignore[arg-type]
+    nc.compare_parts("y", parts)
     return checks + nc.done()
 
 
