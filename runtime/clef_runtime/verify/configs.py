@@ -12,11 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable
 
-import torch
-
-from clef_runtime.ops import conv, delta_rule_chunk
+from clef_runtime.ops import conv
 from clef_runtime.ops._common import row_tile
-from clef_runtime.ops.delta_rule_common import tensor_core_dots
 
 # The largest sizes enumerated: tokens in one prefill call, rows of one decode batch, rows of a
 # row-wise op.  Beyond them no chooser changes its answer (they saturate far below).
@@ -60,12 +57,6 @@ def row_tile_rows(width: int, covered: Iterable[int]) -> dict[str, int]:
     done = {row_tile(m, width) for m in covered}
     picks = smallest_per_choice(lambda m: row_tile(m, width), _powers(MAX_TOKENS))
     return {_label("BLOCK_M,BLOCK_N,warps", c): m for c, m in picks.items() if c not in done}
-
-
-def chunk_config(K: int, V: int, dtype: torch.dtype, device: torch.device) -> str:
-    """The chunked delta rule's one tile choice here (what every chunk case runs)."""
-    cfg = delta_rule_chunk.launch_config(K, V, dtype, tensor_core_dots(dtype, device))
-    return repr(cfg)
 
 
 def _label(names: str, choice: Hashable) -> str:
