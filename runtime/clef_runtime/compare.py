@@ -1,7 +1,12 @@
-"""Scale-free error metrics between a candidate tensor and its reference (see `tolerances`)."""
+"""Scale-free error metrics between a candidate tensor and its reference (see `tolerances`).
+
+`errors` measures a whole tensor; `worst_group` measures every group of it (a value head, a state
+block, a conv head) on its own and returns the worst: an error confined to one head of 32 is
+diluted √32-fold in the whole-tensor rms, so one head 1% off must be judged as that head."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -49,6 +54,60 @@ def errors(candidate: torch.Tensor, reference: torch.Tensor) -> Errors:
         rel_rms=rms / max(ref_rms, tiny) if rms > 0 else 0.0,
         rel_max=max_abs / max(ref_max, tiny) if max_abs > 0 else 0.0,
         finite=True,
+    )
+
+
+@dataclass(frozen=True)
+class WorstGroup:
+    """The largest per-group metrics (each may come from a different group) and which groups."""
+
+    rel_rms: float
+    rel_max: float
+    rms_group: int
+    max_group: int
+    finite: bool
+
+
+def _grouped(t: torch.Tensor, group_dims: Sequence[int]) -> torch.Tensor:
+    """``t`` as ``[groups, elements]``: the `group_dims` first (flattened), the rest after."""
+    dims = [d % t.dim() for d in group_dims]
+    rest = [d for d in range(t.dim()) if d not in dims]
+    n = 1
+    for d in dims:
+        n *= t.shape[d]
+    return t.permute(*dims, *rest).reshape(n, -1)
+
+
+def worst_group(candidate: torch.Tensor, reference: torch.Tensor, group_dims: Sequence[int]) -> WorstGroup:
+    """Per-group ``rel_rms`` and ``rel_max`` (groups: every index of `group_dims`), computed in
+    float64 on the tensors' device; the worst of each.  A group whose reference is exactly zero
+    counts as exact when the candidate is zero there too, and as infinitely wrong otherwise."""
+    if candidate.shape != reference.shape:
+        raise ValueError(
+            f"shape mismatch: candidate {tuple(candidate.shape)} vs reference {tuple(reference.shape)}"
+        )
+    c = _grouped(candidate.detach().to(torch.float64), group_dims)
+    r = _grouped(reference.detach().to(device=candidate.device, dtype=torch.float64), group_dims)
+    if c.numel() == 0:
+        return WorstGroup(0.0, 0.0, 0, 0, True)
+    finite_rows = torch.isfinite(c).all(1)
+    d = c - r
+    rms = d.pow(2).mean(1).sqrt()
+    mx = d.abs().amax(1)
+
+    def rel(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
+        out = num / den.clamp_min(1e-300)
+        out = torch.where(num == 0, torch.zeros_like(out), out)
+        return torch.where(finite_rows, out, torch.full_like(out, float("inf")))
+
+    rr = rel(rms, r.pow(2).mean(1).sqrt())
+    rm = rel(mx, r.abs().amax(1))
+    return WorstGroup(
+        rel_rms=float(rr.max()),
+        rel_max=float(rm.max()),
+        rms_group=int(rr.argmax()),
+        max_group=int(rm.argmax()),
+        finite=bool(finite_rows.all()),
     )
 
 

@@ -281,3 +281,105 @@ def test_model_suite_runs_a_mounted_checkpoint(tmp_path: Path) -> None:
     )
     assert code == 0, f"{full['summary']}\n{err[-1500:]}"
     assert full["modelShape"]["weights"] == f"checkpoint {ckpt}"
+
+
+# ---- the harness: snapshots, second calls, per-head errors, launch configurations ---------------
+
+
+def _conv_case(fast: object) -> list[Check]:
+    """One tiny conv call through `harness.Case` (reference on a snapshot, inputs checked)."""
+    import torch
+
+    from clef_runtime.reference import REFERENCE_OPS
+    from clef_runtime.verify.harness import Case
+
+    gen = torch.Generator().manual_seed(0)
+    c = Case("causal_conv1d", "tiny", "f16", fast, REFERENCE_OPS)  # type: ignore[arg-type]
+    x = torch.randn(1, 8, 64, generator=gen).half()
+    init = torch.randn(1, 64, 3, generator=gen).half()
+    (y, _), (ry, _) = c.run(
+        "causal_conv1d", x=x, weight=torch.randn(64, 4, generator=gen).half(), initial_state=init,
+        output_final_state=True,
+    )  # fmt: skip
+    c.compare("y", y, ry)
+    return c.done()
+
+
+def test_a_candidate_writing_into_its_input_fails_by_name() -> None:
+    """The incident through the input buffer: the reference runs on the snapshot taken before the
+    candidate, so it cannot compute the same wrong answer, and the write itself is named."""
+    from types import SimpleNamespace
+
+    from clef_runtime.ops import TRITON_OPS
+
+    def zeroing(x, *args, **kw):  # type: ignore[no-untyped-def]
+        x[..., 16:32] = 0
+        return TRITON_OPS.causal_conv1d(x, *args, **kw)
+
+    checks = {
+        c.name: c for c in _conv_case(SimpleNamespace(**{**vars(TRITON_OPS), "causal_conv1d": zeroing}))
+    }
+    assert checks["causal_conv1d/tiny: inputs unchanged"].detail.startswith(
+        "causal_conv1d: input x was modified"
+    )
+    assert not checks["causal_conv1d/tiny y: rel_rms"].passed
+    healthy = _conv_case(TRITON_OPS)
+    assert all(c.passed for c in healthy), [c.detail for c in healthy if not c.passed]
+
+
+def test_a_result_in_a_reused_workspace_fails_the_second_call() -> None:
+    from types import SimpleNamespace
+
+    import torch
+
+    from clef_runtime.ops import TRITON_OPS
+
+    workspace: list[torch.Tensor] = []
+
+    def aliased(*args, **kw):  # type: ignore[no-untyped-def]
+        y, fin = TRITON_OPS.causal_conv1d(*args, **kw)
+        if not workspace:
+            workspace.append(torch.empty_like(y))
+        workspace[0].copy_(y)
+        return workspace[0], fin
+
+    checks = {
+        c.name: c for c in _conv_case(SimpleNamespace(**{**vars(TRITON_OPS), "causal_conv1d": aliased}))
+    }
+    stable = checks["causal_conv1d/tiny: results stable across calls"]
+    assert not stable.passed and "changed when causal_conv1d was called again" in stable.detail
+
+
+def test_one_head_off_is_judged_as_that_head() -> None:
+    """1% on one value head of 32 is 0.18% over the whole tensor: the worst head decides."""
+    import torch
+
+    from clef_runtime.compare import errors, worst_group
+
+    ref = torch.randn(2, 50, 32, 128, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    cand = ref.clone()
+    cand[:, :, 31] *= 1.01
+    assert errors(cand, ref).rel_rms < 2e-3
+    w = worst_group(cand, ref, (2,))
+    assert abs(w.rel_rms - 1e-2) < 1e-4 and w.rms_group == 31 and w.finite
+    bad = cand.clone()
+    bad[0, 0, 5, 0] = float("inf")
+    assert not worst_group(bad, ref, (2,)).finite
+
+
+def test_launch_configurations_are_enumerated_from_the_kernels_choosers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a GPU (no interpreter) at the model's conv width the decode chooser switches to 4 rows per
+    program at 128 rows, and the prefill chooser to shorter chunks for short prompts: the suite
+    gets a case for each, found through the choosers themselves."""
+    import clef_runtime.ops._common as common
+    import clef_runtime.ops.conv as conv
+    from clef_runtime.verify import configs
+
+    monkeypatch.setattr(conv, "interpreting", lambda: False)
+    monkeypatch.setattr(common, "interpreting", lambda: False)
+    assert configs.conv_decode_rows(8192, [2]) == {"ROWS=4 BLOCK_D=128 warps=4": 128}
+    assert sorted(configs.conv_prefill_tokens(8192, [1000]).values()) == [1, 16]
+    assert len(configs.row_tile_rows(32, [2000])) == 7  # BLOCK_M 1 … 64 (2000 rows take 128)
+    assert configs.smallest_per_choice(lambda n: n >= 100, [1000, 3, 100, 7]) == {False: 3, True: 100}

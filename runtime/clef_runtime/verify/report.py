@@ -13,7 +13,7 @@ from clef_contract.command import ExitCode
 from clef_contract.report import SCHEMA_VERSION, CompactReport, FailingEntry, Verdict, build_report, clip
 
 # Metrics whose failure names the broken slice or the exception (see `failing`).
-_SPECIFIC_METRICS = frozenset({"dead_slices", "raised"})
+_SPECIFIC_METRICS = frozenset({"dead_slices", "raised", "inputs_modified", "results_changed"})
 
 
 @dataclass
