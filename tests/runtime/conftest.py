@@ -100,6 +100,25 @@ def dtype_name(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+# f16 under both launch configurations of the chunked delta rule: the tensor-core one (what the
+# interpreter and Ampere-or-later GPUs take by themselves) and the FMA one (the homelab's V100),
+# forced (`clef_runtime.kernel_config`).  bf16 and f32 take what the device decides.
+DTYPE_CONFIGS = (("f32", "auto"), ("bf16", "auto"), ("f16", "tensor-core"), ("f16", "fma"))
+
+
+@pytest.fixture(params=DTYPE_CONFIGS, ids=["f32", "bf16", "f16-tensor-core", "f16-fma"])
+def dtype_config(request: pytest.FixtureRequest) -> tuple[str, str]:
+    """``(dtype name, kernel config)``: every dtype, and f16 under both launch configurations."""
+    name, config = request.param
+    return str(name), str(config)
+
+
+@pytest.fixture(params=["tensor-core", "fma"])
+def f16_kernel_config(request: pytest.FixtureRequest) -> str:
+    """The two launch configurations an f16-only test of the chunked delta rule runs under."""
+    return str(request.param)
+
+
 @pytest.fixture
 def dtype(dtype_name: str) -> torch.dtype:
     return torch_dtype(dtype_name)
@@ -132,4 +151,5 @@ def _no_fault(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """A fault left in the caller's environment must not change what an ordinary test computes;
     fault tests set ``CLEF_RUNTIME_FAULT`` themselves."""
     monkeypatch.delenv("CLEF_RUNTIME_FAULT", raising=False)
+    monkeypatch.delenv("CLEF_KERNEL_CONFIG", raising=False)  # likewise a forced launch config
     yield
