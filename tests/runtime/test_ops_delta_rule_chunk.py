@@ -19,6 +19,7 @@ from clef_runtime.compare import assert_close
 from clef_runtime.dtypes import torch_dtype
 from clef_runtime.faults import UnknownFaultError
 from clef_runtime.inputs import gdn_inputs
+from clef_runtime.kernel_config import UnknownKernelConfigError
 from clef_runtime.ops.delta_rule_chunk import chunk_gated_delta_rule
 from clef_runtime.opset import get_opset
 from clef_runtime.reference import delta_rule as ref
@@ -337,3 +338,47 @@ def test_small_head_dims_gpu(
     dtype_name, config = dtype_config
     kw = dict(kernel_config=config, B=2, T=200, H=2, HV=4, K=K, V=V)
     check_against_reference(rng, gpu_device, dtype_name, **kw)  # type: ignore[arg-type]
+
+
+# --- the launch configuration, forced ---------------------------------------------------------
+
+
+def test_forced_configuration_reaches_the_kernels(rng: torch.Generator, device: torch.device) -> None:
+    """``fma`` and ``tensor-core`` launch different tiles and solves: the same f16 inputs give
+    different float32 final states (both within tolerance, see `test_matches_reference`)."""
+    x = gdn_inputs(rng, device, torch.float16, B=1, T=130, H=1, HV=1, K=64, V=64)
+    _, fma = chunk_op("fma")(*x, use_qk_l2norm=True, output_final_state=True)
+    _, tc = chunk_op("tensor-core")(*x, use_qk_l2norm=True, output_final_state=True)
+    assert fma is not None and tc is not None
+    assert not torch.equal(fma, tc)
+
+
+def test_forcing_touches_only_the_chunked_delta_rule() -> None:
+    """The other ops launch the same way on every GPU: forcing leaves them the healthy kernels."""
+    from clef_runtime.ops import TRITON_OPS
+
+    for config in ("fma", "tensor-core"):
+        forced = vars(get_opset("triton", kernel_config=config))
+        changed = sorted(k for k, fn in vars(TRITON_OPS).items() if forced[k] is not fn)
+        assert changed == [OP], (config, changed)
+    assert get_opset("triton", kernel_config="auto") is TRITON_OPS
+
+
+def test_kernel_config_is_read_once_when_the_op_set_is_built(
+    monkeypatch: pytest.MonkeyPatch, rng: torch.Generator, device: torch.device
+) -> None:
+    monkeypatch.setenv("CLEF_KERNEL_CONFIG", "fma")
+    ops = get_opset("triton")
+    monkeypatch.setenv("CLEF_KERNEL_CONFIG", "tensor-core")
+    x = gdn_inputs(rng, device, torch.float16, B=1, T=130, H=1, HV=1, K=64, V=64)
+    _, built = ops.chunk_gated_delta_rule(*x, use_qk_l2norm=True, output_final_state=True)
+    _, fma = chunk_op("fma")(*x, use_qk_l2norm=True, output_final_state=True)
+    assert built is not None and fma is not None and torch.equal(built, fma)
+
+
+def test_unknown_kernel_config_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(UnknownKernelConfigError, match="'sm70' is not one of auto, fma, tensor-core"):
+        get_opset("triton", kernel_config="sm70")
+    monkeypatch.setenv("CLEF_KERNEL_CONFIG", "volta")
+    with pytest.raises(UnknownKernelConfigError, match="CLEF_KERNEL_CONFIG='volta'"):
+        get_opset("triton")
