@@ -4,7 +4,8 @@ gating of the GPU tier.
 * CPU tier (unmarked tests): run wherever the suite runs -- on CPU under ``TRITON_INTERPRET=1``,
   or on CUDA with compiled kernels when a GPU is present and the interpreter is off.
 * GPU tier (``@pytest.mark.gpu``): real model shapes on CUDA with compiled kernels; skipped with a
-  reason without a CUDA device or under the interpreter (too slow at those shapes).
+  reason without a CUDA device or under the interpreter (too slow at those shapes), and failed
+  instead with ``CLEF_REQUIRE_GPU=1`` (``make test-gpu``).
 """
 
 from __future__ import annotations
@@ -70,14 +71,21 @@ def _gpu_skip_reason() -> str | None:
     return None
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+def gpu_required() -> bool:
+    """``CLEF_REQUIRE_GPU=1`` (set by ``make test-gpu``): a GPU tier that cannot run is a failure,
+    not a skip, so a machine without a GPU cannot pass it by skipping every test."""
+    return os.environ.get("CLEF_REQUIRE_GPU", "") not in ("", "0")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if "gpu" not in item.keywords:
+        return
     reason = _gpu_skip_reason()
     if reason is None:
         return
-    here = os.path.dirname(os.path.abspath(__file__))
-    for item in items:
-        if "gpu" in item.keywords and str(item.path).startswith(here):
-            item.add_marker(pytest.mark.skip(reason=reason))
+    if gpu_required():
+        pytest.fail(f"gpu tier required (CLEF_REQUIRE_GPU) but {reason.removeprefix('skip: ')}", pytrace=False)
+    pytest.skip(reason)
 
 
 @pytest.fixture(scope="session")
