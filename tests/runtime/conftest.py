@@ -84,7 +84,9 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     if reason is None:
         return
     if gpu_required():
-        pytest.fail(f"gpu tier required (CLEF_REQUIRE_GPU) but {reason.removeprefix('skip: ')}", pytrace=False)
+        pytest.fail(
+            f"gpu tier required (CLEF_REQUIRE_GPU) but {reason.removeprefix('skip: ')}", pytrace=False
+        )
     pytest.skip(reason)
 
 

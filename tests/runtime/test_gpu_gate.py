@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -32,17 +34,28 @@ def run_gpu_tier(required: bool) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
 
 
-def test_required_gpu_tier_fails_without_a_gpu() -> None:
-    proc = run_gpu_tier(required=True)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 1, out[-3000:]
-    assert "gpu tier required (CLEF_REQUIRE_GPU) but no CUDA device" in out, out[-3000:]
-    assert " passed" not in out and "skipped" not in out, out[-3000:]
+# (required, exit code, what the output must say, what it must not)
+CASES = {
+    "required-fails": (
+        True,
+        1,
+        "gpu tier required (CLEF_REQUIRE_GPU) but no CUDA device",
+        (" passed", "skipped"),
+    ),
+    "optional-skips": (
+        False,
+        0,
+        "skip: no CUDA device (the gpu tier runs on a CUDA host: make test-gpu)",
+        (" error", " failed"),
+    ),
+}
 
 
-def test_gpu_tier_skips_with_the_reason_when_not_required() -> None:
-    proc = run_gpu_tier(required=False)
+@pytest.mark.parametrize("case", list(CASES))
+def test_gpu_tier_without_a_gpu(case: str) -> None:
+    required, code, says, never = CASES[case]
+    proc = run_gpu_tier(required)
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-3000:]
-    assert "skip: no CUDA device (the gpu tier runs on a CUDA host: make test-gpu)" in out, out[-3000:]
-    assert " error" not in out and " failed" not in out, out[-3000:]
+    assert proc.returncode == code, out[-3000:]
+    assert says in out, out[-3000:]
+    assert not [w for w in never if w in out], out[-3000:]
