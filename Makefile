@@ -66,9 +66,10 @@ test-unit: $(STAMP)
 test-runtime: $(STAMP)
 	TRITON_INTERPRET=1 $(VPY) -m pytest tests/runtime -q
 
+# CLEF_REQUIRE_GPU: without a usable GPU every gpu test fails instead of skipping.
 .PHONY: test-gpu
 test-gpu: $(STAMP)
-	$(VPY) -m pytest tests/runtime -q -m gpu
+	CLEF_REQUIRE_GPU=1 $(VPY) -m pytest tests/runtime -q -m gpu
 
 .PHONY: clean
 clean:

@@ -25,6 +25,11 @@ TERMINATION_LOG_ENV: Final = "CLEF_TERMINATION_LOG"
 FAULT_ENV: Final = "CLEF_RUNTIME_FAULT"
 DEVICE_ENV: Final = "CLEF_VERIFY_DEVICE"
 SHAPES_ENV: Final = "CLEF_VERIFY_SHAPES"
+# The chunked delta rule's launch configuration: "auto" decides from the device (tensor cores on
+# Ampere and later, FMA on the V100); "fma" / "tensor-core" force one whatever the device, so the
+# V100's configuration can be run on any GPU and on the CPU interpreter.
+KERNEL_CONFIG_ENV: Final = "CLEF_KERNEL_CONFIG"
+KERNEL_CONFIGS: Final = ("auto", "fma", "tensor-core")
 
 
 class ExitCode(IntEnum):

@@ -11,6 +11,8 @@ from clef_contract.command import (
     DEVICE_ENV,
     DTYPES,
     FAULT_ENV,
+    KERNEL_CONFIG_ENV,
+    KERNEL_CONFIGS,
     SHAPE_FLAG,
     SHAPE_KEYS,
     SHAPES_ENV,
@@ -48,6 +50,11 @@ def _verify_parser(sub: argparse._SubParsersAction) -> None:
         default=[],
         metavar="KEY=VALUE",
         help=f"override the architecture's shape (repeatable): {', '.join(SHAPE_KEYS)}",
+    )
+    p.add_argument(
+        "--kernel-config",
+        help=f"the chunked delta rule's launch configuration: {' | '.join(KERNEL_CONFIGS)} "
+        f"(default: ${KERNEL_CONFIG_ENV} or auto: the device decides; fma is the V100's)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the generated inputs and weights")
     p.add_argument("--tolerance-scale", type=float, default=1.0, help="multiply every tolerance (0.1-100)")
@@ -101,6 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         report=args.report,
         termination_log=args.termination_log,
         shape=tuple(args.shape),
+        kernel_config=args.kernel_config,
     )
     report = run_verify(vargs)
     log = args.termination_log or os.environ.get(TERMINATION_LOG_ENV) or TERMINATION_LOG

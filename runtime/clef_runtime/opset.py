@@ -134,23 +134,41 @@ class OpSet(Protocol):
         ...
 
 
-def get_opset(name: str, *, qkv_split: tuple[int, int, int] | None = None) -> OpSet:
+def get_opset(
+    name: str,
+    *,
+    qkv_split: tuple[int, int, int] | None = None,
+    kernel_config: str | None = None,
+) -> OpSet:
     """``"triton"`` for clef's kernels, ``"reference"`` for the plain-PyTorch references.
 
     The Triton op set carries the fault named by ``CLEF_RUNTIME_FAULT`` (`clef_runtime.faults`),
     read here, once: an unknown name raises `UnknownFaultError`.  ``qkv_split``, the sizes of the
     q, k and v channel bands of the GDN conv (``[q | k | v]``), is read by one fault only,
-    ``conv_key_band_zero``, to find the key band; without it that fault cannot be built."""
+    ``conv_key_band_zero``, to find the key band; without it that fault cannot be built.
+
+    ``kernel_config`` (``auto``, ``fma``, ``tensor-core``; None: ``CLEF_KERNEL_CONFIG``, read here,
+    once) forces the chunked delta rule's launch configuration (`clef_runtime.kernel_config`): the
+    only op whose configuration depends on the device.  An unknown name raises
+    `UnknownKernelConfigError`."""
     if name == "triton":
         from clef_runtime.faults import active_fault
+        from clef_runtime.kernel_config import forced_tensor_cores
+        from clef_runtime.kernel_config import kernel_config as resolve
         from clef_runtime.ops import TRITON_OPS
 
+        forced = forced_tensor_cores(resolve(kernel_config))
         fault = active_fault()
-        if fault is None:
-            return TRITON_OPS
-        from clef_runtime.ops.faulty import with_fault
+        ops = TRITON_OPS
+        if fault is not None:
+            from clef_runtime.ops.faulty import with_fault
 
-        return with_fault(TRITON_OPS, fault, qkv_split)
+            ops = with_fault(TRITON_OPS, fault, qkv_split)
+        if forced is None:
+            return ops
+        from clef_runtime.ops import with_tensor_cores
+
+        return with_tensor_cores(ops, forced)
     if name == "reference":
         from clef_runtime.reference import REFERENCE_OPS
 

@@ -10,8 +10,8 @@ Why these numbers (u = unit roundoff of the I/O dtype: f32 6e-8, bf16 3.9e-3, f1
 * Every output is rounded once to its dtype, which alone gives rel_rms ≈ u/√3 and rel_max ≈ u.
 * Inside the kernels, bf16/f16 operands feed float32 accumulators (tl.dot); the chunked delta rule
   also rounds the within-chunk intermediates (the WY factors and u = v - Wk·S) to the input dtype
-  to use tensor cores, so errors compound over a chunk: the delta rule's tolerances are about 8u
-  rms and 40u max for f16, 5u and 20u for bf16.
+  to use tensor cores, so errors compound over a chunk: the table allows about 5u rms and 20u max
+  there in bf16, 8u rms and 41u max in f16.
 * float32 runs in IEEE mode (no TF32), so errors are a small multiple of 6e-8 times the condition
   of the triangular solve; 1e-4 rms still catches any real bug (a dropped term or a wrong index
   moves rel_rms to >1e-2).

@@ -4,7 +4,8 @@ gating of the GPU tier.
 * CPU tier (unmarked tests): run wherever the suite runs -- on CPU under ``TRITON_INTERPRET=1``,
   or on CUDA with compiled kernels when a GPU is present and the interpreter is off.
 * GPU tier (``@pytest.mark.gpu``): real model shapes on CUDA with compiled kernels; skipped with a
-  reason without a CUDA device or under the interpreter (too slow at those shapes).
+  reason without a CUDA device or under the interpreter (too slow at those shapes), and failed
+  instead with ``CLEF_REQUIRE_GPU=1`` (``make test-gpu``).
 """
 
 from __future__ import annotations
@@ -70,14 +71,23 @@ def _gpu_skip_reason() -> str | None:
     return None
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+def gpu_required() -> bool:
+    """``CLEF_REQUIRE_GPU=1`` (set by ``make test-gpu``): a GPU tier that cannot run is a failure,
+    not a skip, so a machine without a GPU cannot pass it by skipping every test."""
+    return os.environ.get("CLEF_REQUIRE_GPU", "") not in ("", "0")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if "gpu" not in item.keywords:
+        return
     reason = _gpu_skip_reason()
     if reason is None:
         return
-    here = os.path.dirname(os.path.abspath(__file__))
-    for item in items:
-        if "gpu" in item.keywords and str(item.path).startswith(here):
-            item.add_marker(pytest.mark.skip(reason=reason))
+    if gpu_required():
+        pytest.fail(
+            f"gpu tier required (CLEF_REQUIRE_GPU) but {reason.removeprefix('skip: ')}", pytrace=False
+        )
+    pytest.skip(reason)
 
 
 @pytest.fixture(scope="session")
@@ -97,6 +107,25 @@ def gpu_device() -> torch.device:
 @pytest.fixture(params=list(NAMES))
 def dtype_name(request: pytest.FixtureRequest) -> str:
     """ "f32", "bf16", "f16": the keys of `clef_runtime.tolerances`."""
+    return str(request.param)
+
+
+# f16 under both launch configurations of the chunked delta rule: the tensor-core one (what the
+# interpreter and Ampere-or-later GPUs take by themselves) and the FMA one (the homelab's V100),
+# forced (`clef_runtime.kernel_config`).  bf16 and f32 take what the device decides.
+DTYPE_CONFIGS = (("f32", "auto"), ("bf16", "auto"), ("f16", "tensor-core"), ("f16", "fma"))
+
+
+@pytest.fixture(params=DTYPE_CONFIGS, ids=["f32", "bf16", "f16-tensor-core", "f16-fma"])
+def dtype_config(request: pytest.FixtureRequest) -> tuple[str, str]:
+    """``(dtype name, kernel config)``: every dtype, and f16 under both launch configurations."""
+    name, config = request.param
+    return str(name), str(config)
+
+
+@pytest.fixture(params=["tensor-core", "fma"])
+def f16_kernel_config(request: pytest.FixtureRequest) -> str:
+    """The two launch configurations an f16-only test of the chunked delta rule runs under."""
     return str(request.param)
 
 
@@ -132,4 +161,5 @@ def _no_fault(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """A fault left in the caller's environment must not change what an ordinary test computes;
     fault tests set ``CLEF_RUNTIME_FAULT`` themselves."""
     monkeypatch.delenv("CLEF_RUNTIME_FAULT", raising=False)
+    monkeypatch.delenv("CLEF_KERNEL_CONFIG", raising=False)  # likewise a forced launch config
     yield

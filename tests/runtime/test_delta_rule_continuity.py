@@ -7,6 +7,8 @@
 
 Kernel-vs-kernel comparisons use the op's tolerance (both sides are within it of the float64
 reference).  CPU tier: small K/V under the interpreter; GPU tier: the real shapes at T = 8192.
+The prefill side runs f16 under both launch configurations (``dtype_config``: tensor cores and the
+V100's FMA path, forced).
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ import pytest
 import torch
 
 from clef_runtime.compare import assert_close
-from clef_runtime.dtypes import NAMES, torch_dtype
+from clef_runtime.dtypes import torch_dtype
 from clef_runtime.inputs import gdn_inputs
 from clef_runtime.ops.delta_rule_chunk import chunk_gated_delta_rule
 from clef_runtime.ops.delta_rule_recurrent import fused_recurrent_gated_delta_rule
+from clef_runtime.opset import get_opset
 from clef_runtime.reference import delta_rule as ref
 from clef_runtime.tolerances import tolerance
 
@@ -40,14 +43,16 @@ def check_split_prefill(
     T: int,
     split: int,
     with_reference: bool,
+    kernel_config: str = "auto",
 ) -> None:
+    chunk = get_opset("triton", kernel_config=kernel_config).chunk_gated_delta_rule
     dims = dict(H=1, HV=2, K=16, V=32) if device.type == "cpu" else dict(H=16, HV=32, K=128, V=128)
     x = gdn_inputs(rng, device, torch_dtype(dtype_name), B=B, T=T, **dims)
     h0 = (0.1 * torch.randn(B, dims["HV"], dims["K"], dims["V"], generator=rng)).to(device)
     kw = dict(use_qk_l2norm=True, output_final_state=True)
-    whole, h_whole = chunk_gated_delta_rule(*x, initial_state=h0, **kw)  # type: ignore[arg-type]
-    first, h_mid = chunk_gated_delta_rule(*_cut(x, 0, split), initial_state=h0, **kw)  # type: ignore[arg-type]
-    second, h_end = chunk_gated_delta_rule(*_cut(x, split, T), initial_state=h_mid, **kw)  # type: ignore[arg-type]
+    whole, h_whole = chunk(*x, initial_state=h0, **kw)
+    first, h_mid = chunk(*_cut(x, 0, split), initial_state=h0, **kw)
+    second, h_end = chunk(*_cut(x, split, T), initial_state=h_mid, **kw)
     assert h_whole is not None and h_end is not None
     tol = tolerance(CHUNK, dtype_name)
     assert_close(torch.cat([first, second], 1), whole, tol, f"{dtype_name} prefill(a)+prefill(b) output")
@@ -60,12 +65,20 @@ def check_split_prefill(
 
 
 def check_prefill_then_decode(
-    rng: torch.Generator, device: torch.device, dtype_name: str, *, B: int, T: int, steps: int
+    rng: torch.Generator,
+    device: torch.device,
+    dtype_name: str,
+    *,
+    B: int,
+    T: int,
+    steps: int,
+    kernel_config: str = "auto",
 ) -> None:
+    chunk = get_opset("triton", kernel_config=kernel_config).chunk_gated_delta_rule
     dims = dict(H=2, HV=4, K=16, V=16) if device.type == "cpu" else dict(H=16, HV=32, K=128, V=128)
     x = gdn_inputs(rng, device, torch_dtype(dtype_name), B=B, T=T, **dims)
-    whole, h_whole = chunk_gated_delta_rule(*x, use_qk_l2norm=True, output_final_state=True)
-    head, state = chunk_gated_delta_rule(*_cut(x, 0, T - steps), use_qk_l2norm=True, output_final_state=True)
+    whole, h_whole = chunk(*x, use_qk_l2norm=True, output_final_state=True)
+    head, state = chunk(*_cut(x, 0, T - steps), use_qk_l2norm=True, output_final_state=True)
     assert state is not None and h_whole is not None
     outs = [head]
     for t in range(T - steps, T):  # one token per call, as a server decodes
@@ -79,13 +92,20 @@ def check_prefill_then_decode(
 
 
 @pytest.mark.parametrize("split", [1, 70])
-def test_split_prefill(split: int, dtype_name: str, rng: torch.Generator, device: torch.device) -> None:
+def test_split_prefill(
+    split: int, dtype_config: tuple[str, str], rng: torch.Generator, device: torch.device
+) -> None:
     """Splits off the chunk grid (1, 70), so the two runs chunk the tokens differently."""
-    check_split_prefill(rng, device, dtype_name, B=2, T=150, split=split, with_reference=False)
+    dtype_name, config = dtype_config
+    kw = dict(B=2, T=150, split=split, with_reference=False, kernel_config=config)
+    check_split_prefill(rng, device, dtype_name, **kw)  # type: ignore[arg-type]
 
 
-def test_prefill_then_decode(dtype_name: str, rng: torch.Generator, device: torch.device) -> None:
-    check_prefill_then_decode(rng, device, dtype_name, B=2, T=68, steps=5)
+def test_prefill_then_decode(
+    dtype_config: tuple[str, str], rng: torch.Generator, device: torch.device
+) -> None:
+    dtype_name, config = dtype_config
+    check_prefill_then_decode(rng, device, dtype_name, B=2, T=68, steps=5, kernel_config=config)
 
 
 def test_packed_equals_separate(rng: torch.Generator, device: torch.device) -> None:
@@ -142,14 +162,19 @@ def test_decode_through_permuted_pool_with_padding(rng: torch.Generator, device:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype_name", list(NAMES))
-def test_split_prefill_gpu(dtype_name: str, rng: torch.Generator, gpu_device: torch.device) -> None:
+def test_split_prefill_gpu(
+    dtype_config: tuple[str, str], rng: torch.Generator, gpu_device: torch.device
+) -> None:
+    dtype_name, config = dtype_config
     # T = 8192 is past what the float64 reference does in reasonable time: kernel vs kernel only
-    check_split_prefill(rng, gpu_device, dtype_name, B=2, T=8192, split=3001, with_reference=False)
-    check_split_prefill(rng, gpu_device, dtype_name, B=1, T=2048, split=1000, with_reference=True)
+    kw = dict(kernel_config=config)
+    check_split_prefill(rng, gpu_device, dtype_name, B=2, T=8192, split=3001, with_reference=False, **kw)
+    check_split_prefill(rng, gpu_device, dtype_name, B=1, T=2048, split=1000, with_reference=True, **kw)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype_name", list(NAMES))
-def test_prefill_then_decode_gpu(dtype_name: str, rng: torch.Generator, gpu_device: torch.device) -> None:
-    check_prefill_then_decode(rng, gpu_device, dtype_name, B=4, T=8192, steps=8)
+def test_prefill_then_decode_gpu(
+    dtype_config: tuple[str, str], rng: torch.Generator, gpu_device: torch.device
+) -> None:
+    dtype_name, config = dtype_config
+    check_prefill_then_decode(rng, gpu_device, dtype_name, B=4, T=8192, steps=8, kernel_config=config)

@@ -68,7 +68,11 @@ def test_triton_model_matches_reference_and_upstream(checkpoint: Path, device: t
     assert vs_ref.within(LOGITS_TOL), f"triton vs reference logits: {vs_ref.describe(LOGITS_TOL)}"
     assert vs_up.within(LOGITS_TOL), f"triton vs upstream logits: {vs_up.describe(LOGITS_TOL)}"
 
-    for t, r in zip(t_stats.as_dict()["layers"], r_stats.as_dict()["layers"], strict=True):
+    t_layers, r_layers = t_stats.as_dict()["layers"], r_stats.as_dict()["layers"]
+    # one row per GDN layer, each visited: a recording that saw no layer must not pass vacuously
+    n_gdn = len(CONFIG.linear_layers)
+    assert n_gdn > 0 and len(t_layers) == len(r_layers) == n_gdn, (n_gdn, len(t_layers), len(r_layers))
+    for t, r in zip(t_layers, r_layers, strict=True):
         pairs = {
             "beta_sum": (t["beta_sum"], r["beta_sum"]),
             "delta_rule_absmax": (t["delta_rule_absmax"], r["delta_rule_absmax"]),

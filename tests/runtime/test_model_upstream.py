@@ -123,3 +123,44 @@ def test_greedy_ids_and_decode_logits_match_upstream(clef: HybridModel, upstream
     )
     assert e.within(LOGITS_TOL), f"decode logits vs upstream: {e.describe(LOGITS_TOL)}"
     assert ours_ids.unique().numel() >= NEW_TOKENS // 2, f"degenerate greedy output: {ours_ids}"
+
+
+# ---- f16 and bf16 ---------------------------------------------------------------------------------
+
+# Unit roundoff of each 16-bit dtype: 2^-11 (f16, 10 stored mantissa bits), 2^-8 (bf16, 7).
+UNIT_ROUNDOFF = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
+# Derived in docs/verification.md ("The model against upstream in f16 and bf16"): each model rounds
+# its activations to the dtype ~35 times on the way to the logits (4 per layer, 8 layers, plus
+# embedding, final norm and head), independent roundings of rms u/√3 adding in quadrature to
+# ~3.4u, about doubled by the norms: ≤ 8u rms per implementation.  Two implementations that round
+# at different points differ by at most the sum: 16u rms, and 32u at the largest logit.
+PER_IMPLEMENTATION_U = 8
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+def test_prefill_logits_match_upstream_in_16_bit(
+    checkpoint: Path, upstream: torch.nn.Module, dtype: torch.dtype
+) -> None:
+    """Both models run in the dtype (weights and activations; each keeps its own float32 islands:
+    norms, gating, the GDN state) and must differ by no more than two rounding budgets.  And
+    clef's logits must be no further from the float32 logits than twice upstream's own distance
+    from them in the same dtype: clef rounds no worse than upstream does."""
+    from transformers import Qwen3_5ForCausalLM
+
+    u = UNIT_ROUNDOFF[dtype]
+    tol = Tolerance(rel_rms=2 * PER_IMPLEMENTATION_U * u, rel_max=4 * PER_IMPLEMENTATION_U * u)
+    ids = prompts()
+    low = Qwen3_5ForCausalLM.from_pretrained(checkpoint, dtype=dtype).eval()
+    ours_model = HybridModel.from_checkpoint(checkpoint, opset=get_opset("reference"), dtype=dtype)
+    ours, _ = ours_model.prefill(ids)
+    with torch.no_grad():
+        theirs = low(ids).logits
+        exact = upstream(ids).logits.float()
+    # both really computed in the dtype (clef hands back float32 logits from its dtype head)
+    assert theirs.dtype == dtype and ours_model.layers[0].linear_attn.in_proj_qkv.weight.dtype == dtype
+    e = errors(ours.float(), theirs.float())
+    print(f"{dtype} prefill logits vs upstream {dtype}: {e.describe(tol)}")
+    assert e.within(tol), f"{dtype} prefill logits vs upstream: {e.describe(tol)}"
+    ours_off, theirs_off = errors(ours.float(), exact).rel_rms, errors(theirs.float(), exact).rel_rms
+    print(f"rel_rms vs float32: clef {ours_off:.3g} ({ours_off / u:.1f}u), upstream {theirs_off:.3g}")
+    assert 0 < ours_off <= 2 * theirs_off, f"clef {ours_off:.3g} vs upstream {theirs_off:.3g} from float32"

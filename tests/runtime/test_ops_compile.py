@@ -138,6 +138,13 @@ def _compile_all(script: str, timeout: int) -> dict[str, dict[str, object]]:
     results: dict[str, dict[str, object]] = json.loads(lines[-1].removeprefix("RESULTS "))
     failed = {k: r["error"] for k, r in results.items() if not r["ok"]}
     assert not failed, "kernels that do not compile:\n" + "\n\n".join(f"{k}: {e}" for k, e in failed.items())
+    # The spill checks read STACK/LOCAL from cuobjdump's resource usage: a kernel whose usage was
+    # not parsed (no cuobjdump, another output format) would pass them unseen, so demand that
+    # every kernel reports its register count.
+    unparsed = sorted(k for k, r in results.items() if not r.get("REG"))
+    assert results and not unparsed, (
+        f"cuobjdump -res-usage gave no register count for: {unparsed or 'any kernel'}"
+    )
     return results
 
 
@@ -160,7 +167,7 @@ for arch, dtype, tc in ((90, torch.bfloat16, True), (90, torch.float16, True), (
     name = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
     cfg = dc.launch_config(128, 128, dtype, tc)
     # dot_policy asks the kernel whether it is interpreted; this process compiles, so it is not
-    pol = dot_policy(dtype, dc._chunk_prepare_kernel)
+    pol = dot_policy(dtype, dc._chunk_prepare_kernel, tc)
     p = "*" + name
     sp = "*" + {torch.bfloat16: "bf16", torch.float32: "fp32"}[dc._TORCH_DTYPE[pol.state_dtype]]
     common = dict(H=16, HV=32, K=128, V=128, BK=cfg.BK, BT=dc.BT, IS_VARLEN=True, ROUND_BF16=pol.round_bf16)

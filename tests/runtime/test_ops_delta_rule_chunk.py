@@ -3,19 +3,23 @@ reference, on seeded inputs with the statistics of a Qwen3.5 GDN layer.
 
 CPU tier: small K/V (plus one case at the real K = V = 128) under ``TRITON_INTERPRET=1``.
 GPU tier (``-m gpu``): the real layer shapes (H=16, HV=32, K=V=128) up to T=4096 per sequence.
+Both tiers run f16 under both launch configurations (``dtype_config``): the tensor-core one and
+the FMA one of the homelab's V100 (FMA tiles, row-by-row solve), forced through the op set.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import pytest
 import torch
 
 from clef_runtime.compare import assert_close
-from clef_runtime.dtypes import NAMES, torch_dtype
+from clef_runtime.dtypes import torch_dtype
 from clef_runtime.faults import UnknownFaultError
 from clef_runtime.inputs import gdn_inputs
+from clef_runtime.kernel_config import UnknownKernelConfigError
 from clef_runtime.ops.delta_rule_chunk import chunk_gated_delta_rule
 from clef_runtime.opset import get_opset
 from clef_runtime.reference import delta_rule as ref
@@ -31,11 +35,17 @@ def packed_cu_seqlens(lens: list[int], device: torch.device) -> torch.Tensor:
     return torch.tensor(cu, dtype=torch.int32, device=device)
 
 
+def chunk_op(kernel_config: str) -> Callable[..., tuple[torch.Tensor, torch.Tensor | None]]:
+    """The Triton op with the launch configuration forced (``auto``: the device decides)."""
+    return get_opset("triton", kernel_config=kernel_config).chunk_gated_delta_rule
+
+
 def check_against_reference(
     rng: torch.Generator,
     device: torch.device,
     dtype_name: str,
     *,
+    kernel_config: str = "auto",
     B: int = 1,
     T: int = 0,
     lens: list[int] | None = None,
@@ -57,7 +67,7 @@ def check_against_reference(
     q, k, v, g, beta = gdn_inputs(rng, device, dtype, B=B, T=T, H=H, HV=HV, K=K, V=V, normalise_qk=not l2norm)
     h0 = 0.1 * torch.randn(N, HV, K, V, generator=rng).to(device) if initial else None
     kw = dict(scale=scale, initial_state=h0, output_final_state=final, cu_seqlens=cu, use_qk_l2norm=l2norm)
-    o, ht = chunk_gated_delta_rule(q, k, v, g, beta, **kw)  # type: ignore[arg-type]
+    o, ht = chunk_op(kernel_config)(q, k, v, g, beta, **kw)
     ro, rht = ref.chunk_gated_delta_rule(q, k, v, g, beta, **kw)  # type: ignore[arg-type]
     tol = tolerance(OP, dtype_name)
     assert o.dtype == v.dtype and o.shape == (B, T, HV, V)
@@ -87,17 +97,21 @@ CASES: dict[str, dict[str, object]] = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_matches_reference(case: str, dtype_name: str, rng: torch.Generator, device: torch.device) -> None:
-    check_against_reference(rng, device, dtype_name, **CASES[case])  # type: ignore[arg-type]
+def test_matches_reference(
+    case: str, dtype_config: tuple[str, str], rng: torch.Generator, device: torch.device
+) -> None:
+    dtype_name, config = dtype_config
+    check_against_reference(rng, device, dtype_name, kernel_config=config, **CASES[case])  # type: ignore[arg-type]
 
 
 def test_repeated_keys_full_beta_no_decay(
-    dtype_name: str, rng: torch.Generator, device: torch.device
+    dtype_config: tuple[str, str], rng: torch.Generator, device: torch.device
 ) -> None:
     """The worst case for the in-chunk triangular solve: every key the same, β = 1, g = 0, so
     every entry of A below the diagonal is 1 and T = (I + A)⁻¹ is bidiagonal (1, -1), while the
     powers of A's blocks grow like binomial coefficients (a power series would cancel them
     catastrophically).  Keys in two groups, with a little noise, so the chunk is not all alike."""
+    dtype_name, config = dtype_config
     dtype = torch_dtype(dtype_name)
     B, T, H, HV, K, V = 1, 130, 1, 2, 32, 16
     base = torch.randn(2, K, generator=rng)
@@ -111,7 +125,7 @@ def test_repeated_keys_full_beta_no_decay(
     q, k, v = (t.to(dtype=dtype, device=device) for t in (q, k, v))
     g, beta = g.to(device), beta.to(device)
     kw = dict(output_final_state=True, use_qk_l2norm=True)
-    o, ht = chunk_gated_delta_rule(q, k, v, g, beta, **kw)  # type: ignore[arg-type]
+    o, ht = chunk_op(config)(q, k, v, g, beta, **kw)
     ro, rht = ref.chunk_gated_delta_rule(q, k, v, g, beta, **kw)  # type: ignore[arg-type]
     tol = tolerance(OP, dtype_name)
     assert_close(o, ro, tol, f"{OP} {dtype_name} output, repeated keys")
@@ -249,19 +263,21 @@ def hadamard_prefill_inputs(
 # the interpreter (numpy) warns about the overflow the fault exists to produce
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
-def test_fp16_state_overflow_fault(monkeypatch: pytest.MonkeyPatch, device: torch.device) -> None:
+def test_fp16_state_overflow_fault(
+    monkeypatch: pytest.MonkeyPatch, device: torch.device, f16_kernel_config: str
+) -> None:
     q, k, v, g, beta = hadamard_prefill_inputs(device)
     ro, rht = ref.chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True)
     assert rht is not None
     assert float(rht.abs().max()) > 65504 > float(ro.abs().max())  # the premise: legit, but not f16
 
-    o, ht = chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True)
+    o, ht = chunk_op(f16_kernel_config)(q, k, v, g, beta, output_final_state=True)
     assert ht is not None
     assert_close(o, ro, tolerance(OP, "f16"), "fault-free output")
     assert_close(ht, rht, tolerance(OP, "f16"), "fault-free final state")
 
     monkeypatch.setenv("CLEF_RUNTIME_FAULT", "fp16_state_overflow")
-    bad, bad_state = get_opset("triton").chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True)
+    bad, bad_state = chunk_op(f16_kernel_config)(q, k, v, g, beta, output_final_state=True)
     assert bad_state is not None
     assert torch.isfinite(bad[:, :64]).all()  # the first chunk never reads a stored state
     assert not torch.isfinite(bad[:, 64:]).all()
@@ -291,29 +307,78 @@ QWEN = dict(H=16, HV=32, K=128, V=128)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype_name", list(NAMES))
 @pytest.mark.parametrize(
     "shape",
     [dict(B=1, T=4096), dict(B=4, T=1000), dict(B=2, T=64), dict(lens=[1, 63, 64, 65, 1000, 3000])],
     ids=["B1-T4096", "B4-T1000", "B2-T64", "varlen-6"],
 )
 def test_matches_reference_gpu(
-    dtype_name: str, shape: dict[str, object], rng: torch.Generator, gpu_device: torch.device
+    dtype_config: tuple[str, str], shape: dict[str, object], rng: torch.Generator, gpu_device: torch.device
 ) -> None:
-    check_against_reference(rng, gpu_device, dtype_name, initial=True, **shape, **QWEN)  # type: ignore[arg-type]
+    dtype_name, config = dtype_config
+    kw = dict(kernel_config=config, initial=True, **shape, **QWEN)
+    check_against_reference(rng, gpu_device, dtype_name, **kw)  # type: ignore[arg-type]
 
 
 @pytest.mark.gpu
-def test_fp16_state_overflow_fault_gpu(monkeypatch: pytest.MonkeyPatch, gpu_device: torch.device) -> None:
-    test_fp16_state_overflow_fault(monkeypatch, gpu_device)
+def test_fp16_state_overflow_fault_gpu(
+    monkeypatch: pytest.MonkeyPatch, gpu_device: torch.device, f16_kernel_config: str
+) -> None:
+    test_fp16_state_overflow_fault(monkeypatch, gpu_device, f16_kernel_config)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype_name", list(NAMES))
 @pytest.mark.parametrize(("K", "V"), [(16, 16), (32, 16), (16, 32), (24, 40)])
 def test_small_head_dims_gpu(
-    dtype_name: str, K: int, V: int, rng: torch.Generator, gpu_device: torch.device
+    dtype_config: tuple[str, str], K: int, V: int, rng: torch.Generator, gpu_device: torch.device
 ) -> None:
     """Head dims below the 32-wide tensor-core tiles: on an H200 (Triton 3.6) 16-wide dot tiles
-    gave wrong sums in f16/bf16 (found by hack/device/probe_chunk.py); the wrapper pads them."""
-    check_against_reference(rng, gpu_device, dtype_name, B=2, T=200, H=2, HV=4, K=K, V=V)
+    gave wrong sums in f16/bf16 (found by hack/device/probe_chunk.py); the wrapper pads them.  The
+    FMA configuration keeps 16-wide tiles: f16-fma runs them for real."""
+    dtype_name, config = dtype_config
+    kw = dict(kernel_config=config, B=2, T=200, H=2, HV=4, K=K, V=V)
+    check_against_reference(rng, gpu_device, dtype_name, **kw)  # type: ignore[arg-type]
+
+
+# --- the launch configuration, forced ---------------------------------------------------------
+
+
+def test_forced_configuration_reaches_the_kernels(rng: torch.Generator, device: torch.device) -> None:
+    """``fma`` and ``tensor-core`` launch different tiles and solves: the same f16 inputs give
+    different float32 final states (both within tolerance, see `test_matches_reference`)."""
+    x = gdn_inputs(rng, device, torch.float16, B=1, T=130, H=1, HV=1, K=64, V=64)
+    _, fma = chunk_op("fma")(*x, use_qk_l2norm=True, output_final_state=True)
+    _, tc = chunk_op("tensor-core")(*x, use_qk_l2norm=True, output_final_state=True)
+    assert fma is not None and tc is not None
+    assert not torch.equal(fma, tc)
+
+
+def test_forcing_touches_only_the_chunked_delta_rule() -> None:
+    """The other ops launch the same way on every GPU: forcing leaves them the healthy kernels."""
+    from clef_runtime.ops import TRITON_OPS
+
+    for config in ("fma", "tensor-core"):
+        forced = vars(get_opset("triton", kernel_config=config))
+        changed = sorted(k for k, fn in vars(TRITON_OPS).items() if forced[k] is not fn)
+        assert changed == [OP], (config, changed)
+    assert get_opset("triton", kernel_config="auto") is TRITON_OPS
+
+
+def test_kernel_config_is_read_once_when_the_op_set_is_built(
+    monkeypatch: pytest.MonkeyPatch, rng: torch.Generator, device: torch.device
+) -> None:
+    monkeypatch.setenv("CLEF_KERNEL_CONFIG", "fma")
+    ops = get_opset("triton")
+    monkeypatch.setenv("CLEF_KERNEL_CONFIG", "tensor-core")
+    x = gdn_inputs(rng, device, torch.float16, B=1, T=130, H=1, HV=1, K=64, V=64)
+    _, built = ops.chunk_gated_delta_rule(*x, use_qk_l2norm=True, output_final_state=True)
+    _, fma = chunk_op("fma")(*x, use_qk_l2norm=True, output_final_state=True)
+    assert built is not None and fma is not None and torch.equal(built, fma)
+
+
+def test_unknown_kernel_config_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(UnknownKernelConfigError, match="'sm70' is not one of auto, fma, tensor-core"):
+        get_opset("triton", kernel_config="sm70")
+    monkeypatch.setenv("CLEF_KERNEL_CONFIG", "volta")
+    with pytest.raises(UnknownKernelConfigError, match="CLEF_KERNEL_CONFIG='volta'"):
+        get_opset("triton")

@@ -29,7 +29,7 @@ def run_cli(
     e = {
         k: v
         for k, v in os.environ.items()
-        if k not in ("CLEF_RUNTIME_FAULT", "CLEF_VERIFY_DEVICE", "CLEF_VERIFY_SHAPES")
+        if k not in ("CLEF_RUNTIME_FAULT", "CLEF_VERIFY_DEVICE", "CLEF_VERIFY_SHAPES", "CLEF_KERNEL_CONFIG")
     }
     e["CLEF_TERMINATION_LOG"] = str(log)
     if fault is not None:
@@ -70,6 +70,72 @@ def test_kernels_suite_passes_on_healthy_kernels(tmp_path: Path) -> None:
     # Every op has its error metrics and a coverage check, each with a value and a threshold.
     for c in full["checks"]:
         assert c["metric"] and c["threshold"] is not None, c
+    # Nothing forced: the interpreter takes the tensor-core configuration, and says so.
+    assert full["kernelConfig"] == "tensor-core" and "kernel config tensor-core" in full["summary"]
+
+
+@pytest.fixture(scope="module")
+def fma_kernels_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict, str]:
+    """The kernels suite in f16 with the V100's launch configuration forced through the
+    environment, as a verification Job would set it (CLEF_KERNEL_CONFIG)."""
+    code, full, _, err = run_cli(
+        tmp_path_factory.mktemp("fma"),
+        *CPU,
+        "--suite",
+        "kernels",
+        "--dtype",
+        "f16",
+        env={"CLEF_KERNEL_CONFIG": "fma"},
+    )
+    return code, full, err
+
+
+def test_kernels_suite_passes_in_the_v100_configuration(fma_kernels_run: tuple[int, dict, str]) -> None:
+    code, full, err = fma_kernels_run
+    failing = [c["detail"] for c in full["checks"] if not c["passed"]]
+    assert code == 0, f"verify failed in the FMA configuration: {failing or full['error']}\n{err[-2000:]}"
+    assert full["kernelConfig"] == "fma (forced)"
+    assert "kernel config fma (forced)" in full["summary"]
+
+
+def test_tolerance_scale_decides_a_check_at_the_edge(fma_kernels_run: tuple[int, dict, str]) -> None:
+    """``--tolerance-scale`` (``spec.verification.toleranceScale``) moves the verdict: the check
+    nearest its tolerance passes with the tolerances scaled to 1.1× its measured fraction of
+    them and fails, named, at 0.9×; the same seed measures the same values every time."""
+    from clef_runtime.verify.run import VerifyArgs, run_verify
+
+    _, full, _ = fma_kernels_run
+    ratios = [
+        (c["value"] / c["threshold"], c["name"])
+        for c in full["checks"]
+        if c["metric"] in ("rel_rms", "rel_max")
+    ]
+    assert ratios, "the kernels suite reported no error metrics"
+    edge, name = max(ratios)
+    # the premise: the edge lies inside the range that --tolerance-scale accepts
+    assert 0.9 * edge >= 0.1 and 1.1 * edge <= 100, f"{name} uses {edge:.3g} of its tolerance"
+
+    def run(scale: float) -> Report:
+        args = VerifyArgs(
+            suite="kernels",
+            dtype="f16",
+            device="cpu",
+            shapes="reduced",
+            kernel_config="fma",
+            tolerance_scale=scale,
+        )
+        return run_verify(args)
+
+    above, below = run(1.1 * edge), run(0.9 * edge)
+    assert above.verdict == "pass", [c.detail for c in above.failing]
+    assert below.verdict == "fail" and below.exit_code == 1
+    assert name in [c.name for c in below.failing], [c.name for c in below.failing]
+
+
+def test_unknown_kernel_config_exits_2(tmp_path: Path) -> None:
+    code, full, _, _ = run_cli(tmp_path, *CPU, "--suite", "kernels", "--kernel-config", "sm70")
+    assert code == 2 and full["verdict"] == "error"
+    assert "'sm70' is not one of auto, fma, tensor-core" in full["error"]
 
 
 def test_full_suite_passes_and_reports_layer_stats(tmp_path: Path) -> None:

@@ -1,11 +1,13 @@
 """clef's Triton kernels, one module per op family (see `clef_runtime.opset` for the contract).
 
 `TRITON_OPS` is the healthy op set; `clef_runtime.opset.get_opset` builds it with a fault of the
-catalogue when one is set (`clef_runtime.ops.faulty`).
+catalogue when one is set (`clef_runtime.ops.faulty`) and with the launch configuration forced
+when one is asked for (`with_tensor_cores`).
 """
 
 from __future__ import annotations
 
+import functools
 from types import SimpleNamespace
 
 from clef_runtime.ops.conv import causal_conv1d, causal_conv1d_update
@@ -23,6 +25,7 @@ __all__ = [
     "gated_rmsnorm",
     "gdn_gating",
     "l2norm",
+    "with_tensor_cores",
 ]
 
 TRITON_OPS = SimpleNamespace(
@@ -35,3 +38,10 @@ TRITON_OPS = SimpleNamespace(
     fused_recurrent_gated_delta_rule=fused_recurrent_gated_delta_rule,
     gated_rmsnorm=gated_rmsnorm,
 )
+
+
+def with_tensor_cores(ops: SimpleNamespace, tensor_cores: bool) -> SimpleNamespace:
+    """`ops` with the chunked delta rule's launch configuration forced (`clef_runtime.kernel_config`):
+    tensor cores, or the FMA path of the V100.  The other ops launch the same way on every GPU."""
+    chunk = functools.partial(ops.chunk_gated_delta_rule, tensor_cores=tensor_cores)
+    return SimpleNamespace(**{**vars(ops), "chunk_gated_delta_rule": chunk})

@@ -46,10 +46,10 @@ tiles of `launch_config`.
 
 Precision (the policy is in `delta_rule_common`): the Gram matrices take input-dtype operands
 with float32 accumulation; ``T`` is solved in float32 (diagonal blocks exactly, the block-lower
-part at TF32 for 16-bit inputs) and rounded to the input dtype for the WY products; ``w``, ``u``
+part at TF32 for 16-bit inputs, IEEE on the FMA path) and rounded to the input dtype for the WY products; ``w``, ``u``
 and ``Aqk`` are stored in the input dtype.  In launch 2 the state stays float32 in registers and
-enters its dots as bf16 (bf16 inputs), float32 at TF32 precision (f16: no overflow) or IEEE
-float32 (f32), as do ``v_new`` and ``kf ⊙ v_new``; k and q enter their dots unscaled (exact in
+enters its dots as bf16 (bf16 inputs), float32 at TF32 precision (f16: no overflow; IEEE on
+the FMA path) or IEEE float32 (f32), as do ``v_new`` and ``kf ⊙ v_new``; k and q enter their dots unscaled (exact in
 that dtype) and the factors kf, qf stay float32; the chunk states and ``v_new`` are stored in
 that operand dtype (so bf16 inputs store bf16 states, f16 and f32 store float32), and launch 3
 computes with exactly the operands launch 2 saw.  The output is rounded once, to v's dtype.  The
@@ -642,10 +642,13 @@ def chunk_gated_delta_rule(
     cu_seqlens: torch.Tensor | None = None,
     use_qk_l2norm: bool = False,
     fault_state_in_io_dtype: bool = False,
+    tensor_cores: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Prefill (see `clef_runtime.opset.OpSet.chunk_gated_delta_rule`).  Returns ``(o [B, T, HV,
     V] in v's dtype, final_state [N, HV, K, V] float32 or None)``.  ``fault_state_in_io_dtype`` is
-    the fault ``fp16_state_overflow``, set only by `clef_runtime.ops.faulty`."""
+    the fault ``fp16_state_overflow``, set only by `clef_runtime.ops.faulty`; ``tensor_cores``
+    forces the launch configuration (None: the device decides, see `tensor_core_dots`), set by
+    `clef_runtime.opset.get_opset` from `clef_runtime.kernel_config`."""
     B, T, H, HV, K, V = check_gdn_inputs(OP, q, k, v, g, beta)
     device = q.device
     check_runnable(OP, device)
@@ -672,8 +675,8 @@ def chunk_gated_delta_rule(
     slots = B * NT if cu_seqlens is None else NT + N  # varlen: an upper bound, see the kernel
     cu = cu_seqlens if cu_seqlens is not None else gc  # an unused pointer when not varlen
 
-    policy = dot_policy(q.dtype, _chunk_prepare_kernel)
-    tc = tensor_core_dots(q.dtype, device)
+    tc = tensor_core_dots(q.dtype, device, tensor_cores)
+    policy = dot_policy(q.dtype, _chunk_prepare_kernel, tc)
     cfg = launch_config(K, V, q.dtype, tc)
     if T > 0:
         _chunk_prepare_kernel[(slots * HV,)](

@@ -43,8 +43,13 @@ class DotPolicy:
     round_bf16: bool  # interpreter only: round to bf16 explicitly (see `dot_policy`)
 
 
-def dot_policy(dtype: torch.dtype, kernel: object) -> DotPolicy:
-    """The flags for inputs of `dtype` running `kernel`.
+def dot_policy(dtype: torch.dtype, kernel: object, tensor_cores: bool = True) -> DotPolicy:
+    """The flags for inputs of `dtype` running `kernel`, on tensor cores or on the FMA path.
+
+    The FMA path (``tensor_cores`` False: the V100's configuration) asks for IEEE float32 where
+    tensor cores take TF32: an FMA dot has no TF32, so on the V100 the two compile to the same
+    exact float32 loops, and a GPU that has TF32 (an H200 running the V100's configuration
+    forced, `clef_runtime.kernel_config`) then computes what the V100 computes.
 
     Triton 3.6's interpreter gets bf16 wrong twice: ``tl.dot`` multiplies the raw uint16 bits of
     bf16 operands, and float32 → bf16 casts truncate instead of rounding to nearest even (biased
@@ -55,9 +60,10 @@ def dot_policy(dtype: torch.dtype, kernel: object) -> DotPolicy:
     if dtype == torch.bfloat16:
         if interpreted(kernel):
             return DotPolicy(tl.float32, tl.float32, "ieee", "ieee", True)
-        return DotPolicy(tl.bfloat16, tl.bfloat16, "ieee", "tf32", False)
+        return DotPolicy(tl.bfloat16, tl.bfloat16, "ieee", "tf32" if tensor_cores else "ieee", False)
     if dtype == torch.float16:
-        return DotPolicy(tl.float16, tl.float32, "tf32", "tf32", False)
+        tf32 = "tf32" if tensor_cores else "ieee"
+        return DotPolicy(tl.float16, tl.float32, tf32, tf32, False)
     return DotPolicy(tl.float32, tl.float32, "ieee", "ieee", False)
 
 
@@ -66,13 +72,17 @@ def _capability(device: torch.device) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device)
 
 
-def tensor_core_dots(dtype: torch.dtype, device: torch.device) -> bool:
+def tensor_core_dots(dtype: torch.dtype, device: torch.device, forced: bool | None = None) -> bool:
     """Whether the kernels' dots run on tensor cores.  Not for float32 (IEEE dots are FMA
     loops) nor before Ampere: Triton 3.6 has no MMA path for sm70 (the V100), so there every
     dot is an FMA loop that holds whole operand rows per thread and wants narrow tiles.  The
-    interpreter takes the tensor-core configuration, the one worth testing."""
+    interpreter takes the tensor-core configuration unless told otherwise.  ``forced`` (from
+    `clef_runtime.kernel_config`) overrides the device for 16-bit inputs: the tests and
+    `verify --kernel-config fma` run the V100's configuration anywhere."""
     if dtype == torch.float32:
         return False
+    if forced is not None:
+        return forced
     if device.type != "cuda":
         return True
     return _capability(device)[0] >= 8

@@ -1,4 +1,5 @@
-"""Where `verify` runs: the device, the shape profile and the report paths, from flags and env.
+"""Where `verify` runs: the device, the shape profile, the kernel launch configuration and the
+report paths, from flags and env.
 
 Nothing here imports Triton: on a CPU host the interpreter must be switched on (TRITON_INTERPRET=1)
 before the first `import triton`, so the device is settled first.
@@ -9,8 +10,15 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from clef_contract.command import DEVICE_ENV, SHAPES_ENV, TERMINATION_LOG, TERMINATION_LOG_ENV
+from clef_contract.command import (
+    DEVICE_ENV,
+    KERNEL_CONFIG_ENV,
+    SHAPES_ENV,
+    TERMINATION_LOG,
+    TERMINATION_LOG_ENV,
+)
 from clef_runtime.interpreter import interpreting
+from clef_runtime.kernel_config import UnknownKernelConfigError, kernel_config
 
 DEVICES = ("cuda", "cpu")
 SHAPE_PROFILES = ("model", "reduced")
@@ -25,10 +33,14 @@ class Placement:
     device: str  # "cuda" or "cpu"
     shapes: str  # "model" or "reduced"
     termination_log: str
+    kernel_config: str = "auto"  # `clef_runtime.kernel_config`: "auto", "fma" or "tensor-core"
 
 
 def resolve_placement(
-    device_flag: str | None, shapes_flag: str | None, termination_flag: str | None
+    device_flag: str | None,
+    shapes_flag: str | None,
+    termination_flag: str | None,
+    kernel_config_flag: str | None = None,
 ) -> Placement:
     device = (device_flag or os.environ.get(DEVICE_ENV) or "cuda").strip().lower()
     if device not in DEVICES:
@@ -38,6 +50,10 @@ def resolve_placement(
         raise CannotRun(
             f"shape profile {shapes!r} is not one of {', '.join(SHAPE_PROFILES)} (--shapes or {SHAPES_ENV})"
         )
+    try:  # the flag, else CLEF_KERNEL_CONFIG, read here once and handed to the op sets
+        config = kernel_config(kernel_config_flag)
+    except UnknownKernelConfigError as exc:
+        raise CannotRun(f"{exc} (--kernel-config or {KERNEL_CONFIG_ENV})") from None
     if device == "cpu":
         # The Triton kernels run on the CPU only through the interpreter, which must be on before
         # triton is imported; verify owns its process, so it may switch it on itself.
@@ -45,7 +61,7 @@ def resolve_placement(
     elif interpreting():
         raise CannotRun("TRITON_INTERPRET is set but the device is cuda: unset it, or pass --device cpu")
     log = termination_flag or os.environ.get(TERMINATION_LOG_ENV) or TERMINATION_LOG
-    return Placement(device=device, shapes=shapes, termination_log=log)
+    return Placement(device=device, shapes=shapes, termination_log=log, kernel_config=config)
 
 
 def check_device(placement: Placement) -> str:
@@ -60,3 +76,18 @@ def check_device(placement: Placement) -> str:
             )
         return str(torch.cuda.get_device_name(0))
     return "cpu (Triton interpreter)"
+
+
+def ran_kernel_config(placement: Placement, dtype_name: str) -> str:
+    """The launch configuration the chunked delta rule takes here, for the report: ``fma`` or
+    ``tensor-core``, with `` (forced)`` when ``--kernel-config`` chose it rather than the device.
+    Imports Triton: call it once the placement is settled."""
+    import torch
+
+    from clef_runtime.dtypes import torch_dtype
+    from clef_runtime.kernel_config import forced_tensor_cores
+    from clef_runtime.ops.delta_rule_common import tensor_core_dots
+
+    forced = forced_tensor_cores(placement.kernel_config)
+    tc = tensor_core_dots(torch_dtype(dtype_name), torch.device(placement.device), forced)
+    return ("tensor-core" if tc else "fma") + ("" if forced is None else " (forced)")

@@ -42,6 +42,7 @@ class Report:
     runtime_version: str
     shapes: str  # "model" or "reduced"
     fault: str | None = None
+    kernel_config: str | None = None  # what the chunked delta rule ran: "fma", "tensor-core" (+ " (forced)")
     checks: list[Check] = field(default_factory=list)
     error: str | None = None
     durations: dict[str, float] = field(default_factory=dict)
@@ -112,6 +113,7 @@ class Report:
             "shapes": self.shapes,
             "modelShape": self.model_shape,
             "fault": self.fault,
+            "kernelConfig": self.kernel_config,
             "error": self.error_text,
             "durations": self.durations,
             "peakGpuMemoryBytes": self.peak_gpu_memory_bytes,

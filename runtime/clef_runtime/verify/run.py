@@ -25,7 +25,7 @@ from clef_contract.command import SHAPE_FLAG, SHAPE_KEYS, SUITES, ShapeError, pa
 from clef_runtime import __version__
 from clef_runtime.dtypes import NAMES, torch_dtype
 from clef_runtime.faults import UnknownFaultError, active_fault
-from clef_runtime.verify.environment import CannotRun, check_device, resolve_placement
+from clef_runtime.verify.environment import CannotRun, check_device, ran_kernel_config, resolve_placement
 from clef_runtime.verify.report import Report
 
 # What `verify` generates when no checkpoint is mounted, per shape profile.  "model" keeps the
@@ -59,6 +59,7 @@ class VerifyArgs:
     report: str | None = None  # full report path; None → stdout
     termination_log: str | None = None
     shape: tuple[str, ...] = ()  # KEY=VALUE overrides of the architecture (contract's SHAPE_KEYS)
+    kernel_config: str | None = None  # None: CLEF_KERNEL_CONFIG or "auto" (`clef_runtime.kernel_config`)
 
 
 def _env_info() -> dict[str, str]:
@@ -106,7 +107,7 @@ def _run(args: VerifyArgs, report: Report) -> None:
         raise CannotRun(f"--dtype {args.dtype!r} is not one of {', '.join(NAMES)}")
     if not 0.1 <= args.tolerance_scale <= 100:
         raise CannotRun(f"--tolerance-scale {args.tolerance_scale} must be within [0.1, 100]")
-    placement = resolve_placement(args.device, args.shapes, args.termination_log)
+    placement = resolve_placement(args.device, args.shapes, args.termination_log, args.kernel_config)
     report.shapes = placement.shapes
     report.fault = active_fault()  # raises on an unknown name before anything runs
 
@@ -122,6 +123,8 @@ def _run(args: VerifyArgs, report: Report) -> None:
 
     report.device = check_device(placement)
     device = torch.device(placement.device)
+    report.kernel_config = ran_kernel_config(placement, args.dtype)
+    report.summary_parts.append(f"kernel config {report.kernel_config}")
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
 
@@ -176,7 +179,9 @@ def _run(args: VerifyArgs, report: Report) -> None:
     }
 
     # the key-band fault needs the conv bands under test: the kernel cases' here, the model's below
-    fast, ref = get_opset("triton", qkv_split=shape.qkv_split), get_opset("reference")
+    kconfig = placement.kernel_config
+    fast = get_opset("triton", qkv_split=shape.qkv_split, kernel_config=kconfig)
+    ref = get_opset("reference")
     scale = args.tolerance_scale
     if args.suite in ("kernels", "full"):
         t0 = time.perf_counter()
@@ -210,7 +215,7 @@ def _run(args: VerifyArgs, report: Report) -> None:
         outcome = msuite.run_model_suite(
             model_config,
             weights,
-            get_opset("triton", qkv_split=model_config.qkv_split),  # a checkpoint keeps its own
+            get_opset("triton", qkv_split=model_config.qkv_split, kernel_config=kconfig),  # own bands
             ref,
             args.dtype,
             torch_dtype(args.dtype),
