@@ -1,5 +1,5 @@
 """`clef-runtime`: the runtime's command line (`verify`, `faults`, `version`; `bench` lives in
-`clef_runtime.bench`)."""
+`clef_runtime.bench`; `goldens`, `serve` and `endpoint-check` in `clef_runtime.endpoint.cli`)."""
 
 from __future__ import annotations
 
@@ -67,7 +67,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from clef_runtime.bench import add_bench_parser
 
     add_bench_parser(sub)
+    from clef_runtime.endpoint.cli import ENDPOINT_COMMANDS, add_endpoint_parsers, run_endpoint_command
+
+    add_endpoint_parsers(sub)
     args = parser.parse_args(argv)
+    if args.command in ENDPOINT_COMMANDS:
+        return run_endpoint_command(args)
 
     if args.command == "version":
         from clef_runtime import __version__

@@ -1,0 +1,154 @@
+"""The command lines of `goldens`, `serve` and `endpoint-check` (argparse only: nothing here imports
+torch, so `endpoint-check` starts on a CPU-only host without it)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from clef_contract.command import DTYPES, TERMINATION_LOG, TERMINATION_LOG_ENV
+from clef_contract.endpoint import DIALECTS, ENDPOINT_DIALECT_ENV, ENDPOINT_URL_ENV, GOLDENS_ENV
+
+ENDPOINT_COMMANDS = ("goldens", "serve", "endpoint-check")
+SERVE_DIALECTS = ("openai", "vllm", "candle-vllm")
+
+
+def _goldens_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "goldens",
+        help="prove the kernels, then record greedy answers to a prompt set (exit 0 written, 1, 2)",
+        description="Runs the kernels suite at the checkpoint's GDN shape, then the checkpoint greedily "
+        "on the prompt set, recording ids and top-k logprobs with their provenance.",
+    )
+    p.add_argument(
+        "--checkpoint", required=True, help="config.json, safetensors, tokenizer.json, chat template"
+    )
+    p.add_argument("--out", required=True, help="the goldens file to write")
+    p.add_argument("--dtype", default="f16", help=f"{' | '.join(DTYPES)} (default: f16)")
+    p.add_argument("--device", help="cuda | cpu (default: cuda)")
+    p.add_argument("--ops", default="triton", help="triton (default: proven first) | reference")
+    p.add_argument("--top-k", type=int, default=5, help="candidates recorded per step (5-20, default 5)")
+    p.add_argument("--prompts", help="a JSON prompt file added to the built-in set")
+    p.add_argument("--no-builtin", action="store_true", help="only the prompts of --prompts")
+    p.add_argument("--no-long", action="store_true", help="leave out the built-in ≥ 8192-token prompt")
+    p.add_argument("--kernel-sizes", help="model | reduced (default: model on cuda, reduced on cpu)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the kernel checks' inputs")
+
+
+def _serve_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="an OpenAI-compatible server on the bundled runtime (one request at a time)",
+        description="Serves /v1/models, /health, /v1/completions and /v1/chat/completions with greedy "
+        "decoding on clef's kernels.  SIGTERM finishes the request in flight, then exits.",
+    )
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--dtype", default="f16", help=f"{' | '.join(DTYPES)} (default: f16)")
+    p.add_argument("--device", help="cuda | cpu (default: cuda)")
+    p.add_argument("--ops", default="triton", help="triton (default) | reference")
+    p.add_argument("--dialect", default="openai", help=f"{' | '.join(SERVE_DIALECTS)} (default: openai)")
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--model-name", help="the model id served (default: the checkpoint directory's name)")
+    p.add_argument("--chat-template", help="a Jinja file replacing the checkpoint's chat template")
+    p.add_argument("--max-prompt-tokens", type=int, default=32768)
+    p.add_argument("--max-new-tokens", type=int, default=4096, help="the most a request may ask for")
+    p.add_argument("--max-request-bytes", type=int, default=4 * 1024 * 1024)
+    p.add_argument("--ready-file", help="write the bound port here once serving (for scripts and tests)")
+
+
+def _check_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "endpoint-check",
+        help="ask a serving engine the goldens' prompts and judge its answers (exit 0 pass, 1 mismatch, 2 could not run)",
+        description="Sends each golden prompt, greedily and one at a time, and applies the divergence rule "
+        "(docs/verification.md, 'Endpoint verification').  Full JSON report on stdout (or --report), "
+        "compact report (≤ 4 KiB) to the termination log.",
+    )
+    p.add_argument(
+        "--goldens", default=os.environ.get(GOLDENS_ENV), help=f"goldens file (default: ${GOLDENS_ENV})"
+    )
+    p.add_argument(
+        "--url",
+        default=os.environ.get(ENDPOINT_URL_ENV),
+        help=f"engine base URL (default: ${ENDPOINT_URL_ENV})",
+    )
+    p.add_argument(
+        "--dialect",
+        default=os.environ.get(ENDPOINT_DIALECT_ENV),
+        help=f"{' | '.join(DIALECTS)} (default: ${ENDPOINT_DIALECT_ENV})",
+    )
+    p.add_argument("--model", help="the model id to ask for (default: the first of GET /v1/models)")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per request (default 600)")
+    p.add_argument("--near-tie-margin", type=float, default=None, help="nats (default: docs/verification.md)")
+    p.add_argument(
+        "--max-near-ties", type=int, default=None, help="default: a quarter of the prompts, at least 1"
+    )
+    p.add_argument("--report", help="write the full JSON report here instead of stdout")
+    p.add_argument(
+        "--termination-log",
+        help=f"compact report path (default: ${TERMINATION_LOG_ENV} or {TERMINATION_LOG})",
+    )
+
+
+def add_endpoint_parsers(sub: argparse._SubParsersAction) -> None:
+    _goldens_parser(sub)
+    _serve_parser(sub)
+    _check_parser(sub)
+
+
+def run_endpoint_command(args: argparse.Namespace) -> int:
+    if args.command == "goldens":
+        from clef_runtime.goldens.make import GoldensArgs, run_goldens
+
+        return run_goldens(
+            GoldensArgs(
+                checkpoint=args.checkpoint,
+                out=args.out,
+                dtype=args.dtype,
+                device=args.device,
+                ops=args.ops,
+                top_k=args.top_k,
+                prompts=args.prompts,
+                builtin=not args.no_builtin,
+                long_prompt=not args.no_long,
+                kernel_sizes=args.kernel_sizes,
+                seed=args.seed,
+            )
+        )
+    if args.command == "serve":
+        from clef_runtime.serve.command import ServeArgs, run_serve
+
+        return run_serve(
+            ServeArgs(
+                checkpoint=args.checkpoint,
+                dtype=args.dtype,
+                device=args.device,
+                ops=args.ops,
+                dialect=args.dialect,
+                host=args.host,
+                port=args.port,
+                model_name=args.model_name,
+                chat_template=args.chat_template,
+                max_prompt_tokens=args.max_prompt_tokens,
+                max_new_tokens=args.max_new_tokens,
+                max_request_bytes=args.max_request_bytes,
+                ready_file=args.ready_file,
+            )
+        )
+    from clef_runtime.endpoint.check import CheckArgs, run_check
+
+    log = args.termination_log or os.environ.get(TERMINATION_LOG_ENV) or TERMINATION_LOG
+    return run_check(
+        CheckArgs(
+            goldens=args.goldens,
+            url=args.url,
+            dialect=args.dialect,
+            model=args.model,
+            timeout=args.timeout,
+            near_tie_margin=args.near_tie_margin,
+            max_near_ties=args.max_near_ties,
+            report=args.report,
+            termination_log=log,
+        )
+    )

@@ -1,0 +1,137 @@
+"""A small checkpoint that a serving engine could load: tiny hybrid weights (3 GDN + 1 attention
+layer), a byte-level BPE tokenizer trained here on a fixed text (no downloads), a Qwen-style chat
+template with the thinking switch, and a generation config naming the stop token.
+
+Also the goldens the endpoint tests share, made once per test session by the real command
+(`clef-runtime goldens`, Triton op set: its kernels suite runs first).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from clef_runtime.model import preset
+from clef_runtime.model.checkpoint import write_random_checkpoint
+
+REPO = Path(__file__).resolve().parents[2]
+SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>")
+VOCAB = 320
+
+# Qwen's shape: one turn per message, the assistant's turn opened by add_generation_prompt, and
+# with thinking off an empty think block, which is what engines send when asked `thinking: false`.
+TEMPLATE = """{%- for message in messages %}
+<|im_start|>{{ message.role }}
+{{ message.content }}<|im_end|>
+{% endfor %}
+{%- if add_generation_prompt %}
+<|im_start|>assistant
+{% if enable_thinking is defined and enable_thinking is false %}
+<think>
+
+</think>
+
+{% endif %}
+{%- endif %}
+"""
+
+# The same conversation rendered without the think block: what a server with another template sends.
+OTHER_TEMPLATE = TEMPLATE.replace("<think>\n\n</think>\n\n", "")
+
+_CORPUS = [
+    "Line {i}: {i} squared is {sq}. The river runs north past the mill and the old stone bridge.",
+    "Name the planets of the solar system in order: Mercury, Venus, Earth, Mars, Jupiter, Saturn.",
+    "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n",
+    "Continue this list in exactly the same style for as long as you can. yes yes yes",
+]
+
+
+def _train_tokenizer(path: Path) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB,
+        special_tokens=list(SPECIALS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    text = [line.format(i=i, sq=i * i) for i in range(1, 40) for line in _CORPUS]
+    tok.train_from_iterator(text, trainer)
+    tok.save(str(path))
+
+
+def write_chat_checkpoint(directory: Path, *, seed: int = 0) -> Path:
+    """The checkpoint directory: config.json, model.safetensors (float32), tokenizer.json,
+    tokenizer_config.json (chat template, eos), generation_config.json."""
+    directory.mkdir(parents=True, exist_ok=True)
+    _train_tokenizer(directory / "tokenizer.json")
+    from tokenizers import Tokenizer
+
+    vocab = Tokenizer.from_file(str(directory / "tokenizer.json")).get_vocab_size(with_added_tokens=True)
+    config = preset("tiny").replace(vocab_size=vocab)
+    write_random_checkpoint(directory, config, seed=seed, dtype=torch.float32)
+    eos = Tokenizer.from_file(str(directory / "tokenizer.json")).token_to_id("<|im_end|>")
+    (directory / "tokenizer_config.json").write_text(
+        json.dumps({"chat_template": TEMPLATE, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"})
+    )
+    (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": [eos]}))
+    return directory
+
+
+# Short prompts keep the Triton interpreter's time down; one crosses the 64-token chunk.
+TEST_PROMPTS = {
+    "prompts": [
+        {"name": "tokens-1", "tokenIds": [60], "maxNewTokens": 5},
+        {"name": "hello", "text": "Name the planets.", "maxNewTokens": 5},
+        {
+            "name": "list",
+            "text": "Continue this list. Line 1: 1 squared is 1. Line 2: 2 squared is 4. Line 3: 3 squared is 9.",
+            "maxNewTokens": 5,
+        },
+    ]
+}
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The test process's environment without clef's knobs (a fault must be asked for)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CLEF_")}
+    env["TRITON_INTERPRET"] = "1"
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+def clef_runtime(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 900
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "clef_runtime", *args],
+        capture_output=True,
+        text=True,
+        env=env or clean_env(),
+        cwd=REPO,
+        timeout=timeout,
+    )
+
+
+def session_goldens(base: Path) -> tuple[Path, Path]:
+    """(checkpoint, goldens) under the session's temporary directory, made on first use."""
+    ckpt, goldens = base / "chat-checkpoint", base / "goldens.json"
+    if not goldens.is_file():
+        write_chat_checkpoint(ckpt)
+        prompts = base / "prompts.json"
+        prompts.write_text(json.dumps(TEST_PROMPTS))
+        proc = clef_runtime(
+            "goldens", "--checkpoint", str(ckpt), "--out", str(goldens), "--device", "cpu",
+            "--dtype", "f32", "--no-builtin", "--prompts", str(prompts),
+        )  # fmt: skip
+        assert proc.returncode == 0, f"goldens failed: {proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    return ckpt, goldens
