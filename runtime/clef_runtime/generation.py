@@ -8,6 +8,7 @@ them).  The chosen token is the argmax; generation ends after a stop token (unle
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
@@ -27,6 +28,8 @@ class Generation:
     top_ids: list[list[int]] = field(default_factory=list)  # per step, best first
     top_logprobs: list[list[float]] = field(default_factory=list)
     finish_reason: FinishReason = "length"
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
 
     def add(self, logits: torch.Tensor, top_k: int) -> int:
         """Record one step from its float32 logits ``[vocab]``; return the chosen id."""
@@ -56,11 +59,14 @@ def greedy(
         raise ValueError(f"max_new_tokens ({max_new_tokens}) must be at least 1")
     stops = set() if ignore_eos else set(stop_ids)
     out = Generation()
+    started = time.perf_counter()
     ids = torch.tensor([list(prompt_ids)], dtype=torch.long)
     logits, cache = model.prefill(ids, last_only=True)
-    chosen = out.add(logits[0, -1], top_k)
+    chosen = out.add(logits[0, -1], top_k)  # reads the logits back: the prefill has finished
+    out.prefill_seconds = time.perf_counter() - started
     while chosen not in stops and len(out.ids) < max_new_tokens:
         step = model.decode_step(torch.tensor([chosen], dtype=torch.long), cache)
         chosen = out.add(step[0], top_k)
     out.finish_reason = "stop" if chosen in stops else "length"
+    out.decode_seconds = time.perf_counter() - started - out.prefill_seconds
     return out

@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -68,6 +72,20 @@ def _train_tokenizer(path: Path) -> None:
     tok.save(str(path))
 
 
+def _sharpen(path: Path) -> None:
+    """Make the random model decisive and its GDN layers matter: the output head x8 (top-1 margins
+    of about a nat instead of a fraction: a near-tie is then a rarity, as in a trained model) and
+    each GDN layer's output x4 (so every catalogue fault changes the greedy ids within 4 tokens)."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(path))
+    tensors["lm_head.weight"] *= 8
+    for name in tensors:
+        if name.endswith("linear_attn.out_proj.weight"):
+            tensors[name] *= 4
+    save_file(tensors, str(path), metadata={"format": "pt"})
+
+
 def write_chat_checkpoint(directory: Path, *, seed: int = 0) -> Path:
     """The checkpoint directory: config.json, model.safetensors (float32), tokenizer.json,
     tokenizer_config.json (chat template, eos), generation_config.json."""
@@ -78,6 +96,7 @@ def write_chat_checkpoint(directory: Path, *, seed: int = 0) -> Path:
     vocab = Tokenizer.from_file(str(directory / "tokenizer.json")).get_vocab_size(with_added_tokens=True)
     config = preset("tiny").replace(vocab_size=vocab)
     write_random_checkpoint(directory, config, seed=seed, dtype=torch.float32)
+    _sharpen(directory / "model.safetensors")
     eos = Tokenizer.from_file(str(directory / "tokenizer.json")).token_to_id("<|im_end|>")
     (directory / "tokenizer_config.json").write_text(
         json.dumps({"chat_template": TEMPLATE, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"})
@@ -135,3 +154,46 @@ def session_goldens(base: Path) -> tuple[Path, Path]:
         )  # fmt: skip
         assert proc.returncode == 0, f"goldens failed: {proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
     return ckpt, goldens
+
+
+@contextmanager
+def served(
+    ckpt: Path, tmp: Path, *args: str, ops: str = "reference", fault: str | None = None
+) -> Iterator[tuple[str, subprocess.Popen]]:
+    """`clef-runtime serve` on 127.0.0.1, a free port, in a subprocess; yields (base URL, process)
+    once it listens, and stops it with SIGTERM afterwards."""
+    ready = tmp / f"ready-{os.getpid()}-{time.monotonic_ns()}"
+    log = (tmp / f"{ready.name}.log").open("w")
+    env = clean_env(**({"CLEF_RUNTIME_FAULT": fault} if fault else {}))
+    cmd = [sys.executable, "-m", "clef_runtime", "serve", "--checkpoint", str(ckpt), "--device", "cpu",
+           "--dtype", "f32", "--ops", ops, "--host", "127.0.0.1", "--port", "0", "--ready-file", str(ready), *args]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+    try:
+        deadline = time.monotonic() + 120
+        while not (ready.is_file() and ready.read_text().strip()):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"serve did not start: {Path(log.name).read_text()[-3000:]}")
+            time.sleep(0.2)
+        yield f"http://127.0.0.1:{int(ready.read_text())}", proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        log.close()
+
+
+def endpoint_check(
+    goldens: Path, url: str, dialect: str, tmp: Path, *args: str
+) -> tuple[int, dict, dict, str]:
+    """Run `clef-runtime endpoint-check`; (exit code, full report, compact report, stderr)."""
+    log = tmp / f"termination-{time.monotonic_ns()}"
+    proc = clef_runtime(
+        "endpoint-check", "--goldens", str(goldens), "--url", url, "--dialect", dialect,
+        "--termination-log", str(log), "--timeout", "300", *args,
+    )  # fmt: skip
+    full = json.loads(proc.stdout)
+    compact = json.loads(log.read_text())
+    return proc.returncode, full, compact, proc.stderr

@@ -84,6 +84,7 @@ def _check_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--max-near-ties", type=int, default=None, help="default: a quarter of the prompts, at least 1"
     )
+    p.add_argument("--prompt", action="append", default=[], help="only this golden prompt (repeatable)")
     p.add_argument("--report", help="write the full JSON report here instead of stdout")
     p.add_argument(
         "--termination-log",
@@ -150,5 +151,6 @@ def run_endpoint_command(args: argparse.Namespace) -> int:
             max_near_ties=args.max_near_ties,
             report=args.report,
             termination_log=log,
+            only=tuple(args.prompt),
         )
     )
