@@ -140,10 +140,11 @@ def judge(
     got = answer.ids[position] if position < common else _engine_token_at_end(golden, answer, stop_ids)
     if got is None:
         return result
-    margin = golden.margin(position, got)
+    signed = golden.margin(position, got)  # ≥ 0 when the golden chose its argmax, as it does
+    margin = None if signed is None else abs(signed)
     expected = golden.ids[position]
     mutual = not real_logprobs or (answer.top is not None and expected in answer.top[position])
-    near_tie = margin is not None and abs(margin) <= thresholds.near_tie_margin and mutual
+    near_tie = margin is not None and margin <= thresholds.near_tie_margin and mutual
     result.status = "near-tie" if near_tie else "diverged"
     result.divergence = Divergence(
         prompt=golden.name,

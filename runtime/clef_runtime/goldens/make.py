@@ -93,6 +93,7 @@ def _specs(args: GoldensArgs, tok: ChatTokenizer) -> list[PromptSpec]:
 def _prove_kernels(args: GoldensArgs, config: Any, device: Any) -> str:
     from clef_runtime.opset import get_opset
     from clef_runtime.verify import kernels as ksuite
+    from clef_runtime.verify.report import Report
 
     sizes_name = args.kernel_sizes or ("model" if device.type == "cuda" else "reduced")
     sizes = {"model": ksuite.MODEL_SIZES, "reduced": ksuite.REDUCED_SIZES}[sizes_name]
@@ -107,7 +108,11 @@ def _prove_kernels(args: GoldensArgs, config: Any, device: Any) -> str:
     checks = ksuite.run_kernels_suite(
         fast, get_opset("reference"), shape, sizes, args.dtype, device, seed=args.seed
     )
-    failing = [c for c in checks if not c.passed]
+    verdict = Report(
+        suite="kernels", dtype=args.dtype, device=str(device), runtime_version=__version__, shapes=sizes_name
+    )
+    verdict.checks.extend(checks)
+    failing = verdict.failing  # the most specific first: "key channel band [a, b) is zero"
     if failing:
         first = failing[0]
         raise GoldensFailed(

@@ -45,6 +45,7 @@ class Service:
         self.dialect, self.shaper, self.tok, self.limits = dialect, shaper, tok, limits
         self._generate = generate
         self.lock = threading.Lock()
+        self.generating = False  # /health says so: a preview that is busy is not idle
 
     def error(self, status: int, message: str) -> tuple[int, dict[str, Any]]:
         status = bad_request_status(self.dialect, status)
@@ -59,7 +60,7 @@ class Service:
         if ROUTES[path] != method:
             return self.error(405, f"{path} takes {ROUTES[path]}")
         if path == "/health":
-            return 200, {"status": "ok"}
+            return 200, {"status": "ok", "generating": self.generating}
         if path == "/v1/models":
             return 200, self.shaper.models(self.limits.max_positions)
         try:
@@ -77,7 +78,11 @@ class Service:
 
     def _run(self, req: Generate) -> Generation:
         with self.lock:
-            return self._generate(req)
+            self.generating = True
+            try:
+                return self._generate(req)
+            finally:
+                self.generating = False
 
     def _complete(self, body: dict[str, Any]) -> dict[str, Any]:
         prompt = completion_prompt(body)
@@ -108,6 +113,9 @@ class Handler(BaseHTTPRequestHandler):
     """Moves bytes between the socket and `Service` (set on the server as `service`)."""
 
     protocol_version = "HTTP/1.1"
+    # An idle keep-alive connection is closed after this long, so a shutdown that joins the
+    # handler threads never waits on a client that keeps its connection open.
+    timeout = 30
     server: ClefHTTPServer
 
     def _reply(self, status: int, body: dict[str, Any]) -> None:
