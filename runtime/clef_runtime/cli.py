@@ -19,6 +19,7 @@ from clef_contract.command import (
     TERMINATION_LOG_ENV,
     ExitCode,
 )
+from clef_runtime.endpoint.cli import ENDPOINT_COMMANDS, add_endpoint_parsers, endpoint_main
 
 _EXITS = ", ".join(f"{int(code)} {code.name.lower().replace('_', ' ')}" for code in ExitCode)
 
@@ -59,6 +60,10 @@ def _verify_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words and words[0] in ENDPOINT_COMMANDS:
+        # Without the other commands' imports: endpoint-check runs on hosts without torch.
+        return endpoint_main(words)
     parser = argparse.ArgumentParser(prog="clef-runtime", description="clef's GDN runtime")
     sub = parser.add_subparsers(dest="command", required=True)
     _verify_parser(sub)
@@ -67,12 +72,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from clef_runtime.bench import add_bench_parser
 
     add_bench_parser(sub)
-    from clef_runtime.endpoint.cli import ENDPOINT_COMMANDS, add_endpoint_parsers, run_endpoint_command
-
     add_endpoint_parsers(sub)
     args = parser.parse_args(argv)
-    if args.command in ENDPOINT_COMMANDS:
-        return run_endpoint_command(args)
 
     if args.command == "version":
         from clef_runtime import __version__

@@ -55,14 +55,14 @@ _CORPUS = [
 ]
 
 
-def _train_tokenizer(path: Path) -> None:
+def _train_tokenizer(path: Path, vocab: int) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB,
+        vocab_size=vocab,
         special_tokens=list(SPECIALS),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
@@ -86,22 +86,29 @@ def _sharpen(path: Path) -> None:
     save_file(tensors, str(path), metadata={"format": "pt"})
 
 
-def write_chat_checkpoint(directory: Path, *, seed: int = 0) -> Path:
-    """The checkpoint directory: config.json, model.safetensors (float32), tokenizer.json,
-    tokenizer_config.json (chat template, eos), generation_config.json."""
-    directory.mkdir(parents=True, exist_ok=True)
-    _train_tokenizer(directory / "tokenizer.json")
+def write_chat_files(directory: Path, vocab: int = VOCAB) -> int:
+    """Everything but the weights: tokenizer.json, tokenizer_config.json (chat template, eos),
+    generation_config.json.  Returns the tokenizer's vocabulary size."""
     from tokenizers import Tokenizer
 
-    vocab = Tokenizer.from_file(str(directory / "tokenizer.json")).get_vocab_size(with_added_tokens=True)
-    config = preset("tiny").replace(vocab_size=vocab)
-    write_random_checkpoint(directory, config, seed=seed, dtype=torch.float32)
-    _sharpen(directory / "model.safetensors")
-    eos = Tokenizer.from_file(str(directory / "tokenizer.json")).token_to_id("<|im_end|>")
+    directory.mkdir(parents=True, exist_ok=True)
+    _train_tokenizer(directory / "tokenizer.json", vocab)
+    tok = Tokenizer.from_file(str(directory / "tokenizer.json"))
     (directory / "tokenizer_config.json").write_text(
         json.dumps({"chat_template": TEMPLATE, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"})
     )
-    (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": [eos]}))
+    (directory / "generation_config.json").write_text(
+        json.dumps({"eos_token_id": [tok.token_to_id("<|im_end|>")]})
+    )
+    return int(tok.get_vocab_size(with_added_tokens=True))
+
+
+def write_chat_checkpoint(directory: Path, *, seed: int = 0) -> Path:
+    """The checkpoint directory: the chat files and tiny hybrid weights (float32) over their vocabulary."""
+    vocab = write_chat_files(directory)
+    config = preset("tiny").replace(vocab_size=vocab)
+    write_random_checkpoint(directory, config, seed=seed, dtype=torch.float32)
+    _sharpen(directory / "model.safetensors")
     return directory
 
 

@@ -98,6 +98,12 @@ def add_endpoint_parsers(sub: argparse._SubParsersAction) -> None:
     _check_parser(sub)
 
 
+def endpoint_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="clef-runtime", description="clef's GDN runtime")
+    add_endpoint_parsers(parser.add_subparsers(dest="command", required=True))
+    return run_endpoint_command(parser.parse_args(argv))
+
+
 def run_endpoint_command(args: argparse.Namespace) -> int:
     if args.command == "goldens":
         from clef_runtime.goldens.make import GoldensArgs, run_goldens

@@ -176,7 +176,7 @@ class EndpointRun:
                     failing=tuple(self.failing()),
                     suite=ENDPOINT_SUITE,
                     dtype=self.dtype,
-                    device=clip(f"{self.model} at {self.url}", 200),
+                    device=clip(f"{self.model or '?'} at {self.url}", 200),
                     runtime_version=self.runtime_version,
                     error=self.error_text,
                 ),
