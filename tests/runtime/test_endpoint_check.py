@@ -90,6 +90,7 @@ def test_a_serving_engine_with_a_kernel_fault_fails_naming_prompt_and_position(
     _compact_ok(compact)
     first = compact["firstDivergence"]
     assert first["prompt"] == "hello" and not first["nearTie"]
+    assert first["goldenMargin"] is None  # not even among the golden's top-5: far from a near-tie
     hello = next(p for p in full["prompts"] if p["name"] == "hello")
     assert hello["status"] == "diverged" and hello["matched"] == first["position"]
     assert f"prompt hello, position {first['position']}" in compact["summary"]
