@@ -141,9 +141,9 @@ def test_a_near_tie_divergence_passes_and_is_reported(
 def test_an_engine_with_another_chat_template_cannot_be_judged(
     made: tuple[Path, Path], tmp_path: Path, dialect: str
 ) -> None:
-    ckpt, goldens = made
     template = tmp_path / "other.jinja"
-    template.write_text(OTHER_TEMPLATE)
+    template.write_text(OTHER_TEMPLATE)  # no think block: thinking off renders shorter prompts
+    ckpt, goldens = made
     with served(ckpt, tmp_path, "--dialect", SERVER_DIALECT[dialect], "--chat-template", str(template)) as (
         url,
         _,

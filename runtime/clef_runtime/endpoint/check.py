@@ -90,18 +90,17 @@ def _check(args: CheckArgs, run: EndpointRun) -> None:
 
 
 def emit(run: EndpointRun, out: TextIO, full_path: str | None, termination_log: str) -> None:
-    text = json.dumps(run.to_full(), indent=2, ensure_ascii=False)
-    if full_path:
-        Path(full_path).write_text(text + "\n")
-    else:
-        out.write(text + "\n")
+    """The full report to `full_path` (stdout without one), the compact one to the termination log."""
+    full = json.dumps(run.to_full(), indent=2, ensure_ascii=False) + "\n"
+    targets = [(Path(full_path), full)] if full_path else []
+    if not full_path:
+        out.write(full)
         out.flush()
-    try:
-        Path(termination_log).write_text(run.to_compact(), encoding="utf-8")
-    except OSError as exc:
-        print(
-            f"endpoint-check: could not write the compact report to {termination_log}: {exc}", file=sys.stderr
-        )
+    for path, text in [*targets, (Path(termination_log), run.to_compact())]:
+        try:
+            path.write_text(text, encoding="utf-8")
+        except OSError as exc:  # outside Kubernetes there may be no termination log: stdout has it all
+            print(f"endpoint-check: could not write {path}: {exc}", file=sys.stderr)
 
 
 def run_check(args: CheckArgs, out: TextIO = sys.stdout) -> int:

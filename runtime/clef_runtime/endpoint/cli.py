@@ -4,29 +4,59 @@ torch, so `endpoint-check` starts on a CPU-only host without it)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
+from typing import Any, TypeVar
 
 from clef_contract.command import DTYPES, TERMINATION_LOG, TERMINATION_LOG_ENV
 from clef_contract.endpoint import DIALECTS, ENDPOINT_DIALECT_ENV, ENDPOINT_URL_ENV, GOLDENS_ENV
 
+T = TypeVar("T")
 ENDPOINT_COMMANDS = ("goldens", "serve", "endpoint-check")
 SERVE_DIALECTS = ("openai", "vllm", "candle-vllm")
+OPSETS = ("triton", "reference")
 
 
-def _goldens_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "goldens",
-        help="prove the kernels, then record greedy answers to a prompt set (exit 0 written, 1, 2)",
-        description="Runs the kernels suite at the checkpoint's GDN shape, then the checkpoint greedily "
+_TEXTS = {
+    "goldens": (
+        "prove the kernels, then record greedy answers to a prompt set (exit 0 written, 1, 2)",
+        "Runs the kernels suite at the checkpoint's GDN shape, then the checkpoint greedily "
         "on the prompt set, recording ids and top-k logprobs with their provenance.",
-    )
+    ),
+    "serve": (
+        "an OpenAI-compatible server on the bundled runtime (one request at a time)",
+        "Serves /v1/models, /health, /v1/completions and /v1/chat/completions with greedy "
+        "decoding on clef's kernels.  SIGTERM finishes the request in flight, then exits.",
+    ),
+    "endpoint-check": (
+        "ask a serving engine the goldens' prompts and judge its answers (exit 0 pass, 1 mismatch, 2 could not run)",
+        "Sends each golden prompt, greedily and one at a time, and applies the divergence rule "
+        "(docs/verification.md, 'Endpoint verification').  Full JSON report on stdout (or --report), "
+        "compact report (≤ 4 KiB) to the termination log.",
+    ),
+}
+
+
+def _command(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
+    summary, description = _TEXTS[name]
+    parser: argparse.ArgumentParser = sub.add_parser(name, help=summary, description=description)
+    return parser
+
+
+def _model_flags(p: argparse.ArgumentParser) -> None:
+    """The flags of the commands that load a checkpoint (goldens, serve)."""
     p.add_argument(
         "--checkpoint", required=True, help="config.json, safetensors, tokenizer.json, chat template"
     )
-    p.add_argument("--out", required=True, help="the goldens file to write")
     p.add_argument("--dtype", default="f16", help=f"{' | '.join(DTYPES)} (default: f16)")
     p.add_argument("--device", help="cuda | cpu (default: cuda)")
-    p.add_argument("--ops", default="triton", help="triton (default: proven first) | reference")
+    p.add_argument("--ops", default="triton", help="triton (default; goldens prove it first) | reference")
+
+
+def _goldens_parser(sub: argparse._SubParsersAction) -> None:
+    p = _command(sub, "goldens")
+    _model_flags(p)
+    p.add_argument("--out", required=True, help="the goldens file to write")
     p.add_argument("--top-k", type=int, default=5, help="candidates recorded per step (5-20, default 5)")
     p.add_argument("--prompts", help="a JSON prompt file added to the built-in set")
     p.add_argument("--no-builtin", action="store_true", help="only the prompts of --prompts")
@@ -36,16 +66,8 @@ def _goldens_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _serve_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "serve",
-        help="an OpenAI-compatible server on the bundled runtime (one request at a time)",
-        description="Serves /v1/models, /health, /v1/completions and /v1/chat/completions with greedy "
-        "decoding on clef's kernels.  SIGTERM finishes the request in flight, then exits.",
-    )
-    p.add_argument("--checkpoint", required=True)
-    p.add_argument("--dtype", default="f16", help=f"{' | '.join(DTYPES)} (default: f16)")
-    p.add_argument("--device", help="cuda | cpu (default: cuda)")
-    p.add_argument("--ops", default="triton", help="triton (default) | reference")
+    p = _command(sub, "serve")
+    _model_flags(p)
     p.add_argument("--dialect", default="openai", help=f"{' | '.join(SERVE_DIALECTS)} (default: openai)")
     p.add_argument("--host", default="0.0.0.0")
     p.add_argument("--port", type=int, default=8000)
@@ -58,13 +80,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _check_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "endpoint-check",
-        help="ask a serving engine the goldens' prompts and judge its answers (exit 0 pass, 1 mismatch, 2 could not run)",
-        description="Sends each golden prompt, greedily and one at a time, and applies the divergence rule "
-        "(docs/verification.md, 'Endpoint verification').  Full JSON report on stdout (or --report), "
-        "compact report (≤ 4 KiB) to the termination log.",
-    )
+    p = _command(sub, "endpoint-check")
     p.add_argument(
         "--goldens", default=os.environ.get(GOLDENS_ENV), help=f"goldens file (default: ${GOLDENS_ENV})"
     )
@@ -104,59 +120,24 @@ def endpoint_main(argv: list[str]) -> int:
     return run_endpoint_command(parser.parse_args(argv))
 
 
+def _from_args(cls: type[T], args: argparse.Namespace, **extra: Any) -> T:
+    """The command's dataclass from the parsed flags of the same names (and `extra`)."""
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}  # type: ignore[arg-type]
+    return cls(**(given | extra))
+
+
 def run_endpoint_command(args: argparse.Namespace) -> int:
     if args.command == "goldens":
         from clef_runtime.goldens.make import GoldensArgs, run_goldens
 
         return run_goldens(
-            GoldensArgs(
-                checkpoint=args.checkpoint,
-                out=args.out,
-                dtype=args.dtype,
-                device=args.device,
-                ops=args.ops,
-                top_k=args.top_k,
-                prompts=args.prompts,
-                builtin=not args.no_builtin,
-                long_prompt=not args.no_long,
-                kernel_sizes=args.kernel_sizes,
-                seed=args.seed,
-            )
+            _from_args(GoldensArgs, args, builtin=not args.no_builtin, long_prompt=not args.no_long)
         )
     if args.command == "serve":
         from clef_runtime.serve.command import ServeArgs, run_serve
 
-        return run_serve(
-            ServeArgs(
-                checkpoint=args.checkpoint,
-                dtype=args.dtype,
-                device=args.device,
-                ops=args.ops,
-                dialect=args.dialect,
-                host=args.host,
-                port=args.port,
-                model_name=args.model_name,
-                chat_template=args.chat_template,
-                max_prompt_tokens=args.max_prompt_tokens,
-                max_new_tokens=args.max_new_tokens,
-                max_request_bytes=args.max_request_bytes,
-                ready_file=args.ready_file,
-            )
-        )
+        return run_serve(_from_args(ServeArgs, args))
     from clef_runtime.endpoint.check import CheckArgs, run_check
 
     log = args.termination_log or os.environ.get(TERMINATION_LOG_ENV) or TERMINATION_LOG
-    return run_check(
-        CheckArgs(
-            goldens=args.goldens,
-            url=args.url,
-            dialect=args.dialect,
-            model=args.model,
-            timeout=args.timeout,
-            near_tie_margin=args.near_tie_margin,
-            max_near_ties=args.max_near_ties,
-            report=args.report,
-            termination_log=log,
-            only=tuple(args.prompt),
-        )
-    )
+    return run_check(_from_args(CheckArgs, args, termination_log=log, only=tuple(args.prompt)))

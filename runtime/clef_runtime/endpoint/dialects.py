@@ -109,10 +109,23 @@ def _completion_answer(body: Any) -> Answer:
         else {}
         for i in range(len(ids))
     )
+    logprobs_ = tuple(_number(v, f"token_logprobs[{i}]") for i, v in enumerate(lps))
+    return _openai_answer(body, choice, ids, logprobs_, top)
+
+
+def _openai_answer(
+    body: Any,
+    choice: Any,
+    ids: tuple[int, ...],
+    logprobs: tuple[float, ...],
+    top: tuple[dict[int, float], ...],
+) -> Answer:
+    """An answer with real logprobs; the prompt's ids where the engine echoes them (vLLM puts them
+    in the choice for completions, at the top level for chat)."""
     prompt_ids = choice.get("prompt_token_ids", body.get("prompt_token_ids"))
     return Answer(
         ids=ids,
-        logprobs=tuple(_number(v, f"token_logprobs[{i}]") for i, v in enumerate(lps)),
+        logprobs=logprobs,
         top=top,
         pieces=None,
         prompt_tokens=_prompt_tokens(body),
@@ -121,13 +134,22 @@ def _completion_answer(body: Any) -> Answer:
     )
 
 
-def _chat_answer(body: Any) -> Answer:
-    """OpenAI's chat shape with vLLM's extensions (clef answers it)."""
+def _chat_content(body: Any) -> tuple[Any, list[Any], tuple[int, ...]]:
+    """The first choice, its ``logprobs.content`` list and the token ids in it."""
     choice = _get(body, "choices", 0)
     content = _get(choice, "logprobs", "content")
     if not isinstance(content, list):
         raise EngineError("unexpected response shape: logprobs.content is not a list")
-    ids = tuple(_id(_get(e, "token"), f"logprobs.content[{i}].token") for i, e in enumerate(content))
+    return (
+        choice,
+        content,
+        tuple(_id(_get(e, "token"), f"logprobs.content[{i}].token") for i, e in enumerate(content)),
+    )
+
+
+def _chat_answer(body: Any) -> Answer:
+    """OpenAI's chat shape with vLLM's extensions (clef answers it)."""
+    choice, content, ids = _chat_content(body)
     if "token_ids" in choice and _ids(choice["token_ids"], "token_ids") != ids:
         raise EngineError("unexpected response: token_ids and logprobs.content disagree")
     top = tuple(
@@ -137,35 +159,16 @@ def _chat_answer(body: Any) -> Answer:
         }
         for i, e in enumerate(content)
     )
-    prompt_ids = body.get("prompt_token_ids", choice.get("prompt_token_ids"))
-    return Answer(
-        ids=ids,
-        logprobs=tuple(_number(_get(e, "logprob"), f"content[{i}].logprob") for i, e in enumerate(content)),
-        top=top,
-        pieces=None,
-        prompt_tokens=_prompt_tokens(body),
-        prompt_ids=None if prompt_ids is None else _ids(prompt_ids, "prompt_token_ids"),
-        finish_reason=_finish(choice),
-    )
+    chosen = tuple(_number(_get(e, "logprob"), f"content[{i}].logprob") for i, e in enumerate(content))
+    return _openai_answer(body, choice, ids, chosen, top)
 
 
 def _candle_answer(body: Any) -> Answer:
     """candle-vllm's chat shape: integer ids in ``token``, the text piece in ``bytes``."""
-    choice = _get(body, "choices", 0)
-    content = _get(choice, "logprobs", "content")
-    if not isinstance(content, list):
-        raise EngineError("unexpected response shape: logprobs.content is not a list")
-    ids = tuple(_id(_get(e, "token"), f"logprobs.content[{i}].token") for i, e in enumerate(content))
+    choice, content, ids = _chat_content(body)
     pieces = tuple(e.get("bytes") if isinstance(e.get("bytes"), str) else "" for e in content)
-    return Answer(
-        ids=ids,
-        logprobs=None,
-        top=None,
-        pieces=pieces,
-        prompt_tokens=_prompt_tokens(body),
-        prompt_ids=None,
-        finish_reason=_finish(choice),
-    )
+    # No logprobs, no top-k, no prompt ids: candle-vllm returns placeholders and no prompt.
+    return Answer(ids, None, None, pieces, _prompt_tokens(body), None, _finish(choice))
 
 
 # ---------------------------------------------------------------------------------- asking
@@ -240,12 +243,10 @@ class Vllm:
         return _ask_ids(client, model, prompt, top_k)
 
 
-class Clef:
-    name = "clef"
-    real_logprobs = True
+class Clef(Vllm):
+    """vLLM's questions for token-id prompts; chat prompts through the engine's template."""
 
-    def supports(self, prompt: GoldenPrompt) -> bool:
-        return True
+    name = "clef"
 
     def ask(self, client: httpx.Client, model: str, prompt: GoldenPrompt, top_k: int) -> Answer:
         if prompt.spec.kind == "tokens":

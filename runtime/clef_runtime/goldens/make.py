@@ -27,6 +27,7 @@ from clef_contract.command import ExitCode
 from clef_runtime import __version__
 from clef_runtime.chat import ChatError, ChatTokenizer, checkpoint_text_files
 from clef_runtime.dtypes import NAMES
+from clef_runtime.endpoint.cli import OPSETS
 from clef_runtime.goldens.prompts import builtin_prompts, check_prompts, user_prompts
 from clef_runtime.goldens.schema import (
     GoldenPrompt,
@@ -38,7 +39,6 @@ from clef_runtime.goldens.schema import (
     write_goldens,
 )
 
-OPSETS = ("triton", "reference")
 _HASH_BLOCK = 16 * 1024 * 1024
 
 
@@ -97,13 +97,9 @@ def _prove_kernels(args: GoldensArgs, config: Any, device: Any) -> str:
 
     sizes_name = args.kernel_sizes or ("model" if device.type == "cuda" else "reduced")
     sizes = {"model": ksuite.MODEL_SIZES, "reduced": ksuite.REDUCED_SIZES}[sizes_name]
-    shape = ksuite.GdnShape(
-        key_heads=config.linear_num_key_heads,
-        value_heads=config.linear_num_value_heads,
-        key_dim=config.linear_key_head_dim,
-        value_dim=config.linear_value_head_dim,
-        conv_width=config.linear_conv_kernel_dim,
-    )
+    c = config
+    heads = (c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim)
+    shape = ksuite.GdnShape(*heads, conv_width=c.linear_conv_kernel_dim)
     fast = get_opset("triton", qkv_split=shape.qkv_split)
     checks = ksuite.run_kernels_suite(
         fast, get_opset("reference"), shape, sizes, args.dtype, device, seed=args.seed
@@ -138,10 +134,9 @@ def make_goldens(args: GoldensArgs, summary: dict[str, Any]) -> Goldens:
     """Build the goldens (raising CannotRun, GoldensError, ChatError or GoldensFailed)."""
     from clef_runtime.verify.environment import CannotRun, check_device, resolve_placement
 
-    if args.dtype not in NAMES:
-        raise CannotRun(f"--dtype {args.dtype!r} is not one of {', '.join(NAMES)}")
-    if args.ops not in OPSETS:
-        raise CannotRun(f"--ops {args.ops!r} is not one of {', '.join(OPSETS)}")
+    for flag, value, allowed in (("--dtype", args.dtype, NAMES), ("--ops", args.ops, OPSETS)):
+        if value not in allowed:
+            raise CannotRun(f"{flag} {value!r} is not one of {', '.join(allowed)}")
     if not 5 <= args.top_k <= 20:
         raise CannotRun(f"--top-k {args.top_k} must be within [5, 20]")
     ckpt = Path(args.checkpoint)

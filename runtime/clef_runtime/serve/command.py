@@ -17,12 +17,11 @@ from typing import TYPE_CHECKING
 
 from clef_contract.command import ExitCode
 from clef_runtime.dtypes import NAMES
+from clef_runtime.endpoint.cli import OPSETS
+from clef_runtime.endpoint.cli import SERVE_DIALECTS as DIALECTS
 
 if TYPE_CHECKING:
     from clef_runtime.serve.http import ClefHTTPServer
-
-DIALECTS = ("openai", "vllm", "candle-vllm")
-OPSETS = ("triton", "reference")
 
 
 @dataclass(frozen=True)
@@ -43,12 +42,13 @@ class ServeArgs:
 
 
 def _check(args: ServeArgs) -> str | None:
-    if args.dialect not in DIALECTS:
-        return f"--dialect {args.dialect!r} is not one of {', '.join(DIALECTS)}"
-    if args.ops not in OPSETS:
-        return f"--ops {args.ops!r} is not one of {', '.join(OPSETS)}"
-    if args.dtype not in NAMES:
-        return f"--dtype {args.dtype!r} is not one of {', '.join(NAMES)}"
+    for flag, value, allowed in (
+        ("--dialect", args.dialect, DIALECTS),
+        ("--ops", args.ops, OPSETS),
+        ("--dtype", args.dtype, NAMES),
+    ):
+        if value not in allowed:
+            return f"{flag} {value!r} is not one of {', '.join(allowed)}"
     if min(args.max_prompt_tokens, args.max_new_tokens, args.max_request_bytes) < 1:
         return "--max-prompt-tokens, --max-new-tokens and --max-request-bytes must be positive"
     if not (Path(args.checkpoint) / "config.json").is_file():
