@@ -176,7 +176,7 @@ def served(
            "--dtype", "f32", "--ops", ops, "--host", "127.0.0.1", "--port", "0", "--ready-file", str(ready), *args]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 300  # a loaded CI host imports torch slowly
         while not (ready.is_file() and ready.read_text().strip()):
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise AssertionError(f"serve did not start: {Path(log.name).read_text()[-3000:]}")
