@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -228,3 +230,17 @@ def test_an_engine_that_is_not_there_cannot_be_judged(made: tuple[Path, Path], t
         port = s.getsockname()[1]  # closed again below: nothing listens there
     code, _, compact, _ = endpoint_check(made[1], f"http://127.0.0.1:{port}", "vllm", tmp_path)
     assert code == 2 and "GET /v1/models" in compact["error"]
+
+
+def test_endpoint_check_runs_without_torch(made: tuple[Path, Path], tmp_path: Path) -> None:
+    """The comparison Job is CPU-only and its image need not carry torch or Triton."""
+    log = tmp_path / "termination-log"
+    blocked = "import sys; sys.modules.update(torch=None, triton=None, numpy=None)"
+    run = "from clef_runtime.cli import main; sys.exit(main(sys.argv[1:]))"
+    proc = subprocess.run(
+        [sys.executable, "-c", f"{blocked}; {run}", "endpoint-check", "--goldens", str(made[1]),
+         "--url", "http://127.0.0.1:9", "--dialect", "vllm", "--termination-log", str(log), "--timeout", "5"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert json.loads(log.read_text())["verdict"] == "error" and "ModuleNotFoundError" not in proc.stderr
