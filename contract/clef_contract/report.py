@@ -71,8 +71,13 @@ def build_report(report: CompactReport, limit: int = MAX_REPORT_BYTES) -> str:
     """The compact JSON (UTF-8) of `report`: at most `limit` bytes, and accepted by `parse_report`
     whenever `report` itself is consistent (a pass lists nothing failing, a fail at least one
     check, an error its reason)."""
-    doc: dict[str, Any] = {
-        "schemaVersion": SCHEMA_VERSION,
+    return shrink_to_fit(compact_doc(report, SCHEMA_VERSION), limit)
+
+
+def compact_doc(report: CompactReport, schema: str) -> dict[str, Any]:
+    """The JSON object of the fields every report of the family shares."""
+    return {
+        "schemaVersion": schema,
         "verdict": report.verdict,
         "summary": report.summary,
         "failing": [{"name": f.name, "op": f.op, "detail": f.detail} for f in report.failing[:MAX_FAILING]],
@@ -82,7 +87,6 @@ def build_report(report: CompactReport, limit: int = MAX_REPORT_BYTES) -> str:
         "runtimeVersion": report.runtime_version,
         "error": report.error,
     }
-    return _shrink_to_fit(doc, limit)
 
 
 def _dump(doc: dict[str, Any]) -> str:
@@ -104,7 +108,7 @@ def _clip_fields(doc: dict[str, Any], keys: Iterable[str], width: int) -> None:
             doc[key] = clip(doc[key], width)
 
 
-def _shrink_to_fit(doc: dict[str, Any], limit: int) -> str:
+def shrink_to_fit(doc: dict[str, Any], limit: int) -> str:
     """Shorten free text, then drop failing entries, until the JSON fits in `limit` bytes."""
     text = _dump(doc)
     if _fits(text, limit):
@@ -129,11 +133,14 @@ def _shrink_to_fit(doc: dict[str, Any], limit: int) -> str:
     if _fits(text, limit):
         return text
     # Only pathological inputs (kilobytes of device name or op name) get here: keep the verdict.
+    # Fields beyond verify's (another report of the family, e.g. the endpoint report's) are kept
+    # as they are: their builders bound them.
     verdict = doc["verdict"]
     first = [{key: clip(value, 60) for key, value in entry.items()} for entry in failing[:keep]]
     return _dump(
         {
-            "schemaVersion": SCHEMA_VERSION,
+            **{key: value for key, value in doc.items() if key not in FIELDS},
+            "schemaVersion": doc["schemaVersion"],
             "verdict": verdict,
             "summary": "report truncated to fit the termination message",
             "failing": first,
@@ -170,7 +177,9 @@ def _failing(raw: object) -> tuple[FailingEntry, ...]:
     return tuple(failing)
 
 
-def _json_object(message: str | None) -> dict[str, Any]:
+def json_object(message: str | None) -> dict[str, Any]:
+    """The termination message as a JSON object within the size bound; ReportMissing or
+    ReportInvalid otherwise."""
     if message is None or not message.strip():
         raise ReportMissing("the verification pod left no termination message (no compact report)")
     size = len(message.encode())
@@ -188,15 +197,20 @@ def _json_object(message: str | None) -> dict[str, Any]:
 
 def parse_report(message: str | None) -> CompactReport:
     """Parse a termination message; raise ReportMissing or ReportInvalid saying what is wrong."""
-    obj = _json_object(message)
-    missing = sorted(set(FIELDS) - obj.keys())
+    return parse_compact(json_object(message), SCHEMA_VERSION, FIELDS)
+
+
+def parse_compact(obj: dict[str, Any], schema: str, fields: tuple[str, ...]) -> CompactReport:
+    """The fields every report of the family shares, from a JSON object of schema `schema` whose
+    keys must be exactly `fields` (verify's `FIELDS` and any of that schema's own)."""
+    missing = sorted(set(fields) - obj.keys())
     if missing:
         raise ReportInvalid(f"report lacks {', '.join(missing)}")
-    unknown = sorted(obj.keys() - set(FIELDS))
+    unknown = sorted(obj.keys() - set(fields))
     if unknown:
-        raise ReportInvalid(f"report has unknown fields {', '.join(unknown)} for {SCHEMA_VERSION}")
-    if obj["schemaVersion"] != SCHEMA_VERSION:
-        raise ReportInvalid(f"report schemaVersion {obj['schemaVersion']!r} is not {SCHEMA_VERSION!r}")
+        raise ReportInvalid(f"report has unknown fields {', '.join(unknown)} for {schema}")
+    if obj["schemaVersion"] != schema:
+        raise ReportInvalid(f"report schemaVersion {obj['schemaVersion']!r} is not {schema!r}")
     verdict = _string(obj, "verdict")
     if verdict not in VERDICTS:
         raise ReportInvalid(f"report verdict {verdict!r} is not one of {', '.join(VERDICTS)}")

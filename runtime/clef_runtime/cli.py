@@ -1,5 +1,5 @@
 """`clef-runtime`: the runtime's command line (`verify`, `faults`, `version`; `bench` lives in
-`clef_runtime.bench`)."""
+`clef_runtime.bench`; `goldens`, `serve` and `endpoint-check` in `clef_runtime.endpoint.cli`)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from clef_contract.command import (
     TERMINATION_LOG_ENV,
     ExitCode,
 )
+from clef_runtime.endpoint.cli import ENDPOINT_COMMANDS, add_endpoint_parsers, endpoint_main
 
 _EXITS = ", ".join(f"{int(code)} {code.name.lower().replace('_', ' ')}" for code in ExitCode)
 
@@ -66,6 +67,10 @@ def _verify_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words and words[0] in ENDPOINT_COMMANDS:
+        # Without the other commands' imports: endpoint-check runs on hosts without torch.
+        return endpoint_main(words)
     parser = argparse.ArgumentParser(prog="clef-runtime", description="clef's GDN runtime")
     sub = parser.add_subparsers(dest="command", required=True)
     _verify_parser(sub)
@@ -74,6 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from clef_runtime.bench import add_bench_parser
 
     add_bench_parser(sub)
+    add_endpoint_parsers(sub)
     args = parser.parse_args(argv)
 
     if args.command == "version":

@@ -1,0 +1,118 @@
+"""`clef-runtime endpoint-check`: ask the serving engine the goldens' prompts, one at a time,
+greedily, and judge each answer (`judge`).  The first prompt that cannot be asked or judged
+(timeout, refused connection, an answer that is not the dialect's shape, another template) ends
+the run with exit 2; divergences are collected over all prompts.
+
+Needs neither torch nor a GPU: the comparison Job is CPU-only.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+import httpx
+
+from clef_runtime import __version__
+from clef_runtime.endpoint.dialects import EngineError, dialect, served_model
+from clef_runtime.endpoint.judge import CannotJudge, PromptResult, Thresholds, judge
+from clef_runtime.endpoint.report import EndpointRun
+from clef_runtime.goldens.schema import GoldenPrompt, Goldens, GoldensError, read_goldens
+
+
+@dataclass(frozen=True)
+class CheckArgs:
+    goldens: str | None
+    url: str | None
+    dialect: str | None
+    model: str | None = None
+    timeout: float = 600.0
+    near_tie_margin: float | None = None
+    max_near_ties: int | None = None
+    report: str | None = None
+    termination_log: str = "/dev/termination-log"
+    only: tuple[str, ...] = ()  # prompt names; empty: all
+
+
+def _thresholds(args: CheckArgs) -> Thresholds:
+    t = Thresholds()
+    if args.near_tie_margin is None:
+        return t
+    if not 0 <= args.near_tie_margin <= 5:
+        raise GoldensError(f"--near-tie-margin {args.near_tie_margin} must be within [0, 5] nats")
+    return Thresholds(args.near_tie_margin, t.logprob_mean, t.logprob_p99)
+
+
+def _selected(goldens: Goldens, only: tuple[str, ...]) -> list[GoldenPrompt]:
+    names = {p.name for p in goldens.prompts}
+    unknown = sorted(set(only) - names)
+    if unknown:
+        raise GoldensError(f"no golden prompt named {', '.join(unknown)}")
+    return [p for p in goldens.prompts if not only or p.name in only]
+
+
+def _check(args: CheckArgs, run: EndpointRun) -> None:
+    if not args.goldens or not args.url:
+        raise GoldensError("--goldens and --url are required (or their environment variables)")
+    engine = dialect(args.dialect)
+    run.real_logprobs = engine.real_logprobs
+    run.thresholds = _thresholds(args)
+    goldens = read_goldens(args.goldens)
+    run.dtype = str(goldens.provenance["dtype"])
+    run.goldens = {"path": args.goldens, "cacheKey": goldens.cache_key, **goldens.provenance}
+    prompts = _selected(goldens, args.only)
+    run.max_near_ties = args.max_near_ties if args.max_near_ties is not None else max(1, len(prompts) // 4)
+    timeout = httpx.Timeout(args.timeout, connect=min(args.timeout, 30.0))
+    with httpx.Client(base_url=args.url.rstrip("/"), timeout=timeout) as client:
+        run.model = args.model or served_model(client)
+        for prompt in prompts:
+            if not engine.supports(prompt):
+                run.results.append(
+                    PromptResult(prompt.name, "skipped", len(prompt.spec.prompt_ids), note="token-id prompt")
+                )
+                continue
+            started = time.perf_counter()
+            answer = engine.ask(client, run.model, prompt, goldens.top_k)
+            run.durations[prompt.name] = round(time.perf_counter() - started, 3)
+            run.results.append(
+                judge(
+                    prompt,
+                    answer,
+                    run.thresholds,
+                    real_logprobs=engine.real_logprobs,
+                    stop_ids=goldens.stop_ids,
+                )
+            )
+
+
+def emit(run: EndpointRun, out: TextIO, full_path: str | None, termination_log: str) -> None:
+    """The full report to `full_path` (stdout without one), the compact one to the termination log."""
+    full = json.dumps(run.to_full(), indent=2, ensure_ascii=False) + "\n"
+    targets = [(Path(full_path), full)] if full_path else []
+    if not full_path:
+        out.write(full)
+        out.flush()
+    for path, text in [*targets, (Path(termination_log), run.to_compact())]:
+        try:
+            path.write_text(text, encoding="utf-8")
+        except OSError as exc:  # outside Kubernetes there may be no termination log: stdout has it all
+            print(f"endpoint-check: could not write {path}: {exc}", file=sys.stderr)
+
+
+def run_check(args: CheckArgs, out: TextIO = sys.stdout) -> int:
+    run = EndpointRun(
+        dialect=args.dialect or "?", url=args.url or "?", runtime_version=__version__, thresholds=Thresholds()
+    )
+    started = time.perf_counter()
+    try:
+        _check(args, run)
+    except (EngineError, CannotJudge, GoldensError) as exc:
+        run.error = str(exc)
+    run.durations["total"] = round(time.perf_counter() - started, 3)
+    emit(run, out, args.report, args.termination_log)
+    print(f"endpoint-check: {run.verdict}: {run.summary()}", file=sys.stderr)
+    return run.exit_code

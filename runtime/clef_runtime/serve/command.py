@@ -1,0 +1,126 @@
+"""`clef-runtime serve`: load a checkpoint on the chosen op set and serve it until SIGTERM.
+
+The op set is built once, at start, with the fault named by ``CLEF_RUNTIME_FAULT`` (the runtime's
+fault catalogue), so a serving engine can be made wrong the way the incident's was.  SIGTERM and
+SIGINT stop accepting requests, let the one in flight finish, and exit 0.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING
+
+from clef_contract.command import ExitCode
+from clef_runtime.dtypes import NAMES
+from clef_runtime.endpoint.cli import OPSETS
+from clef_runtime.endpoint.cli import SERVE_DIALECTS as DIALECTS
+
+if TYPE_CHECKING:
+    from clef_runtime.serve.http import ClefHTTPServer
+
+
+@dataclass(frozen=True)
+class ServeArgs:
+    checkpoint: str
+    dtype: str = "f16"
+    device: str | None = None
+    ops: str = "triton"
+    dialect: str = "openai"
+    host: str = "0.0.0.0"
+    port: int = 8000
+    model_name: str | None = None
+    chat_template: str | None = None
+    max_prompt_tokens: int = 32768
+    max_new_tokens: int = 4096
+    max_request_bytes: int = 4 * 1024 * 1024
+    ready_file: str | None = None
+
+
+def _check(args: ServeArgs) -> str | None:
+    for flag, value, allowed in (
+        ("--dialect", args.dialect, DIALECTS),
+        ("--ops", args.ops, OPSETS),
+        ("--dtype", args.dtype, NAMES),
+    ):
+        if value not in allowed:
+            return f"{flag} {value!r} is not one of {', '.join(allowed)}"
+    if min(args.max_prompt_tokens, args.max_new_tokens, args.max_request_bytes) < 1:
+        return "--max-prompt-tokens, --max-new-tokens and --max-request-bytes must be positive"
+    if not (Path(args.checkpoint) / "config.json").is_file():
+        return f"--checkpoint {args.checkpoint}: no config.json there"
+    return None
+
+
+def build_server(args: ServeArgs) -> ClefHTTPServer:
+    from clef_runtime.verify.environment import check_device, resolve_placement
+
+    placement = resolve_placement(args.device, "model", None)  # settles TRITON_INTERPRET first
+    check_device(placement)
+
+    from clef_runtime.chat import ChatTokenizer
+    from clef_runtime.dtypes import torch_dtype
+    from clef_runtime.generation import Generation, greedy
+    from clef_runtime.model import HybridModel, ModelConfig
+    from clef_runtime.opset import get_opset
+    from clef_runtime.serve.http import ClefHTTPServer, Service
+    from clef_runtime.serve.requests import Generate, Limits
+    from clef_runtime.serve.responses import Shaper
+
+    ckpt = Path(args.checkpoint)
+    template = Path(args.chat_template).read_text() if args.chat_template else None
+    tok = ChatTokenizer.from_dir(ckpt, template=template)
+    config = ModelConfig.from_json(ckpt)
+    opset = get_opset(args.ops, qkv_split=config.qkv_split)  # reads CLEF_RUNTIME_FAULT
+    model = HybridModel.from_checkpoint(
+        ckpt, config=config, opset=opset, dtype=torch_dtype(args.dtype), device=placement.device
+    )
+    limits = Limits(
+        max_prompt_tokens=args.max_prompt_tokens,
+        max_new_tokens=args.max_new_tokens,
+        max_positions=config.max_position_embeddings,
+        vocab_size=config.vocab_size,
+    )
+
+    def generate(req: Generate) -> Generation:
+        k = max(req.top_logprobs or 0, 1)
+        return greedy(
+            model, req.prompt_ids, req.max_tokens, top_k=k, stop_ids=tok.stop_ids, ignore_eos=req.ignore_eos
+        )
+
+    shaper = Shaper(args.dialect, args.model_name or ckpt.resolve().name, tok.piece, tok.decode)
+    service = Service(args.dialect, shaper, tok, limits, generate)
+    return ClefHTTPServer((args.host, args.port), service, args.max_request_bytes)
+
+
+def run_serve(args: ServeArgs) -> int:
+    problem = _check(args)
+    if problem is not None:
+        print(f"serve: {problem}", file=sys.stderr)
+        return int(ExitCode.COULD_NOT_RUN)
+    try:
+        server = build_server(args)
+    except Exception as exc:  # nothing is served: say why and exit "could not run"
+        print(f"serve: cannot start: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return int(ExitCode.COULD_NOT_RUN)
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        # shutdown() waits for serve_forever to return, so it cannot run on serve_forever's thread.
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    host, port = str(server.server_address[0]), int(server.server_address[1])
+    print(f"serve: {args.dialect} on http://{host}:{port} ({args.ops} ops, {args.dtype})", file=sys.stderr)
+    if args.ready_file:
+        Path(args.ready_file).write_text(f"{port}\n")
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()  # joins the request threads: the one in flight finishes
+    print("serve: stopped", file=sys.stderr)
+    return 0

@@ -1,0 +1,246 @@
+"""goldens → serve → endpoint-check, end to end on the CPU: the real server (`clef-runtime serve`)
+answers in each engine's dialect and the real client judges it.
+
+* A healthy server passes in every dialect (reference op set: fast), and on the Triton op set.
+* A server whose kernels carry a catalogue fault (Triton op set, the fault read when its op set is
+  built) exits 1 naming the prompt and position: the incident, caught at the engine.
+* A near-tie divergence passes and is reported as one; the same divergence above the margin fails.
+* Another chat template exits 2; so do garbage JSON, a timeout, a dropped connection, a refused
+  connection and an answer of the wrong shape (a stand-in server for each way a network fails).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from chat_checkpoint import OTHER_TEMPLATE, endpoint_check, served, session_goldens
+
+from clef_contract.endpoint import parse_endpoint_report
+from clef_contract.report import MAX_REPORT_BYTES
+
+SERVER_DIALECT = {"clef": "openai", "vllm": "vllm", "candle-vllm": "candle-vllm"}
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return session_goldens(tmp_path_factory.getbasetemp())
+
+
+def _compact_ok(compact: dict) -> None:
+    text = json.dumps(compact, ensure_ascii=False, separators=(",", ":"))
+    assert len(text.encode()) <= MAX_REPORT_BYTES
+    parse_endpoint_report(text)  # the operator's parser accepts it
+
+
+@pytest.mark.parametrize("dialect", ["clef", "vllm", "candle-vllm"])
+def test_a_healthy_engine_passes_in_every_dialect(
+    made: tuple[Path, Path], tmp_path: Path, dialect: str
+) -> None:
+    ckpt, goldens = made
+    with served(ckpt, tmp_path, "--dialect", SERVER_DIALECT[dialect]) as (url, _):
+        code, full, compact, err = endpoint_check(goldens, url, dialect, tmp_path)
+    assert code == 0, f"{full['summary']}\n{err[-2000:]}"
+    assert (
+        compact["verdict"] == "pass" and compact["dialect"] == dialect and compact["firstDivergence"] is None
+    )
+    _compact_ok(compact)
+    statuses = {p["name"]: p["status"] for p in full["prompts"]}
+    if dialect == "candle-vllm":
+        # No raw-prompt route: the token-id prompt is skipped, and ids alone are judged.
+        assert statuses == {"tokens-1": "skipped", "hello": "match", "list": "match"}
+        assert compact["logprobs"] == "placeholder" and "ids alone" in compact["summary"]
+        assert "skipped" in compact["summary"]
+    else:
+        assert set(statuses.values()) == {"match"}
+        assert compact["logprobs"] == "compared" and full["logprobStats"]["mean"] < 1e-3
+
+
+def test_a_healthy_engine_on_the_triton_kernels_passes(made: tuple[Path, Path], tmp_path: Path) -> None:
+    ckpt, goldens = made
+    with served(ckpt, tmp_path, ops="triton") as (url, _):
+        code, full, _compact, err = endpoint_check(goldens, url, "clef", tmp_path)
+    assert code == 0, f"{full['summary']}\n{err[-2000:]}"
+    assert all(p["status"] == "match" for p in full["prompts"])
+    # The same kernels, the same dtype: the logprobs agree to rounding.
+    assert full["logprobStats"]["max"] < 1e-4
+
+
+@pytest.mark.parametrize(
+    ("fault", "dialect"),
+    [
+        ("conv_key_band_zero", "candle-vllm"),  # the incident, in the dialect it happened in
+        ("conv_state_not_advanced", "clef"),  # decode only: the prompt's first tokens still match
+        ("gated_norm_no_gate", "vllm"),
+    ],
+)
+def test_a_serving_engine_with_a_kernel_fault_fails_naming_prompt_and_position(
+    made: tuple[Path, Path], tmp_path: Path, fault: str, dialect: str
+) -> None:
+    ckpt, goldens = made
+    with served(ckpt, tmp_path, "--dialect", SERVER_DIALECT[dialect], ops="triton", fault=fault) as (url, _):
+        code, full, compact, err = endpoint_check(goldens, url, dialect, tmp_path, "--prompt", "hello")
+    assert code == 1, f"{fault}: {full['summary']}\n{err[-2000:]}"
+    _compact_ok(compact)
+    first = compact["firstDivergence"]
+    assert first["prompt"] == "hello" and not first["nearTie"]
+    assert first["goldenMargin"] is None  # not even among the golden's top-5: far from a near-tie
+    hello = next(p for p in full["prompts"] if p["name"] == "hello")
+    assert hello["status"] == "diverged" and hello["matched"] == first["position"]
+    assert f"prompt hello, position {first['position']}" in compact["summary"]
+    assert compact["failing"][0]["name"] == "prompt hello: token ids"
+    if fault == "conv_state_not_advanced":
+        assert first["position"] >= 1  # prefill is right; the first decode step reads a stale state
+
+
+def _near_tie_goldens(goldens: Path, out: Path) -> tuple[str, int, float]:
+    """The goldens with one prompt's chosen token swapped for its runner-up at the position where
+    the two are closest: an honest engine then diverges there, at a near-tie."""
+    doc = json.loads(goldens.read_text())
+    prompt = next(p for p in doc["prompts"] if p["name"] == "hello")
+    margins = [lps[0] - lps[1] for lps in prompt["topLogprobs"]]
+    pos = min(range(len(margins)), key=margins.__getitem__)
+    prompt["ids"][pos] = prompt["topIds"][pos][1]
+    prompt["logprobs"][pos] = prompt["topLogprobs"][pos][1]
+    out.write_text(json.dumps(doc))
+    return "hello", pos, margins[pos]
+
+
+@pytest.mark.parametrize("dialect", ["clef", "candle-vllm"])
+def test_a_near_tie_divergence_passes_and_is_reported(
+    made: tuple[Path, Path], tmp_path: Path, dialect: str
+) -> None:
+    ckpt, goldens = made
+    doctored = tmp_path / "goldens.json"
+    name, pos, margin = _near_tie_goldens(goldens, doctored)
+    with served(ckpt, tmp_path, "--dialect", SERVER_DIALECT[dialect]) as (url, _):
+        above = f"{margin * 1.5 + 1e-3:.6f}"
+        code, full, compact, err = endpoint_check(
+            doctored, url, dialect, tmp_path, "--near-tie-margin", above
+        )
+        assert code == 0, f"{full['summary']}\n{err[-2000:]}"
+        first = compact["firstDivergence"]
+        assert first["nearTie"] and first["prompt"] == name and first["position"] == pos
+        assert abs(first["goldenMargin"] - margin) < 1e-3 and "1 near-tie" in compact["summary"]
+        _compact_ok(compact)
+        # The same divergence with a margin above the threshold is a mismatch.
+        below = f"{margin * 0.5:.6f}"
+        code, full, compact, err = endpoint_check(
+            doctored, url, dialect, tmp_path, "--near-tie-margin", below
+        )
+    assert code == 1 and not compact["firstDivergence"]["nearTie"], full["summary"]
+
+
+@pytest.mark.parametrize("dialect", ["clef", "candle-vllm"])
+def test_an_engine_with_another_chat_template_cannot_be_judged(
+    made: tuple[Path, Path], tmp_path: Path, dialect: str
+) -> None:
+    template = tmp_path / "other.jinja"
+    template.write_text(OTHER_TEMPLATE)  # no think block: thinking off renders shorter prompts
+    ckpt, goldens = made
+    with served(ckpt, tmp_path, "--dialect", SERVER_DIALECT[dialect], "--chat-template", str(template)) as (
+        url,
+        _,
+    ):
+        code, _full, compact, _ = endpoint_check(goldens, url, dialect, tmp_path)
+    assert code == 2 and compact["verdict"] == "error"
+    assert "template" in compact["error"] and "hello" in compact["error"]
+    _compact_ok(compact)
+
+
+# ---------------------------------------------------------------------------- broken servers
+
+
+class _Broken(BaseHTTPRequestHandler):
+    """Answers /v1/models properly and every POST in the way named by the server's `mode`."""
+
+    protocol_version = "HTTP/1.1"
+
+    def _send(self, status: int, data: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        self._send(200, b'{"object": "list", "data": [{"id": "m"}]}')
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        mode = self.server.mode  # type: ignore[attr-defined]
+        if mode == "garbage":
+            self._send(200, b'{"choices": [{"message": ')
+        elif mode == "shape":
+            self._send(200, b'{"choices": [{"message": {"content": "hi"}}], "usage": {"prompt_tokens": 1}}')
+        elif mode == "slow":
+            time.sleep(3)
+            self._send(200, b"{}")
+        elif mode == "drop":
+            self.connection.shutdown(socket.SHUT_RDWR)
+            self.close_connection = True
+        elif mode == "500":
+            self._send(500, b'{"message": "CUDA error: an illegal memory access"}')
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def broken() -> Iterator[tuple[ThreadingHTTPServer, str]]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Broken)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize(
+    ("mode", "says"),
+    [
+        ("garbage", "not JSON"),
+        ("shape", "unexpected response shape"),
+        ("slow", "timed out"),
+        ("drop", "POST /v1/chat/completions"),
+        ("500", "HTTP 500"),
+    ],
+)
+def test_an_engine_that_answers_badly_cannot_be_judged(
+    made: tuple[Path, Path], tmp_path: Path, broken: tuple[ThreadingHTTPServer, str], mode: str, says: str
+) -> None:
+    server, url = broken
+    server.mode = mode  # type: ignore[attr-defined]
+    code, _, compact, _ = endpoint_check(made[1], url, "candle-vllm", tmp_path, "--timeout", "1")
+    assert code == 2 and compact["verdict"] == "error" and says in compact["error"], compact
+    _compact_ok(compact)
+
+
+def test_an_engine_that_is_not_there_cannot_be_judged(made: tuple[Path, Path], tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again below: nothing listens there
+    code, _, compact, _ = endpoint_check(made[1], f"http://127.0.0.1:{port}", "vllm", tmp_path)
+    assert code == 2 and "GET /v1/models" in compact["error"]
+
+
+def test_endpoint_check_runs_without_torch(made: tuple[Path, Path], tmp_path: Path) -> None:
+    """The comparison Job is CPU-only and its image need not carry torch or Triton."""
+    log = tmp_path / "termination-log"
+    blocked = "import sys; sys.modules.update(torch=None, triton=None, numpy=None)"
+    run = "from clef_runtime.cli import main; sys.exit(main(sys.argv[1:]))"
+    proc = subprocess.run(
+        [sys.executable, "-c", f"{blocked}; {run}", "endpoint-check", "--goldens", str(made[1]),
+         "--url", "http://127.0.0.1:9", "--dialect", "vllm", "--termination-log", str(log), "--timeout", "5"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert json.loads(log.read_text())["verdict"] == "error" and "ModuleNotFoundError" not in proc.stderr

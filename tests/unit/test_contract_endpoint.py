@@ -1,0 +1,101 @@
+"""The compact endpoint report (`endpoint-report/v1`): what endpoint-check leaves in the termination
+log for the operator.  Same family as verify's: bounded, shrunk rather than cut, parsed strictly."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from clef_contract.endpoint import (
+    ENDPOINT_SCHEMA_VERSION,
+    Divergence,
+    EndpointReport,
+    build_endpoint_report,
+    parse_endpoint_report,
+)
+from clef_contract.report import MAX_REPORT_BYTES, CompactReport, FailingEntry, ReportInvalid, ReportMissing
+
+KEY_BAND = Divergence("chat-65", 0, 1234, " Mercury", 0, "!", None, False)
+FAILED = EndpointReport(
+    compact=CompactReport(
+        verdict="fail",
+        summary="FAIL prompt chat-65, position 0: expected 1234 ' Mercury', got 0 '!'",
+        failing=(FailingEntry("prompt chat-65: token ids", "endpoint", "position 0: got 0, expected 1234"),),
+        suite="endpoint",
+        dtype="f16",
+        device="clef-flash at http://preview:8000",
+        runtime_version="0.1.0",
+        error=None,
+    ),
+    dialect="candle-vllm",
+    logprobs="placeholder",
+    first_divergence=KEY_BAND,
+)
+
+
+def test_round_trip() -> None:
+    text = build_endpoint_report(FAILED)
+    assert json.loads(text)["schemaVersion"] == ENDPOINT_SCHEMA_VERSION
+    assert parse_endpoint_report(text) == FAILED
+
+
+def test_a_pass_may_name_a_near_tie() -> None:
+    near = replace(KEY_BAND, got_id=1235, got_text=" Venus", golden_margin=0.12, near_tie=True)
+    passed = replace(
+        FAILED, compact=replace(FAILED.compact, verdict="pass", failing=()), first_divergence=near
+    )
+    assert parse_endpoint_report(build_endpoint_report(passed)).first_divergence == near
+
+
+def test_many_long_failures_fit_and_keep_the_first_divergence() -> None:
+    failing = tuple(FailingEntry(f"prompt p{i}: token ids", "endpoint", "x" * 900) for i in range(30))
+    long_text = replace(KEY_BAND, expected_text="y" * 5000, got_text="z" * 5000, prompt="p" * 500)
+    report = replace(
+        FAILED,
+        compact=replace(FAILED.compact, failing=failing, summary="s" * 9000),
+        first_divergence=long_text,
+    )
+    for limit in (MAX_REPORT_BYTES, 1024):
+        text = build_endpoint_report(report, limit=limit)
+        assert len(text.encode()) <= limit
+        parsed = parse_endpoint_report(text)
+        assert parsed.compact.failing and parsed.first_divergence is not None
+        assert parsed.first_divergence.position == 0 and parsed.first_divergence.got_id == 0
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda d: d.__setitem__("suite", "kernels"), "suite"),
+        (lambda d: d.__setitem__("dialect", "tgi"), "dialect"),
+        (lambda d: d.__setitem__("logprobs", "some"), "logprobs"),
+        (lambda d: d.pop("firstDivergence"), "lacks firstDivergence"),
+        (lambda d: d["firstDivergence"].pop("gotId"), "exactly"),
+        (lambda d: d["firstDivergence"].__setitem__("position", "0"), "position"),
+        (lambda d: d["firstDivergence"].__setitem__("goldenMargin", "small"), "goldenMargin"),
+        (lambda d: d.__setitem__("schemaVersion", "clef.riotpiao.com/verify-report/v1"), "schemaVersion"),
+        (lambda d: d.__setitem__("failing", []), "fail but lists no failing"),
+    ],
+)
+def test_the_parser_refuses_anything_else(edit, message: str) -> None:
+    doc = json.loads(build_endpoint_report(FAILED))
+    edit(doc)
+    with pytest.raises(ReportInvalid, match=message):
+        parse_endpoint_report(json.dumps(doc))
+
+
+def test_no_message_is_missing() -> None:
+    with pytest.raises(ReportMissing):
+        parse_endpoint_report("")
+
+
+def test_an_error_report_may_name_an_unknown_dialect() -> None:
+    error = replace(
+        FAILED,
+        compact=replace(FAILED.compact, verdict="error", failing=(), error="dialect 'tgi' is not one of ..."),
+        dialect="tgi",
+        first_divergence=None,
+    )
+    assert parse_endpoint_report(build_endpoint_report(error)).dialect == "tgi"
