@@ -29,7 +29,9 @@ model = HybridModel(config, random_weights(config, seed=0), opset=get_opset("tri
 ids = torch.randint(0, config.vocab_size, (1, T), generator=torch.Generator().manual_seed(T)).cuda()
 out = model.generate_greedy(ids, 8)
 torch.cuda.synchronize()
-print("OK", out.tolist())
+ref = HybridModel(config, random_weights(config, seed=0), opset=get_opset("reference"), dtype=dtype, device="cuda")
+same = ref.generate_greedy(ids, 8).tolist() == out.tolist()
+print("OK", "ids equal to the reference op set's" if same else "ids DIFFER from the reference op set's", out.tolist())
 """
 
 
@@ -50,7 +52,7 @@ def main() -> None:
         ok = p.returncode == 0 and "OK" in p.stdout
         tail = (p.stdout + p.stderr).strip().splitlines()[-12:]
         results.append({"dtype": dtype, "T": T, "config": cfg, "ok": ok, "tail": tail})
-        print(dtype, T, cfg, "OK" if ok else "FAIL", flush=True)
+        print(dtype, T, cfg, "OK" if ok else "FAIL", tail[-1] if ok else "", flush=True)
         if not ok:
             print("\n".join(tail), flush=True)
         (OUT / "repro.json").write_text(json.dumps(results, indent=1))
