@@ -5,6 +5,7 @@ make goldens with kernels that fail their own checks."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -72,7 +73,9 @@ def test_goldens_record_ids_top_k_and_provenance(made: tuple[Path, Path], tok: C
     ckpt, path = made
     g = read_goldens(path)
     p = g.provenance
-    assert p["opSet"] == "triton" and p["kernelChecks"].startswith("61/61")
+    assert p["opSet"] == "triton"
+    counts = re.match(r"(\d+)/(\d+)", p["kernelChecks"])
+    assert counts is not None and int(counts[2]) > 100 and counts[1] == counts[2], p["kernelChecks"]
     assert p["dtype"] == "f32" and p["checkpointDigest"] == checkpoint_digest(ckpt)
     assert p["gpuClass"] == "cpu (Triton interpreter)" and g.top_k >= MIN_TOP_K
     assert [x.name for x in g.prompts] == [x["name"] for x in TEST_PROMPTS["prompts"]]

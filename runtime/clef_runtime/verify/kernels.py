@@ -415,6 +415,24 @@ def case_chunk_varlen_init(run: Run, shape: GdnShape, sizes: Sizes, inp: Inputs)
     return c.done()
 
 
+def case_chunk_short(run: Run, shape: GdnShape, sizes: Sizes, inp: Inputs) -> list[Check]:
+    """Prompts of 1, 2 and 3 tokens, each alone from a state: a chunk that is almost all padding.
+    A one-token bf16 prompt once faulted on the H200 (Triton compiled T = 1 as a constant and the
+    pipelined chunk loop with it), a shape the longer cases never reach."""
+    c = run.case("chunk_gated_delta_rule", "short-prompts")
+    outs, finals = [], []
+    for T in (1, 2, 3):
+        kw = {**_gdn(inp, shape, 1, T), "initial_state": _state(inp, shape, 1, 0.5)}
+        (o, s), (ro, rs) = c.run("chunk_gated_delta_rule", output_final_state=True, use_qk_l2norm=True, **kw)
+        outs.append((f"T={T}", o, ro))
+        finals.append((f"T={T}", s, rs))
+    c.compare_parts("o", outs, _heads(shape), (2,), _value_head)
+    c.compare_parts(
+        "final state", finals, _state_slices(shape), (0, 1), _state_block(shape.value_heads, "sequence")
+    )
+    return c.done()
+
+
 def case_chunk_strong_decay(run: Run, shape: GdnShape, sizes: Sizes, inp: Inputs) -> list[Check]:
     """Per-token log-decays from -0.01 to -16 across heads: the in-chunk cumulative decay reaches
     -1000, where e^G underflows float32 and its differences must be formed before exp."""
@@ -501,6 +519,7 @@ CASES: tuple[CaseFn, ...] = (
     case_chunk_strong_decay,
     case_long_context,
     case_recurrent,
+    case_chunk_short,  # appended: a case's inputs come from its index's stream
 )
 
 
