@@ -50,18 +50,20 @@ class GaplessWatch:
     def __init__(self, list_fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
         self.list_fn, self.args, self.kwargs = list_fn, args, kwargs
         self.initial: list[Any] = []
-        self.start_version = 0
+        self.start_version = ""
         self.changes: list[Change] = []
         self.errors: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._lock = threading.Lock()
 
-    def start(self) -> GaplessWatch:
+    def start(self, from_version: str | None = None) -> GaplessWatch:
+        """List, then watch from the list's resourceVersion (or `from_version`: the test of this
+        class uses one the server refuses, to show that a broken watch fails)."""
         listed = self.list_fn(*self.args, **self.kwargs)
         self.initial = list(listed.items)
-        self._version = listed.metadata.resource_version
-        self.start_version = int(self._version)
+        self._version = from_version or listed.metadata.resource_version
+        self.start_version = str(self._version)
         self._thread.start()
         return self
 
