@@ -50,6 +50,7 @@ class GaplessWatch:
     def __init__(self, list_fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
         self.list_fn, self.args, self.kwargs = list_fn, args, kwargs
         self.initial: list[Any] = []
+        self._version = ""
         self.start_version = ""
         self.changes: list[Change] = []
         self.errors: list[str] = []
