@@ -4,7 +4,10 @@ CLEF_KUBECONFIG (kind, a real cluster), with no code change between them.
 The local cluster is started once per session (built first if the cache lacks it) and stopped at
 the end even when tests fail.  A cluster already running from `.cluster/` (`make cluster-up`) is
 reused and left running.  Where a prerequisite is missing the tier is skipped with one line that
-names it; with CLEF_REQUIRE_CLUSTER=1 (CI) that is a failure instead.
+names it; with CLEF_REQUIRE_CLUSTER=1 (CI) that is a failure instead.  The same holds for every
+test's own prerequisite (the harness's image table, the local control plane, a GPU node):
+each goes through `missing_prerequisite`, the only skip in the tier
+(tests/unit/test_cluster_skips.py keeps it so).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import pytest
 from kubernetes import client, config
@@ -52,11 +55,12 @@ class Cluster:
         return client.AppsV1Api(self.api)
 
     def image_table(self) -> images.ImageTable:
-        """The harness's live image table; skips where this cluster has no harness runner."""
+        """The harness's live image table; a missing prerequisite where this cluster has no
+        harness runner."""
         table = images.read_table(self.core)
         if table is None:
-            pytest.skip(
-                "skip: this cluster has no clef harness runner (no clef-harness/image-table ConfigMap): "
+            missing_prerequisite(
+                "this cluster has no clef harness runner (no clef-harness/image-table ConfigMap): "
                 "verification pods would need real images here (runs on the local cluster: unset CLEF_KUBECONFIG)"
             )
         return table
@@ -110,7 +114,9 @@ def _required() -> bool:
     return os.environ.get("CLEF_REQUIRE_CLUSTER", "") not in ("", "0")
 
 
-def _fail_or_skip(reason: str) -> None:
+def missing_prerequisite(reason: str) -> NoReturn:
+    """A test cannot run here: skip saying why, or fail where the tier is required (CI), so that
+    the required tier can never pass by skipping."""
     if _required():
         pytest.fail(f"cluster tier required (CLEF_REQUIRE_CLUSTER) but {reason}", pytrace=False)
     pytest.skip(f"cluster tier skipped: {reason}")
@@ -129,7 +135,7 @@ def cluster(pytestconfig: pytest.Config) -> Iterator[Cluster]:
 
     missing = missing_prerequisites()
     if missing:
-        _fail_or_skip(missing)
+        missing_prerequisite(missing)
     local = LocalCluster(DEFAULT_STATE_DIR)
     capture = pytestconfig.pluginmanager.getplugin("capturemanager")
     started_here = False

@@ -11,20 +11,20 @@ import json
 import os
 import signal
 import subprocess
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from kubernetes import client, watch
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from clef_devcluster.host_operator import spawn_operator
 from clef_operator.api import GROUP, PLURAL, VERSION
 
 from .conftest import Cluster, wait_for
+from .watches import GaplessWatch, states
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGE_10 = "registry.clef.test/clef-runtime:1.0"
@@ -206,44 +206,37 @@ def ready_endpoints(cluster: Cluster, namespace: str, service: str) -> int:
         .list_namespaced_endpoint_slice(namespace, label_selector=f"kubernetes.io/service-name={service}")
         .items
     )
+    return ready_in(slices)
+
+
+def ready_in(slices: Iterable[Any]) -> int:
+    """Ready endpoints across a Service's EndpointSlices (no conditions reads as ready)."""
     return sum(1 for s in slices for e in (s.endpoints or []) if e.conditions is None or e.conditions.ready)
 
 
 class EndpointWatch:
-    """Watches the Service's EndpointSlices in a thread and records the ready count after every
-    change, so a test can prove the Service never had zero ready endpoints during a rollout."""
+    """Watches the Service's EndpointSlices without gaps (`watches.GaplessWatch`) and gives the
+    ready count in every state they went through, so a test can prove the Service never had zero
+    ready endpoints during a rollout, however briefly.  A broken watch fails the test."""
 
     def __init__(self, cluster: Cluster, namespace: str, service: str) -> None:
-        self.cluster, self.ns, self.service = cluster, namespace, service
-        self.counts: list[int] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.watch = GaplessWatch(
+            client.DiscoveryV1Api(cluster.api).list_namespaced_endpoint_slice,
+            namespace,
+            label_selector=f"kubernetes.io/service-name={service}",
+        )
 
-    def _run(self) -> None:
-        api = client.DiscoveryV1Api(self.cluster.api)
-        selector = f"kubernetes.io/service-name={self.service}"
-        while not self._stop.is_set():
-            w = watch.Watch()
-            try:
-                for _ in w.stream(
-                    api.list_namespaced_endpoint_slice, self.ns, label_selector=selector, timeout_seconds=2
-                ):
-                    # Recount across all slices: one event shows one slice only.
-                    self.counts.append(ready_endpoints(self.cluster, self.ns, self.service))
-                    if self._stop.is_set():
-                        break
-            except Exception:  # the watch is re-established; a gap is covered by the polling below
-                time.sleep(0.1)
-            self.counts.append(ready_endpoints(self.cluster, self.ns, self.service))
+    @property
+    def counts(self) -> list[int]:
+        """The ready count at the start and after every change to any of the slices."""
+        return [ready_in(state.values()) for state in states(self.watch.initial, self.watch.snapshot())]
 
     def __enter__(self) -> EndpointWatch:
-        self.counts.append(ready_endpoints(self.cluster, self.ns, self.service))
-        self._thread.start()
+        self.watch.start()
         return self
 
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join(10)
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        self.watch.__exit__(exc_type, *rest)
 
 
 def delete_models(cluster: Cluster, namespace: str, timeout: float = 30) -> None:

@@ -14,7 +14,7 @@ from kubernetes.client.exceptions import ApiException
 
 from clef_devcluster.config import MANIFESTS_DIR
 
-from .conftest import Cluster, wait_for
+from .conftest import Cluster, missing_prerequisite, wait_for
 from .objects import RUNTIME_IMAGE, describe_pods, serving_deployment
 
 pytestmark = pytest.mark.cluster
@@ -31,8 +31,8 @@ def gpu_nodes(cluster: Cluster) -> dict[str, int]:
     if not found:
         if cluster.local is not None:  # the harness makes GPU nodes: their absence is a bug
             pytest.fail(f"the local cluster has no node with allocatable {GPU}", pytrace=False)
-        pytest.skip(
-            f"skip: no node in this cluster has allocatable {GPU} (add a GPU node, or use the local cluster)"
+        missing_prerequisite(
+            f"no node in this cluster has allocatable {GPU} (add a GPU node, or use the local cluster)"
         )
     return found
 
@@ -41,8 +41,8 @@ def test_kubectl_lists_the_gpu_nodes_ready_with_allocatable_gpus(cluster: Cluste
     if cluster.kubectl is None:
         if cluster.local is not None:  # the local cluster's build provides kubectl
             pytest.fail("the local cluster's build has no kubectl (make cluster-build)", pytrace=False)
-        pytest.skip(
-            "skip: no kubectl: neither the cached build nor one on PATH (make cluster-build, or install kubectl)"
+        missing_prerequisite(
+            "no kubectl: neither the cached build nor one on PATH (make cluster-build, or install kubectl)"
         )
     out = subprocess.run(
         [cluster.kubectl, "--kubeconfig", str(cluster.kubeconfig), "get", "nodes", "-o", "json"],

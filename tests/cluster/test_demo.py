@@ -16,14 +16,16 @@ import pytest
 from clef_devcluster.config import missing_prerequisites
 from clef_devcluster.procs import ProcessLedger, is_alive
 
+from .conftest import missing_prerequisite
+
 pytestmark = pytest.mark.cluster
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_make_demo_tells_the_story_and_exits_zero(tmp_path: Path) -> None:
     if os.environ.get("CLEF_KUBECONFIG"):
-        pytest.skip(
-            "skip: the demo starts its own local cluster; CLEF_KUBECONFIG points this tier elsewhere (runs on the local cluster: unset CLEF_KUBECONFIG)"
+        missing_prerequisite(
+            "the demo starts its own local cluster; CLEF_KUBECONFIG points this tier elsewhere (runs on the local cluster: unset CLEF_KUBECONFIG)"
         )
     missing = missing_prerequisites()
     assert missing is None, missing  # the tier is deselected with this reason before we get here

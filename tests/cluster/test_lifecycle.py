@@ -11,7 +11,7 @@ from kubernetes import client, config
 from clef_devcluster.cluster import LocalCluster
 from clef_devcluster.procs import is_alive, listening_ports
 
-from .conftest import Cluster, wait_for
+from .conftest import Cluster, missing_prerequisite, wait_for
 from .objects import RUNTIME_IMAGE, python_command, verification_job
 
 pytestmark = pytest.mark.cluster
@@ -36,8 +36,8 @@ def _is_zombie(pid: int) -> bool:
 
 def test_down_leaves_no_process_or_port_and_up_works_again(cluster: Cluster, tmp_path: Path) -> None:
     if cluster.local is None:
-        pytest.skip(
-            "skip: the cluster comes from CLEF_KUBECONFIG; there is no local control plane to restart (runs on the local cluster: unset CLEF_KUBECONFIG)"
+        missing_prerequisite(
+            "the cluster comes from CLEF_KUBECONFIG; there is no local control plane to restart (runs on the local cluster: unset CLEF_KUBECONFIG)"
         )
     local = LocalCluster(tmp_path / "state")
     try:

@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 
 from clef_devcluster.images import put_image
+from clef_operator.handlers import RESYNC_SECONDS
 
 from .conftest import Cluster, wait_for
 from .operator_support import VERIFY_SECONDS, Models, clefmodel, image_of, operator_running
+from .watches import GaplessWatch
 
 pytestmark = pytest.mark.cluster
 
@@ -33,9 +35,20 @@ def test_moving_tag_serves_only_verified_digests(cluster: Cluster, namespace: st
         # CI republishes the tag.  Nothing re-verifies by itself and nothing new serves.
         second = put_image(cluster.core, tag, "good")
         assert second.image_id != first.image_id
-        jobs = {j.metadata.name for j in models.jobs("flash")}
-        time.sleep(5)
-        assert {j.metadata.name for j in models.jobs("flash")} == jobs
+        # Watched without gaps for one full resync of the operator (and woken at once by a change
+        # to the ClefModel that is not to its spec): no Job and no Deployment is created, however
+        # briefly, and every Deployment keeps running the verified digest.
+        selector = "clef.riotpiao.com/model=flash"
+        with (
+            GaplessWatch(cluster.batch.list_namespaced_job, namespace, label_selector=selector) as jobs,
+            GaplessWatch(cluster.apps.list_namespaced_deployment, namespace, label_selector=selector) as deps,
+        ):
+            models.patch("flash", {"metadata": {"annotations": {"ci.clef.test/poke": "tag moved"}}})
+            time.sleep(RESYNC_SECONDS + 5)
+        created = [c.name for c in jobs.changes + deps.changes if c.type == "ADDED"]
+        assert not created, f"created while nothing asked for a re-verify: {created}"
+        moved = [c.name for c in deps.changes if image_of(c.obj) != first.image_id]
+        assert not moved, f"a Deployment left the verified digest: {moved}"
         assert models.get("flash")["status"]["activeImage"] == first.image_id
 
         models.patch("flash", {"metadata": {"annotations": {"clef.riotpiao.com/reverify": "1"}}})

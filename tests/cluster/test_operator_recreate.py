@@ -6,8 +6,7 @@ three new do not, so a blue-green rollout could never finish here."""
 
 from __future__ import annotations
 
-import threading
-import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,45 +22,36 @@ from .operator_support import (
     operator_running,
     wait_gpus_free,
 )
+from .watches import Change, GaplessWatch, states
 
 pytestmark = pytest.mark.cluster
 
 
-class ServingPods:
-    """Polls the serving pods and records every moment two revisions held GPUs at once."""
+SERVING = "clef.riotpiao.com/component=serving"
+REVISION = "clef.riotpiao.com/revision"
 
-    def __init__(self, cluster: Cluster, namespace: str) -> None:
-        self.cluster, self.ns = cluster, namespace
-        self.overlaps: list[dict[str, int]] = []
-        self.unschedulable: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            pods: list[Any] = self.cluster.core.list_namespaced_pod(
-                self.ns, label_selector="clef.riotpiao.com/component=serving"
-            ).items
-            by_revision: dict[str, int] = {}
-            for p in pods:
-                if p.status.phase in ("Succeeded", "Failed"):
-                    continue
-                rev = p.metadata.labels["clef.riotpiao.com/revision"]
-                by_revision[rev] = by_revision.get(rev, 0) + 1
-                for c in p.status.conditions or []:
-                    if c.type == "PodScheduled" and c.reason == "Unschedulable":
-                        self.unschedulable.append(f"{p.metadata.name}: {c.message}")
-            if len(by_revision) > 1:
-                self.overlaps.append(by_revision)
-            time.sleep(0.2)
+def live_by_revision(pods: dict[str, Any]) -> dict[str, int]:
+    """Pods that hold their GPUs, by revision: every pod that exists and has not finished (a
+    terminating pod keeps its GPUs until it is gone)."""
+    by_revision: dict[str, int] = {}
+    for p in pods.values():
+        if p.status.phase not in ("Succeeded", "Failed"):
+            rev = p.metadata.labels[REVISION]
+            by_revision[rev] = by_revision.get(rev, 0) + 1
+    return by_revision
 
-    def __enter__(self) -> ServingPods:
-        self._thread.start()
-        return self
 
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join(10)
+def first(changes: list[Change], what: str, match: Callable[[Change], bool]) -> int:
+    """The resourceVersion of the first change that matches; fails naming `what` if none does."""
+    for c in changes:
+        if match(c):
+            return c.resource_version
+    raise AssertionError(f"never saw {what}: {[(c.type, c.name, c.resource_version) for c in changes]}")
+
+
+def job_complete(job: Any) -> bool:
+    return any(c.type == "Complete" and c.status == "True" for c in (job.status.conditions or []))
 
 
 def test_recreate_verifies_then_stops_old_then_starts_new(
@@ -79,7 +69,13 @@ def test_recreate_verifies_then_stops_old_then_starts_new(
         models.wait_condition("coder", "Ready", "True", "Available", timeout=VERIFY_SECONDS + 120)
         old = models.get("coder")["status"]["activeRevision"]
 
-        with ServingPods(cluster, namespace) as watch:
+        # Every change to the model's pods, Deployments and Jobs from here on, without gaps.
+        model = "clef.riotpiao.com/model=coder"
+        with (
+            GaplessWatch(cluster.core.list_namespaced_pod, namespace, label_selector=SERVING) as pods,
+            GaplessWatch(cluster.apps.list_namespaced_deployment, namespace, label_selector=model) as deps,
+            GaplessWatch(cluster.batch.list_namespaced_job, namespace, label_selector=model) as jobs,
+        ):
             models.set_image("coder", IMAGE_11)
             models.wait_status(
                 "coder",
@@ -88,11 +84,57 @@ def test_recreate_verifies_then_stops_old_then_starts_new(
                 VERIFY_SECONDS + 120,
             )
             models.wait_condition("coder", "Ready", "True", "Available", timeout=60)
-        assert not watch.overlaps, f"old and new revisions held GPUs at the same time: {watch.overlaps[:3]}"
-        assert not watch.unschedulable, watch.unschedulable[:3]
         new = models.get("coder")["status"]["activeRevision"]
         assert models.deployment_of("coder", new).status.available_replicas == 3
         assert models.deployment_of("coder", old).spec.replicas == 0
+
+        # Never two revisions holding GPUs, in any state the pods went through.
+        overlaps = [s for s in map(live_by_revision, states(pods.initial, pods.changes)) if len(s) > 1]
+        assert not overlaps, f"old and new revisions held GPUs at the same time: {overlaps[:3]}"
+        unschedulable = [
+            f"{c.name}: {cond.message}"
+            for c in pods.changes
+            for cond in c.obj.status.conditions or []
+            if cond.type == "PodScheduled" and cond.reason == "Unschedulable"
+        ]
+        assert not unschedulable, unschedulable[:3]
+
+        # The promised order, from the resourceVersions of the changes (one etcd orders them all):
+        # the new image's verification Job completes, then the old revision is scaled to 0, then
+        # its last pod is gone, then the new Deployment asks for replicas, then its pods appear.
+        earlier = {j.metadata.name for j in jobs.initial}
+        verified = first(
+            jobs.changes,
+            "the new verification Job complete",
+            lambda c: c.name not in earlier and job_complete(c.obj),
+        )
+        old_name, new_name = f"coder-{old}", f"coder-{new}"
+        stopped = first(
+            deps.changes, f"{old_name} scaled to 0", lambda c: c.name == old_name and c.obj.spec.replicas == 0
+        )
+        pod_states = list(states(pods.initial, pods.changes))
+        # states() yields one state before the changes and one after each: state i+1 follows change i.
+        old_gone = next(
+            (
+                c.resource_version
+                for c, after in zip(pods.changes, pod_states[1:], strict=True)
+                if old not in live_by_revision(after) and c.resource_version > stopped
+            ),
+            None,
+        )
+        assert old_gone is not None, f"the pods of {old_name} never all went away"
+        started = first(
+            deps.changes,
+            f"{new_name} asking for replicas",
+            lambda c: c.name == new_name and (c.obj.spec.replicas or 0) > 0,
+        )
+        new_pod = first(
+            pods.changes, f"a pod of {new_name}", lambda c: c.obj.metadata.labels[REVISION] == new
+        )
+        order = {"verified": verified, "old scaled to 0": stopped, "old pods gone": old_gone}
+        order |= {"new Deployment scaled up": started, "first new pod": new_pod}
+        assert list(order.values()) == sorted(order.values()) and len(set(order.values())) == len(order), (
+            f"out of order (resourceVersions): {order}"
+        )
         reasons = models.event_reasons("coder")
-        assert reasons.index("VerificationPassed", 1) < len(reasons), reasons
-        assert "RevisionScaledDown" in reasons
+        assert {"VerificationPassed", "RevisionScaledDown", "RevisionCreated"} <= set(reasons), reasons

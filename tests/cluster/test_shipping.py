@@ -49,7 +49,7 @@ from clef_devcluster.rbac_audit import (
 )
 from clef_operator.labels import VERIFICATION_KEY
 
-from .conftest import Cluster, wait_for
+from .conftest import Cluster, missing_prerequisite, wait_for
 from .operator_support import IMAGE_10, UNPULLABLE_IMAGE, VERIFY_SECONDS, Models, clefmodel, delete_models
 
 pytestmark = pytest.mark.cluster
@@ -104,8 +104,8 @@ def test_base_applies_and_its_operator_pod_passes_restricted_pod_security(
     assert probe.returncode != 0 and "PodSecurity" in probe.stderr, probe.stderr
     # ... while the operator's pod is admitted and (on kwok, which plays the kubelet) runs.
     if cluster.local is None:
-        pytest.skip(
-            "skip: the operator's image would be pulled for real here; the admission check above ran (runs on the local cluster: unset CLEF_KUBECONFIG)"
+        missing_prerequisite(
+            "the operator's image would be pulled for real here; the admission check above ran (runs on the local cluster: unset CLEF_KUBECONFIG)"
         )
     deployment = find(base, "Deployment", "clef-operator")
 
@@ -157,8 +157,8 @@ def test_operator_rbac_is_exactly_what_it_uses(
     cluster: Cluster, base: list[dict[str, Any]], namespace: str, tmp_path: Path
 ) -> None:
     if cluster.local is None:
-        pytest.skip(
-            "skip: needs the local cluster's API server audit log (manifests/audit-policy.yaml) (runs on the local cluster: unset CLEF_KUBECONFIG)"
+        missing_prerequisite(
+            "needs the local cluster's API server audit log (manifests/audit-policy.yaml) (runs on the local cluster: unset CLEF_KUBECONFIG)"
         )
     audit = cluster.local.audit_log
     if not audit.exists():

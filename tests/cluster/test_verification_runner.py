@@ -15,7 +15,7 @@ from kubernetes.client.exceptions import ApiException
 from clef_devcluster import images
 from clef_devcluster.images import fault_image, fault_names, put_image
 
-from .conftest import Cluster, wait_for
+from .conftest import Cluster, missing_prerequisite, wait_for
 from .objects import RUNTIME_IMAGE, describe_pods, job_condition, python_command, verification_job
 
 pytestmark = pytest.mark.cluster
@@ -218,8 +218,8 @@ def test_active_deadline_kills_the_running_command_and_the_pod_goes_away(
 ) -> None:
     cluster.image_table()
     if cluster.local is None:
-        pytest.skip(
-            "skip: needs the local runner's processes on this host (runs on the local cluster: unset CLEF_KUBECONFIG)"
+        missing_prerequisite(
+            "needs the local runner's processes on this host (runs on the local cluster: unset CLEF_KUBECONFIG)"
         )
     marker = f"clef-sleeper-{uuid.uuid4().hex}"
     code = f"import time; tag = {marker!r}; time.sleep(600)"
@@ -326,8 +326,8 @@ def test_the_seeded_table_has_an_image_for_every_catalogued_fault(cluster: Clust
 def test_on_failure_restarts_the_container_in_place(cluster: Cluster, namespace: str, tmp_path: Path) -> None:
     cluster.image_table()
     if cluster.local is None:
-        pytest.skip(
-            "skip: the command leaves a marker on this host's filesystem (runs on the local cluster: unset CLEF_KUBECONFIG)"
+        missing_prerequisite(
+            "the command leaves a marker on this host's filesystem (runs on the local cluster: unset CLEF_KUBECONFIG)"
         )
     marker = tmp_path / "first-run-done"
     # Fails the first time, succeeds the second: only a restart in place can complete the Job.

@@ -1,0 +1,128 @@
+"""Watching the API server without gaps, so "X never happened" is a proof and not a sample.
+
+A poll, or a watch that re-lists after each event, sees states; whatever lasted less than the
+interval between two looks is missed.  Here the objects are listed once and then watched from that
+list's resourceVersion: the API server sends every change after it, in order, and a watch that
+times out resumes from the last resourceVersion it saw (bookmarks included), which loses nothing.
+Where the server cannot resume (410 Gone: the history was compacted) or the stream breaks, the
+watch records the error and `check()` fails the test: re-listing would silently hide the gap.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes import watch
+
+# How long one watch request stays open; resuming afterwards is gap-free, this only bounds how
+# long `stop()` waits for the thread.
+_REQUEST_SECONDS = 2
+
+
+@dataclass(frozen=True)
+class Change:
+    """One watch event: what happened to which object, at which resourceVersion."""
+
+    type: str  # ADDED, MODIFIED, DELETED
+    obj: Any  # the typed client model, as the list call returns it
+    resource_version: int
+
+    @property
+    def name(self) -> str:
+        return str(self.obj.metadata.name)
+
+
+def resource_version(obj: Any) -> int:
+    """An object's resourceVersion as a number: the API server's storage revision, which orders
+    changes across every kind stored in the same etcd (the cluster tier's clusters)."""
+    return int(obj.metadata.resource_version)
+
+
+class GaplessWatch:
+    """Every change to what `list_fn(*args, **kwargs)` lists, from the moment of `start()`.
+
+    `initial` is the list's items; `changes` every event since, in the API server's order.  Use as
+    a context manager; call `check()` (or leave the `with`) to fail on a watch error."""
+
+    def __init__(self, list_fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        self.list_fn, self.args, self.kwargs = list_fn, args, kwargs
+        self.initial: list[Any] = []
+        self._version = ""
+        self.start_version = ""
+        self.changes: list[Change] = []
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._lock = threading.Lock()
+
+    def start(self, from_version: str | None = None) -> GaplessWatch:
+        """List, then watch from the list's resourceVersion (or `from_version`: the test of this
+        class uses one the server refuses, to show that a broken watch fails)."""
+        listed = self.list_fn(*self.args, **self.kwargs)
+        self.initial = list(listed.items)
+        self._version = from_version or listed.metadata.resource_version
+        self.start_version = str(self._version)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            w = watch.Watch()
+            try:
+                for event in w.stream(
+                    self.list_fn,
+                    *self.args,
+                    resource_version=self._version,
+                    allow_watch_bookmarks=True,
+                    timeout_seconds=_REQUEST_SECONDS,
+                    **self.kwargs,
+                ):
+                    if event["type"] != "BOOKMARK":
+                        obj = event["object"]
+                        with self._lock:
+                            self.changes.append(Change(event["type"], obj, resource_version(obj)))
+                # The events and bookmarks of this request moved it on; the next resumes there.
+                self._version = w.resource_version or self._version
+            except Exception as e:  # any failure to watch fails the test (check)
+                self.errors.append(f"{type(e).__name__}: {e}")
+                return
+
+    def snapshot(self) -> list[Change]:
+        with self._lock:
+            return list(self.changes)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(3 * _REQUEST_SECONDS + 10)
+        if self._thread.is_alive():
+            self.errors.append("the watch thread did not stop")
+
+    def check(self) -> None:
+        assert not self.errors, (
+            f"the watch of {getattr(self.list_fn, '__name__', self.list_fn)} from resourceVersion"
+            f" {self.start_version} broke, so what happened in between is unknown: {self.errors}"
+        )
+
+    def __enter__(self) -> GaplessWatch:
+        return self.start()
+
+    def __exit__(self, exc_type: object, *_: object) -> None:
+        self.stop()
+        if exc_type is None:
+            self.check()
+
+
+def states(initial: Iterable[Any], changes: Iterable[Change]) -> Iterable[dict[str, Any]]:
+    """Every state the watched set of objects went through, by name: the initial list, then one
+    state after each change (so a state that lasted a millisecond is here too)."""
+    current = {o.metadata.name: o for o in initial}
+    yield dict(current)
+    for c in changes:
+        if c.type == "DELETED":
+            current.pop(c.name, None)
+        else:
+            current[c.name] = c.obj
+        yield dict(current)
