@@ -38,8 +38,9 @@ DESIGN.md's "Rollout rules" in the same terms: 1 and 7 (reuse, rollback without 
 selector patch) -> `move_towards_desired`; 5 (delay, history) -> `retire_old_revisions`; 6
 (failure holds the candidate) -> `desired_revision`, its conditions -> `derive_conditions`; 8
 (digests) -> `desired_revision`; 9 (nothing stuck silently) -> `derive_conditions`; 10 (a verdict
-speaks for what it checked) -> `verification.judge` (its last two clauses, pinning serving pods
-to the GPU class that passed and reverting pod-template drift, are not implemented yet); 11
+speaks for what it checked) -> `verification.judge` and `verdicts` (scope, signatures), pinning
+serving pods to the GPU class that passed -> `desired_revision` (reverting pod-template drift is
+not implemented yet); 11
 (status after the fact) -> `derive_conditions` and `build_status`.
 """
 
