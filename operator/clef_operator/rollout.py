@@ -287,15 +287,13 @@ def custom_verifier(spec: ClefModelSpec) -> str:
 def _pass_message(spec: ClefModelSpec, record: VerificationRecord) -> str:
     """The words of a pass: clef's suite, or a user-supplied verifier's, never one for the other."""
     where = f" on {record.gpu_class}" if record.gpu_class else ""
+    image = record.image if record.digest in (None, record.image) else f"{record.image} ({record.digest})"
     if record.verifier is Verifier.CUSTOM:
         return (
-            f"a user-supplied verifier ({custom_verifier(spec)}) passed for {record.image} ({record.digest}) at"
+            f"a user-supplied verifier ({custom_verifier(spec)}) passed for {image} at"
             f" {record.dtype.value}{where}; clef's own checks did not run: {record.summary}"
         )
-    return (
-        f"{record.image} ({record.digest}) passed the {record.suite.value} suite at {record.dtype.value}"
-        f"{where}: {record.summary}"
-    )
+    return f"{image} passed the {record.suite.value} suite at {record.dtype.value}{where}: {record.summary}"
 
 
 def _cancel_obsolete_jobs(observed: Observed, current_job: str) -> tuple[Action, ...]:

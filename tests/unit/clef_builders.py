@@ -24,7 +24,7 @@ from clef_operator.actions import (
     PatchServiceSelector,
     ScaleDeployment,
 )
-from clef_operator.api import ClefModelSpec, ClefModelStatus
+from clef_operator.api import ClefModelSpec, ClefModelStatus, Dtype, Suite, Verdict, VerificationRecord
 from clef_operator.observed import DeploymentState, JobState, ModelRef, Observed, PodState, ServiceState
 from clef_operator.rollout import Plan, plan_rollout
 
@@ -308,3 +308,22 @@ def _merge(current: Any, changes: Any) -> dict[str, str]:
 
 def kinds(plan: Plan) -> list[str]:
     return [type(a).__name__ for a in plan.actions if not isinstance(a, Event)]
+
+
+def passed_record(key: str = "k1", **changes: Any) -> VerificationRecord:
+    """A passing verdict on a V100, unsigned (verdicts.sign makes it one the operator trusts)."""
+    record = VerificationRecord(
+        key=key,
+        image=GOOD,
+        digest=f"registry.clef.test/clef-runtime@{digest_for(GOOD)}",
+        gpu_class="Tesla-V100-SXM2-16GB",
+        dtype=Dtype.F16,
+        suite=Suite.KERNELS,
+        verdict=Verdict.PASSED,
+        reason="Verified",
+        summary="token ids 420/420",
+        job=f"clef-flash-verify-{key}",
+        job_uid=f"uid-job-{key}",
+        finished_at=T0.isoformat(),
+    )
+    return record.model_copy(update=changes)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from clef_builders import GOOD, GOOD2, T0, VERDICT_KEY, World, digest_for, make_spec, report
+from clef_builders import GOOD, GOOD2, T0, VERDICT_KEY, World, digest_for, make_spec, passed_record, report
 
 from clef_operator import labels
 from clef_operator.actions import CreateJob, Event
@@ -34,20 +34,7 @@ DIGEST_IMAGE = f"registry.clef.test/clef-runtime@{digest_for(GOOD)}"
 
 
 def record(**changes: object) -> VerificationRecord:
-    base = VerificationRecord(
-        key="k1",
-        image=GOOD,
-        digest=DIGEST_IMAGE,
-        gpu_class=V100,
-        dtype=Dtype.F16,
-        suite=Suite.KERNELS,
-        verdict=Verdict.PASSED,
-        reason=Reason.VERIFIED,
-        job="clef-flash-verify-k1",
-        job_uid="job-uid",
-        finished_at=T0.isoformat(),
-    )
-    return base.model_copy(update=changes)
+    return passed_record(**changes)
 
 
 # ------------------------------------------------------------------------------ signatures

@@ -5,11 +5,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from clef_builders import GOOD, T0, VERDICT_KEY, digest_for
+from clef_builders import GOOD, VERDICT_KEY, digest_for, passed_record
 
 from clef_operator import labels
-from clef_operator.api import ClefModelStatus, Dtype, Suite, Verdict, VerificationRecord
-from clef_operator.conditions import Reason
+from clef_operator.api import ClefModelStatus, Verdict, VerificationRecord
 from clef_operator.observed import DeploymentState, ModelRef
 from clef_operator.verdicts import (
     NOT_REQUIRED,
@@ -32,21 +31,7 @@ def passed(
     key: str = "k1", gpu_class: str | None = "Tesla-V100-SXM2-16GB", **changes: object
 ) -> VerificationRecord:
     """A passing verdict as the operator records it: signed with its key."""
-    record = VerificationRecord(
-        key=key,
-        image=GOOD,
-        digest=PINNED,
-        gpu_class=gpu_class,
-        dtype=Dtype.F16,
-        suite=Suite.KERNELS,
-        verdict=Verdict.PASSED,
-        reason=Reason.VERIFIED,
-        summary="token ids 420/420",
-        job=f"clef-flash-verify-{key}",
-        job_uid=f"uid-job-{key}",
-        finished_at=T0.isoformat(),
-    )
-    return sign(VERDICT_KEY, MODEL, record.model_copy(update=changes))
+    return sign(VERDICT_KEY, MODEL, passed_record(key, gpu_class=gpu_class, **changes))
 
 
 def collect(key: str, token: str, status: ClefModelStatus, deployments: list[DeploymentState]) -> Verdicts:
