@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from kubernetes import client
+from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from clef_operator import actions as act
@@ -164,8 +164,6 @@ def operator_namespace() -> str:
         if os.environ.get(name):
             return os.environ[name]
     try:
-        from kubernetes import config
-
         _, context = config.list_kube_config_contexts()
         return str((context or {}).get("context", {}).get("namespace") or "default")
     except (config.ConfigException, OSError):
