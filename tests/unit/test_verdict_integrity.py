@@ -12,6 +12,7 @@ from clef_operator import labels
 from clef_operator.actions import CreateJob, Event
 from clef_operator.api import ClefModelStatus, Dtype, Suite, Verdict, VerificationRecord, Verifier
 from clef_operator.conditions import Reason
+from clef_operator.kube import operator_namespace
 from clef_operator.observed import JobState, ModelRef, Observed, PodState
 from clef_operator.render import gpu_pin, render_serving_pod_spec, serving_revision, verification_key
 from clef_operator.revision import job_name
@@ -240,3 +241,14 @@ def test_only_a_pod_owned_by_the_jobs_uid_speaks_for_it():
     assert isinstance(judged, Outcome) and judged.record.verdict is Verdict.FAILED
     owned = replace(stray, name="own", owner_uids=("job-uid",))
     assert Observed(jobs=(job,), pods=(stray, owned)).pods_of_job(job) == [owned]
+
+
+# ------------------------------------------------------------------------------ the key's home
+
+
+def test_the_operator_namespace_is_its_pods_then_the_override(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("POD_NAMESPACE", "clef-system")
+    monkeypatch.setenv("CLEF_OPERATOR_NAMESPACE", "elsewhere")
+    assert operator_namespace() == "clef-system"
+    monkeypatch.delenv("POD_NAMESPACE")
+    assert operator_namespace() == "elsewhere"
