@@ -38,6 +38,14 @@ def nested(path: str, value: Any) -> Mutation:
     return mutate
 
 
+def both(*mutations: Mutation) -> Mutation:
+    def mutate(body: Body) -> None:
+        for m in mutations:
+            m(body)
+
+    return mutate
+
+
 def resources(**maps: dict[str, str]) -> Mutation:
     return nested("spec.resources", maps)
 
@@ -101,6 +109,12 @@ BAD: list[tuple[str, Mutation, str]] = [
         "verification image with two colons",
         nested("spec.verification.image", "registry.clef.test:5000:1.0"),
         "spec.verification.image",
+    ),
+    # A verifier running another image cannot tell which digest of a tag will serve (issue 13).
+    (
+        "verification image with spec.image a tag",
+        nested("spec.verification.image", "registry.clef.test/clef/verify:1.0"),
+        "spec.image",
     ),
     # Paths that end up in volumes and mounts.
     ("relative model path", nested("spec.model.path", "models/clef-flash"), "spec.model.path"),
@@ -291,7 +305,10 @@ GOOD: list[tuple[str, Mutation]] = [
     ("image with separators in the path", spec(image="localhost/clef__runtime/sm-70.v2:v1.0_rc-1")),
     (
         "verification image with a port",
-        nested("spec.verification.image", "registry.local:5000/clef/verify:1.0"),
+        both(
+            spec(image=f"registry.local:5000/clef/runtime@{DIGEST}"),
+            nested("spec.verification.image", "registry.local:5000/clef/verify:1.0"),
+        ),
     ),
     ("GPU product selector", spec(nodeSelector={"nvidia.com/gpu.product": "Tesla-V100-SXM2-16GB"})),
     ("empty selector value", spec(nodeSelector={"example.com/pool": ""})),

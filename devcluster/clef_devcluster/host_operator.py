@@ -60,7 +60,10 @@ def service_account_kubeconfig(
         "kind": "Config",
         "clusters": [cluster],
         "users": [{"name": user, "user": {"token": response.status.token}}],
-        "contexts": [{"name": user, "context": {"cluster": cluster["name"], "user": user}}],
+        # The ServiceAccount's namespace, as in its pod: where the operator keeps its verdict key.
+        "contexts": [
+            {"name": user, "context": {"cluster": cluster["name"], "user": user, "namespace": namespace}}
+        ],
         "current-context": user,
     }
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -18,6 +18,9 @@ Permission = tuple[str, str, str]
 # behalf.  OwnerReferencesPermissionEnforcement asks whether the creator of an object whose
 # ownerReference sets blockOwnerDeletion may `update` the owner's finalizers.
 ADMISSION_ONLY: frozenset[Permission] = frozenset({("clef.riotpiao.com", "clefmodels/finalizers", "update")})
+# Rules used only on the operator's first start in a cluster: creating its verdict key Secret,
+# which later starts (and the audited run, when an earlier one made it) only read.
+FIRST_START_ONLY: frozenset[Permission] = frozenset({("", "secrets", "create")})
 
 
 def rule_permissions(rules: Iterable[dict[str, Any]]) -> set[Permission]:
@@ -25,8 +28,9 @@ def rule_permissions(rules: Iterable[dict[str, Any]]) -> set[Permission]:
     least-privilege role, and expanding them would hide what they grant."""
     out: set[Permission] = set()
     for rule in rules:
-        if rule.get("nonResourceURLs") or rule.get("resourceNames"):
-            raise ValueError(f"rule {rule}: nonResourceURLs/resourceNames are not expected here")
+        if rule.get("nonResourceURLs"):
+            raise ValueError(f"rule {rule}: nonResourceURLs are not expected here")
+        # resourceNames narrow a rule; the permission (group, resource, verb) is what is compared.
         for field in ("apiGroups", "resources", "verbs"):
             if "*" in rule.get(field, []):
                 raise ValueError(f"rule {rule}: wildcard in {field}")
@@ -136,7 +140,7 @@ class RbacComparison:
 def compare_rbac(
     granted: set[Permission],
     requests: Iterable[AuditedRequest],
-    admission_only: frozenset[Permission] = ADMISSION_ONLY,
+    admission_only: frozenset[Permission] = ADMISSION_ONLY | FIRST_START_ONLY,
 ) -> RbacComparison:
     reqs = list(requests)
     used = {r.permission for r in reqs if r.allowed}

@@ -535,6 +535,13 @@ class ClefModelSpec(ApiModel):
             field_path=".gpuMemoryMiB",
         ),
         Check(
+            "!has(self.verification.image) || self.image.contains('@sha256:')",
+            "spec.image: must be a digest reference (repo@sha256:<digest>) when spec.verification.image is"
+            " set: a verifier running another image cannot tell which digest of spec.image will serve",
+            lambda s: "image" not in s["verification"] or "@sha256:" in s["image"],
+            field_path=".image",
+        ),
+        Check(
             "self.verification.required || !has(self.verification.image)",
             "spec.verification.image: has no effect when verification.required is false; remove one of them",
             lambda s: s["verification"]["required"] or "image" not in s["verification"],
@@ -655,6 +662,14 @@ class Verdict(StrEnum):
     FAILED = "Failed"
 
 
+class Verifier(StrEnum):
+    """Who judged: clef-runtime verify in the serving image (`clef`), or a user-supplied verifier
+    (spec.verification.image or .command set: `custom`), whose pass is never called clef's."""
+
+    CLEF = "clef"
+    CUSTOM = "custom"
+
+
 class VerificationRecord(ApiModel):
     """One finished verification: what ran, where, and what it concluded."""
 
@@ -676,9 +691,21 @@ class VerificationRecord(ApiModel):
     device: str | None = Field(default=None, max_length=256)
     runtime_version: str | None = Field(default=None, max_length=128)
     job: str = Field(max_length=63)
+    job_uid: str = Field(default="", max_length=64, description="The UID of the Job that produced it.")
     finished_at: str = Field(max_length=64)
+    verifier: Verifier = Field(
+        default=Verifier.CLEF, description="clef's own checks, or a user-supplied verifier."
+    )
+    run: str = Field(
+        default="", max_length=64, description="The re-verify run it belongs to (empty: none was requested)."
+    )
     superseded: bool = Field(
         default=False, description="A re-verify was requested after this verdict; it no longer counts."
+    )
+    signature: str = Field(
+        default="",
+        max_length=128,
+        description="HMAC-SHA256 by the operator's key: a record without a valid one is ignored and dropped.",
     )
 
 
@@ -710,7 +737,18 @@ class ClefModelStatus(ApiModel):
     )
     verification_job: str | None = Field(default=None, max_length=63)
     observed_reverify: str | None = Field(
-        default=None, max_length=256, description="The last clef.riotpiao.com/reverify value acted on."
+        default=None,
+        max_length=256,
+        description="The last clef.riotpiao.com/reverify value acted on (values over 128 characters: their"
+        " sha256).",
+    )
+    reverify_runs: int | None = Field(
+        default=None, description="How many re-verify requests were acted on (each is a new run)."
+    )
+    ignored_verdicts: list[Annotated[str, Field(max_length=64)]] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Fingerprints of verdicts ignored as untrusted (one UntrustedVerdictIgnored event each).",
     )
     verifications: list[VerificationRecord] = Field(
         default_factory=list, max_length=16, description="Recent verdicts, newest first."

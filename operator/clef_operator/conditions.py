@@ -41,6 +41,10 @@ class Reason:
     DIGEST_UNKNOWN = "ImageDigestUnknown"
     UNSCHEDULABLE = "Unschedulable"
     CONTAINER_CONFIG = "VerificationConfigError"
+    # A user-supplied verifier (spec.verification.image or .command) passed: clef's checks did not run.
+    CUSTOM_VERIFIER_PASSED = "CustomVerifierPassed"
+    # A pass on a node without the nvidia.com/gpu.product label: serving cannot be pinned to it.
+    GPU_CLASS_UNKNOWN = "GpuClassUnknown"
 
 
 class Why:

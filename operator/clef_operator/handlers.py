@@ -24,7 +24,7 @@ from pydantic import ValidationError
 from clef_operator import labels
 from clef_operator.api import GROUP, PLURAL, VERSION, ClefModelSpec, ClefModelStatus
 from clef_operator.conditions import Stamp, invalid_spec
-from clef_operator.kube import Kube
+from clef_operator.kube import Kube, operator_namespace
 from clef_operator.observed import ModelRef
 from clef_operator.rollout import plan_rollout
 
@@ -70,7 +70,7 @@ def reconcile(kube: Kube, namespace: str, name: str, now: datetime | None = None
         kube.write_status(model, status.model_copy(update={"conditions": conditions}))
         return None
     observed = kube.observe(model, spec.service.name)
-    plan = plan_rollout(model, spec, observed, status, now)
+    plan = plan_rollout(model, spec, observed, status, now, kube.verdict_key)
     if plan.status != status:
         kube.write_status(model, plan.status)
     for action in plan.actions:
@@ -108,6 +108,8 @@ def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     settings.watching.server_timeout = 120
     settings.watching.client_timeout = 150
     memo.kube = Kube(api_client())
+    # Verdicts are signed with this key; without it nothing may be promoted, so start-up fails.
+    memo.kube.load_verdict_key(operator_namespace())
     memo.wakers = {}
 
 

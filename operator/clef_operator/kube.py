@@ -8,13 +8,16 @@ not errors: the next reconcile observes the truth and plans again.
 
 from __future__ import annotations
 
+import base64
 import logging
+import os
+import secrets
 import socket
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from kubernetes import client
+from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from clef_operator import actions as act
@@ -28,6 +31,11 @@ log = logging.getLogger("clef.kube")
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 REPORTING_COMPONENT = "clef.riotpiao.com/operator"
+# The Secret that holds the HMAC key verdicts are signed with (verdicts.sign), in the operator's
+# own namespace; only the operator reads it (kustomize/base/rbac.yaml, Role clef-verdict-key).
+VERDICT_KEY_SECRET = "clef-verdict-key"
+VERDICT_KEY_FIELD = "key"
+VERDICT_KEY_BYTES = 32
 JOB_NAME_LABELS = ("batch.kubernetes.io/job-name", "job-name")
 
 
@@ -74,6 +82,7 @@ def _job(j: Any) -> JobState:
     return JobState(
         name=j.metadata.name,
         key=(j.metadata.labels or {}).get(labels.VERIFICATION_KEY, ""),
+        uid=j.metadata.uid or "",
         complete=true("Complete"),
         failed=true("Failed"),
         failed_reason=(failed.reason or "") if failed is not None and failed.status == "True" else "",
@@ -132,6 +141,7 @@ def _pod(p: Any, node_labels: Mapping[str, Mapping[str, str]]) -> PodState:
         node_gpu_product=node_meta.get(labels.NODE_GPU_PRODUCT, ""),
         node_gpu_memory_mib=int(memory) if memory.isdigit() else None,
         created_at=meta.creation_timestamp,
+        owner_uids=tuple(ref.uid for ref in (meta.owner_references or []) if ref.uid),
         **fields,
     )
 
@@ -147,6 +157,19 @@ def serves(api: client.ApiClient, group: str, version: str, plural: str) -> bool
     return found is not None and any(r.name == plural for r in found.resources or [])
 
 
+def operator_namespace() -> str:
+    """The operator's own namespace: its pod's (POD_NAMESPACE, from the downward API), else
+    CLEF_OPERATOR_NAMESPACE, else the kubeconfig context's namespace, else `default`."""
+    for name in ("POD_NAMESPACE", "CLEF_OPERATOR_NAMESPACE"):
+        if os.environ.get(name):
+            return os.environ[name]
+    try:
+        _, context = config.list_kube_config_contexts()
+        return str((context or {}).get("context", {}).get("namespace") or "default")
+    except (config.ConfigException, OSError):
+        return "default"
+
+
 class Kube:
     def __init__(self, api: client.ApiClient) -> None:
         self.api = api
@@ -155,6 +178,49 @@ class Kube:
         self.batch = client.BatchV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self.instance = socket.gethostname()
+        self._verdict_key: bytes | None = None
+
+    # -------------------------------------------------------------------------- the verdict key
+    @property
+    def verdict_key(self) -> bytes:
+        if self._verdict_key is None:
+            raise RuntimeError("the verdict key was not loaded (Kube.load_verdict_key at start-up)")
+        return self._verdict_key
+
+    def load_verdict_key(self, namespace: str) -> None:
+        """Read the HMAC key from Secret clef-verdict-key, creating it (32 random bytes) on the
+        first start.  Two operators starting at once: the loser of the create reads the winner's.
+        The key is never logged."""
+        for _ in range(3):
+            try:
+                found: Any = self.core.read_namespaced_secret(VERDICT_KEY_SECRET, namespace)
+                key = base64.b64decode((found.data or {}).get(VERDICT_KEY_FIELD, ""))
+                if len(key) < VERDICT_KEY_BYTES:
+                    raise RuntimeError(
+                        f"Secret {namespace}/{VERDICT_KEY_SECRET} holds no {VERDICT_KEY_BYTES}-byte"
+                        f" `{VERDICT_KEY_FIELD}`; delete it to have a new key made (every verdict is then re-run)"
+                    )
+                self._verdict_key = key
+                return
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+            body = client.V1Secret(
+                metadata=client.V1ObjectMeta(
+                    name=VERDICT_KEY_SECRET,
+                    namespace=namespace,
+                    labels={labels.MANAGED_BY: labels.MANAGED_BY_VALUE},
+                ),
+                type="Opaque",
+                data={VERDICT_KEY_FIELD: base64.b64encode(secrets.token_bytes(VERDICT_KEY_BYTES)).decode()},
+            )
+            try:
+                self.core.create_namespaced_secret(namespace, body)
+                log.info("created Secret %s/%s with a new verdict key", namespace, VERDICT_KEY_SECRET)
+            except ApiException as e:
+                if e.status != 409:
+                    raise
+        raise RuntimeError(f"could not read or create Secret {namespace}/{VERDICT_KEY_SECRET}")
 
     # -------------------------------------------------------------------------- reading
     def read_model(self, namespace: str, name: str) -> dict[str, Any] | None:

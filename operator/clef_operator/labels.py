@@ -32,9 +32,14 @@ VERDICT_SUMMARY = f"{PREFIX}/verdict-summary"
 VERIFIED_SUITE = f"{PREFIX}/suite"
 VERIFIED_DTYPE = f"{PREFIX}/dtype"
 GPU_CLASS = f"{PREFIX}/gpu-class"
-REVERIFY_TOKEN = f"{PREFIX}/reverify-token"
+# The re-verify run a Deployment's verdict (or a Job) belongs to: each new reverify value is a new run.
+REVERIFY_RUN = f"{PREFIX}/reverify-run"
 VERIFIED_AT = f"{PREFIX}/verified-at"
 VERIFICATION_JOB = f"{PREFIX}/verification-job"
+VERIFICATION_JOB_UID = f"{PREFIX}/verification-job-uid"
+VERIFIER = f"{PREFIX}/verifier"
+# HMAC of the verdict with the operator's key (verdicts.sign): what makes an annotation evidence.
+VERDICT_SIGNATURE = f"{PREFIX}/verdict-signature"
 # When a revision that no longer serves may be scaled to 0 (RFC 3339).
 SCALE_DOWN_AT = f"{PREFIX}/scale-down-at"
 

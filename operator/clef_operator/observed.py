@@ -61,6 +61,7 @@ class DeploymentState:
 class JobState:
     name: str
     key: str
+    uid: str = ""
     complete: bool = False
     failed: bool = False
     failed_reason: str = ""
@@ -100,6 +101,8 @@ class PodState:
     node_gpu_product: str = ""
     node_gpu_memory_mib: int | None = None
     created_at: datetime | None = None
+    # The UIDs in its ownerReferences: what binds a verification pod to its Job (labels do not).
+    owner_uids: tuple[str, ...] = ()
 
     def problem(self) -> PodProblem | None:
         """What keeps this pod from running, in its own words (the scheduler's message, the
@@ -171,8 +174,10 @@ class Observed:
                 return j
         return None
 
-    def pods_of_job(self, name: str) -> list[PodState]:
-        return [p for p in self.pods if p.job_name == name]
+    def pods_of_job(self, job: JobState) -> list[PodState]:
+        """The pods the Job created: owned by its UID.  A pod that only carries its name in a
+        label (anyone can create one) never speaks for it."""
+        return [p for p in self.pods if job.uid and job.uid in p.owner_uids]
 
     def pods_of_revision(self, revision: str) -> list[PodState]:
         return [p for p in self.pods if p.component == labels.COMPONENT_SERVING and p.revision == revision]

@@ -162,8 +162,18 @@ def _scheduling(spec: ClefModelSpec) -> dict[str, Any]:
 _CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
 
 
-def render_serving_pod_spec(spec: ClefModelSpec, image: str) -> dict[str, Any]:
-    """The serving pod, running `image` (a pinned `repo@sha256:...` once verified)."""
+def gpu_pin(spec: ClefModelSpec, gpu_class: str | None) -> dict[str, str]:
+    """spec.nodeSelector plus the GPU class a verdict is for: a verdict speaks for one class, so
+    serving pods go only where it passed (nvidia.com/gpu.product, GPU feature discovery's label)."""
+    selector = dict(spec.node_selector)
+    if gpu_class:
+        selector[labels.NODE_GPU_PRODUCT] = gpu_class
+    return selector
+
+
+def render_serving_pod_spec(spec: ClefModelSpec, image: str, gpu_class: str | None = None) -> dict[str, Any]:
+    """The serving pod, running `image` (a pinned `repo@sha256:...` once verified) on nodes of
+    `gpu_class` (the class its verdict passed on; None: no verdict, spec.nodeSelector as written)."""
     volumes, mounts = _model_volume(spec)
     # Tensor-parallel ranks talk through shared memory; the default 64 MiB /dev/shm is too small.
     volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
@@ -187,8 +197,12 @@ def render_serving_pod_spec(spec: ClefModelSpec, image: str) -> dict[str, Any]:
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": _CONTAINER_SECURITY,
     }
+    scheduling = _scheduling(spec)
+    pinned = gpu_pin(spec, gpu_class)
+    if pinned:
+        scheduling["nodeSelector"] = pinned
     return {
-        **_scheduling(spec),
+        **scheduling,
         "terminationGracePeriodSeconds": 30,
         # The container runtime's default syscall filter is what engines are built and tested
         # under.  Non-root is left to the image: vLLM's and candle-vllm's images run as root.
@@ -198,8 +212,8 @@ def render_serving_pod_spec(spec: ClefModelSpec, image: str) -> dict[str, Any]:
     }
 
 
-def serving_revision(spec: ClefModelSpec, image: str) -> str:
-    return short_hash(render_serving_pod_spec(spec, image))
+def serving_revision(spec: ClefModelSpec, image: str, gpu_class: str | None = None) -> str:
+    return short_hash(render_serving_pod_spec(spec, image, gpu_class))
 
 
 def verification_image(spec: ClefModelSpec) -> str:
@@ -236,7 +250,10 @@ def render_verification_pod_spec(spec: ClefModelSpec) -> dict[str, Any]:
 
 
 def verification_key(spec: ClefModelSpec) -> str:
-    return short_hash(render_verification_pod_spec(spec))
+    """The scope a verdict speaks for: the verification pod (image, verifier, suite, dtype, shape,
+    scheduling, env) and the serving image, which the pod does not hold when a separate
+    spec.verification.image runs: a new spec.image always needs a verdict of its own."""
+    return short_hash({"verification": render_verification_pod_spec(spec), "serving": spec.image})
 
 
 def _labels(model: str, revision: str, component: str) -> dict[str, str]:
@@ -254,8 +271,9 @@ def render_deployment(
     image: str,
     replicas: int,
     annotations: dict[str, str],
+    gpu_class: str | None = None,
 ) -> dict[str, Any]:
-    revision = serving_revision(spec, image)
+    revision = serving_revision(spec, image, gpu_class)
     pod_labels = _labels(owner.name, revision, labels.COMPONENT_SERVING)
     return {
         "apiVersion": "apps/v1",
@@ -275,22 +293,26 @@ def render_deployment(
             "strategy": {"type": "Recreate"},
             "revisionHistoryLimit": 1,
             "progressDeadlineSeconds": 1800,
-            "template": {"metadata": {"labels": pod_labels}, "spec": render_serving_pod_spec(spec, image)},
+            "template": {
+                "metadata": {"labels": pod_labels},
+                "spec": render_serving_pod_spec(spec, image, gpu_class),
+            },
         },
     }
 
 
-def render_job(owner: Owner, spec: ClefModelSpec, reverify_token: str) -> dict[str, Any]:
+def render_job(owner: Owner, spec: ClefModelSpec, run: str) -> dict[str, Any]:
+    """The verification Job of the current spec in re-verify `run` (verdicts.run_id)."""
     key = verification_key(spec)
     job_labels = {**_labels(owner.name, key, labels.COMPONENT_VERIFICATION), labels.VERIFICATION_KEY: key}
     annotations = {labels.IMAGE: spec.image}
-    if reverify_token:
-        annotations[labels.REVERIFY_TOKEN] = reverify_token
+    if run:
+        annotations[labels.REVERIFY_RUN] = run
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {
-            "name": job_name(owner.name, key, reverify_token),
+            "name": job_name(owner.name, key, run),
             "namespace": owner.namespace,
             "labels": job_labels,
             "annotations": annotations,

@@ -32,11 +32,11 @@ def deployment_name(model: str, revision: str) -> str:
     return f"{model}-{revision}"
 
 
-def job_name(model: str, key: str, reverify_token: str) -> str:
-    """`<model>-verify-<key>`, plus a short suffix per re-verify request so each gets its own Job."""
+def job_name(model: str, key: str, run: str) -> str:
+    """`<model>-verify-<key>`, plus a short suffix per re-verify run so each gets its own Job."""
     name = f"{model}-verify-{key}"
-    if reverify_token:
-        name += "-" + short_hash(reverify_token, REVERIFY_SUFFIX_LENGTH)
+    if run:
+        name += "-" + run[:REVERIFY_SUFFIX_LENGTH]
     return name
 
 

@@ -38,8 +38,9 @@ DESIGN.md's "Rollout rules" in the same terms: 1 and 7 (reuse, rollback without 
 selector patch) -> `move_towards_desired`; 5 (delay, history) -> `retire_old_revisions`; 6
 (failure holds the candidate) -> `desired_revision`, its conditions -> `derive_conditions`; 8
 (digests) -> `desired_revision`; 9 (nothing stuck silently) -> `derive_conditions`; 10 (a verdict
-speaks for what it checked) -> `verification.judge` (its last two clauses, pinning serving pods
-to the GPU class that passed and reverting pod-template drift, are not implemented yet); 11
+speaks for what it checked) -> `verification.judge` and `verdicts` (scope, signatures), pinning
+serving pods to the GPU class that passed -> `desired_revision` (reverting pod-template drift is
+not implemented yet); 11
 (status after the fact) -> `derive_conditions` and `build_status`.
 """
 
@@ -72,6 +73,7 @@ from clef_operator.api import (
     Strategy,
     Verdict,
     VerificationRecord,
+    Verifier,
 )
 from clef_operator.conditions import (
     DEGRADED,
@@ -96,7 +98,7 @@ from clef_operator.render import (
     verify_argv,
 )
 from clef_operator.revision import deployment_name, job_name
-from clef_operator.verdicts import Verdicts, collect_verdicts, encode_verdict
+from clef_operator.verdicts import Verdicts, collect_verdicts, encode_verdict, sign
 from clef_operator.verification import Outcome, Progress, judge
 
 MAX_RECORDS = 16
@@ -115,14 +117,16 @@ def plan_rollout(
     observed: Observed,
     status: ClefModelStatus,
     now: datetime,
+    verdict_key: bytes,
 ) -> Plan:
     """The phases in order; the actions are theirs, in the same order (status goes first: the
-    handlers write it before applying any action)."""
+    handlers write it before applying any action).  `verdict_key` is the operator's HMAC key:
+    verdicts it did not sign never count (verdicts.py)."""
     owner = Owner(model.name, model.namespace, model.uid)
     key = verification_key(spec)
-    verdicts = collect_verdicts(key, model.reverify_token, status, observed.deployments)
-    verification = drive_verification(model, owner, spec, key, observed, verdicts, now)
-    desired = desired_revision(owner, spec, verification, model.reverify_token)
+    verdicts = collect_verdicts(model, key, status, observed.deployments, verdict_key)
+    verification = drive_verification(model, owner, spec, key, observed, verdicts, now, verdict_key)
+    desired = desired_revision(owner, spec, verification, verdicts.run)
     active = active_revision(model, owner, spec, observed, status, verdicts, desired)
     move = move_towards_desired(model, owner, spec, observed, desired, active)
     retired = retire_old_revisions(spec, observed, move, now)
@@ -175,11 +179,12 @@ def drive_verification(
     observed: Observed,
     verdicts: Verdicts,
     now: datetime,
+    secret: bytes,
 ) -> Verification:
-    """Rule 2: reuse the verdict that counts, else create or judge the current key's Job; stop
-    Jobs of other keys, so they free their GPUs."""
-    token = model.reverify_token
-    job = job_name(model.name, key, token)
+    """Rule 2: reuse the verdict that counts, else create or judge the current key's Job of the
+    current re-verify run; stop Jobs of other keys and runs, so they free their GPUs.  A new
+    verdict is signed with `secret` before it is recorded anywhere."""
+    job = job_name(model.name, key, verdicts.run)
     if not spec.verification.required:
         found = Verification(VerificationState.NOT_REQUIRED, job)
     elif verdicts.current is not None:
@@ -190,19 +195,53 @@ def drive_verification(
         )
         found = Verification(state, job, record=verdicts.current)
     else:
-        found = _run_job(owner, spec, observed, job, token, now)
+        found = _run_job(owner, spec, observed, job, verdicts.run, now)
+        if found.new_record is not None:
+            signed = sign(secret, model, found.new_record.model_copy(update={"run": verdicts.run}))
+            found = replace(found, record=signed, new_record=signed)
+    found = _unpinnable(spec, found)
     requested: tuple[Action, ...] = ()
     if verdicts.reverify_requested:
+        token = model.reverify_token
+        shown = token if len(token) <= 64 else token[:64] + "…"
         requested = (
             _event(
-                "ReverifyRequested", f"re-verification of {spec.image} requested ({labels.REVERIFY}={token})"
+                "ReverifyRequested", f"re-verification of {spec.image} requested ({labels.REVERIFY}={shown})"
             ),
         )
-    return replace(found, actions=(*requested, *found.actions, *_cancel_obsolete_jobs(observed, job)))
+    untrusted = tuple(
+        _event(
+            "UntrustedVerdictIgnored",
+            f"ignored a {i.record.verdict.value} verdict for {i.record.image} (key {i.record.key}) in {i.where}:"
+            f" it is not signed by this operator's key, so it is not evidence; fingerprint {i.fingerprint}",
+            warning=True,
+        )
+        for i in verdicts.new_ignored()
+    )
+    return replace(
+        found, actions=(*untrusted, *requested, *found.actions, *_cancel_obsolete_jobs(observed, job))
+    )
+
+
+def _unpinnable(spec: ClefModelSpec, found: Verification) -> Verification:
+    """A pass on a node without a GPU class label cannot pin serving to a class: fail closed."""
+    passed = found.passed
+    if passed is None or passed.gpu_class or spec.node_selector.get(labels.NODE_GPU_PRODUCT):
+        return found
+    held = passed.model_copy(
+        update={
+            "verdict": Verdict.FAILED,
+            "reason": Reason.GPU_CLASS_UNKNOWN,
+            "summary": f"verification passed on a node without the {labels.NODE_GPU_PRODUCT} label, so serving"
+            " cannot be pinned to the GPU class that passed; label the GPU nodes (NVIDIA GPU feature"
+            f" discovery) or set spec.nodeSelector {labels.NODE_GPU_PRODUCT} explicitly",
+        }
+    )
+    return replace(found, state=VerificationState.FAILED, record=held)
 
 
 def _run_job(
-    owner: Owner, spec: ClefModelSpec, observed: Observed, name: str, token: str, now: datetime
+    owner: Owner, spec: ClefModelSpec, observed: Observed, name: str, run: str, now: datetime
 ) -> Verification:
     running = VerificationState.RUNNING
     job = observed.job(name)
@@ -214,13 +253,13 @@ def _run_job(
         )
         progress = Progress(Reason.PENDING, f"Job {name} created")
         return Verification(
-            running, name, progress=progress, actions=(CreateJob(render_job(owner, spec, token)), started)
+            running, name, progress=progress, actions=(CreateJob(render_job(owner, spec, run)), started)
         )
     if job.deleting:
         return Verification(
             running, name, progress=Progress(Reason.PENDING, f"waiting for Job {name} to be deleted")
         )
-    judged = judge(spec, job, observed.pods_of_job(name), now)
+    judged = judge(spec, job, observed.pods_of_job(job), now)
     if isinstance(judged, Progress):
         return Verification(running, name, progress=judged)
     return _concluded(spec, name, judged)
@@ -230,13 +269,31 @@ def _concluded(spec: ClefModelSpec, name: str, outcome: Outcome) -> Verification
     new = outcome.record
     stop: tuple[Action, ...] = (DeleteJob(name),) if outcome.stop_job else ()
     if new.verdict is Verdict.PASSED:
-        said = _event(
-            "VerificationPassed",
-            f"{spec.image} ({new.digest}) passed the {new.suite.value} suite at {new.dtype.value}: {new.summary}",
-        )
+        said = _event("VerificationPassed", _pass_message(spec, new))
         return Verification(VerificationState.PASSED, name, record=new, new_record=new, actions=(*stop, said))
     said = _event("VerificationFailed", f"{spec.image}: {new.reason}: {new.summary}", warning=True)
     return Verification(VerificationState.FAILED, name, record=new, new_record=new, actions=(*stop, said))
+
+
+def custom_verifier(spec: ClefModelSpec) -> str:
+    """The user-supplied verifier, named as the spec names it."""
+    v = spec.verification
+    parts = [f"image {v.image}"] if v.image else []
+    if v.command:
+        parts.append(f"command `{' '.join(v.command)}`")
+    return " and ".join(parts)
+
+
+def _pass_message(spec: ClefModelSpec, record: VerificationRecord) -> str:
+    """The words of a pass: clef's suite, or a user-supplied verifier's, never one for the other."""
+    where = f" on {record.gpu_class}" if record.gpu_class else ""
+    image = record.image if record.digest in (None, record.image) else f"{record.image} ({record.digest})"
+    if record.verifier is Verifier.CUSTOM:
+        return (
+            f"a user-supplied verifier ({custom_verifier(spec)}) passed for {image} at"
+            f" {record.dtype.value}{where}; clef's own checks did not run: {record.summary}"
+        )
+    return f"{image} passed the {record.suite.value} suite at {record.dtype.value}{where}: {record.summary}"
 
 
 def _cancel_obsolete_jobs(observed: Observed, current_job: str) -> tuple[Action, ...]:
@@ -266,18 +323,20 @@ class Desired:
     manifest: Mapping[str, Any] | None = None
 
 
-def desired_revision(owner: Owner, spec: ClefModelSpec, verification: Verification, token: str) -> Desired:
-    """Rule 3: serve the digest that passed (or the image as written when no verification is
-    required, or when a separate verification image leaves no serving digest to pin)."""
+def desired_revision(owner: Owner, spec: ClefModelSpec, verification: Verification, run: str) -> Desired:
+    """Rule 3: serve the digest that passed, on the GPU class it passed on (or the image as
+    written when no verification is required)."""
     image: str | None = None
+    passed = verification.passed
     if verification.state is VerificationState.NOT_REQUIRED:
         image = spec.image
-    elif verification.passed is not None:
-        image = spec.image if spec.verification.image else verification.passed.digest
+    elif passed is not None:
+        image = passed.digest
     if not image:
         return Desired()
-    annotations = encode_verdict(spec.image, image, token, verification.passed)
-    manifest = render_deployment(owner, spec, image, spec.replicas, annotations)
+    annotations = encode_verdict(spec.image, image, run, passed)
+    gpu_class = passed.gpu_class if passed is not None else None
+    manifest = render_deployment(owner, spec, image, spec.replicas, annotations, gpu_class)
     return Desired(manifest["metadata"]["labels"][labels.REVISION], image, manifest)
 
 
@@ -309,7 +368,7 @@ def active_revision(
     conflict = svc is not None and bool(svc.model) and svc.model != model.name
     rev = "" if svc is None or conflict else _selected_revision(model, svc)
     dep = observed.deployment(rev) if rev else None
-    served = _served_spec(status, rev)
+    served = _served_spec(status, rev, verdicts)
     actions: tuple[Action, ...] = ()
     if dep is None and rev and rev != desired.revision:
         if served is not None and status.active_image:
@@ -329,7 +388,7 @@ def _selected_revision(model: ModelRef, svc: ServiceState) -> str:
     return ""
 
 
-def _served_spec(status: ClefModelStatus, active_rev: str) -> ClefModelSpec | None:
+def _served_spec(status: ClefModelStatus, active_rev: str, verdicts: Verdicts) -> ClefModelSpec | None:
     """status.activeSpec, if it is the spec that rendered `active_rev`."""
     if not active_rev or not status.active_spec or not status.active_image:
         return None
@@ -337,7 +396,8 @@ def _served_spec(status: ClefModelStatus, active_rev: str) -> ClefModelSpec | No
         served = ClefModelSpec.model_validate(status.active_spec)
     except ValueError:
         return None
-    return served if serving_revision(served, status.active_image) == active_rev else None
+    pin = verdicts.gpu_class(verification_key(served))
+    return served if serving_revision(served, status.active_image, pin) == active_rev else None
 
 
 def _recreate_served(
@@ -351,9 +411,10 @@ def _recreate_served(
 ) -> tuple[Action, ...]:
     """The current spec cannot rebuild the active revision, the spec it was made from can."""
     passed = verdicts.passed(verification_key(served))
-    annotations = encode_verdict(served.image, image, model.reverify_token, passed)
+    annotations = encode_verdict(served.image, image, verdicts.run, passed)
+    pin = verdicts.gpu_class(verification_key(served))
     return (
-        CreateDeployment(render_deployment(owner, served, image, spec.replicas, annotations)),
+        CreateDeployment(render_deployment(owner, served, image, spec.replicas, annotations, pin)),
         _event(
             "RevisionRecreated",
             f"Deployment {deployment_name(model.name, rev)} of the serving revision was missing;"
@@ -672,13 +733,14 @@ def _verified(at: Stamp, spec: ClefModelSpec, verification: Verification, advice
             f"spec.verification.required is false: {spec.image} is rolled out without verification",
         )
     if verification.state is VerificationState.PASSED and record is not None:
-        where = f" on {record.gpu_class}" if record.gpu_class else ""
+        return at.condition(VERIFIED, ConditionStatus.TRUE, record.reason, _pass_message(spec, record))
+    if (
+        verification.state is VerificationState.FAILED
+        and record is not None
+        and (record.reason == Reason.GPU_CLASS_UNKNOWN)
+    ):
         return at.condition(
-            VERIFIED,
-            ConditionStatus.TRUE,
-            Reason.VERIFIED,
-            f"{record.image} ({record.digest}) passed the {record.suite.value} suite at {record.dtype.value}"
-            f"{where}: {record.summary}",
+            VERIFIED, ConditionStatus.FALSE, record.reason, f"{record.image}: {record.summary}. {advice}"
         )
     if verification.state is VerificationState.FAILED and record is not None:
         return at.condition(
@@ -821,7 +883,6 @@ def build_status(
         active_image, active_spec = active_image or status.active_image, status.active_spec
     new = (verification.new_record,) if verification.new_record is not None else ()
     svc = active.service
-    token = model.reverify_token
     return ClefModelStatus(
         observed_generation=model.generation,
         conditions=merge_conditions(status.conditions, conditions.in_order()),
@@ -832,7 +893,9 @@ def build_status(
         candidate_image=desired.image if move.candidate_revision else None,
         verification_key=key,
         verification_job=verification.job if spec.verification.required else None,
-        observed_reverify=token or None,
+        observed_reverify=verdicts.marker or None,
+        reverify_runs=verdicts.runs or None,
+        ignored_verdicts=verdicts.ignored_fingerprints(),
         verifications=[*new, *verdicts.records][:MAX_RECORDS],
         kv_cache_tokens=estimate_kv_cache_tokens(spec, gpu_memory),
         gpu_memory_mib=gpu_memory,

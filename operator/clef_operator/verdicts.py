@@ -1,33 +1,128 @@
-"""Verdicts the planner may rely on, and their one encoding on serving Deployments.
+"""Verdicts the planner may rely on, their signatures, and their one encoding on Deployments.
 
 A verdict is kept twice: in `status.verifications` and in the annotations of every serving
 Deployment created from it.  Either survives the loss of the other, so a rollback to a revision
-that passed needs no Job even when the ClefModel's status was lost (rollout rule 1).  Status is a
-cache: a record superseded by a re-verify request no longer counts, and a Deployment made before
-that request does not bring the old verdict back.
+that passed needs no Job even when the ClefModel's status was lost (rollout rule 1).
+
+Both are caches that anyone allowed to patch them can write, so neither is evidence by itself: a
+verdict counts only when it carries the HMAC (`sign`) of the operator's key, over everything it
+speaks for (the model's identity, the verification key, the serving image and digest, the GPU
+class, dtype, suite, verifier, the Job's name and UID, the re-verify run).  One that does not is
+ignored and dropped, with one `UntrustedVerdictIgnored` event (docs/operations.md, "What clef
+trusts").  A record superseded by a re-verify request no longer counts; a Deployment made under an
+earlier run does not bring the old verdict back.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from clef_operator import labels
-from clef_operator.api import ClefModelStatus, Dtype, Suite, Verdict, VerificationRecord
+from clef_operator.api import (
+    ClefModelSpec,
+    ClefModelStatus,
+    Dtype,
+    Suite,
+    Verdict,
+    VerificationRecord,
+    Verifier,
+)
 from clef_operator.conditions import Reason
-from clef_operator.observed import DeploymentState
+from clef_operator.observed import DeploymentState, ModelRef
 
 # The verdict annotation of a Deployment rolled out without verification.
 NOT_REQUIRED = "NotRequired"
 MAX_SUMMARY = 256
+# status.observedReverify holds at most 256 characters; a longer request value is kept as its hash.
+MAX_MARKER = 128
+MAX_IGNORED = 16
+
+
+# ------------------------------------------------------------------------------ scope
+
+
+def verifier_of(spec: ClefModelSpec) -> Verifier:
+    """A verification image or command of the user's own makes the verifier theirs, not clef's."""
+    v = spec.verification
+    return Verifier.CUSTOM if v.image or v.command else Verifier.CLEF
+
+
+def reverify_marker(token: str) -> str:
+    """What status.observedReverify keeps of a re-verify value: the value, or its sha256 when too
+    long to store (the CRD bounds the field; an unbounded value would make every status write fail)."""
+    if len(token) <= MAX_MARKER:
+        return token
+    return "sha256:" + hashlib.sha256(token.encode()).hexdigest()
+
+
+def run_id(token: str, runs: int) -> str:
+    """The re-verify run: a new one for every request acted on, also for a value seen before
+    (1 -> 2 -> 1 is three runs); empty while none was ever requested."""
+    if not token and runs == 0:
+        return ""
+    return hashlib.sha256(f"{reverify_marker(token)}#{runs}".encode()).hexdigest()[:12]
+
+
+# ------------------------------------------------------------------------------ signatures
+
+
+def signing_payload(model: ModelRef, record: VerificationRecord) -> bytes:
+    """The canonical JSON of what a verdict speaks for.  Fields that only describe (summary,
+    failing checks, device) are left out: changing them changes no decision."""
+    fields = {
+        "namespace": model.namespace,
+        "name": model.name,
+        "uid": model.uid,
+        "key": record.key,
+        "image": record.image,
+        "digest": record.digest or "",
+        "gpuClass": record.gpu_class or "",
+        "dtype": record.dtype.value,
+        "suite": record.suite.value,
+        "verifier": record.verifier.value,
+        "verdict": record.verdict.value,
+        "reason": record.reason,
+        "job": record.job,
+        "jobUid": record.job_uid,
+        "finishedAt": record.finished_at,
+        "run": record.run,
+        "superseded": record.superseded,
+    }
+    return json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
+
+
+def sign(secret: bytes, model: ModelRef, record: VerificationRecord) -> VerificationRecord:
+    digest = hmac.new(secret, signing_payload(model, record), hashlib.sha256).hexdigest()
+    return record.model_copy(update={"signature": digest})
+
+
+def is_trusted(secret: bytes, model: ModelRef, record: VerificationRecord) -> bool:
+    """Signed by the operator's key, for this model, as it stands (constant-time comparison)."""
+    if not record.signature:
+        return False
+    expected = hmac.new(secret, signing_payload(model, record), hashlib.sha256).hexdigest()
+    return hmac.compare_digest(expected, record.signature)
+
+
+def fingerprint(record: VerificationRecord) -> str:
+    """Names a record in events and status.ignoredVerdicts (never the signature itself)."""
+    wire = json.dumps(record.to_wire(), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(wire.encode()).hexdigest()[:16]
+
+
+# ------------------------------------------------------------------------------ annotations
 
 
 def encode_verdict(
-    image: str, pinned_image: str, token: str, passed: VerificationRecord | None
+    image: str, pinned_image: str, run: str, passed: VerificationRecord | None
 ) -> dict[str, str]:
-    """The annotations of a serving Deployment of `image` pinned to `pinned_image`, created under
-    re-verify `token`, from the verdict `passed` (None: verification was not required)."""
-    out = {labels.IMAGE: image, labels.PINNED_IMAGE: pinned_image, labels.REVERIFY_TOKEN: token}
+    """The annotations of a serving Deployment of `image` pinned to `pinned_image`, created in
+    re-verify `run`, from the (signed) verdict `passed` (None: verification was not required)."""
+    out = {labels.IMAGE: image, labels.PINNED_IMAGE: pinned_image, labels.REVERIFY_RUN: run}
     if passed is None:
         out[labels.VERDICT] = NOT_REQUIRED
         return out
@@ -40,8 +135,13 @@ def encode_verdict(
             labels.VERIFIED_DTYPE: passed.dtype.value,
             labels.VERIFIED_AT: passed.finished_at,
             labels.VERIFICATION_JOB: passed.job,
+            labels.VERIFICATION_JOB_UID: passed.job_uid,
+            labels.VERIFIER: passed.verifier.value,
+            labels.VERDICT_SIGNATURE: passed.signature,
         }
     )
+    # The run the verdict was reached in, which is not always the run the Deployment is made in.
+    out[labels.REVERIFY_RUN] = passed.run
     if passed.gpu_class:
         out[labels.GPU_CLASS] = passed.gpu_class
     return out
@@ -54,6 +154,7 @@ def decode_verdict(annotations: Mapping[str, str]) -> VerificationRecord | None:
     if a.get(labels.VERDICT) != Verdict.PASSED.value:
         return None
     try:
+        verifier = Verifier(a.get(labels.VERIFIER, Verifier.CLEF.value))
         return VerificationRecord(
             key=a[labels.VERIFICATION_KEY],
             image=a[labels.IMAGE],
@@ -62,54 +163,127 @@ def decode_verdict(annotations: Mapping[str, str]) -> VerificationRecord | None:
             dtype=Dtype(a[labels.VERIFIED_DTYPE]),
             suite=Suite(a[labels.VERIFIED_SUITE]),
             verdict=Verdict.PASSED,
-            reason=Reason.VERIFIED,
+            reason=Reason.VERIFIED if verifier is Verifier.CLEF else Reason.CUSTOM_VERIFIER_PASSED,
             summary=a.get(labels.VERDICT_SUMMARY, ""),
             job=a.get(labels.VERIFICATION_JOB, ""),
+            job_uid=a.get(labels.VERIFICATION_JOB_UID, ""),
             finished_at=a.get(labels.VERIFIED_AT, ""),
+            verifier=verifier,
+            run=a.get(labels.REVERIFY_RUN, ""),
+            signature=a.get(labels.VERDICT_SIGNATURE, ""),
         )
     except (KeyError, ValueError):
         return None
+
+
+# ------------------------------------------------------------------------------ collecting
+
+
+@dataclass(frozen=True)
+class Ignored:
+    """A verdict that did not verify: where it was found, for the event."""
+
+    fingerprint: str
+    where: str
+    record: VerificationRecord
 
 
 @dataclass(frozen=True)
 class Verdicts:
     """What the planner knows about verification keys.
 
-    `records` is what status keeps (newest first); `known` adds the verdicts read back from
-    Deployments; `current` is the verdict that answers the current spec's key, if one still
-    counts.  `reverify_requested` is a re-verify request seen for the first time."""
+    `records` is what status keeps (newest first, all signed); `known` adds the signed verdicts
+    read back from Deployments; `current` is the verdict that answers the current spec's key, if
+    one still counts (`run`: the re-verify run a new Job belongs to).  `reverify_requested` is a re-verify request
+    seen for the first time; `ignored` the verdicts that did not verify."""
 
     records: tuple[VerificationRecord, ...]
     known: tuple[VerificationRecord, ...]
     current: VerificationRecord | None
     reverify_requested: bool
+    run: str = ""
+    runs: int = 0
+    marker: str = ""
+    ignored: tuple[Ignored, ...] = ()
+    announced: tuple[str, ...] = ()
 
     def passed(self, key: str) -> VerificationRecord | None:
-        return next((r for r in self.known if r.key == key and r.verdict is Verdict.PASSED), None)
+        return next(
+            (r for r in self.known if r.key == key and r.verdict is Verdict.PASSED and not r.superseded),
+            None,
+        )
 
     def gpu_memory_mib(self, key: str) -> int | None:
         """The GPU memory of the node a verdict for `key` ran on (what the KV estimate needs)."""
         return next((r.gpu_memory_mib for r in self.known if r.key == key and r.gpu_memory_mib), None)
 
+    def gpu_class(self, key: str) -> str | None:
+        """The GPU class a pass for `key` was reached on: what its serving pods are pinned to
+        (superseded or not: a revision that still serves stays where it was pinned)."""
+        return next(
+            (r.gpu_class for r in self.known if r.key == key and r.verdict is Verdict.PASSED and r.gpu_class),
+            None,
+        )
+
+    def new_ignored(self) -> tuple[Ignored, ...]:
+        """Ignored verdicts not yet announced (status.ignoredVerdicts lists those that were)."""
+        return tuple(i for i in self.ignored if i.fingerprint not in self.announced)
+
+    def ignored_fingerprints(self) -> list[str]:
+        """status.ignoredVerdicts: the newest first, bounded."""
+        out: list[str] = []
+        for f in [*(i.fingerprint for i in self.ignored), *self.announced]:
+            if f not in out:
+                out.append(f)
+        return out[:MAX_IGNORED]
+
 
 def collect_verdicts(
-    key: str, token: str, status: ClefModelStatus, deployments: Iterable[DeploymentState]
+    model: ModelRef,
+    key: str,
+    status: ClefModelStatus,
+    deployments: Iterable[DeploymentState],
+    secret: bytes,
 ) -> Verdicts:
-    """Rule 1 (and 7): the verdicts recorded in status and on Deployments, minus what a re-verify
-    request (a new `token`) voided for the current `key`."""
-    records = list(status.verifications)
-    requested = token != (status.observed_reverify or "")
-    if requested:
-        records = [r.model_copy(update={"superseded": True}) if r.key == key else r for r in records]
+    """Rule 1 (and 7): the signed verdicts recorded in status and on Deployments, minus what a
+    re-verify request (a new value of the annotation: a new run) voided for the current `key`."""
+    token = model.reverify_token
+    marker = reverify_marker(token)
+    requested = marker != (status.observed_reverify or "")
+    runs = (status.reverify_runs or 0) + (1 if requested else 0)
+    run = run_id(token, runs)
+    ignored: list[Ignored] = []
+    records: list[VerificationRecord] = []
+    for r in status.verifications:
+        if not is_trusted(secret, model, r):
+            ignored.append(Ignored(fingerprint(r), "status.verifications", r))
+        elif requested and r.key == key and not r.superseded:
+            # Re-signed: a hand edit that clears `superseded` would void the signature.
+            records.append(sign(secret, model, r.model_copy(update={"superseded": True})))
+        else:
+            records.append(r)
     known = list(records)
     for d in deployments:
         derived = decode_verdict(d.annotations)
         if derived is None or any(r.key == derived.key and r.digest == derived.digest for r in known):
             continue
-        if derived.key == key and d.annotations.get(labels.REVERIFY_TOKEN, "") != token:
-            continue  # made before the re-verify request: its verdict is superseded too
+        if not is_trusted(secret, model, derived):
+            ignored.append(Ignored(fingerprint(derived), f"Deployment {d.name}", derived))
+            continue
+        if derived.key == key and derived.run != run:
+            continue  # reached in an earlier run: superseded by the re-verify request
         known.append(derived)
     current = next((r for r in known if r.key == key and not r.superseded), None)
     if current is not None and current not in records:
         records.insert(0, current)
-    return Verdicts(tuple(records), tuple(known), current, reverify_requested=requested and bool(token))
+    return Verdicts(
+        tuple(records),
+        tuple(known),
+        current,
+        reverify_requested=requested and bool(token),
+        run=run,
+        runs=runs,
+        marker=marker,
+        ignored=tuple(ignored),
+        announced=tuple(status.ignored_verdicts),
+    )

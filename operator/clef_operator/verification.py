@@ -12,11 +12,12 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from clef_contract.report import CompactReport, FailingEntry, ReportInvalid, ReportMissing, parse_report
-from clef_operator.api import ClefModelSpec, FailingCheck, Verdict, VerificationRecord
+from clef_operator.api import ClefModelSpec, FailingCheck, Verdict, VerificationRecord, Verifier
 from clef_operator.conditions import Reason, Why
 from clef_operator.observed import JobState, PodProblem, PodState
 from clef_operator.render import verification_image, verify_argv
 from clef_operator.revision import pinned_reference
+from clef_operator.verdicts import verifier_of
 
 MAX_FAILING = 5
 
@@ -87,7 +88,9 @@ class _Case:
             device=(report.device or None) if report else None,
             runtime_version=(report.runtime_version or None) if report else None,
             job=self.job.name,
+            job_uid=self.job.uid,
             finished_at=self.now.isoformat(),
+            verifier=verifier_of(self.spec),
         )
 
     def fail(
@@ -215,6 +218,10 @@ def _judge_complete(case: _Case) -> Outcome:
             report,
         )
     digest = pinned_reference(verification_image(spec), pod.image_id)
+    if digest is not None and spec.verification.image:
+        # The verdict speaks for what serves: spec.image, a digest reference (admission requires
+        # one with a separate verification image), not the verifier's own image.
+        digest = spec.image
     if digest is None:
         return case.fail(
             Reason.DIGEST_UNKNOWN,
@@ -222,7 +229,9 @@ def _judge_complete(case: _Case) -> Outcome:
             " so there is nothing to pin serving to",
             report,
         )
-    return Outcome(case.record(Verdict.PASSED, Reason.VERIFIED, report.summary, report, digest))
+    # A verifier of the user's own says pass in its own words: never in those of clef's checks.
+    reason = Reason.VERIFIED if verifier_of(spec) is Verifier.CLEF else Reason.CUSTOM_VERIFIER_PASSED
+    return Outcome(case.record(Verdict.PASSED, reason, report.summary, report, digest))
 
 
 def _progress(

@@ -24,11 +24,13 @@ from clef_operator.actions import (
     PatchServiceSelector,
     ScaleDeployment,
 )
-from clef_operator.api import ClefModelSpec, ClefModelStatus
+from clef_operator.api import ClefModelSpec, ClefModelStatus, Dtype, Suite, Verdict, VerificationRecord
 from clef_operator.observed import DeploymentState, JobState, ModelRef, Observed, PodState, ServiceState
 from clef_operator.rollout import Plan, plan_rollout
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
+# The operator's verdict key in these tests (the real one is 32 random bytes in a Secret).
+VERDICT_KEY = b"clef-unit-test-verdict-key-32byte"
 GOOD = "registry.clef.test/clef-runtime:1.0"
 GOOD2 = "registry.clef.test/clef-runtime:1.1"
 FAULTY = "registry.clef.test/clef-runtime:fault-conv-key-band"
@@ -121,7 +123,7 @@ class World:
         )
 
     def plan(self) -> Plan:
-        return plan_rollout(self.model, self.spec, self.observed(), self.status, self.now)
+        return plan_rollout(self.model, self.spec, self.observed(), self.status, self.now, VERDICT_KEY)
 
     def step(self) -> Plan:
         """One reconcile: plan, apply the actions, store the status."""
@@ -143,13 +145,18 @@ class World:
             assert name not in self.jobs, f"Job {name} created twice"
             self.manifests[name] = dict(m)
             self.jobs[name] = JobState(
-                name=name, key=m["metadata"]["labels"][labels.VERIFICATION_KEY], created_at=self.now
+                name=name,
+                key=m["metadata"]["labels"][labels.VERIFICATION_KEY],
+                uid=f"uid-{name}",
+                created_at=self.now,
             )
             self.pods[name + "-pod"] = PodState(
                 name=name + "-pod",
                 component=labels.COMPONENT_VERIFICATION,
                 job_name=name,
                 created_at=self.now,
+                owner_uids=(f"uid-{name}",),
+                node_gpu_product="Tesla-V100-SXM2-16GB",
             )
         elif isinstance(action, DeleteJob):
             self.jobs.pop(action.name)
@@ -301,3 +308,22 @@ def _merge(current: Any, changes: Any) -> dict[str, str]:
 
 def kinds(plan: Plan) -> list[str]:
     return [type(a).__name__ for a in plan.actions if not isinstance(a, Event)]
+
+
+def passed_record(key: str = "k1", **changes: Any) -> VerificationRecord:
+    """A passing verdict on a V100, unsigned (verdicts.sign makes it one the operator trusts)."""
+    record = VerificationRecord(
+        key=key,
+        image=GOOD,
+        digest=f"registry.clef.test/clef-runtime@{digest_for(GOOD)}",
+        gpu_class="Tesla-V100-SXM2-16GB",
+        dtype=Dtype.F16,
+        suite=Suite.KERNELS,
+        verdict=Verdict.PASSED,
+        reason="Verified",
+        summary="token ids 420/420",
+        job=f"clef-flash-verify-{key}",
+        job_uid=f"uid-job-{key}",
+        finished_at=T0.isoformat(),
+    )
+    return record.model_copy(update=changes)

@@ -77,9 +77,11 @@ def test_base_holds_exactly_the_operator_install(base: Objects) -> None:
         ("CustomResourceDefinition", "clefmodels.clef.riotpiao.com"),
         ("Deployment", "clef-operator"),
         ("Namespace", "clef-system"),
+        ("Role", "clef-verdict-key"),
+        ("RoleBinding", "clef-verdict-key"),
         ("ServiceAccount", "clef-operator"),
     ]
-    namespaced = [o for o in base if o["kind"] in ("Deployment", "ServiceAccount")]
+    namespaced = [o for o in base if o["kind"] in ("Deployment", "ServiceAccount", "Role", "RoleBinding")]
     assert {o["metadata"]["namespace"] for o in namespaced} == {OPERATOR_NAMESPACE}
     ns = find(base, "Namespace", OPERATOR_NAMESPACE)
     assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
@@ -132,7 +134,19 @@ def test_operator_command_is_the_real_cli_and_the_probe_hits_its_liveness_endpoi
 def test_rbac_is_least_privilege(base: Objects) -> None:
     granted = granted_to(base, OPERATOR_NAMESPACE, OPERATOR_SA)  # refuses wildcards
     resources = {resource for _, resource, _ in granted}
-    assert not resources & {"secrets", "configmaps", "serviceaccounts", "serviceaccounts/token"}
+    assert not resources & {"configmaps", "serviceaccounts", "serviceaccounts/token"}
+    # Secrets: only the operator's verdict key, read by name, and created on the first start, in
+    # the operator's own namespace (issue 13: docs/operations.md, "What clef trusts").
+    assert {(g, r, v) for g, r, v in granted if r == "secrets"} == {
+        ("", "secrets", "get"),
+        ("", "secrets", "create"),
+    }
+    key_role = find(base, "Role", "clef-verdict-key")
+    assert key_role["metadata"]["namespace"] == OPERATOR_NAMESPACE
+    gets = [rule for rule in key_role["rules"] if "get" in rule["verbs"]]
+    assert [rule.get("resourceNames") for rule in gets] == [["clef-verdict-key"]]
+    for role in (o for o in base if o["kind"] == "ClusterRole"):
+        assert not any("secrets" in rule["resources"] for rule in role["rules"]), role["metadata"]["name"]
     verbs = {verb for _, _, verb in granted}
     assert not verbs & {"escalate", "bind", "impersonate", "deletecollection", "*"}
     # Only the finalizers subresource is updated (an admission check; see rbac.yaml); nothing
@@ -164,7 +178,10 @@ def models(objects: Objects) -> dict[str, dict[str, Any]]:
 def test_homelab_is_base_plus_the_two_models_in_their_namespace(homelab: Objects) -> None:
     assert set(models(homelab)) == {"clef-flash", "coder"}
     for o in homelab:
-        if o["kind"] in ("ClefModel", "Service", "RoleBinding"):
+        if (
+            o["kind"] in ("ClefModel", "Service", "RoleBinding")
+            and o["metadata"]["name"] != "clef-verdict-key"
+        ):
             assert o["metadata"]["namespace"] == "homelab", o["metadata"]["name"]
     # Every spec is one the operator accepts (CEL rules are checked by the API server in the
     # cluster tier).

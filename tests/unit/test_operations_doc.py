@@ -38,7 +38,7 @@ def test_rbac_table_is_the_shipped_rbac() -> None:
     rules = [
         rule
         for doc in yaml.safe_load_all(RBAC.read_text())
-        if doc and doc["kind"] == "ClusterRole"
+        if doc and doc["kind"] in ("ClusterRole", "Role")
         for rule in doc["rules"]
     ]
     assert documented == rule_permissions(rules)

@@ -21,6 +21,7 @@ class RecordingKube:
         self.calls: list[str] = []
         self.fail_on = fail_on
         self.status: ClefModelStatus | None = None
+        self.verdict_key = b"clef-unit-test-verdict-key-32byte"
 
     def read_model(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.obj

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from clef_builders import GOOD, T0, digest_for, make_spec
+from clef_builders import GOOD, T0, VERDICT_KEY, digest_for, make_spec
 from pydantic import ValidationError
 
 from clef_operator import labels
@@ -39,7 +39,7 @@ from clef_operator.rollout import (
     move_towards_desired,
     retire_old_revisions,
 )
-from clef_operator.verdicts import Verdicts, collect_verdicts, encode_verdict
+from clef_operator.verdicts import Verdicts, collect_verdicts, encode_verdict, sign
 from clef_operator.verification import Progress
 
 MODEL = ModelRef("clef-flash", "default", "uid-1", 3)
@@ -48,9 +48,13 @@ PINNED = f"registry.clef.test/clef-runtime@{digest_for(GOOD)}"
 
 
 def record(
-    spec: ClefModelSpec, verdict: Verdict = Verdict.PASSED, reason: str = Reason.VERIFIED
+    spec: ClefModelSpec,
+    verdict: Verdict = Verdict.PASSED,
+    reason: str = Reason.VERIFIED,
+    gpu_class: str | None = None,
 ) -> VerificationRecord:
     return VerificationRecord(
+        gpu_class=gpu_class,
         key=verification_key(spec),
         image=spec.image,
         digest=PINNED,
@@ -100,7 +104,9 @@ def verify(
     spec: ClefModelSpec, observed: Observed | None = None, verdicts: Verdicts | None = None
 ) -> Verification:
     key = verification_key(spec)
-    return drive_verification(MODEL, OWNER, spec, key, observed or Observed(), verdicts or no_verdicts(), T0)
+    return drive_verification(
+        MODEL, OWNER, spec, key, observed or Observed(), verdicts or no_verdicts(), T0, VERDICT_KEY
+    )
 
 
 def test_no_verdict_and_no_job_creates_the_job():
@@ -114,7 +120,7 @@ def test_no_verdict_and_no_job_creates_the_job():
 
 def test_a_verdict_that_counts_is_reused_without_a_job():
     spec = make_spec()
-    passed = record(spec)
+    passed = record(spec, gpu_class="Tesla-V100-SXM2-16GB")
     v = verify(spec, verdicts=Verdicts((passed,), (passed,), passed, reverify_requested=False))
     assert (v.state, v.record, v.actions) == (VerificationState.PASSED, passed, ())
     assert v.new_record is None, "nothing new for status"
@@ -138,9 +144,13 @@ def test_a_judged_job_gives_a_new_record():
     spec = make_spec()
     name = job_name("clef-flash", verification_key(spec), "")
     pod = PodState(
-        name="p", component=labels.COMPONENT_VERIFICATION, job_name=name, waiting_reason="ErrImagePull"
+        name="p",
+        component=labels.COMPONENT_VERIFICATION,
+        job_name=name,
+        waiting_reason="ErrImagePull",
+        owner_uids=("job-uid",),
     )
-    v = verify(spec, Observed(jobs=(JobState(name, verification_key(spec)),), pods=(pod,)))
+    v = verify(spec, Observed(jobs=(JobState(name, verification_key(spec), uid="job-uid"),), pods=(pod,)))
     assert v.state is VerificationState.FAILED
     assert v.new_record is not None and v.new_record.reason == Reason.IMAGE_PULL_FAILED
     assert DeleteJob(name) in v.actions
@@ -294,9 +304,13 @@ def test_a_stuck_candidate_pod_reaches_progressing_and_degraded():
 
 def test_status_puts_the_new_verdict_first_and_keeps_a_bounded_history():
     spec = make_spec()
-    old = [record(spec).model_copy(update={"job": f"j{i}"}) for i in range(MAX_RECORDS)]
+    old = [
+        sign(VERDICT_KEY, MODEL, record(spec).model_copy(update={"job": f"j{i}"})) for i in range(MAX_RECORDS)
+    ]
     new = record(spec).model_copy(update={"job": "new"})
-    verdicts = collect_verdicts(verification_key(spec), "", ClefModelStatus(verifications=old), [])
+    verdicts = collect_verdicts(
+        MODEL, verification_key(spec), ClefModelStatus(verifications=old), [], VERDICT_KEY
+    )
     v = Verification(VerificationState.PASSED, "new", record=new, new_record=new)
     move = Move("", None)
     active = Active("", None, None, False, None)

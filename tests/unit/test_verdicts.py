@@ -2,42 +2,48 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
-from clef_builders import GOOD, T0, digest_for
+from clef_builders import GOOD, VERDICT_KEY, digest_for, passed_record
 
 from clef_operator import labels
-from clef_operator.api import ClefModelStatus, Dtype, Suite, Verdict, VerificationRecord
-from clef_operator.conditions import Reason
-from clef_operator.observed import DeploymentState
-from clef_operator.verdicts import NOT_REQUIRED, collect_verdicts, decode_verdict, encode_verdict
+from clef_operator.api import ClefModelStatus, Verdict, VerificationRecord
+from clef_operator.observed import DeploymentState, ModelRef
+from clef_operator.verdicts import (
+    NOT_REQUIRED,
+    Verdicts,
+    collect_verdicts,
+    decode_verdict,
+    encode_verdict,
+    is_trusted,
+    run_id,
+    sign,
+)
 
 PINNED = f"registry.clef.test/clef-runtime@{digest_for(GOOD)}"
+
+
+MODEL = ModelRef("clef-flash", "default", "uid-1", 1)
 
 
 def passed(
     key: str = "k1", gpu_class: str | None = "Tesla-V100-SXM2-16GB", **changes: object
 ) -> VerificationRecord:
-    record = VerificationRecord(
-        key=key,
-        image=GOOD,
-        digest=PINNED,
-        gpu_class=gpu_class,
-        dtype=Dtype.F16,
-        suite=Suite.KERNELS,
-        verdict=Verdict.PASSED,
-        reason=Reason.VERIFIED,
-        summary="token ids 420/420",
-        job=f"clef-flash-verify-{key}",
-        finished_at=T0.isoformat(),
-    )
-    return record.model_copy(update=changes)
+    """A passing verdict as the operator records it: signed with its key."""
+    return sign(VERDICT_KEY, MODEL, passed_record(key, gpu_class=gpu_class, **changes))
+
+
+def collect(key: str, token: str, status: ClefModelStatus, deployments: list[DeploymentState]) -> Verdicts:
+    model = replace(MODEL, annotations={labels.REVERIFY: token} if token else {})
+    return collect_verdicts(model, key, status, deployments, VERDICT_KEY)
 
 
 @pytest.mark.parametrize("gpu_class", ["Tesla-V100-SXM2-16GB", None])
 def test_a_passing_verdict_round_trips_through_annotations(gpu_class):
     record = passed(gpu_class=gpu_class)
-    annotations = encode_verdict(GOOD, PINNED, "tok", record)
-    assert annotations[labels.REVERIFY_TOKEN] == "tok"
+    annotations = encode_verdict(GOOD, PINNED, "run-of-the-deployment", record)
+    assert annotations[labels.REVERIFY_RUN] == record.run, "the run the verdict was reached in"
     assert (labels.GPU_CLASS in annotations) == (gpu_class is not None)
     assert decode_verdict(annotations) == record
 
@@ -84,17 +90,17 @@ def test_a_verdict_with_a_malformed_annotation_does_not_count(key, value):
     assert decode_verdict(annotations) is None
 
 
-def deployment(record: VerificationRecord, token: str = "") -> DeploymentState:
+def deployment(record: VerificationRecord) -> DeploymentState:
     return DeploymentState(
         name="clef-flash-rev",
         revision="rev",
         replicas=0,
-        annotations=encode_verdict(GOOD, PINNED, token, record),
+        annotations=encode_verdict(GOOD, PINNED, record.run, record),
     )
 
 
 def test_a_verdict_on_a_deployment_answers_when_status_was_lost():
-    verdicts = collect_verdicts("k1", "", ClefModelStatus(), [deployment(passed())])
+    verdicts = collect("k1", "", ClefModelStatus(), [deployment(passed())])
     assert verdicts.current == passed()
     assert verdicts.records == (passed(),), "status keeps it again"
     assert not verdicts.reverify_requested
@@ -102,17 +108,19 @@ def test_a_verdict_on_a_deployment_answers_when_status_was_lost():
 
 def test_a_reverify_request_supersedes_the_verdicts_of_the_current_key_only():
     status = ClefModelStatus(verifications=[passed("k1"), passed("k2")])
-    verdicts = collect_verdicts("k1", "again", status, [deployment(passed("k1"))])
+    verdicts = collect("k1", "again", status, [deployment(passed("k1"))])
     assert verdicts.current is None, "neither status nor the Deployment made before the request counts"
     assert verdicts.reverify_requested
     assert [r.superseded for r in verdicts.records] == [True, False]
+    assert all(is_trusted(VERDICT_KEY, MODEL, r) for r in verdicts.records), "re-signed when superseded"
     assert verdicts.passed("k2") == passed("k2")
 
 
 def test_a_deployment_made_after_the_reverify_request_counts():
-    status = ClefModelStatus(observed_reverify="again")
-    verdicts = collect_verdicts("k1", "again", status, [deployment(passed(), token="again")])
-    assert verdicts.current == passed()
+    status = ClefModelStatus(observed_reverify="again", reverify_runs=1)
+    made = passed(run=run_id("again", 1))
+    verdicts = collect("k1", "again", status, [deployment(made)])
+    assert verdicts.current == made
     assert not verdicts.reverify_requested, "the request was seen on an earlier pass"
 
 
@@ -120,5 +128,5 @@ def test_gpu_memory_comes_from_a_verdict_of_the_key():
     status = ClefModelStatus(
         verifications=[passed("k2", gpu_memory_mib=80000), passed("k1", gpu_memory_mib=16384)]
     )
-    assert collect_verdicts("k1", "", status, []).gpu_memory_mib("k1") == 16384
-    assert collect_verdicts("k1", "", status, []).gpu_memory_mib("k3") is None
+    assert collect("k1", "", status, []).gpu_memory_mib("k1") == 16384
+    assert collect("k1", "", status, []).gpu_memory_mib("k3") is None
