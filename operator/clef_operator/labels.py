@@ -22,6 +22,11 @@ REVERIFY = f"{PREFIX}/reverify"
 # same patch as the selector, so a selector that disagrees with it was edited by someone else.
 SERVICE_MODEL = f"{PREFIX}/model"
 SERVICE_ACTIVE_REVISION = f"{PREFIX}/active-revision"
+# On an adopted Service: its selector before clef adopted it (JSON), put back when the ClefModel
+# is deleted.
+ORIGINAL_SELECTOR = f"{PREFIX}/original-selector"
+# On a released Service that had no saved selector: which model left it, and why it selects nothing.
+RELEASED_BY = f"{PREFIX}/released-by"
 
 # On serving Deployments: the verdict they were created from, so a rollback needs no Job even
 # when the ClefModel's status was lost.
@@ -35,6 +40,10 @@ GPU_CLASS = f"{PREFIX}/gpu-class"
 REVERIFY_TOKEN = f"{PREFIX}/reverify-token"
 VERIFIED_AT = f"{PREFIX}/verified-at"
 VERIFICATION_JOB = f"{PREFIX}/verification-job"
+# On serving Deployments: the pod template clef rendered (JSON), trusted only while its pod spec
+# hashes to the revision (which the Deployment's immutable selector carries), so drift of any
+# revision, also one the current spec no longer renders, is reverted to it.
+POD_TEMPLATE = f"{PREFIX}/pod-template"
 # When a revision that no longer serves may be scaled to 0 (RFC 3339).
 SCALE_DOWN_AT = f"{PREFIX}/scale-down-at"
 
