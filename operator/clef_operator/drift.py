@@ -101,7 +101,9 @@ def _walk(path: list[str], rendered: Any, observed: Any, out: list[str]) -> None
     if isinstance(rendered, Mapping) and isinstance(observed, Mapping):
         for key, value in rendered.items():
             if key not in observed:
-                out.append(_show([*path, key]))
+                # The API server omits empty lists and maps: `env: []` reads back as no env.
+                if value not in ([], {}):
+                    out.append(_show([*path, key]))
             else:
                 _walk([*path, key], value, observed[key], out)
         for key in observed.keys() - rendered.keys():
