@@ -16,30 +16,35 @@ function that keeps each (docs/architecture.md, "The planner"):
 3. `desired_revision`: a pass pins serving to the digest the verification pod ran; the serving
    revision is the hash of the serving pod rendered with that digest.  A failure (or a Job still
    running) gives no revision to serve: no Deployment is created for the candidate.
+   `children.revert_drift`: a serving Deployment's pod template edited outside clef is put back.
 4. `active_revision`: what serves is what the Service says.  A deleted active Deployment is
-   recreated (from the spec it was made from); someone else's change to the selector is put back.
+   recreated (from the spec it was made from); someone else's change to the selector or the
+   `http` port is put back.  A Service this model may not drive (not created by clef and not
+   adopted with spec.service.adopt, or another owner's) is a conflict and stays untouched.
 5. `move_towards_desired`: BlueGreen: create (or scale up) the candidate, wait until every
-   replica is available, then patch the Service selector in one patch (a Service that existed
-   before clef is adopted: only its selector and clef's annotations change).  Recreate: first
-   scale the active revision to 0 and wait for its pods to go, then the same.  The Service never
-   selects a revision that is not available while another one serves.
+   replica is available, then patch the Service selector in one patch (an adopted Service: only
+   its selector, its `http` port and clef's annotations change); the switch is reported by the
+   next pass, requeued at once.  Recreate: first scale the active revision to 0 and wait for its
+   pods to go, then the same.  The Service never selects a revision that is not available while
+   another one serves.  A model in Service conflict scales its serving Deployments to 0.
 6. `retire_old_revisions`: revisions that no longer serve are scaled to 0
    `scaleDownDelaySeconds` after they were first seen not serving (recorded on them as an
-   annotation, so it survives restarts); only `revisionHistoryLimit` of them are kept at 0, older
-   ones are deleted.
+   annotation, so it survives restarts), never while the active revision lacks available
+   replicas; only `revisionHistoryLimit` of them are kept at 0, older ones are deleted.
 7. `derive_conditions`: stuck pods (unschedulable, crash-looping, unpullable:
    `observed.PodState.problem`) surface in the conditions with the scheduler's or the container's
    own message; a failed verification is `Degraded=True` while `Ready` still reflects the active
    revision.  No timer ever promotes anything.
-8. `build_status`: status reports what happened, after it happened.
+8. `build_status`: status reports what happened, after it happened: the active revision is the
+   one the Service selected when the pass began.
 
 DESIGN.md's "Rollout rules" in the same terms: 1 and 7 (reuse, rollback without a Job) ->
 `collect_verdicts`; 2 (Job, fail closed) -> `drive_verification`; 3 and 4 (scale up, one
 selector patch) -> `move_towards_desired`; 5 (delay, history) -> `retire_old_revisions`; 6
 (failure holds the candidate) -> `desired_revision`, its conditions -> `derive_conditions`; 8
 (digests) -> `desired_revision`; 9 (nothing stuck silently) -> `derive_conditions`; 10 (a verdict
-speaks for what it checked) -> `verification.judge` (its last two clauses, pinning serving pods
-to the GPU class that passed and reverting pod-template drift, are not implemented yet); 11
+speaks for what it checked) -> `verification.judge` (its clause on pinning serving pods to the
+GPU class that passed is not implemented yet; pod-template drift -> `children.revert_drift`); 11
 (status after the fact) -> `derive_conditions` and `build_status`.
 """
 
