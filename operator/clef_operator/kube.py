@@ -88,7 +88,15 @@ def _deployment(d: Any) -> DeploymentState:
         created_at=meta.creation_timestamp,
         deleting=meta.deletion_timestamp is not None,
         template=_wire(d.spec.template) if d.spec.template is not None else None,
+        replica_failure=_replica_failure(status),
     )
+
+
+def _replica_failure(status: Any) -> str:
+    for c in (status.conditions or []) if status else []:
+        if c.type == "ReplicaFailure" and c.status == "True":
+            return f"{c.reason}: {c.message}" if c.reason else (c.message or "ReplicaFailure")
+    return ""
 
 
 def _job(j: Any) -> JobState:

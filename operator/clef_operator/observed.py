@@ -48,6 +48,9 @@ class DeploymentState:
     deleting: bool = False
     # spec.template as the API server holds it (wire form); None when not observed.
     template: Mapping[str, Any] | None = None
+    # The ReplicaFailure condition's message: its ReplicaSet cannot create pods (a quota, an
+    # admission plugin: e.g. a RuntimeClass that does not exist).
+    replica_failure: str = ""
 
     def is_available(self) -> bool:
         """Every replica it should have is up to date and available (0 wanted: trivially)."""

@@ -709,8 +709,24 @@ def derive_conditions(
         ready=_ready(at, spec, verification, move, verified, active_problems, drifted),
         verified=verified,
         progressing=_progressing(at, spec, verification, move, retired, verified, candidate_problems),
-        degraded=_degraded(at, verification, active, verified, candidate_problems + active_problems),
+        degraded=_degraded(
+            at,
+            verification,
+            active,
+            verified,
+            candidate_problems + active_problems,
+            _refused_pods(observed, move),
+        ),
     )
+
+
+def _refused_pods(observed: Observed, move: Move) -> str:
+    """The API server refuses the pods of the active or candidate revision (ReplicaFailure)."""
+    for rev in (move.active_revision, move.candidate_revision):
+        dep = observed.deployment(rev) if rev else None
+        if dep is not None and dep.replica_failure:
+            return f"the pods of {dep.name} are refused: {dep.replica_failure}"
+    return ""
 
 
 def pod_problems(pods: Iterable[PodState]) -> list[PodProblem]:
@@ -864,6 +880,7 @@ def _degraded(
     active: Active,
     verified: Condition,
     problems: list[PodProblem],
+    refused: str = "",
 ) -> Condition:
     svc, record, progress = active.service, verification.record, verification.progress
     if active.conflict and svc is not None:
@@ -876,6 +893,8 @@ def _degraded(
         )
     if verification.state is VerificationState.FAILED and record is not None:
         return at.condition(DEGRADED, ConditionStatus.TRUE, record.reason, verified.message)
+    if refused:
+        return at.condition(DEGRADED, ConditionStatus.TRUE, Why.CHILD_REJECTED, refused)
     if problems:
         return at.condition(DEGRADED, ConditionStatus.TRUE, problems[0].reason, _summarise(problems))
     if progress is not None and progress.reason in (Reason.UNSCHEDULABLE, Reason.CONTAINER_CONFIG):

@@ -143,6 +143,16 @@ def _models(cluster: Cluster, namespace: str, tmp_path: Path) -> Iterator[Models
 # ---------------------------------------------------------------------------- route 3: drift
 
 
+def _set_image_is_reverted(models: Models, deployment: str, pinned: str, what: str) -> None:
+    _kubectl(models.cluster, models.ns, "set", "image", f"deployment/{deployment}", f"engine={IMAGE_11}")
+    wait_for(
+        lambda: _template(models, deployment)["spec"]["containers"][0]["image"] == pinned,
+        30,
+        what,
+        lambda: models.describe(NAME),
+    )
+
+
 def test_hand_edits_of_any_clef_deployment_are_reverted(
     cluster: Cluster, namespace: str, tmp_path: Path
 ) -> None:
@@ -151,13 +161,7 @@ def test_hand_edits_of_any_clef_deployment_are_reverted(
         status = _serving(models)
         first, pinned = f"{NAME}-{status['activeRevision']}", status["activeImage"]
 
-        _kubectl(cluster, namespace, "set", "image", f"deployment/{first}", f"engine={IMAGE_11}")
-        wait_for(
-            lambda: _template(models, first)["spec"]["containers"][0]["image"] == pinned,
-            30,
-            "kubectl set image to be reverted",
-            lambda: models.describe(NAME),
-        )
+        _set_image_is_reverted(models, first, pinned, "kubectl set image to be reverted")
         assert "DriftReverted" in models.event_reasons(NAME)
 
         _kubectl(cluster, namespace, "set", "env", f"deployment/{first}", "CLEF_SHAPES=reduced")
@@ -187,13 +191,7 @@ def test_hand_edits_of_any_clef_deployment_are_reverted(
             "the new revision",
             VERIFY_SECONDS + 120,
         )
-        _kubectl(cluster, namespace, "set", "image", f"deployment/{first}", f"engine={IMAGE_11}")
-        wait_for(
-            lambda: _template(models, first)["spec"]["containers"][0]["image"] == pinned,
-            30,
-            "the history revision's template to be reverted",
-            lambda: models.describe(NAME),
-        )
+        _set_image_is_reverted(models, first, pinned, "the history revision's template to be reverted")
 
 
 # ---------------------------------------------------------------------------- refused children
@@ -220,6 +218,17 @@ def test_a_child_the_api_server_refuses_is_in_degraded_within_one_reconcile(
         cluster.core.delete_namespaced_resource_quota("no-jobs", namespace)
         models.wait_condition(NAME, "Verified", "True", timeout=VERIFY_SECONDS + 60)
         assert models.condition(NAME, "Degraded")["reason"] != "ChildRejected"
+
+
+def test_pods_the_api_server_refuses_are_in_degraded(
+    cluster: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    """A spec the CRD accepts but whose pods Kubernetes refuses (here: a RuntimeClass that does not
+    exist) says so, in the API server's words, instead of waiting forever."""
+    with _models(cluster, namespace, tmp_path) as models:
+        models.create(clefmodel(NAME, runtimeClassName="no-such-class", verification={"required": False}))
+        degraded = models.wait_condition(NAME, "Degraded", "True", "ChildRejected", timeout=60)
+        assert 'RuntimeClass "no-such-class" not found' in degraded["message"]
 
 
 # ---------------------------------------------------------------------------- the Service

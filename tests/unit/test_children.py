@@ -324,3 +324,15 @@ def test_an_older_revision_keeps_its_pods_while_the_active_one_lacks_them():
 def test_a_conflict_retires_nothing_more():
     r = retire_old_revisions(make_spec(), Observed(), Move("", None, released=True), T0)
     assert r.actions == () and not r.pending_scale_down
+
+
+def test_pods_the_api_server_refuses_reach_degraded():
+    w = World(make_spec(verification={"required": False}))
+    w.step()
+    (dep,) = w.deployments.values()
+    refused = 'FailedCreate: pods "x" is forbidden: pod rejected: RuntimeClass "nvidia" not found'
+    w.deployments[dep.name] = replace(dep, replica_failure=refused)
+    w.step()
+    state, reason, message = w.condition("Degraded")
+    assert (state, reason) == ("True", "ChildRejected")
+    assert dep.name in message and 'RuntimeClass "nvidia" not found' in message
