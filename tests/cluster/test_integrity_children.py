@@ -237,7 +237,7 @@ def test_pods_the_api_server_refuses_are_in_degraded(
 def test_service_ports_follow_the_spec(cluster: Cluster, namespace: str, tmp_path: Path) -> None:
     with _models(cluster, namespace, tmp_path) as models:
         models.create(clefmodel(NAME))
-        _serving(models)
+        first = _serving(models)["activeRevision"]
         models.patch(NAME, {"spec": {"service": {"port": 9000, "containerPort": 9000}}})
 
         def ports() -> list[tuple[Any, ...]]:
@@ -246,7 +246,12 @@ def test_service_ports_follow_the_spec(cluster: Cluster, namespace: str, tmp_pat
 
         wait_for(lambda: ports() == [("http", 9000, 9000)], 30, "the Service's port 9000->9000", ports)
         assert "ServiceRepaired" in models.event_reasons(NAME)
-        status = _serving(models, VERIFY_SECONDS + 120)
+        status = models.wait_status(
+            NAME,
+            lambda s: s.get("activeRevision") not in (None, first),
+            "the revision listening on 9000",
+            120,
+        )
         container = _template(models, f"{NAME}-{status['activeRevision']}")["spec"]["containers"][0]
         assert container["ports"][0]["containerPort"] == 9000
 
