@@ -38,6 +38,14 @@ class AnnotateDeployment:
 
 
 @dataclass(frozen=True)
+class ReplaceTemplate:
+    """Put back the pod template clef rendered (one JSON patch: drift is reverted as a whole)."""
+
+    name: str
+    template: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
 class DeleteDeployment:
     name: str
 
@@ -49,11 +57,20 @@ class CreateService:
 
 @dataclass(frozen=True)
 class PatchServiceSelector:
-    """The only change clef ever makes to an existing Service: selector plus its own annotations."""
+    """Selector plus clef's own annotations, in one patch (with PatchServicePorts, all clef ever
+    changes on an existing Service)."""
 
     name: str
     selector: Mapping[str, str]
     annotations: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class PatchServicePorts:
+    """Replace the Service's ports with `ports` (clef's `http` port and the others as they were)."""
+
+    name: str
+    ports: tuple[Mapping[str, Any], ...]
 
 
 @dataclass(frozen=True)
@@ -69,8 +86,10 @@ Action = (
     | CreateDeployment
     | ScaleDeployment
     | AnnotateDeployment
+    | ReplaceTemplate
     | DeleteDeployment
     | CreateService
     | PatchServiceSelector
+    | PatchServicePorts
     | Event
 )

@@ -421,11 +421,17 @@ class ServiceSpec(ApiModel):
         ),
     ] = Field(
         max_length=63,
-        description="The stable Service.  Adopted if it exists: only its selector is ever patched.",
+        description="The stable Service.  clef creates it; an existing one is a conflict unless adopt is set.",
     )
     port: Annotated[int, in_range("spec.service.port", 1, 65535)] = 8000
     container_port: Annotated[int, in_range("spec.service.containerPort", 1, 65535)] = Field(
         default=8000, description="The port the engine listens on inside the pod."
+    )
+    adopt: bool = Field(
+        default=False,
+        description="Adopt an existing Service of this name that clef did not create: clef then changes only its"
+        " selector, its `http` port and clef's annotations, and puts the original selector back when this"
+        " ClefModel is deleted.  A Service controlled by another owner is never adopted.",
     )
 
 

@@ -57,6 +57,14 @@ class Why:
     CANDIDATE_STARTING = "CandidateStarting"
     STOPPING_OLD = "StoppingOldRevision"
     SCALE_DOWN_PENDING = "ScaleDownPending"
+    # An older revision's scale-down is due but waits: the active revision lacks available pods.
+    SCALE_DOWN_HELD = "ScaleDownHeld"
+    # The candidate is available; this pass patches the Service to select it.
+    SWITCHING = "SwitchingService"
+    # The active revision's pod template was changed outside clef (reverted in the same pass).
+    TEMPLATE_DRIFT = "TemplateDrift"
+    # The API server refused a child clef created or changed (its message follows).
+    CHILD_REJECTED = "ChildRejected"
     COMPLETE = "RolloutComplete"
     HALTED = "VerificationFailed"
     SERVICE_CONFLICT = "ServiceConflict"
@@ -113,3 +121,19 @@ def invalid_spec(old: list[Condition], error: ValidationError, at: Stamp) -> lis
         f"{problem}. Is crds/clefmodel.yaml up to date in this cluster?",
     )
     return [*(c for c in old if c.type != DEGRADED), degraded]
+
+
+def child_rejected(conditions: list[Condition], message: str, at: Stamp) -> list[Condition]:
+    """`conditions` with Degraded=True/ChildRejected: the API server refused a child clef made
+    (set by the handlers after the planner's status, in the words of the API server)."""
+    degraded = at.condition(DEGRADED, ConditionStatus.TRUE, Why.CHILD_REJECTED, message)
+    return merge_conditions(conditions, [*(c for c in conditions if c.type != DEGRADED), degraded])
+
+
+def carried_rejection(old: list[Condition], new: list[Condition]) -> list[Condition]:
+    """`new`, keeping a ChildRejected Degraded from `old`: only a pass whose actions all went
+    through may clear it (so the condition does not flap while the refusal persists)."""
+    kept = next((c for c in old if c.type == DEGRADED and c.reason == Why.CHILD_REJECTED), None)
+    if kept is None:
+        return new
+    return [*(c for c in new if c.type != DEGRADED), kept]

@@ -1,10 +1,13 @@
 """The kopf wiring: one reconcile loop per ClefModel, woken by anything that happens to it or to
-its children, and a periodic resync.
+its children, and a periodic resync.  A deleted ClefModel hands back a Service it adopted
+(`release`).
 
 The loop is a kopf daemon, so each ClefModel has exactly one reconciler at a time (no two plans
 for one model ever race).  Watches on the children only *wake* the loop; the loop re-reads the
 world (`kube.observe`), asks the planner, and applies its answer.  Status is written before the
-actions, so verdicts and re-verify bookkeeping are never lost to a crash between the two.
+actions, so verdicts and re-verify bookkeeping are never lost to a crash between the two; an
+action the API server refuses stops the rest and is reported in Degraded (ChildRejected) in the
+same pass.
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ from kubernetes import client, config
 from pydantic import ValidationError
 
 from clef_operator import labels
+from clef_operator.actions import Action, Event
 from clef_operator.api import GROUP, PLURAL, VERSION, ClefModelSpec, ClefModelStatus
-from clef_operator.conditions import Stamp, invalid_spec
+from clef_operator.conditions import Stamp, carried_rejection, child_rejected, invalid_spec
 from clef_operator.kube import Kube, operator_namespace
 from clef_operator.observed import ModelRef
 from clef_operator.rollout import plan_rollout
@@ -71,12 +75,42 @@ def reconcile(kube: Kube, namespace: str, name: str, now: datetime | None = None
         return None
     observed = kube.observe(model, spec.service.name)
     plan = plan_rollout(model, spec, observed, status, now, kube.verdict_key)
-    if plan.status != status:
-        kube.write_status(model, plan.status)
-    for action in plan.actions:
-        log.info("%s/%s: %s", namespace, name, _describe(action))
-        kube.apply(model, action)
+    before = plan.status.model_copy(
+        update={"conditions": carried_rejection(status.conditions, plan.status.conditions)}
+    )
+    if before != status:
+        kube.write_status(model, before)
+    refused = _apply_all(kube, model, plan.actions)
+    after = plan.status
+    if refused:
+        after = after.model_copy(
+            update={
+                "conditions": child_rejected(plan.status.conditions, refused, Stamp(now, model.generation))
+            }
+        )
+    if after != before:
+        kube.write_status(model, after)
     return plan.requeue_after
+
+
+def _apply_all(kube: Kube, model: ModelRef, actions: tuple[Action, ...]) -> str:
+    """Apply in order; at the first refusal stop (the rest follows from it) and say why."""
+    for action in actions:
+        log.info("%s/%s: %s", model.namespace, model.name, _describe(action))
+        refused = kube.apply(model, action)
+        if refused:
+            message = f"the API server refused {_name(action)}: {refused}"
+            log.warning("%s/%s: %s", model.namespace, model.name, message)
+            kube.apply(model, Event("Warning", "ChildRejected", message))
+            return message
+    return ""
+
+
+def _name(action: Action) -> str:
+    manifest = getattr(action, "manifest", None)
+    if manifest is not None:
+        return f"{manifest['kind']} {manifest['metadata']['name']} ({type(action).__name__})"
+    return f"{type(action).__name__} {getattr(action, 'name', '')}".rstrip()
 
 
 def _describe(action: Any) -> str:
@@ -147,6 +181,15 @@ async def run_model(
     finally:
         if memo.wakers.get((namespace, name)) is wake:
             del memo.wakers[(namespace, name)]
+
+
+@kopf.on.delete(GROUP, VERSION, PLURAL)
+def release(name: str, namespace: str | None, spec: Mapping[str, Any], memo: Any, **_: Any) -> None:
+    """An adopted Service outlives its model: hand it back with the selector it had (its
+    Deployments and Jobs go with the model, by their owner references)."""
+    service = (spec.get("service") or {}).get("name")
+    if namespace and service and memo.kube.release_service(namespace, name, service):
+        log.info("%s/%s: released Service %s", namespace, name, service)
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)

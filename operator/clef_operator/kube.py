@@ -2,13 +2,16 @@
 
 `observe` turns the ClefModel's children into the planner's snapshots; `apply` carries out the
 planner's actions, one API call each; `write_status` publishes the planner's status.  Conflicts
-that a level-triggered loop resolves by itself (AlreadyExists on create, NotFound on delete) are
-not errors: the next reconcile observes the truth and plans again.
+that a level-triggered loop resolves by itself (AlreadyExists on create, NotFound on delete, a
+Service changed between read and patch) are not errors: the next reconcile observes the truth and
+plans again.  A refusal (400, 403, 422: the object is invalid or not allowed) is returned, with the
+API server's message, for the ClefModel's status; anything else raises.
 """
 
 from __future__ import annotations
 
 import base64
+import json
 import logging
 import os
 import secrets
@@ -23,6 +26,7 @@ from kubernetes.client.exceptions import ApiException
 from clef_operator import actions as act
 from clef_operator import labels
 from clef_operator.api import GROUP, KIND, PLURAL, VERSION, ClefModelStatus
+from clef_operator.children import release_ops
 from clef_operator.observed import DeploymentState, JobState, ModelRef, Observed, PodState, ServiceState
 from clef_operator.render import ENGINE_CONTAINER, VERIFY_CONTAINER
 
@@ -37,6 +41,9 @@ VERDICT_KEY_SECRET = "clef-verdict-key"
 VERDICT_KEY_FIELD = "key"
 VERDICT_KEY_BYTES = 32
 JOB_NAME_LABELS = ("batch.kubernetes.io/job-name", "job-name")
+REFUSALS = (400, 403, 422)
+# The client's serializer (model objects -> wire dicts); it holds no connection state.
+_WIRE = client.ApiClient()
 
 
 def _escape(key: str) -> str:
@@ -51,6 +58,26 @@ def _body(manifest: Mapping[str, Any]) -> Any:
 
 def _owned_by(meta: Any, uid: str) -> bool:
     return any(ref.uid == uid for ref in (meta.owner_references or []))
+
+
+def _other_controller(meta: Any, uid: str) -> str:
+    for ref in meta.owner_references or []:
+        if ref.controller and ref.uid != uid:
+            return f"{ref.kind}/{ref.name}"
+    return ""
+
+
+def _wire(obj: Any) -> Any:
+    return _WIRE.sanitize_for_serialization(obj)
+
+
+def refusal(e: ApiException) -> str:
+    """The API server's own words for a refused request."""
+    try:
+        said = json.loads(e.body or "{}").get("message", "")
+    except (ValueError, AttributeError):
+        said = ""
+    return f"{e.status} {e.reason}: {said or e.body or ''}".strip()
 
 
 def _deployment(d: Any) -> DeploymentState:
@@ -68,7 +95,16 @@ def _deployment(d: Any) -> DeploymentState:
         updated_replicas=(status.updated_replicas or 0) if status else 0,
         created_at=meta.creation_timestamp,
         deleting=meta.deletion_timestamp is not None,
+        template=_wire(d.spec.template) if d.spec.template is not None else None,
+        replica_failure=_replica_failure(status),
     )
+
+
+def _replica_failure(status: Any) -> str:
+    for c in (status.conditions or []) if status else []:
+        if c.type == "ReplicaFailure" and c.status == "True":
+            return f"{c.reason}: {c.message}" if c.reason else (c.message or "ReplicaFailure")
+    return ""
 
 
 def _job(j: Any) -> JobState:
@@ -268,6 +304,8 @@ class Kube:
                 annotations=dict(s.metadata.annotations or {}),
                 owned=_owned_by(s.metadata, model.uid),
                 cluster_ip=s.spec.cluster_ip or "",
+                ports=tuple(_wire(p) for p in s.spec.ports or []),
+                controller=_other_controller(s.metadata, model.uid),
             )
         except ApiException as e:
             if e.status != 404:
@@ -275,18 +313,27 @@ class Kube:
         return Observed(tuple(deployments), tuple(jobs), tuple(pods), service)
 
     # -------------------------------------------------------------------------- writing
-    def apply(self, model: ModelRef, action: act.Action) -> None:
+    def apply(self, model: ModelRef, action: act.Action) -> str | None:
+        """Carry out `action`; the API server's message when it refused it (else None)."""
         ns = model.namespace
         try:
             self._apply(ns, model, action)
         except ApiException as e:
             benign = (
-                e.status == 409
-                and isinstance(action, (act.CreateJob, act.CreateDeployment, act.CreateService))
-            ) or (e.status == 404 and isinstance(action, (act.DeleteJob, act.DeleteDeployment)))
-            if not benign:
-                raise
-            log.info("%s/%s: %s was already done (%s)", ns, model.name, type(action).__name__, e.reason)
+                (
+                    e.status == 409
+                    and isinstance(action, (act.CreateJob, act.CreateDeployment, act.CreateService))
+                )
+                or (e.status == 404 and isinstance(action, (act.DeleteJob, act.DeleteDeployment)))
+                or (_lost_race(e) and isinstance(action, (act.PatchServiceSelector, act.PatchServicePorts)))
+            )
+            if benign:
+                log.info("%s/%s: %s was already done (%s)", ns, model.name, type(action).__name__, e.reason)
+                return None
+            if e.status in REFUSALS:
+                return refusal(e)
+            raise
+        return None
 
     def _apply(self, ns: str, model: ModelRef, action: act.Action) -> None:
         if isinstance(action, act.CreateJob):
@@ -304,12 +351,26 @@ class Kube:
         elif isinstance(action, act.AnnotateDeployment):
             body = {"metadata": {"annotations": dict(action.annotations)}}
             self.apps.patch_namespaced_deployment(action.name, ns, body, _content_type=MERGE_PATCH)
+        elif isinstance(action, act.ReplaceTemplate):
+            replace = [{"op": "replace", "path": "/spec/template", "value": dict(action.template)}]
+            self.apps.patch_namespaced_deployment(action.name, ns, replace, _content_type=JSON_PATCH)
         elif isinstance(action, act.DeleteDeployment):
             self.apps.delete_namespaced_deployment(action.name, ns, propagation_policy="Background")
         elif isinstance(action, act.CreateService):
             self.core.create_namespaced_service(ns, _body(action.manifest))
         elif isinstance(action, act.PatchServiceSelector):
             self._patch_selector(ns, action)
+        elif isinstance(action, act.PatchServicePorts):
+            current: Any = self.core.read_namespaced_service(action.name, ns)
+            ops: list[dict[str, Any]] = [
+                {
+                    "op": "test",
+                    "path": "/metadata/resourceVersion",
+                    "value": current.metadata.resource_version,
+                },
+                {"op": "replace", "path": "/spec/ports", "value": [dict(p) for p in action.ports]},
+            ]
+            self.core.patch_namespaced_service(action.name, ns, ops, _content_type=JSON_PATCH)
         elif isinstance(action, act.Event):
             self.post_event(model, action)
         else:  # pragma: no cover - every action type is handled above
@@ -331,17 +392,55 @@ class Kube:
         ops.append({"op": "add", "path": "/spec/selector", "value": dict(action.selector)})
         self.core.patch_namespaced_service(action.name, ns, ops, _content_type=JSON_PATCH)
 
+    def release_service(self, namespace: str, model: str, service: str) -> bool:
+        """Hand back a Service `model` adopted (`children.release_ops`), when the model is deleted;
+        whether there was one to hand back."""
+        try:
+            current: Any = self.core.read_namespaced_service(service, namespace)
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise
+        ops = release_ops(current.metadata.annotations or {}, model)
+        if not ops or any(ref.kind == KIND for ref in current.metadata.owner_references or []):
+            return False  # not driven by this model, or clef's own (it goes with the model)
+        test = {"op": "test", "path": "/metadata/resourceVersion", "value": current.metadata.resource_version}
+        self.core.patch_namespaced_service(service, namespace, [test, *ops], _content_type=JSON_PATCH)
+        restored = next((op["value"] for op in ops if op["path"] == "/spec/selector" and "value" in op), None)
+        what = (
+            f"its selector is {restored} again"
+            if restored is not None
+            else "its selector was left as clef set it"
+        )
+        reference = client.V1ObjectReference(
+            api_version="v1", kind="Service", name=service, namespace=namespace, uid=current.metadata.uid
+        )
+        self._post(
+            namespace,
+            reference,
+            act.Event(
+                "Normal",
+                "ServiceReleased",
+                f"ClefModel {model} was deleted: released Service {service}; {what}",
+            ),
+        )
+        return True
+
     def post_event(self, model: ModelRef, event: act.Event) -> None:
+        reference = client.V1ObjectReference(
+            api_version=f"{GROUP}/{VERSION}",
+            kind=KIND,
+            name=model.name,
+            namespace=model.namespace,
+            uid=model.uid,
+        )
+        self._post(model.namespace, reference, event)
+
+    def _post(self, namespace: str, involved: client.V1ObjectReference, event: act.Event) -> None:
         now = datetime.now(UTC)
         body = client.CoreV1Event(
-            metadata=client.V1ObjectMeta(generate_name=f"{model.name}.", namespace=model.namespace),
-            involved_object=client.V1ObjectReference(
-                api_version=f"{GROUP}/{VERSION}",
-                kind=KIND,
-                name=model.name,
-                namespace=model.namespace,
-                uid=model.uid,
-            ),
+            metadata=client.V1ObjectMeta(generate_name=f"{involved.name}.", namespace=namespace),
+            involved_object=involved,
             reason=event.reason,
             message=event.message[:1024],
             type=event.type,
@@ -354,11 +453,11 @@ class Kube:
             action=event.reason,
         )
         try:
-            self.core.create_namespaced_event(model.namespace, body)
+            self.core.create_namespaced_event(namespace, body)
         except ApiException as e:
             # An event is a courtesy; losing one must not stop a rollout.
             log.warning(
-                "could not post event %s for %s/%s: %s", event.reason, model.namespace, model.name, e.reason
+                "could not post event %s for %s/%s: %s", event.reason, namespace, involved.name, e.reason
             )
 
     def write_status(self, model: ModelRef, status: ClefModelStatus) -> None:
@@ -369,3 +468,8 @@ class Kube:
         self.custom.patch_namespaced_custom_object_status(
             GROUP, VERSION, model.namespace, PLURAL, model.name, {"status": body}, _content_type=MERGE_PATCH
         )
+
+
+def _lost_race(e: ApiException) -> bool:
+    """A JSON patch whose resourceVersion test failed: someone changed the object since it was read."""
+    return e.status in (409, 422) and "resourceVersion" in (e.body or "")

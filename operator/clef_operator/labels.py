@@ -22,6 +22,11 @@ REVERIFY = f"{PREFIX}/reverify"
 # same patch as the selector, so a selector that disagrees with it was edited by someone else.
 SERVICE_MODEL = f"{PREFIX}/model"
 SERVICE_ACTIVE_REVISION = f"{PREFIX}/active-revision"
+# On an adopted Service: its selector before clef adopted it (JSON), put back when the ClefModel
+# is deleted.
+ORIGINAL_SELECTOR = f"{PREFIX}/original-selector"
+# On a released Service that had no saved selector: which model left it, and why it selects nothing.
+RELEASED_BY = f"{PREFIX}/released-by"
 
 # On serving Deployments: the verdict they were created from, so a rollback needs no Job even
 # when the ClefModel's status was lost.
@@ -40,6 +45,10 @@ VERIFICATION_JOB_UID = f"{PREFIX}/verification-job-uid"
 VERIFIER = f"{PREFIX}/verifier"
 # HMAC of the verdict with the operator's key (verdicts.sign): what makes an annotation evidence.
 VERDICT_SIGNATURE = f"{PREFIX}/verdict-signature"
+# On serving Deployments: the pod template clef rendered (JSON), trusted only while its pod spec
+# hashes to the revision (which the Deployment's immutable selector carries), so drift of any
+# revision, also one the current spec no longer renders, is reverted to it.
+POD_TEMPLATE = f"{PREFIX}/pod-template"
 # When a revision that no longer serves may be scaled to 0 (RFC 3339).
 SCALE_DOWN_AT = f"{PREFIX}/scale-down-at"
 

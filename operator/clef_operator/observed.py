@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from clef_operator import labels
 from clef_operator.conditions import Why
@@ -45,6 +46,11 @@ class DeploymentState:
     updated_replicas: int = 0
     created_at: datetime | None = None
     deleting: bool = False
+    # spec.template as the API server holds it (wire form); None when not observed.
+    template: Mapping[str, Any] | None = None
+    # The ReplicaFailure condition's message: its ReplicaSet cannot create pods (a quota, an
+    # admission plugin: e.g. a RuntimeClass that does not exist).
+    replica_failure: str = ""
 
     def is_available(self) -> bool:
         """Every replica it should have is up to date and available (0 wanted: trivially)."""
@@ -145,6 +151,10 @@ class ServiceState:
     annotations: Mapping[str, str] = field(default_factory=dict)
     owned: bool = False
     cluster_ip: str = ""
+    # spec.ports in wire form (name, port, targetPort, protocol, ...).
+    ports: tuple[Mapping[str, Any], ...] = ()
+    # "Kind/name" of another object's controller ownerReference (controller: true), if any.
+    controller: str = ""
 
     @property
     def model(self) -> str:

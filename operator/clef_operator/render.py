@@ -6,6 +6,7 @@ what makes revisions (hashes of these renderings) stable across operator restart
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -275,6 +276,10 @@ def render_deployment(
 ) -> dict[str, Any]:
     revision = serving_revision(spec, image, gpu_class)
     pod_labels = _labels(owner.name, revision, labels.COMPONENT_SERVING)
+    template = {"metadata": {"labels": pod_labels}, "spec": render_serving_pod_spec(spec, image, gpu_class)}
+    # The rendering travels with the Deployment, so its drift can be reverted whatever spec the
+    # ClefModel holds now (`children.rendered_template` checks it against the revision).
+    annotations = {**annotations, labels.POD_TEMPLATE: json.dumps(template, sort_keys=True)}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -293,10 +298,7 @@ def render_deployment(
             "strategy": {"type": "Recreate"},
             "revisionHistoryLimit": 1,
             "progressDeadlineSeconds": 1800,
-            "template": {
-                "metadata": {"labels": pod_labels},
-                "spec": render_serving_pod_spec(spec, image, gpu_class),
-            },
+            "template": template,
         },
     }
 
@@ -331,9 +333,24 @@ def service_annotations(model: str, revision: str) -> dict[str, str]:
     return {labels.SERVICE_MODEL: model, labels.SERVICE_ACTIVE_REVISION: revision}
 
 
+SERVICE_PORT_NAME = "http"
+
+
+def service_port(spec: ClefModelSpec) -> dict[str, Any]:
+    """The one Service port clef owns (by its name, `http`): on a Service clef created and on an
+    adopted one alike; other ports of an adopted Service are left as they are."""
+    return {
+        "name": SERVICE_PORT_NAME,
+        "port": spec.service.port,
+        "targetPort": spec.service.container_port,
+        "protocol": "TCP",
+    }
+
+
 def render_service(owner: Owner, spec: ClefModelSpec, revision: str) -> dict[str, Any]:
     """A Service clef creates (owned, so it goes with the ClefModel).  An existing one is adopted
-    instead and only ever gets its selector patched."""
+    (spec.service.adopt) instead: only its selector, its `http` port and clef's annotations are
+    ever changed."""
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -347,13 +364,6 @@ def render_service(owner: Owner, spec: ClefModelSpec, revision: str) -> dict[str
         "spec": {
             "type": "ClusterIP",
             "selector": labels.selector(owner.name, revision),
-            "ports": [
-                {
-                    "name": "http",
-                    "port": spec.service.port,
-                    "targetPort": spec.service.container_port,
-                    "protocol": "TCP",
-                }
-            ],
+            "ports": [service_port(spec)],
         },
     }

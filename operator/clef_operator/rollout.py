@@ -16,22 +16,27 @@ function that keeps each (docs/architecture.md, "The planner"):
 3. `desired_revision`: a pass pins serving to the digest the verification pod ran; the serving
    revision is the hash of the serving pod rendered with that digest.  A failure (or a Job still
    running) gives no revision to serve: no Deployment is created for the candidate.
+   `children.revert_drift`: a serving Deployment's pod template edited outside clef is put back.
 4. `active_revision`: what serves is what the Service says.  A deleted active Deployment is
-   recreated (from the spec it was made from); someone else's change to the selector is put back.
+   recreated (from the spec it was made from); someone else's change to the selector or the
+   `http` port is put back.  A Service this model may not drive (not created by clef and not
+   adopted with spec.service.adopt, or another owner's) is a conflict and stays untouched.
 5. `move_towards_desired`: BlueGreen: create (or scale up) the candidate, wait until every
-   replica is available, then patch the Service selector in one patch (a Service that existed
-   before clef is adopted: only its selector and clef's annotations change).  Recreate: first
-   scale the active revision to 0 and wait for its pods to go, then the same.  The Service never
-   selects a revision that is not available while another one serves.
+   replica is available, then patch the Service selector in one patch (an adopted Service: only
+   its selector, its `http` port and clef's annotations change); the switch is reported by the
+   next pass, requeued at once.  Recreate: first scale the active revision to 0 and wait for its
+   pods to go, then the same.  The Service never selects a revision that is not available while
+   another one serves.  A model in Service conflict scales its serving Deployments to 0.
 6. `retire_old_revisions`: revisions that no longer serve are scaled to 0
    `scaleDownDelaySeconds` after they were first seen not serving (recorded on them as an
-   annotation, so it survives restarts); only `revisionHistoryLimit` of them are kept at 0, older
-   ones are deleted.
+   annotation, so it survives restarts), never while the active revision lacks available
+   replicas; only `revisionHistoryLimit` of them are kept at 0, older ones are deleted.
 7. `derive_conditions`: stuck pods (unschedulable, crash-looping, unpullable:
    `observed.PodState.problem`) surface in the conditions with the scheduler's or the container's
    own message; a failed verification is `Degraded=True` while `Ready` still reflects the active
    revision.  No timer ever promotes anything.
-8. `build_status`: status reports what happened, after it happened.
+8. `build_status`: status reports what happened, after it happened: the active revision is the
+   one the Service selected when the pass began.
 
 DESIGN.md's "Rollout rules" in the same terms: 1 and 7 (reuse, rollback without a Job) ->
 `collect_verdicts`; 2 (Job, fail closed) -> `drive_verification`; 3 and 4 (scale up, one
@@ -39,8 +44,8 @@ selector patch) -> `move_towards_desired`; 5 (delay, history) -> `retire_old_rev
 (failure holds the candidate) -> `desired_revision`, its conditions -> `derive_conditions`; 8
 (digests) -> `desired_revision`; 9 (nothing stuck silently) -> `derive_conditions`; 10 (a verdict
 speaks for what it checked) -> `verification.judge` and `verdicts` (scope, signatures), pinning
-serving pods to the GPU class that passed -> `desired_revision` (reverting pod-template drift is
-not implemented yet); 11
+serving pods to the GPU class that passed -> `desired_revision`, reverting pod-template drift ->
+`children.revert_drift`; 11
 (status after the fact) -> `derive_conditions` and `build_status`.
 """
 
@@ -75,6 +80,7 @@ from clef_operator.api import (
     VerificationRecord,
     Verifier,
 )
+from clef_operator.children import Drift, adoption_annotations, repair_ports, revert_drift, service_conflict
 from clef_operator.conditions import (
     DEGRADED,
     PROGRESSING,
@@ -127,17 +133,27 @@ def plan_rollout(
     verdicts = collect_verdicts(model, key, status, observed.deployments, verdict_key)
     verification = drive_verification(model, owner, spec, key, observed, verdicts, now, verdict_key)
     desired = desired_revision(owner, spec, verification, verdicts.run)
+    drift = revert_drift(observed, _known_templates(desired))
     active = active_revision(model, owner, spec, observed, status, verdicts, desired)
     move = move_towards_desired(model, owner, spec, observed, desired, active)
     retired = retire_old_revisions(spec, observed, move, now)
     conditions = derive_conditions(
-        Stamp(now, model.generation), model, spec, observed, verification, active, move, retired
+        Stamp(now, model.generation), model, spec, observed, verification, active, move, retired, drift
     )
     new_status = build_status(
         model, spec, key, observed, status, verdicts, verification, desired, active, move, conditions
     )
-    actions = (*verification.actions, *active.actions, *move.actions, *retired.actions)
-    return Plan(actions, new_status, retired.requeue_after)
+    # Drift is reverted first: a revision is never scaled up or switched to with a foreign template.
+    actions = (*verification.actions, *drift.actions, *active.actions, *move.actions, *retired.actions)
+    # A switch made in this pass is reported by the next one, which comes at once.
+    requeue = 0.0 if move.switching else retired.requeue_after
+    return Plan(actions, new_status, requeue)
+
+
+def _known_templates(desired: Desired) -> dict[str, Mapping[str, Any]]:
+    if desired.manifest is None:
+        return {}
+    return {desired.revision: desired.manifest["spec"]["template"]}
 
 
 def _event(reason: str, message: str, warning: bool = False) -> Event:
@@ -351,6 +367,7 @@ class Active:
     conflict: bool
     served: ClefModelSpec | None
     actions: tuple[Action, ...] = ()
+    conflict_message: str = ""
 
 
 def active_revision(
@@ -363,9 +380,11 @@ def active_revision(
     desired: Desired,
 ) -> Active:
     """Rule 4: the Service's annotation (written with its selector) names the active revision; a
-    deleted active Deployment is recreated as it was, a hand-edited selector put back."""
+    deleted active Deployment is recreated as it was, a hand-edited selector or port put back.  A
+    Service this model may not drive (`children.service_conflict`) is left untouched."""
     svc = observed.service
-    conflict = svc is not None and bool(svc.model) and svc.model != model.name
+    conflict_message = service_conflict(svc, model.name, spec.service.adopt)
+    conflict = bool(conflict_message)
     rev = "" if svc is None or conflict else _selected_revision(model, svc)
     dep = observed.deployment(rev) if rev else None
     served = _served_spec(status, rev, verdicts)
@@ -377,7 +396,9 @@ def active_revision(
             rev = ""
     if svc is not None and not conflict and svc.intended_revision and rev:
         actions += _restore_selector(model, svc, rev)
-    return Active(rev, dep, svc, conflict, served, actions)
+    if not conflict:
+        actions += repair_ports(svc, spec)
+    return Active(rev, dep, svc, conflict, served, actions, conflict_message)
 
 
 def _selected_revision(model: ModelRef, svc: ServiceState) -> str:
@@ -452,6 +473,11 @@ class Move:
     candidate_revision: str = ""
     stage: Progress | None = None
     actions: tuple[Action, ...] = ()
+    # The Service selector patch that makes the candidate serve is among `actions`; status still
+    # names the revision the Service selected when the pass began.
+    switching: bool = False
+    # The model may not drive its Service: every serving Deployment goes to 0.
+    released: bool = False
 
 
 def move_towards_desired(
@@ -464,6 +490,8 @@ def move_towards_desired(
 ) -> Move:
     """Rule 5: keep the active revision at spec.replicas, or take one step of the rollout of the
     desired revision (BlueGreen or Recreate)."""
+    if active.conflict:
+        return _release_gpus(observed, active)
     if not desired.revision or desired.image is None or desired.manifest is None:
         # Verification of a new spec is pending or failed: the active revision keeps serving,
         # at the replica count asked for.
@@ -483,6 +511,17 @@ def move_towards_desired(
             return Move(active.revision, active.deployment, actions=recreated)
         return Move(active.revision, active.deployment, actions=_keep_replicas(spec, dep, unmark=True))
     return _roll_out(owner, spec, observed, desired, active)
+
+
+def _release_gpus(observed: Observed, active: Active) -> Move:
+    """A model in Service conflict cannot serve, so it holds no GPUs."""
+    actions: list[Action] = []
+    for d in observed.deployments:
+        if d.replicas and not d.deleting:
+            actions.append(ScaleDeployment(d.name, 0, {labels.SCALE_DOWN_AT: None}))
+            actions.append(_event("RevisionScaledDown", f"scaled {d.name} to 0: {active.conflict_message}"))
+    stage = Progress(Why.SERVICE_CONFLICT, active.conflict_message)
+    return Move("", None, stage=stage, actions=tuple(actions), released=True)
 
 
 def _keep_replicas(
@@ -538,7 +577,15 @@ def _roll_out(
         )
         return replace(hold, stage=starting, actions=scale_up)
     if dep.is_available() and not dep.deleting and not active.conflict:
-        return Move(candidate, dep, actions=_switch_service(owner, spec, active, candidate, image))
+        switching = Progress(
+            Why.SWITCHING, f"switching Service {spec.service.name} to revision {candidate} ({image})"
+        )
+        return replace(
+            hold,
+            stage=switching,
+            actions=_switch_service(owner, spec, active, candidate, image),
+            switching=True,
+        )
     count = f"{dep.available_replicas}/{replicas} replicas available"
     return replace(
         hold,
@@ -559,13 +606,15 @@ def _switch_service(
         actions.append(_event("ServiceCreated", f"created Service {spec.service.name}"))
     else:
         selector = labels.selector(owner.name, candidate)
-        actions.append(PatchServiceSelector(svc.name, selector, service_annotations(owner.name, candidate)))
+        annotations = {**service_annotations(owner.name, candidate), **adoption_annotations(svc)}
+        actions.append(PatchServiceSelector(svc.name, selector, annotations))
         if not svc.owned and not svc.model:
             actions.append(
                 _event(
                     "ServiceAdopted",
-                    f"adopted existing Service {svc.name} (ClusterIP {svc.cluster_ip or 'unchanged'});"
-                    " only its selector will be changed, and it stays when this ClefModel is deleted",
+                    f"adopted existing Service {svc.name} (ClusterIP {svc.cluster_ip or 'unchanged'}):"
+                    " only its selector and http port change; when this ClefModel is deleted it stays,"
+                    f" with its selector {dict(svc.selector)} back",
                 )
             )
     previous = f"; previous revision {active.revision}" if active.revision else ""
@@ -586,20 +635,40 @@ class Retirement:
     pending_scale_down: bool = False
     requeue_after: float | None = None
     actions: tuple[Action, ...] = ()
+    # Why a scale-down that is due waits ("" when none does).
+    held: str = ""
+
+
+HOLD_RECHECK_SECONDS = 5.0
 
 
 def retire_old_revisions(spec: ClefModelSpec, observed: Observed, move: Move, now: datetime) -> Retirement:
     """Rule 6: what no longer serves goes to 0 after scaleDownDelaySeconds; a bounded history of
     revisions is kept at 0 for rollbacks, older ones are deleted."""
+    if move.released:
+        return Retirement()  # move_towards_desired scaled everything to 0
     keep = {move.active_revision, move.candidate_revision} - {""}
-    scaled = _scale_down(spec, observed, move.active_revision, keep, now)
+    scaled = _scale_down(spec, observed, move, keep, now)
     return replace(scaled, actions=scaled.actions + _trim_history(spec, observed, keep, now))
 
 
+def _active_short(spec: ClefModelSpec, move: Move) -> str:
+    """Why older revisions must keep their pods: the active one lacks available replicas."""
+    dep = move.active_deployment
+    if dep is not None and dep.is_available() and dep.replicas >= spec.replicas:
+        return ""
+    available = dep.available_replicas if dep is not None else 0
+    return (
+        f"revision {move.active_revision} has {available}/{spec.replicas} replicas available;"
+        " older revisions keep their pods until it has all of them"
+    )
+
+
 def _scale_down(
-    spec: ClefModelSpec, observed: Observed, active_rev: str, keep: set[str], now: datetime
+    spec: ClefModelSpec, observed: Observed, move: Move, keep: set[str], now: datetime
 ) -> Retirement:
-    delay = spec.rollout.scale_down_delay_seconds
+    delay, active_rev = spec.rollout.scale_down_delay_seconds, move.active_revision
+    held = _active_short(spec, move) if active_rev else ""
     actions: list[Action] = []
     waits: list[float] = []
     for d in observed.deployments:
@@ -617,7 +686,9 @@ def _scale_down(
         if due is None and delay > 0:
             due = now + timedelta(seconds=delay)
             actions.append(AnnotateDeployment(d.name, {labels.SCALE_DOWN_AT: due.isoformat()}))
-        if due is None or now >= due:
+        if (due is None or now >= due) and held:
+            waits.append(HOLD_RECHECK_SECONDS)
+        elif due is None or now >= due:
             actions.append(ScaleDeployment(d.name, 0, {labels.SCALE_DOWN_AT: None}))
             actions.append(
                 _event(
@@ -627,7 +698,8 @@ def _scale_down(
             )
         else:
             waits.append(max((due - now).total_seconds(), 0.0))
-    return Retirement(bool(waits), min(waits) if waits else None, tuple(actions))
+    held_now = held if waits and held else ""
+    return Retirement(bool(waits), min(waits) if waits else None, tuple(actions), held_now)
 
 
 def _trim_history(
@@ -681,6 +753,7 @@ def derive_conditions(
     active: Active,
     move: Move,
     retired: Retirement,
+    drift: Drift | None = None,
 ) -> Conditions:
     """Rule 7: Verified says what the verdict is; Ready what serves (only what the Service
     selects); Progressing where the rollout stands; Degraded what needs a human, in the words of
@@ -692,12 +765,29 @@ def derive_conditions(
         pod_problems(observed.pods_of_revision(move.candidate_revision)) if move.candidate_revision else []
     )
     verified = _verified(at, spec, verification, _failure_advice(model, move.active_revision))
+    drifted = (drift.drifted if drift is not None else {}).get(move.active_revision, ())
     return Conditions(
-        ready=_ready(at, spec, verification, move, verified, active_problems),
+        ready=_ready(at, spec, verification, move, verified, active_problems, drifted),
         verified=verified,
         progressing=_progressing(at, spec, verification, move, retired, verified, candidate_problems),
-        degraded=_degraded(at, verification, active, verified, candidate_problems + active_problems),
+        degraded=_degraded(
+            at,
+            verification,
+            active,
+            verified,
+            candidate_problems + active_problems,
+            _refused_pods(observed, move),
+        ),
     )
+
+
+def _refused_pods(observed: Observed, move: Move) -> str:
+    """The API server refuses the pods of the active or candidate revision (ReplicaFailure)."""
+    for rev in (move.active_revision, move.candidate_revision):
+        dep = observed.deployment(rev) if rev else None
+        if dep is not None and dep.replica_failure:
+            return f"the pods of {dep.name} are refused: {dep.replica_failure}"
+    return ""
 
 
 def pod_problems(pods: Iterable[PodState]) -> list[PodProblem]:
@@ -762,8 +852,19 @@ def _ready(
     move: Move,
     verified: Condition,
     problems: list[PodProblem],
+    drifted: tuple[str, ...] = (),
 ) -> Condition:
     rev, dep, replicas = move.active_revision, move.active_deployment, spec.replicas
+    if drifted:
+        # Its pods run a template clef did not render (and no verdict speaks for): not Ready
+        # until the reverted template's pods are.
+        return at.condition(
+            READY,
+            ConditionStatus.FALSE,
+            Why.TEMPLATE_DRIFT,
+            f"the pod template of revision {rev} was changed outside clef ({', '.join(drifted[:8])});"
+            " reverted it, waiting for its pods",
+        )
     if dep is not None and dep.is_available() and dep.replicas == replicas:
         if replicas == 0:
             return at.condition(
@@ -803,6 +904,8 @@ def _progressing(
     verified: Condition,
     candidate_problems: list[PodProblem],
 ) -> Condition:
+    if move.released and move.stage is not None:
+        return at.condition(PROGRESSING, ConditionStatus.FALSE, move.stage.reason, move.stage.message)
     if move.candidate_revision and move.stage is not None:
         message = move.stage.message
         if candidate_problems:
@@ -816,6 +919,8 @@ def _progressing(
     if verification.state is VerificationState.FAILED:
         return at.condition(PROGRESSING, ConditionStatus.FALSE, Why.HALTED, verified.message)
     rev = move.active_revision
+    if retired.held:
+        return at.condition(PROGRESSING, ConditionStatus.TRUE, Why.SCALE_DOWN_HELD, retired.held)
     if retired.pending_scale_down:
         return at.condition(
             PROGRESSING,
@@ -837,6 +942,7 @@ def _degraded(
     active: Active,
     verified: Condition,
     problems: list[PodProblem],
+    refused: str = "",
 ) -> Condition:
     svc, record, progress = active.service, verification.record, verification.progress
     if active.conflict and svc is not None:
@@ -844,10 +950,13 @@ def _degraded(
             DEGRADED,
             ConditionStatus.TRUE,
             Why.SERVICE_CONFLICT,
-            f"Service {svc.name} is driven by ClefModel {svc.model}; choose another spec.service.name",
+            f"{active.conflict_message}. The Service is left untouched and this model's serving Deployments"
+            " are scaled to 0, releasing their GPUs",
         )
     if verification.state is VerificationState.FAILED and record is not None:
         return at.condition(DEGRADED, ConditionStatus.TRUE, record.reason, verified.message)
+    if refused:
+        return at.condition(DEGRADED, ConditionStatus.TRUE, Why.CHILD_REJECTED, refused)
     if problems:
         return at.condition(DEGRADED, ConditionStatus.TRUE, problems[0].reason, _summarise(problems))
     if progress is not None and progress.reason in (Reason.UNSCHEDULABLE, Reason.CONTAINER_CONFIG):

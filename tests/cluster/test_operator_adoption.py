@@ -1,5 +1,5 @@
-"""A Service that clients already use is adopted, never recreated, and outlives the ClefModel
-(issue 6, test 6)."""
+"""A Service that clients already use is adopted (with spec.service.adopt), never recreated, and
+outlives the ClefModel with its selector back (issue 6, test 6; issue 13)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def test_existing_service_is_adopted_selector_only_and_survives_the_model(
     before = cluster.core.create_namespaced_service(namespace, legacy)
     with operator_running(cluster, namespace, tmp_path) as op:
         models = Models(cluster, namespace, op)
-        models.create(clefmodel("clef-flash"))
+        models.create(clefmodel("clef-flash", service={"name": "clef-serve", "adopt": True}))
         models.wait_condition("clef-flash", "Ready", "True", "Available", timeout=VERIFY_SECONDS + 120)
         status = models.get("clef-flash")["status"]
         assert status["serviceAdopted"] is True
@@ -55,3 +55,4 @@ def test_existing_service_is_adopted_selector_only_and_survives_the_model(
     after = cluster.core.read_namespaced_service("clef-serve", namespace)
     assert after.metadata.uid == before.metadata.uid
     assert after.spec.cluster_ip == before.spec.cluster_ip
+    assert after.spec.selector == {"app": "legacy-predictor"}, "released with its own selector"

@@ -21,7 +21,9 @@ from clef_operator.actions import (
     DeleteDeployment,
     DeleteJob,
     Event,
+    PatchServicePorts,
     PatchServiceSelector,
+    ReplaceTemplate,
     ScaleDeployment,
 )
 from clef_operator.api import ClefModelSpec, ClefModelStatus, Dtype, Suite, Verdict, VerificationRecord
@@ -172,6 +174,7 @@ class World:
                 replicas=m["spec"]["replicas"],
                 annotations=dict(m["metadata"]["annotations"]),
                 created_at=self.now,
+                template=m["spec"]["template"],
             )
         elif isinstance(action, ScaleDeployment):
             d = self.deployments[action.name]
@@ -195,6 +198,7 @@ class World:
                 annotations=dict(m["metadata"]["annotations"]),
                 owned=True,
                 cluster_ip="10.96.0.42",
+                ports=tuple(m["spec"]["ports"]),
             )
         elif isinstance(action, PatchServiceSelector):
             assert self.service is not None and self.service.name == action.name
@@ -203,6 +207,12 @@ class World:
                 selector=dict(action.selector),
                 annotations={**self.service.annotations, **action.annotations},
             )
+        elif isinstance(action, PatchServicePorts):
+            assert self.service is not None and self.service.name == action.name
+            self.service = replace(self.service, ports=tuple(action.ports))
+        elif isinstance(action, ReplaceTemplate):
+            d = self.deployments[action.name]
+            self.deployments[action.name] = replace(d, template=action.template, generation=d.generation + 1)
         elif isinstance(action, Event):
             self.events.append(action)
         else:  # pragma: no cover - a new action type needs an effect here

@@ -218,6 +218,7 @@ def test_homelab_coder_is_two_gpus_tp2_unverified_behind_its_two_port_service(ho
     assert spec.model.architecture.full_attention_interval == 1, "a plain transformer: no GDN layers"
     assert spec.verification.required is False
     assert spec.service.name == "coder-predictor"
+    assert spec.service.adopt, "coder-predictor exists before clef: adopting it is opted into"
     svc = find(homelab, "Service", "coder-predictor")
     assert sorted(p["port"] for p in svc["spec"]["ports"]) == [80, 8080]
     assert {p["targetPort"] for p in svc["spec"]["ports"]} == {spec.service.container_port}

@@ -16,12 +16,16 @@ from clef_operator.observed import ModelRef, Observed
 class RecordingKube:
     """Stands in for the kube layer (not the API server): it records what reconcile asked for."""
 
-    def __init__(self, obj: dict[str, Any] | None, fail_on: type | None = None) -> None:
+    def __init__(
+        self, obj: dict[str, Any] | None, fail_on: type | None = None, refuse_on: type | None = None
+    ) -> None:
         self.obj = obj
         self.calls: list[str] = []
         self.fail_on = fail_on
+        self.refuse_on = refuse_on
         self.status: ClefModelStatus | None = None
         self.verdict_key = b"clef-unit-test-verdict-key-32byte"
+        self.statuses: list[ClefModelStatus] = []
 
     def read_model(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.obj
@@ -32,11 +36,17 @@ class RecordingKube:
     def write_status(self, model: ModelRef, status: ClefModelStatus) -> None:
         self.calls.append("status")
         self.status = status
+        self.statuses.append(status)
+        if self.obj is not None:
+            self.obj["status"] = status.to_wire()
 
-    def apply(self, model: ModelRef, action: Action) -> None:
+    def apply(self, model: ModelRef, action: Action) -> str | None:
         if self.fail_on is not None and isinstance(action, self.fail_on):
             raise RuntimeError("API server said no")
         self.calls.append(type(action).__name__)
+        if self.refuse_on is not None and isinstance(action, self.refuse_on):
+            return '403 Forbidden: jobs.batch "m-verify" is forbidden: exceeded quota: no-jobs'
+        return None
 
 
 def body(**spec: Any) -> dict[str, Any]:
@@ -69,3 +79,29 @@ def test_a_spec_the_models_reject_becomes_a_condition_not_a_crash():
     assert kube.calls == ["status"]
     (degraded,) = [c for c in kube.status.conditions if c.type == "Degraded"]
     assert degraded.reason == "InvalidSpec" and "spec.kvFraction" in degraded.message
+
+
+def degraded(status: ClefModelStatus | None) -> tuple[str, str, str]:
+    assert status is not None
+    (c,) = [c for c in status.conditions if c.type == "Degraded"]
+    return c.status.value, c.reason, c.message
+
+
+def test_a_refused_child_is_in_degraded_in_the_same_pass_and_stops_the_rest():
+    kube = RecordingKube(body(), refuse_on=CreateJob)
+    reconcile(kube, "ns", "m", now=T0)  # type: ignore[arg-type]
+    assert kube.calls == ["status", "CreateJob", "Event", "status"], "the planned event is not posted"
+    state, reason, message = degraded(kube.status)
+    assert (state, reason) == ("True", "ChildRejected")
+    assert "exceeded quota" in message and "Job" in message
+
+
+def test_a_refusal_stays_in_degraded_until_a_pass_goes_through():
+    kube = RecordingKube(body(), refuse_on=CreateJob)
+    reconcile(kube, "ns", "m", now=T0)  # type: ignore[arg-type]
+    kube.statuses.clear()
+    reconcile(kube, "ns", "m", now=T0)  # type: ignore[arg-type]
+    assert all(degraded(s)[1] == "ChildRejected" for s in kube.statuses), "no flapping while it persists"
+    kube.refuse_on = None
+    reconcile(kube, "ns", "m", now=T0)  # type: ignore[arg-type]
+    assert degraded(kube.status)[1] != "ChildRejected"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import pytest
@@ -21,7 +22,7 @@ from clef_operator.api import (
 )
 from clef_operator.conditions import DEGRADED, READY, Reason, Stamp, Why, invalid_spec, merge_conditions
 from clef_operator.observed import DeploymentState, JobState, ModelRef, Observed, PodState, ServiceState
-from clef_operator.render import Owner, serving_revision, verification_key
+from clef_operator.render import Owner, service_port, serving_revision, verification_key
 from clef_operator.revision import job_name
 from clef_operator.rollout import (
     MAX_RECORDS,
@@ -93,6 +94,7 @@ def service(rev: str, **changes: object) -> ServiceState:
         selector=labels.selector("clef-flash", rev),
         annotations={labels.SERVICE_MODEL: "clef-flash", labels.SERVICE_ACTIVE_REVISION: rev},
         owned=True,
+        ports=(service_port(make_spec()),),
     )
     return ServiceState(**{**vars(base), **changes})  # type: ignore[arg-type]
 
@@ -166,7 +168,9 @@ def test_the_desired_revision_is_the_pass_pinned_to_its_digest_rendered_once():
     assert d.image == PINNED
     assert d.revision == serving_revision(spec, PINNED)
     assert d.manifest is not None
-    assert d.manifest["metadata"]["annotations"] == encode_verdict(GOOD, PINNED, "", passed)
+    annotations = dict(d.manifest["metadata"]["annotations"])
+    assert json.loads(annotations.pop(labels.POD_TEMPLATE)) == d.manifest["spec"]["template"]
+    assert annotations == encode_verdict(GOOD, PINNED, "", passed)
 
 
 @pytest.mark.parametrize("state", [VerificationState.RUNNING, VerificationState.FAILED])
@@ -222,7 +226,9 @@ def test_blue_green_switches_to_an_available_candidate():
     old, new = deployment("r0"), deployment(want.revision)
     active = Active("r0", old, service("r0"), False, None)
     m = move_towards_desired(MODEL, OWNER, spec, Observed((old, new)), want, active)
-    assert (m.active_revision, m.active_deployment, m.candidate_revision) == (want.revision, new, "")
+    # The switch is reported by the next pass: status says what the Service selected.
+    assert (m.active_revision, m.active_deployment, m.candidate_revision) == ("r0", old, want.revision)
+    assert m.switching and m.stage is not None and m.stage.reason == Why.SWITCHING
     patch = next(a for a in m.actions if isinstance(a, PatchServiceSelector))
     assert patch.selector == labels.selector("clef-flash", want.revision)
 
@@ -241,12 +247,13 @@ def test_blue_green_waits_for_every_replica():
 def test_an_old_revision_is_marked_then_scaled_down_after_the_delay():
     spec = make_spec()
     old = deployment("r0")
-    r = retire_old_revisions(spec, Observed((old, deployment("r1"))), Move("r1", None), T0)
+    active = deployment("r1")
+    r = retire_old_revisions(spec, Observed((old, active)), Move("r1", active), T0)
     assert r.pending_scale_down and r.requeue_after == 30
     due = (T0 + timedelta(seconds=30)).isoformat()
     assert [type(a).__name__ for a in r.actions] == ["AnnotateDeployment"]
     marked = DeploymentState(**{**vars(old), "annotations": {labels.SCALE_DOWN_AT: due}})
-    r = retire_old_revisions(spec, Observed((marked,)), Move("r1", None), T0 + timedelta(seconds=30))
+    r = retire_old_revisions(spec, Observed((marked,)), Move("r1", active), T0 + timedelta(seconds=30))
     assert ScaleDeployment(old.name, 0, {labels.SCALE_DOWN_AT: None}) in r.actions
     assert not r.pending_scale_down and r.requeue_after is None
 

@@ -32,6 +32,7 @@ def switch_to(w: World, image: str, **job: object) -> None:
     w.step()
     w.settle()
     w.step()
+    w.step()  # the pass after the switch (requeued at once) reports it
 
 
 def assert_service_selects_available(w: World) -> None:
@@ -70,6 +71,9 @@ def test_first_deploy_verifies_then_serves_pinned_digest():
     p = w.step()
     assert kinds(p) == ["CreateService"]
     assert "ServiceSwitched" in w.event_reasons()
+    assert p.requeue_after == 0, "the switch is reported by the next pass, at once"
+    assert w.condition("Ready")[:2] == ("False", "NoActiveRevision"), "nothing served when the pass began"
+    assert w.step().actions == ()
     assert w.condition("Ready")[:2] == ("True", "Available")
     assert w.status.active_revision == dep.revision
     assert w.status.candidate_revision is None
@@ -95,6 +99,8 @@ def test_new_passing_image_is_blue_green_and_old_goes_to_zero_after_delay():
     w.settle()
     p = w.step()
     assert [a for a in p.actions if isinstance(a, PatchServiceSelector)], "switch is one selector patch"
+    assert w.status.active_revision == old.revision, "status names what the Service selected"
+    p = w.step()
     new = w.active_deployment()
     assert new is not None and new.name != old.name
     assert w.service is not None and w.service.owned
@@ -373,7 +379,7 @@ def test_deleted_service_is_recreated():
 
 
 def test_existing_service_is_adopted_selector_only():
-    w = World(make_spec())
+    w = World(make_spec(service={"name": "clef-serve", "adopt": True}))
     w.service = ServiceState(name="clef-serve", selector={"app": "old-predictor"}, cluster_ip="10.96.7.7")
     w.step()
     w.finish_job()

@@ -1,0 +1,193 @@
+"""clef owns its children: pure decisions that keep them as rendered.
+
+- `revert_drift`: a serving Deployment whose pod template differs from clef's rendering
+  (`drift.template_drift`) gets the rendering back, for every revision (active, candidate,
+  history), with a `DriftReverted` event naming what differed.
+- `service_conflict`: whether the Service named in the spec may be driven by this model (created
+  by clef for it, adopted with `spec.service.adopt`, never one controlled by another owner).
+- `repair_ports`: the Service's `http` port follows spec.service.port / containerPort.
+- `release_ops`: the JSON patch that hands an adopted Service back when its model is deleted.
+
+Nothing here reads the cluster; `rollout` calls these from its phases, `kube` and `handlers`
+carry out what they return.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from clef_operator import labels
+from clef_operator.actions import Action, Event, PatchServicePorts, ReplaceTemplate
+from clef_operator.api import ClefModelSpec
+from clef_operator.drift import template_drift
+from clef_operator.observed import DeploymentState, Observed, ServiceState
+from clef_operator.render import SERVICE_PORT_NAME, service_port
+from clef_operator.revision import short_hash
+
+# ---------------------------------------------------------------------------- drift
+
+
+def rendered_template(
+    dep: DeploymentState, known: Mapping[str, Mapping[str, Any]]
+) -> Mapping[str, Any] | None:
+    """What clef rendered for `dep`'s pod template: from `known` (revision -> template, what the
+    current spec renders), else from the annotation the Deployment was created with, trusted only
+    when its pod spec hashes to the revision (an edited annotation cannot steer a revert)."""
+    if dep.revision in known:
+        return known[dep.revision]
+    text = dep.annotations.get(labels.POD_TEMPLATE)
+    if not text:
+        return None
+    try:
+        template = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(template, dict) or short_hash(template.get("spec")) != dep.revision:
+        return None
+    return template
+
+
+@dataclass(frozen=True)
+class Drift:
+    """Revisions whose pod template drifted (revision -> differing paths) and the reverts."""
+
+    drifted: Mapping[str, tuple[str, ...]]
+    actions: tuple[Action, ...] = ()
+
+
+def revert_drift(observed: Observed, known: Mapping[str, Mapping[str, Any]]) -> Drift:
+    drifted: dict[str, tuple[str, ...]] = {}
+    actions: list[Action] = []
+    for dep in observed.deployments:
+        if dep.deleting or dep.template is None:
+            continue
+        rendered = rendered_template(dep, known)
+        if rendered is None:
+            continue
+        paths = template_drift(rendered, dep.template)
+        if not paths:
+            continue
+        drifted[dep.revision] = tuple(paths)
+        shown = ", ".join(paths[:8]) + (f" (and {len(paths) - 8} more)" if len(paths) > 8 else "")
+        actions.append(ReplaceTemplate(dep.name, rendered))
+        actions.append(
+            Event(
+                "Warning",
+                "DriftReverted",
+                f"the pod template of {dep.name} (revision {dep.revision}) was changed outside clef"
+                f" ({shown}); put back what clef rendered",
+            )
+        )
+    return Drift(drifted, tuple(actions))
+
+
+# ---------------------------------------------------------------------------- the Service
+
+
+def service_conflict(svc: ServiceState | None, model: str, adopt: bool) -> str:
+    """Why this model may not drive `svc` ("" when it may)."""
+    if svc is None:
+        return ""
+    if svc.model and svc.model != model:
+        return f"Service {svc.name} is driven by ClefModel {svc.model}; choose another spec.service.name"
+    if svc.owned:
+        return ""
+    if svc.controller:
+        return (
+            f"Service {svc.name} is controlled by {svc.controller}; clef never adopts a Service another"
+            " controller owns: choose another spec.service.name"
+        )
+    if svc.model == model:
+        return ""  # adopted by this model earlier
+    if not adopt:
+        return (
+            f"Service {svc.name} exists and was not created by clef; set spec.service.adopt: true to adopt it"
+            " (clef then changes only its selector and its http port) or choose another spec.service.name"
+        )
+    return ""
+
+
+def adoption_annotations(svc: ServiceState) -> dict[str, str]:
+    """Saved when clef first adopts `svc`: its selector, to be put back on release."""
+    if svc.owned or svc.model or labels.ORIGINAL_SELECTOR in svc.annotations:
+        return {}
+    return {labels.ORIGINAL_SELECTOR: json.dumps(dict(svc.selector), sort_keys=True)}
+
+
+def _port_matches(observed: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
+    return (
+        observed.get("port") == wanted["port"]
+        and str(observed.get("targetPort", observed.get("port"))) == str(wanted["targetPort"])
+        and observed.get("protocol", "TCP") == wanted["protocol"]
+    )
+
+
+def wanted_ports(svc: ServiceState, spec: ClefModelSpec) -> tuple[Mapping[str, Any], ...] | None:
+    """The Service's ports with clef's `http` port as the spec says; None when they already are."""
+    wanted = service_port(spec)
+    ours = [p for p in svc.ports if p.get("name") == SERVICE_PORT_NAME]
+    others = [p for p in svc.ports if p.get("name") != SERVICE_PORT_NAME]
+    if len(ours) == 1 and _port_matches(ours[0], wanted):
+        return None
+    if not ours and len(others) == 1 and not others[0].get("name") and _port_matches(others[0], wanted):
+        return None  # an adopted Service's one unnamed port already says the same
+    # Another port on the same number would be refused by the API server: clef's port wins.
+    kept = [dict(p) for p in others if p.get("port") != wanted["port"]]
+    node_port = {"nodePort": ours[0]["nodePort"]} if ours and ours[0].get("nodePort") else {}
+    return (wanted | node_port, *kept)
+
+
+def repair_ports(svc: ServiceState | None, spec: ClefModelSpec) -> tuple[Action, ...]:
+    if svc is None:
+        return ()
+    ports = wanted_ports(svc, spec)
+    if ports is None:
+        return ()
+    was = ", ".join(f"{p.get('name', '')}:{p.get('port')}->{p.get('targetPort')}" for p in svc.ports)
+    return (
+        PatchServicePorts(svc.name, ports),
+        Event(
+            "Normal",
+            "ServiceRepaired",
+            f"Service {svc.name} port http set to {spec.service.port}->{spec.service.container_port}"
+            f" (was: {was or 'none'})",
+        ),
+    )
+
+
+def release_ops(annotations: Mapping[str, str], model: str) -> list[dict[str, Any]]:
+    """The JSON patch that hands an adopted Service back: the selector it had before clef adopted
+    it, clef's annotations gone.  Empty when `model` does not drive it."""
+    if annotations.get(labels.SERVICE_MODEL) != model:
+        return []
+    ops: list[dict[str, Any]] = []
+    saved = annotations.get(labels.ORIGINAL_SELECTOR)
+    if saved is not None:
+        try:
+            selector = json.loads(saved)
+        except ValueError:
+            selector = None
+        if isinstance(selector, dict) and selector:
+            ops.append({"op": "add", "path": "/spec/selector", "value": selector})
+        elif isinstance(selector, dict):
+            ops.append({"op": "remove", "path": "/spec/selector"})
+    else:
+        # Adopted before clef saved selectors: the selector stays as clef set it, and says so.
+        ops.append(
+            {
+                "op": "add",
+                "path": f"/metadata/annotations/{_escape(labels.RELEASED_BY)}",
+                "value": f"ClefModel {model} was deleted; the selector is still the one clef set",
+            }
+        )
+    for key in (labels.SERVICE_MODEL, labels.SERVICE_ACTIVE_REVISION, labels.ORIGINAL_SELECTOR):
+        if key in annotations:
+            ops.append({"op": "remove", "path": f"/metadata/annotations/{_escape(key)}"})
+    return ops
+
+
+def _escape(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")

@@ -1,0 +1,477 @@
+"""clef owns its children (issue 13, route 3 and "also found"): a hand-edited pod template is
+reverted, a refused child surfaces in Degraded, the Service follows the spec's ports, adoption
+is opt-in and handed back, status names only what the Service selects, an older revision keeps
+its pods while the active one lacks them, and a model in Service conflict holds no GPUs.
+
+Each test runs the operator as a subprocess against the real API server; none mocks it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from clef_operator import labels
+from clef_operator.api import ClefModelSpec
+from clef_operator.drift import template_drift
+from clef_operator.render import Owner, render_deployment
+
+from .conftest import Cluster, wait_for
+from .operator_support import (
+    IMAGE_10,
+    IMAGE_11,
+    V100,
+    VERIFY_SECONDS,
+    Models,
+    clefmodel,
+    operator_running,
+)
+
+pytestmark = pytest.mark.cluster
+
+NAME = "clef-flash"
+SERVICE = "clef-serve"
+
+
+def _spec(**changes: Any) -> ClefModelSpec:
+    return ClefModelSpec.model_validate({**clefmodel(NAME)["spec"], **changes})
+
+
+# Every shape of serving pod clef renders: engines, both volume sources, sub-paths, tolerations,
+# env, requests and limits written in non-canonical quantities, replicas and tensor parallelism.
+RENDERED_SHAPES: dict[str, dict[str, Any]] = {
+    "plain": {},
+    "host-path": {
+        "model": {
+            "name": "m",
+            "path": "/models/m",
+            "weightsMiB": 1000,
+            "volume": {"hostPath": {"path": "/srv/m"}},
+        }
+    },
+    "pvc-sub-path": {
+        "model": {
+            "name": "m",
+            "path": "/models/m",
+            "weightsMiB": 1000,
+            "volume": {"pvc": {"claimName": "weights"}, "subPath": "m/v1"},
+        }
+    },
+    "vllm": {"engine": "vllm", "gpuMemoryMiB": 16384, "gpus": 2, "args": ["--enforce-eager"]},
+    "tolerations-env-resources": {
+        "tolerations": [
+            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+            {
+                "key": "dedicated",
+                "operator": "Equal",
+                "value": "ml",
+                "effect": "NoExecute",
+                "tolerationSeconds": 60,
+            },
+        ],
+        "env": [{"name": "HF_HOME", "value": "/tmp/hf"}],
+        "resources": {
+            "limits": {"cpu": "0.5", "memory": "8192Mi"},
+            "requests": {"cpu": "250m", "memory": "1Gi"},
+        },
+    },
+    "no-node-selector": {"nodeSelector": {}},
+}
+
+
+@pytest.mark.parametrize("shape", sorted(RENDERED_SHAPES))
+def test_every_rendered_deployment_reads_back_without_drift(
+    cluster: Cluster, namespace: str, shape: str
+) -> None:
+    """Guards drift.DEFAULTED: what the API server adds to clef's rendering is not drift, or the
+    operator would fight the API server forever."""
+    spec = _spec(**RENDERED_SHAPES[shape])
+    owner = Owner(NAME, namespace, str(uuid.uuid4()))
+    manifest = render_deployment(owner, spec, IMAGE_10, 0, {})
+    manifest["metadata"].pop("ownerReferences")  # no such owner exists here
+    cluster.apps.create_namespaced_deployment(namespace, manifest)
+    back = cluster.apps.read_namespaced_deployment(manifest["metadata"]["name"], namespace)
+    observed = client.ApiClient().sanitize_for_serialization(back.spec.template)
+    assert template_drift(manifest["spec"]["template"], observed) == []
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def _kubectl(cluster: Cluster, namespace: str, *args: str) -> None:
+    assert cluster.kubectl, "kubectl is needed: the edits are the ones a user makes with it"
+    subprocess.run(
+        [cluster.kubectl, "--kubeconfig", str(cluster.kubeconfig), "-n", namespace, *args],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+
+
+def _serving(models: Models, timeout: float = VERIFY_SECONDS + 120) -> dict[str, Any]:
+    models.wait_condition(NAME, "Ready", "True", "Available", timeout=timeout)
+    return dict(models.get(NAME)["status"])
+
+
+def _template(models: Models, name: str) -> dict[str, Any]:
+    dep = models.cluster.apps.read_namespaced_deployment(name, models.ns)
+    wire: dict[str, Any] = client.ApiClient().sanitize_for_serialization(dep.spec.template)
+    return wire
+
+
+def _selected(cluster: Cluster, namespace: str, service: str) -> str:
+    svc = cluster.core.read_namespaced_service(service, namespace)
+    return (svc.spec.selector or {}).get(labels.REVISION, "")
+
+
+@contextmanager
+def _models(cluster: Cluster, namespace: str, tmp_path: Path) -> Iterator[Models]:
+    cluster.image_table()
+    with operator_running(cluster, namespace, tmp_path) as op:
+        yield Models(cluster, namespace, op)
+
+
+# ---------------------------------------------------------------------------- route 3: drift
+
+
+def _set_image_is_reverted(models: Models, deployment: str, pinned: str, what: str) -> None:
+    _kubectl(models.cluster, models.ns, "set", "image", f"deployment/{deployment}", f"engine={IMAGE_11}")
+    wait_for(
+        lambda: _template(models, deployment)["spec"]["containers"][0]["image"] == pinned,
+        30,
+        what,
+        lambda: models.describe(NAME),
+    )
+
+
+def test_hand_edits_of_any_clef_deployment_are_reverted(
+    cluster: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    with _models(cluster, namespace, tmp_path) as models:
+        models.create(clefmodel(NAME))
+        status = _serving(models)
+        first, pinned = f"{NAME}-{status['activeRevision']}", status["activeImage"]
+
+        _set_image_is_reverted(models, first, pinned, "kubectl set image to be reverted")
+        assert "DriftReverted" in models.event_reasons(NAME)
+
+        _kubectl(cluster, namespace, "set", "env", f"deployment/{first}", "CLEF_SHAPES=reduced")
+        extra = {"name": "sidecar", "image": IMAGE_11, "command": ["true"]}
+        models.cluster.apps.patch_namespaced_deployment(
+            first,
+            namespace,
+            {"spec": {"template": {"spec": {"hostNetwork": True, "initContainers": [extra]}}}},
+        )
+
+        def clean() -> bool:
+            spec = _template(models, first)["spec"]
+            env = {e["name"] for e in spec["containers"][0].get("env", [])}
+            return "initContainers" not in spec and "hostNetwork" not in spec and "CLEF_SHAPES" not in env
+
+        wait_for(
+            clean, 30, "env, initContainer and hostNetwork to be reverted", lambda: models.describe(NAME)
+        )
+        status = _serving(models, 120)
+        assert status["activeImage"] == pinned
+
+        # A revision the spec no longer renders (history, after a rollout) is reverted too.
+        models.set_image(NAME, IMAGE_11)
+        models.wait_status(
+            NAME,
+            lambda s: s.get("activeRevision") not in (None, first.split("-")[-1]),
+            "the new revision",
+            VERIFY_SECONDS + 120,
+        )
+        _set_image_is_reverted(models, first, pinned, "the history revision's template to be reverted")
+
+
+# ---------------------------------------------------------------------------- refused children
+
+
+def test_a_child_the_api_server_refuses_is_in_degraded_within_one_reconcile(
+    cluster: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    quota = client.V1ResourceQuota(
+        metadata=client.V1ObjectMeta(name="no-jobs"),
+        spec=client.V1ResourceQuotaSpec(hard={"count/jobs.batch": "0"}),
+    )
+    cluster.core.create_namespaced_resource_quota(namespace, quota)
+    wait_for(
+        lambda: cluster.core.read_namespaced_resource_quota("no-jobs", namespace).status.hard or {},
+        30,
+        "the quota controller to count the namespace",
+    )
+    with _models(cluster, namespace, tmp_path) as models:
+        models.create(clefmodel(NAME))
+        degraded = models.wait_condition(NAME, "Degraded", "True", "ChildRejected", timeout=30)
+        assert "exceeded quota" in degraded["message"] and "Job" in degraded["message"]
+        assert "ChildRejected" in models.event_reasons(NAME)
+        cluster.core.delete_namespaced_resource_quota("no-jobs", namespace)
+        models.wait_condition(NAME, "Verified", "True", timeout=VERIFY_SECONDS + 60)
+        assert models.condition(NAME, "Degraded")["reason"] != "ChildRejected"
+
+
+def test_pods_the_api_server_refuses_are_in_degraded(
+    cluster: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    """A spec the CRD accepts but whose pods Kubernetes refuses (here: a RuntimeClass that does not
+    exist) says so, in the API server's words, instead of waiting forever."""
+    with _models(cluster, namespace, tmp_path) as models:
+        models.create(clefmodel(NAME, runtimeClassName="no-such-class", verification={"required": False}))
+        degraded = models.wait_condition(NAME, "Degraded", "True", "ChildRejected", timeout=60)
+        assert 'RuntimeClass "no-such-class" not found' in degraded["message"]
+
+
+# ---------------------------------------------------------------------------- the Service
+
+
+def test_service_ports_follow_the_spec(cluster: Cluster, namespace: str, tmp_path: Path) -> None:
+    with _models(cluster, namespace, tmp_path) as models:
+        models.create(clefmodel(NAME))
+        first = _serving(models)["activeRevision"]
+        models.patch(NAME, {"spec": {"service": {"port": 9000, "containerPort": 9000}}})
+
+        def ports() -> list[tuple[Any, ...]]:
+            svc = cluster.core.read_namespaced_service(SERVICE, namespace)
+            return [(p.name, p.port, p.target_port) for p in svc.spec.ports]
+
+        wait_for(lambda: ports() == [("http", 9000, 9000)], 30, "the Service's port 9000->9000", ports)
+        assert "ServiceRepaired" in models.event_reasons(NAME)
+        status = models.wait_status(
+            NAME,
+            lambda s: s.get("activeRevision") not in (None, first),
+            "the revision listening on 9000",
+            120,
+        )
+        container = _template(models, f"{NAME}-{status['activeRevision']}")["spec"]["containers"][0]
+        assert container["ports"][0]["containerPort"] == 9000
+
+
+def _legacy(cluster: Cluster, namespace: str, name: str, **meta: Any) -> client.V1Service:
+    body = client.V1Service(
+        metadata=client.V1ObjectMeta(name=name, annotations={"gateway.example/route": "clef"}, **meta),
+        spec=client.V1ServiceSpec(
+            selector={"app": "legacy-predictor"},
+            ports=[client.V1ServicePort(name="http", port=8000, target_port=8000)],
+        ),
+    )
+    return cluster.core.create_namespaced_service(namespace, body)
+
+
+def _replicas(models: Models) -> dict[str, int]:
+    return {d.metadata.name: d.spec.replicas for d in models.deployments(NAME)}
+
+
+def test_adoption_is_opt_in_and_a_released_service_gets_its_selector_back(
+    cluster: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    before = _legacy(cluster, namespace, SERVICE)
+    with _models(cluster, namespace, tmp_path) as models:
+        models.create(clefmodel(NAME))
+        degraded = models.wait_condition(
+            NAME, "Degraded", "True", "ServiceConflict", timeout=VERIFY_SECONDS + 60
+        )
+        assert "spec.service.adopt" in degraded["message"]
+        models.wait_condition(NAME, "Verified", "True", timeout=VERIFY_SECONDS + 60)
+        untouched = cluster.core.read_namespaced_service(SERVICE, namespace)
+        assert untouched.metadata.resource_version == before.metadata.resource_version, (
+            "not opted in: untouched"
+        )
+        assert not any(_replicas(models).values()), "a model in Service conflict holds no GPUs"
+
+        models.patch(NAME, {"spec": {"service": {"adopt": True}}})
+        status = _serving(models)
+        assert status["serviceAdopted"] is True
+        adopted = cluster.core.read_namespaced_service(SERVICE, namespace)
+        assert adopted.metadata.uid == before.metadata.uid
+        assert json.loads(adopted.metadata.annotations[labels.ORIGINAL_SELECTOR]) == {
+            "app": "legacy-predictor"
+        }
+
+        models.delete(NAME)
+        wait_for(
+            lambda: _released(cluster, namespace),
+            60,
+            "the adopted Service to be handed back",
+            lambda: cluster.core.read_namespaced_service(SERVICE, namespace),
+        )
+        after = cluster.core.read_namespaced_service(SERVICE, namespace)
+        assert after.metadata.uid == before.metadata.uid and after.spec.cluster_ip == before.spec.cluster_ip
+        assert after.metadata.annotations == {"gateway.example/route": "clef"}
+        reasons = [
+            e.reason
+            for e in cluster.core.list_namespaced_event(
+                namespace, field_selector=f"involvedObject.name={SERVICE},involvedObject.kind=Service"
+            ).items
+        ]
+        assert "ServiceReleased" in reasons
+
+        # A successor may adopt it: nothing of the first model blocks it.
+        models.create(clefmodel("clef-next", service={"name": SERVICE, "adopt": True}))
+        models.wait_condition("clef-next", "Ready", "True", "Available", timeout=VERIFY_SECONDS + 120)
+
+
+def _released(cluster: Cluster, namespace: str) -> bool:
+    svc = cluster.core.read_namespaced_service(SERVICE, namespace)
+    return svc.spec.selector == {"app": "legacy-predictor"} and labels.SERVICE_MODEL not in (
+        svc.metadata.annotations or {}
+    )
+
+
+def test_a_service_another_controller_owns_is_never_adopted(
+    cluster: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    owner = cluster.core.create_namespaced_config_map(
+        namespace, client.V1ConfigMap(metadata=client.V1ObjectMeta(name="gateway"))
+    )
+    ref = client.V1OwnerReference(
+        api_version="v1", kind="ConfigMap", name="gateway", uid=owner.metadata.uid, controller=True
+    )
+    before = _legacy(cluster, namespace, SERVICE, owner_references=[ref])
+    with _models(cluster, namespace, tmp_path) as models:
+        models.create(clefmodel(NAME, service={"name": SERVICE, "adopt": True}))
+        degraded = models.wait_condition(NAME, "Degraded", "True", "ServiceConflict", timeout=60)
+        assert "ConfigMap/gateway" in degraded["message"]
+        models.wait_condition(NAME, "Verified", "True", timeout=VERIFY_SECONDS + 60)
+        svc = cluster.core.read_namespaced_service(SERVICE, namespace)
+        assert svc.metadata.resource_version == before.metadata.resource_version
+
+
+def test_a_model_moved_onto_a_conflicting_service_releases_its_gpus(
+    cluster: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    _legacy(cluster, namespace, "legacy")
+    with _models(cluster, namespace, tmp_path) as models:
+        models.create(clefmodel(NAME))
+        _serving(models)
+        models.patch(NAME, {"spec": {"service": {"name": "legacy"}}})
+        models.wait_condition(NAME, "Degraded", "True", "ServiceConflict", timeout=30)
+        wait_for(
+            lambda: not any(_replicas(models).values()),
+            30,
+            "every serving Deployment at 0 replicas",
+            lambda: (_replicas(models), models.describe(NAME)),
+        )
+        assert cluster.core.read_namespaced_service("legacy", namespace).spec.selector == {
+            "app": "legacy-predictor"
+        }
+
+
+# ---------------------------------------------------------------------------- status ordering
+
+
+DENY_SELECTOR_CHANGES = """
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicy
+metadata: {{name: {name}}}
+spec:
+  failurePolicy: Fail
+  matchConstraints:
+    resourceRules:
+    - apiGroups: [""]
+      apiVersions: [v1]
+      operations: [UPDATE]
+      resources: [services]
+  validations:
+  - expression: object.spec.selector == oldObject.spec.selector
+    message: selector changes are frozen in this namespace
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata: {{name: {name}}}
+spec:
+  policyName: {name}
+  validationActions: [Deny]
+  matchResources:
+    namespaceSelector:
+      matchLabels: {{kubernetes.io/metadata.name: {namespace}}}
+"""
+
+
+def _selector_frozen(cluster: Cluster, namespace: str) -> bool:
+    patch = {"spec": {"selector": {"probe": "frozen"}}}
+    try:
+        cluster.core.patch_namespaced_service(SERVICE, namespace, patch, dry_run="All")
+    except ApiException as e:
+        return "frozen" in (e.body or "")
+    return False
+
+
+def test_status_never_names_a_revision_the_service_does_not_select(
+    cluster: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    policy = f"freeze-{namespace}"
+    with _models(cluster, namespace, tmp_path) as models:
+        models.create(clefmodel(NAME))
+        first = _serving(models)["activeRevision"]
+        manifest = tmp_path / "freeze.yaml"
+        manifest.write_text(DENY_SELECTOR_CHANGES.format(name=policy, namespace=namespace))
+        _kubectl(cluster, namespace, "apply", "-f", str(manifest))
+        try:
+            wait_for(lambda: _selector_frozen(cluster, namespace), 30, "the admission policy to take effect")
+            models.set_image(NAME, IMAGE_11)
+            degraded = models.wait_condition(
+                NAME, "Degraded", "True", "ChildRejected", timeout=VERIFY_SECONDS + 120
+            )
+            assert "frozen" in degraded["message"]
+            status = models.get(NAME)["status"]
+            assert _selected(cluster, namespace, SERVICE) == first
+            assert status["activeRevision"] == first, "status names a revision the Service does not select"
+            assert status["candidateRevision"] not in (None, first)
+        finally:
+            _kubectl(
+                cluster,
+                namespace,
+                "delete",
+                "validatingadmissionpolicybinding,validatingadmissionpolicy",
+                policy,
+            )
+        models.wait_status(NAME, lambda s: s.get("activeRevision") not in (None, first), "the switch", 60)
+        assert _selected(cluster, namespace, SERVICE) == models.get(NAME)["status"]["activeRevision"]
+
+
+# ---------------------------------------------------------------------------- scale-down timer
+
+
+def _set_unschedulable(cluster: Cluster, value: bool) -> list[str]:
+    nodes = cluster.core.list_node(label_selector=f"{labels.NODE_GPU_PRODUCT}={V100}").items
+    for n in nodes:
+        cluster.core.patch_node(n.metadata.name, {"spec": {"unschedulable": value or None}})
+    return [n.metadata.name for n in nodes]
+
+
+def test_an_older_revision_keeps_its_pods_while_the_active_one_lacks_them(
+    cluster: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    with _models(cluster, namespace, tmp_path) as models:
+        models.create(clefmodel(NAME, rollout={"scaleDownDelaySeconds": 30}))
+        first = _serving(models)["activeRevision"]
+        models.set_image(NAME, IMAGE_11)
+        status = models.wait_status(
+            NAME, lambda s: s.get("activeRevision") not in (None, first), "the switch", VERIFY_SECONDS + 120
+        )
+        active = status["activeRevision"]
+        try:
+            _set_unschedulable(cluster, True)
+            cluster.core.delete_collection_namespaced_pod(
+                namespace, label_selector=f"{labels.REVISION}={active}", grace_period_seconds=0
+            )
+            models.wait_condition(NAME, "Progressing", "True", "ScaleDownHeld", timeout=60)
+            assert _replicas(models)[f"{NAME}-{first}"] == 1, "the older revision lost its pods"
+        finally:
+            _set_unschedulable(cluster, False)
+        wait_for(
+            lambda: _replicas(models)[f"{NAME}-{first}"] == 0,
+            90,
+            "the older revision to go to 0 once the active one is back",
+            lambda: models.describe(NAME),
+        )
