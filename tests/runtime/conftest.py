@@ -13,13 +13,12 @@ from __future__ import annotations
 import os
 import zlib
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import pytest
 import torch
 
 from clef_runtime.dtypes import NAMES, torch_dtype
-from clef_runtime.interpreter import interpreting
+from clef_runtime.interpreter import interpreting, round_bf16_like_gpus
 
 # Must precede the first `import triton` (see tests/conftest.py, which normally got here first).
 if not torch.cuda.is_available():
@@ -28,39 +27,10 @@ if not torch.cuda.is_available():
 RandN = Callable[..., torch.Tensor]
 
 
-def _round_bf16_like_gpus() -> None:
-    """Triton 3.6's interpreter casts float32 to bfloat16 by truncating the mantissa; GPUs round to
-    nearest even.  Truncation doubles the rounding error of every bf16 output (most of the bf16
-    tolerance), so the CPU tier would measure the interpreter rather than the kernels.  Make that
-    one cast round like the hardware.  A no-op if the interpreter's internals change."""
-    try:
-        import numpy as np
-        import triton.language as tl
-        from triton.runtime import interpreter
-
-        builder = interpreter.InterpreterBuilder
-        original = builder.cast_impl
-    except (ImportError, AttributeError):
-        return
-    if getattr(original, "_clef_rtne", False):
-        return
-
-    def cast_impl(self: object, src: Any, dst_type: Any) -> Any:
-        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
-            f = np.asarray(src.data, dtype=np.float32)
-            bits = f.view(np.uint32).astype(np.uint64)
-            rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
-            return interpreter.TensorHandle(
-                np.where(np.isnan(f), np.uint16(0x7FC0), rounded), dst_type.scalar
-            )
-        return original(self, src, dst_type)
-
-    cast_impl._clef_rtne = True  # type: ignore[attr-defined]
-    builder.cast_impl = cast_impl
-
-
 if interpreting():
-    _round_bf16_like_gpus()
+    # The kernels package applies it on import too; the tests that call Triton directly need it
+    # before that import.
+    round_bf16_like_gpus()
 
 
 def _gpu_skip_reason() -> str | None:
