@@ -26,7 +26,7 @@ from kubernetes.client.exceptions import ApiException
 from clef_devcluster.checkpoints import write_chat_checkpoint
 from clef_devcluster.config import ENGINE_IMAGE_PREFIX
 
-from .conftest import Cluster, wait_for
+from .conftest import Cluster, _default_sa, wait_for
 from .objects import RUNTIME_IMAGE, describe_pods, job_condition, python_command, verification_job
 
 pytestmark = pytest.mark.cluster
@@ -109,7 +109,7 @@ def engines(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Itera
     checkpoint = write_chat_checkpoint(tmp_path_factory.mktemp("engines") / "clef-flash")
     namespace = f"t-serve-{uuid.uuid4().hex[:6]}"
     cluster.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
-    wait_for(lambda: _has_default_sa(cluster, namespace), 30, "the default ServiceAccount")
+    wait_for(lambda: _default_sa(cluster, namespace), 30, "the default ServiceAccount")
     for name, image in (("good", GOOD), ("broken", BROKEN), ("crash", CRASH), ("never-ready", NEVER_READY)):
         body = engine_pod(name, image, checkpoint)
         body["metadata"]["labels"]["engine"] = name
@@ -121,14 +121,6 @@ def engines(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Itera
         yield Engines(cluster, namespace)
     finally:
         cluster.core.delete_namespace(namespace, propagation_policy="Background")
-
-
-def _has_default_sa(cluster: Cluster, namespace: str) -> bool:
-    try:
-        cluster.core.read_namespaced_service_account("default", namespace)
-    except ApiException:
-        return False
-    return True
 
 
 def _post(url: str, body: dict[str, Any], timeout: float = 300) -> dict[str, Any]:
@@ -160,6 +152,9 @@ def test_an_engine_pod_is_served_on_its_own_loopback_address_and_ready_by_its_pr
     (status,) = pod.status.container_statuses
     assert status.ready and status.started and status.restart_count == 0
     assert status.image_id.startswith(f"{ENGINE}@sha256:"), status.image_id
+    # kwok never wrote this pod's status: the runner alone plays its kubelet.
+    writers = {f.manager for f in pod.metadata.managed_fields or [] if f.subresource == "status"}
+    assert writers - {"kube-scheduler"} == {"clef-harness"}, writers
     # The engine answers there, in candle-vllm's dialect, and nowhere else: not on 127.0.0.1.
     with urllib.request.urlopen(f"http://{ip}:{PORT}/v1/models", timeout=30) as r:
         assert r.status == 200 and json.load(r)["data"], "no model served"

@@ -316,3 +316,6 @@ class Runner:
             with contextlib.suppress(ProcessLookupError, ValueError):
                 os.killpg(int(p.stem), signal.SIGKILL)
             p.unlink(missing_ok=True)
+        if self.endpoint is not None:
+            self.endpoint.stop()
+        self.claim.release()
