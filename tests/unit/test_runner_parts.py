@@ -5,6 +5,9 @@ pods are whose (docs/local-cluster.md)."""
 from __future__ import annotations
 
 import base64
+import subprocess
+import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +16,7 @@ import yaml
 
 from clef_devcluster.config import ENGINE_IMAGE_PREFIX, MANIFESTS_DIR
 from clef_devcluster.images import ImageEntry, default_digest, seed_table
-from clef_devcluster.runner import engine, volumes
+from clef_devcluster.runner import engine, logs, volumes
 from clef_devcluster.runner.network import BlockClaim, PodAddresses, PoolExhausted
 from clef_devcluster.runner.probes import Probe, ProbeSet, resolve_port
 from clef_devcluster.runner.watch import runs_here
@@ -404,3 +407,82 @@ def test_kwok_stages_leave_alone_exactly_what_the_runner_takes() -> None:
         assert (label["operator"], label["values"]) == ("NotIn", ["verification"])
         image = keys[f'[.spec.containers[].image | startswith("{ENGINE_IMAGE_PREFIX}")] | any']
         assert (image["operator"], image["values"]) == ("NotIn", ["true"]), stage["metadata"]["name"]
+
+
+# -- logs ----------------------------------------------------------------------------------------
+
+RECORDS = [
+    logs.Record("2026-12-01T10:00:00.000000Z", "stderr", b"loading\n"),
+    logs.Record("2026-12-01T10:00:01.000000Z", "stdout", b'{"a": 1}\n'),
+    logs.Record("2026-12-01T10:00:02.000000Z", "stderr", b"done"),
+]
+
+
+def test_records_round_trip_with_and_without_a_final_newline() -> None:
+    data = b"".join(logs.record_line(r.stream, r.line, r.time) for r in RECORDS)
+    assert data.count(b"\n") == 3, "one file line per record"
+    assert logs.parse_records(data) == RECORDS
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ("", b'loading\n{"a": 1}\ndone'),
+        ("tailLines=1", b"done"),
+        ("tailLines=0", b""),
+        ("limitBytes=4", b"load"),
+        ("stream=Stdout", b'{"a": 1}\n'),
+        ("stream=Stderr&tailLines=1", b"done"),
+        ("sinceTime=2026-12-01T10:00:01Z", b'{"a": 1}\ndone'),
+        ("timestamps=true&tailLines=1", b"2026-12-01T10:00:02.000000Z done"),
+        ("timestamps=true&limitBytes=30", b"2026-12-01T10:00:00.000000Z lo"),
+    ],
+)
+def test_what_the_log_endpoint_answers(query: str, expected: bytes) -> None:
+    assert logs.select(RECORDS, logs.LogQuery.parse(query)) == expected
+
+
+def test_bad_log_queries_are_refused() -> None:
+    for query in ("tailLines=-1", "stream=Both", "limitBytes=x"):
+        with pytest.raises(ValueError):
+            logs.LogQuery.parse(query)
+    since = logs.LogQuery.parse("sinceSeconds=60", now=datetime(2026, 12, 1, 10, 1, 1, tzinfo=UTC)).since
+    assert since == datetime(2026, 12, 1, 10, 0, 1, tzinfo=UTC)
+
+
+def test_which_run_a_log_request_means() -> None:
+    index = logs.LogIndex()
+    with pytest.raises(logs.LogError, match="has no container"):
+        logs.choose_run(index.lookup("ns", "p", "c"), "ns", "p", "c", previous=False)
+    index.waiting("ns", "p", "c", "ImagePullBackOff")
+    with pytest.raises(logs.LogError, match="is waiting to start: ImagePullBackOff"):
+        logs.choose_run(index.lookup("ns", "p", "c"), "ns", "p", "c", previous=False)
+    index.started("ns", "p", "c", Path("/r0.cri"))
+    with pytest.raises(logs.LogError, match="previous terminated container"):
+        logs.choose_run(index.lookup("ns", "p", "c"), "ns", "p", "c", previous=True)
+    index.started("ns", "p", "c", Path("/r1.cri"))
+    assert logs.choose_run(index.lookup("ns", "p", "c"), "ns", "p", "c", previous=False) == Path("/r1.cri")
+    assert logs.choose_run(index.lookup("ns", "p", "c"), "ns", "p", "c", previous=True) == Path("/r0.cri")
+    index.forget("ns", "p")
+    assert index.lookup("ns", "p", "c") is None
+
+
+def test_output_capture_keeps_a_long_line_whole_and_both_streams(tmp_path: Path) -> None:
+    code = (
+        "import sys\n"
+        "print('a' * 300000, flush=True)\n"
+        "print('err', file=sys.stderr, flush=True)\n"
+        "sys.stdout.write('tail')\n"
+    )
+    plain, records = tmp_path / "c.log", tmp_path / "c.cri"
+    capture = logs.OutputCapture(plain, records)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    capture.start(proc.stdout, proc.stderr)
+    assert proc.wait(timeout=60) == 0
+    capture.close()
+    parsed = logs.parse_records(records.read_bytes())
+    assert sorted((r.stream, r.line) for r in parsed) == [
+        ("stderr", b"err\n"), ("stdout", b"a" * 300000 + b"\n"), ("stdout", b"tail")
+    ]  # fmt: skip
+    assert sorted(plain.read_bytes().splitlines()) == sorted([b"a" * 300000, b"err", b"tail"])
