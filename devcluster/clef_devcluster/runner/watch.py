@@ -18,14 +18,37 @@ from pathlib import Path
 from typing import Any
 
 from .. import images
-from ..config import KWOK_NODE_ANNOTATION, KWOK_NODE_VALUE, VERIFICATION_SELECTOR
+from ..config import (
+    COMPONENT_LABEL,
+    ENGINE_IMAGE_PREFIX,
+    KWOK_NODE_ANNOTATION,
+    KWOK_NODE_VALUE,
+    VERIFICATION,
+    cache_root,
+)
+from ..pki import KUBELET_SERVING
 from ..procs import record
 from ..rest import ApiError, Rest
+from .logs import KubeletEndpoint, LogIndex
+from .network import BlockClaim, PodAddresses
 from .worker import PodWorker
 
 log = logging.getLogger("clef.runner")
 
 Obj = dict[str, Any]
+# Where the API server finds the runner's kubelet endpoint on every kwok node.
+KUBELET_ADDRESS_TYPE, KUBELET_ADDRESS = "InternalDNS", "127.0.0.1"
+
+
+def runs_here(pod: Obj) -> bool:
+    """The pods the runner runs and kwok leaves alone (manifests/kwok-stages.yaml says the same):
+    verification pods, and pods with a container of an engine image (ENGINE_IMAGE_PREFIX)."""
+    labels = pod["metadata"].get("labels") or {}
+    if labels.get(COMPONENT_LABEL) == VERIFICATION:
+        return True
+    return any(
+        str(c.get("image", "")).startswith(ENGINE_IMAGE_PREFIX) for c in pod["spec"].get("containers") or []
+    )
 
 
 class Runner:
@@ -43,6 +66,37 @@ class Runner:
         self.procs_dir = state_dir / "run" / "verify-procs"
         self.procs_dir.mkdir(parents=True, exist_ok=True)
         (state_dir / "logs" / "verify").mkdir(parents=True, exist_ok=True)
+        self.claim = self._claim_block()
+        self.addresses = PodAddresses(self.claim.block)
+        self.log_index = LogIndex()
+        self.endpoint = self._kubelet_endpoint()
+
+    def _kubelet_endpoint(self) -> KubeletEndpoint | None:
+        """`kubectl logs` (logs.py), with the cluster's certificates; none where this state
+        directory has no PKI (`up --attach`: that API server cannot reach this host's loopback)."""
+        pki = self.state_dir / "pki"
+        cert, key, ca = pki / f"{KUBELET_SERVING}.crt", pki / f"{KUBELET_SERVING}.key", pki / "ca.crt"
+        if not (cert.is_file() and key.is_file() and ca.is_file()):
+            log.warning(
+                "no kubelet endpoint: %s has no serving certificate (kubectl logs will not reach runner pods)",
+                pki,
+            )
+            return None
+        endpoint = KubeletEndpoint(self.log_index, cert, key, ca)
+        log.info("kubelet endpoint (kubectl logs) on https://127.0.0.1:%d", endpoint.port)
+        return endpoint
+
+    def _claim_block(self) -> BlockClaim:
+        """This runner's 127.<b>.0.0/16 (network.py); the same one again after a restart if free."""
+        remembered = self.state_dir / "run" / "pod-network"
+        try:
+            preferred: int | None = int(remembered.read_text().strip())
+        except (OSError, ValueError):
+            preferred = None
+        claim = BlockClaim.claim(cache_root() / "pod-networks", preferred)
+        remembered.write_text(f"{claim.block}\n")
+        log.info("pod network 127.%d.0.0/16", claim.block)
+        return claim
 
     # -- paths -------------------------------------------------------------------------------
     def run_dir(self, namespace: str, pod: str, container: str, restart: int) -> Path:
@@ -50,6 +104,18 @@ class Runner:
         shutil.rmtree(d, ignore_errors=True)
         d.mkdir(parents=True)
         return d
+
+    def volume_dir(self, namespace: str, pod: str) -> Path:
+        """Where a pod's emptyDir, configMap and secret volumes live (volumes.py)."""
+        return self.state_dir / "runs" / f"{namespace}_{pod}" / "volumes"
+
+    def read_object(self, namespace: str, kind: str, name: str) -> Obj | None:
+        try:
+            return self.rest.get(f"/api/v1/namespaces/{namespace}/{kind}/{name}")
+        except ApiError as e:
+            if e.status == 404:
+                return None
+            raise
 
     def log_path(self, namespace: str, pod: str, container: str, restart: int) -> Path:
         suffix = f".{restart}" if restart else ""
@@ -73,15 +139,42 @@ class Runner:
             found[n["metadata"]["name"]] = next(
                 (a["address"] for a in addresses if a["type"] == "InternalIP"), ""
             )
+            self._claim_kubelet_endpoint(n)
         with self.lock:
             self.nodes = found
             self.nodes_listed = time.monotonic()
+
+    def _claim_kubelet_endpoint(self, node: Obj) -> None:
+        """Point the node's kubelet endpoint at this runner, as a kubelet writes its own: the port
+        in status.daemonEndpoints, and an InternalDNS address 127.0.0.1, which the API server tries
+        first (components.kube_apiserver).  Written again whenever found missing (kwok's node
+        stage rewrites the status once, at start)."""
+        if self.endpoint is None:
+            return
+        status = node.get("status") or {}
+        port = ((status.get("daemonEndpoints") or {}).get("kubeletEndpoint") or {}).get("Port")
+        has_address = any(
+            a.get("type") == KUBELET_ADDRESS_TYPE and a.get("address") == KUBELET_ADDRESS
+            for a in status.get("addresses") or []
+        )
+        if port == self.endpoint.port and has_address:
+            return
+        patch = {
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": self.endpoint.port}},
+            # A strategic merge by address type: the node's other addresses stay as they are.
+            "addresses": [{"type": KUBELET_ADDRESS_TYPE, "address": KUBELET_ADDRESS}],
+        }
+        try:
+            self.rest.patch_status(f"/api/v1/nodes/{node['metadata']['name']}", patch)
+        except ApiError as e:
+            log.warning("node %s: kubelet endpoint not written: %s", node["metadata"]["name"], e)
 
     def _list_nodes(self) -> Obj:
         return self.rest.get("/api/v1/nodes")
 
     def _list_pods(self) -> Obj:
-        return self.rest.get("/api/v1/pods", labelSelector=VERIFICATION_SELECTOR)
+        # Every pod: engine-image pods carry no label of ours (they are the operator's serving pods).
+        return self.rest.get("/api/v1/pods")
 
     def is_kwok_node(self, name: str | None) -> bool:
         if not name:
@@ -108,6 +201,8 @@ class Runner:
     def observe(self, pod: Obj, deleted: bool = False) -> None:
         meta = pod["metadata"]
         uid = meta["uid"]
+        if not runs_here(pod):
+            return
         with self.lock:
             worker = self.workers.get(uid)
         if deleted:
@@ -117,6 +212,7 @@ class Runner:
             with self.lock:
                 self.done.discard(uid)
                 self.finalizing.discard(uid)
+            self.log_index.forget(meta["namespace"], meta["name"])
             return
         if not self.is_kwok_node(pod["spec"].get("nodeName")):
             return
@@ -169,9 +265,13 @@ class Runner:
                 self.finalizing.discard(uid)
 
     def serve(self, ready_file: Path | None = None) -> None:
+        if self.endpoint is not None:
+            self.endpoint.start()
         self._refresh_nodes()
         while not self.shutting_down.is_set():
             try:
+                # At every resync (30 s at most): new nodes, and kubelet endpoints kept written.
+                self._refresh_nodes()
                 listed = self._list_pods()
                 for pod in listed["items"]:
                     self.observe(pod)
@@ -180,7 +280,6 @@ class Runner:
                     ready_file = None
                 stream = self.rest.watch(
                     "/api/v1/pods",
-                    labelSelector=VERIFICATION_SELECTOR,
                     resourceVersion=listed["metadata"]["resourceVersion"],
                     allowWatchBookmarks="true",
                     timeoutSeconds="30",
@@ -217,3 +316,6 @@ class Runner:
             with contextlib.suppress(ProcessLookupError, ValueError):
                 os.killpg(int(p.stem), signal.SIGKILL)
             p.unlink(missing_ok=True)
+        if self.endpoint is not None:
+            self.endpoint.stop()
+        self.claim.release()
