@@ -18,7 +18,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram, make_wsgi_app
 
 from clef_operator import labels
-from clef_operator.actions import Action, PatchServiceSelector
+from clef_operator.actions import Action, CreateService, PatchServiceSelector
 from clef_operator.api import ClefModelStatus, Condition, VerificationRecord
 from clef_operator.conditions import PROGRESSING, VERIFIED, Why
 from clef_operator.observed import Observed
@@ -37,7 +37,7 @@ ROLLOUTS_REJECTED = Counter(
 )
 VERIFICATIONS = Counter(
     "clef_verifications",
-    "Finished verifications, by suite, GPU class, outcome (pass|fail) and reason.",
+    "Finished verifications, by suite, GPU class, outcome (Passed|Failed) and reason.",
     ["suite", "gpu_class", "outcome", "reason"],
 )
 VERIFICATION_SECONDS = Histogram(
@@ -146,14 +146,22 @@ def new_verifications(
     return tuple(out)
 
 
+def _selects(action: Action) -> str | None:
+    """The revision a Service change makes the Service select (its active-revision annotation)."""
+    if isinstance(action, PatchServiceSelector):
+        return action.annotations.get(labels.SERVICE_ACTIVE_REVISION)
+    if isinstance(action, CreateService):
+        return (action.manifest["metadata"].get("annotations") or {}).get(labels.SERVICE_ACTIVE_REVISION)
+    return None
+
+
 def switch_seconds(actions: Iterable[Action], observed: Observed, now: datetime) -> float | None:
-    """Time from the candidate's availability to its selector patch, when this pass switched the
-    Service to another revision (a patch that puts back the active one is not a switch)."""
+    """Time from the candidate's availability to the Service selecting it, when this pass switched
+    the Service to another revision (or created it for the first one); a patch that puts back the
+    active revision is not a switch."""
     current = observed.service.annotations.get(labels.SERVICE_ACTIVE_REVISION) if observed.service else None
     for action in actions:
-        if not isinstance(action, PatchServiceSelector):
-            continue
-        revision = action.annotations.get(labels.SERVICE_ACTIVE_REVISION)
+        revision = _selects(action)
         if not revision or revision == current:
             continue
         d = observed.deployment(revision)
