@@ -277,12 +277,14 @@ class Elector:
         log.info("leading: acquired Lease %s/%s as %s", self.namespace, self.name, self.identity)
         self.leading.set()
         self.on_change(True)
+        fenced = False
         while not self.stopping.wait(self.timing.retry_period):
-            if not self._attempt() and not self.stopping.is_set():
-                if self.fence.may_write():
-                    log.warning("could not renew the Lease; writes stop at the renew deadline")
-                else:
-                    log.warning("could not renew the Lease before the deadline: every write is refused")
+            renewed = self._attempt()
+            if renewed and fenced:
+                log.info("renewed the Lease: writing again")
+            elif not renewed and not fenced and not self.fence.may_write() and not self.stopping.is_set():
+                log.warning("could not renew the Lease before the deadline: every write is refused")
+            fenced = not renewed and not self.fence.may_write()
 
     def _attempt(self) -> bool:
         """One acquire-or-renew; True when we hold the Lease afterwards."""
