@@ -108,6 +108,7 @@ def _carry_out(
     metrics.record_pass(
         metrics.derive_pass(status, after, plan.actions, observed, datetime.now(UTC), bool(refused))
     )
+    metrics.record_model(model.namespace, model.name, after)
     return plan.requeue_after
 
 
@@ -232,6 +233,7 @@ async def run_model(
                     )
     finally:
         metrics.MODELS.dec()
+        metrics.record_model(namespace, name, None)
         if memo.wakers.get((namespace, name)) is wake:
             del memo.wakers[(namespace, name)]
 

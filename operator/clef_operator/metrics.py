@@ -8,6 +8,7 @@ metric and the queries to alert on.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -62,6 +63,12 @@ RECONCILE_ERRORS = Counter(
 QUEUE_DEPTH = Gauge("clef_reconcile_queue_depth", "ClefModels woken and waiting for a free worker thread.")
 IN_PROGRESS = Gauge("clef_reconciles_in_progress", "Reconcile passes running now.")
 MODELS = Gauge("clef_models", "ClefModels this operator runs a reconcile loop for.")
+PROGRESSING_SINCE = Gauge(
+    "clef_rollout_progressing_since_timestamp_seconds",
+    "When a model's Progressing condition turned True (Unix time); no series while it is not"
+    " progressing.  time() minus it: how long the rollout has been going.",
+    ["namespace", "name"],
+)
 LEADER = Gauge(
     "clef_operator_leader",
     "1 while this replica holds the Lease (or runs without leader election), else 0.",
@@ -192,6 +199,28 @@ def derive_pass(
         verifications=new_verifications(before, after, observed),
         switch_seconds=None if refused else switch_seconds(actions, observed, now),
     )
+
+
+def progressing_since(status: ClefModelStatus) -> float | None:
+    """When Progressing turned True (its lastTransitionTime), or None when it is not True."""
+    c = _condition(status, PROGRESSING)
+    if c is None or c.status.value != "True":
+        return None
+    try:
+        return datetime.fromisoformat(c.last_transition_time.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def record_model(namespace: str, name: str, status: ClefModelStatus | None) -> None:
+    """The model's progressing-since series: set while it progresses, removed otherwise (and when
+    the model is gone: `status` None), so nothing is kept for a model that no longer exists."""
+    since = progressing_since(status) if status is not None else None
+    if since is not None:
+        PROGRESSING_SINCE.labels(namespace=namespace, name=name).set(since)
+    else:
+        with contextlib.suppress(KeyError):
+            PROGRESSING_SINCE.remove(namespace, name)
 
 
 def record_pass(facts: PassFacts) -> None:

@@ -181,8 +181,8 @@ def test_a_verdict_whose_job_is_gone_is_counted_without_a_duration():
     assert done.outcome == "Passed" and done.seconds is None
 
 
-def _sample(name: str, **labels_: str) -> float:
-    value = metrics.REGISTRY.get_sample_value(name, labels_ or None)
+def _sample(metric: str, **labels_: str) -> float:
+    value = metrics.REGISTRY.get_sample_value(metric, labels_ or None)
     return 0.0 if value is None else value
 
 
@@ -261,3 +261,25 @@ def test_the_endpoint_serves_metrics_and_health():
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_progressing_model_has_a_since_series_until_it_settles_or_goes():
+    w = MeteredWorld(make_spec())
+    w.step()
+    since = metrics.progressing_since(w.status)
+    assert since == w.now.timestamp()
+    metrics.record_model("ns", "m", w.status)
+    assert _sample("clef_rollout_progressing_since_timestamp_seconds", namespace="ns", name="m") == since
+    w.advance(60)
+    w.step()
+    assert metrics.progressing_since(w.status) == since, "the time it turned True, not the last pass"
+    first_deploy(w)
+    assert metrics.progressing_since(w.status) is None
+    metrics.record_model("ns", "m", w.status)
+    assert (
+        metrics.REGISTRY.get_sample_value(
+            "clef_rollout_progressing_since_timestamp_seconds", {"namespace": "ns", "name": "m"}
+        )
+        is None
+    )
+    metrics.record_model("ns", "gone", None)  # a model never seen: nothing to remove, no error
