@@ -249,6 +249,8 @@ class Elector:
         self.leases = client.CoordinationV1Api(api)
         self.namespace, self.name, self.identity, self.timing = namespace, name, identity, timing
         self.fence, self.on_lost, self.on_change = fence, on_lost, on_change
+        # A request that hangs must not hold up the next round (the fence closes meanwhile).
+        self._timeout = max(timing.retry_period, timing.renew_deadline / 2)
         self.leading = threading.Event()
         self.stopping = threading.Event()
         self.last_tick = time.monotonic()
@@ -290,7 +292,9 @@ class Elector:
         """One acquire-or-renew; True when we hold the Lease afterwards."""
         self.last_tick = time.monotonic()
         try:
-            lease: Any = self.leases.read_namespaced_lease(self.name, self.namespace)
+            lease: Any = self.leases.read_namespaced_lease(
+                self.name, self.namespace, _request_timeout=self._timeout
+            )
             record: LeaseRecord | None = _record(lease)
         except ApiException as e:
             if e.status != 404:
@@ -315,9 +319,13 @@ class Elector:
         body = lease_body(self.name, self.namespace, self.identity, self.timing, record, datetime.now(UTC))
         try:
             if record is None:
-                self.leases.create_namespaced_lease(self.namespace, _as_lease(body))
+                self.leases.create_namespaced_lease(
+                    self.namespace, _as_lease(body), _request_timeout=self._timeout
+                )
             else:
-                self.leases.replace_namespaced_lease(self.name, self.namespace, _as_lease(body))
+                self.leases.replace_namespaced_lease(
+                    self.name, self.namespace, _as_lease(body), _request_timeout=self._timeout
+                )
         except ApiException as e:
             if e.status == 409:  # another candidate wrote first: look again next round
                 if self.leading.is_set():
@@ -346,7 +354,9 @@ class Elector:
         self.leading.clear()
         self.on_change(False)
         try:
-            lease: Any = self.leases.read_namespaced_lease(self.name, self.namespace)
+            lease: Any = self.leases.read_namespaced_lease(
+                self.name, self.namespace, _request_timeout=self._timeout
+            )
             record = _record(lease)
             if record.holder != self.identity:
                 return
@@ -355,7 +365,9 @@ class Elector:
             )
             # No holder: a standby may take it at its next poll (`may_acquire`).
             body["spec"].update(holderIdentity=None, leaseDurationSeconds=1)
-            self.leases.replace_namespaced_lease(self.name, self.namespace, _as_lease(body))
+            self.leases.replace_namespaced_lease(
+                self.name, self.namespace, _as_lease(body), _request_timeout=self._timeout
+            )
             log.info("released Lease %s/%s", self.namespace, self.name)
         except Exception as e:  # the standby then waits a lease duration instead
             log.warning("could not release Lease %s/%s: %s", self.namespace, self.name, e)
