@@ -1,6 +1,7 @@
 """`clef-operator` command line.
 
 clef-operator run [--namespace NS ... | --all-namespaces] [--kubeconfig FILE] [--liveness URL]
+                  [--leader-elect [--leader-elect-lease-duration S ...]] [--metrics-bind-address HOST:PORT]
 clef-operator crd            print the ClefModel CRD (the same as crds/clefmodel.yaml)
 """
 
@@ -10,6 +11,7 @@ import argparse
 import logging
 import os
 import sys
+from typing import Any
 
 from clef_operator import __version__
 
@@ -32,6 +34,10 @@ def _run(args: argparse.Namespace) -> int:
     from clef_operator.handlers import api_client
     from clef_operator.kube import serves
 
+    error = _setup(args)
+    if error:
+        print(f"clef-operator: {error}", file=sys.stderr)
+        return 2
     # kopf discovers resources once, at start-up (handlers.configure): started before the CRD, it
     # would silently watch nothing.
     if not serves(api_client(), GROUP, VERSION, PLURAL):
@@ -41,14 +47,60 @@ def _run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 3
+    elector = _elect(args) if args.leader_elect else None
     namespaces = args.namespace or None
-    kopf.run(
-        standalone=True,
-        clusterwide=namespaces is None,
-        namespaces=namespaces or (),
-        liveness_endpoint=args.liveness,
-    )
+    try:
+        kopf.run(
+            standalone=True,
+            clusterwide=namespaces is None,
+            namespaces=namespaces or (),
+            liveness_endpoint=args.liveness,
+        )
+    finally:
+        if elector is not None:
+            elector.release()
     return 0
+
+
+def _elect(args: argparse.Namespace) -> Any:
+    """Block until this replica holds the Lease (a standby waits here, serving only /metrics and
+    /healthz); the election thread then keeps renewing it, or ends the process when it is lost."""
+    from clef_operator import leader, metrics
+    from clef_operator.handlers import api_client
+    from clef_operator.kube import operator_namespace
+
+    elector = leader.Elector(
+        api_client(fenced=False),
+        operator_namespace(),
+        leader.identity(),
+        args.timing,
+        name=args.leader_elect_lease_name,
+        on_change=lambda leading: metrics.LEADER.set(1 if leading else 0),
+    )
+    args.elector = elector
+    elector.start()
+    while not elector.leading.wait(1.0):
+        pass
+    return elector
+
+
+def _setup(args: argparse.Namespace) -> str:
+    """Election timing, identity and the metrics endpoint; an error message for bad flags."""
+    from clef_operator import leader, metrics
+
+    try:
+        args.timing = leader.LeaseTiming(
+            args.leader_elect_lease_duration, args.leader_elect_renew_deadline, args.leader_elect_retry_period
+        )
+        address = metrics.parse_bind_address(args.metrics_bind_address) if args.metrics_bind_address else None
+    except ValueError as e:
+        return str(e)
+    leader.set_identity(args.leader_elect_identity or leader.default_identity())
+    metrics.LEADER.set(0 if args.leader_elect else 1)
+    args.elector = None
+    if address is not None:
+        metrics.serve(address, lambda: args.elector is None or args.elector.healthy())
+    return ""
 
 
 def _crd(_: argparse.Namespace) -> int:
@@ -56,6 +108,36 @@ def _crd(_: argparse.Namespace) -> int:
 
     sys.stdout.write(render_crd_yaml())
     return 0
+
+
+def _seconds(env: str, default: float) -> float:
+    value = os.environ.get(env)
+    try:
+        return float(value) if value else default
+    except ValueError:
+        raise SystemExit(f"clef-operator: {env}: expected seconds, not {value!r}") from None
+
+
+def _election_flags(run: argparse.ArgumentParser) -> None:
+    env = os.environ.get
+    run.add_argument(
+        "--leader-elect",
+        action="store_true",
+        default=env("CLEF_LEADER_ELECT", "") not in ("", "0", "false"),
+        help="run as one of several replicas: reconcile only while holding the Lease (env CLEF_LEADER_ELECT=1)",
+    )
+    run.add_argument("--leader-elect-lease-name", default=env("CLEF_LEADER_ELECT_LEASE_NAME", "clef-operator"),
+                     help="the Lease, in the operator's namespace (default clef-operator)")  # fmt: skip
+    run.add_argument("--leader-elect-identity", default=env("CLEF_LEADER_ELECT_IDENTITY", ""),
+                     help="this replica's name in the Lease (default: hostname and a random suffix)")  # fmt: skip
+    for flag, default, what in (
+        ("lease-duration", 15.0, "a standby waits this long after the last renew it saw before taking over"),
+        ("renew-deadline", 10.0, "the leader stops writing this long after its last successful renew"),
+        ("retry-period", 2.0, "how often the leader renews and a standby looks"),
+    ):
+        name = "CLEF_LEADER_ELECT_" + flag.upper().replace("-", "_")
+        run.add_argument(f"--leader-elect-{flag}", type=float, default=_seconds(name, default),
+                         metavar="SECONDS", help=f"{what} (default {default:.0f}; env {name})")  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,6 +152,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
     run.add_argument("--liveness", help="serve a liveness probe, e.g. http://0.0.0.0:8080/healthz")
     run.add_argument("--verbose", "-v", action="store_true")
+    _election_flags(run)
+    run.add_argument(
+        "--metrics-bind-address",
+        default=os.environ.get("CLEF_METRICS_BIND_ADDRESS"),
+        metavar="HOST:PORT",
+        help="serve Prometheus /metrics and /healthz here, e.g. 0.0.0.0:9090 (env CLEF_METRICS_BIND_ADDRESS)",
+    )
     run.set_defaults(func=_run)
     crd = sub.add_parser("crd", help="print the ClefModel CustomResourceDefinition")
     crd.set_defaults(func=_crd)

@@ -24,13 +24,13 @@ import kopf
 from kubernetes import client, config
 from pydantic import ValidationError
 
-from clef_operator import labels
+from clef_operator import labels, leader, metrics
 from clef_operator.actions import Action, Event
 from clef_operator.api import GROUP, PLURAL, VERSION, ClefModelSpec, ClefModelStatus
 from clef_operator.conditions import Stamp, carried_rejection, child_rejected, invalid_spec
 from clef_operator.kube import Kube, operator_namespace
-from clef_operator.observed import ModelRef
-from clef_operator.rollout import plan_rollout
+from clef_operator.observed import ModelRef, Observed
+from clef_operator.rollout import Plan, plan_rollout
 
 log = logging.getLogger("clef.operator")
 
@@ -38,13 +38,16 @@ RESYNC_SECONDS = 30.0
 MAX_BACKOFF_SECONDS = 60.0
 
 
-def api_client() -> client.ApiClient:
-    """In-cluster credentials when running in a pod, else the kubeconfig (KUBECONFIG)."""
+def api_client(fenced: bool = True) -> client.ApiClient:
+    """In-cluster credentials when running in a pod, else the kubeconfig (KUBECONFIG).  Fenced:
+    every write refused while this replica cannot prove it holds the Lease (`leader`)."""
     try:
         config.load_incluster_config()
     except config.ConfigException:
         config.load_kube_config()
-    return client.ApiClient()
+    api = leader.FencedApiClient() if fenced else client.ApiClient()
+    api.user_agent = leader.user_agent()
+    return api
 
 
 def reconcile(kube: Kube, namespace: str, name: str, now: datetime | None = None) -> float | None:
@@ -75,6 +78,16 @@ def reconcile(kube: Kube, namespace: str, name: str, now: datetime | None = None
         return None
     observed = kube.observe(model, spec.service.name)
     plan = plan_rollout(model, spec, observed, status, now, kube.verdict_key)
+    try:
+        return _carry_out(kube, model, status, observed, plan, now)
+    finally:
+        metrics.RECONCILES.inc()
+
+
+def _carry_out(
+    kube: Kube, model: ModelRef, status: ClefModelStatus, observed: Observed, plan: Plan, now: datetime
+) -> float | None:
+    """Write status, apply the actions, write what they changed; count what the pass did."""
     before = plan.status.model_copy(
         update={"conditions": carried_rejection(status.conditions, plan.status.conditions)}
     )
@@ -90,6 +103,12 @@ def reconcile(kube: Kube, namespace: str, name: str, now: datetime | None = None
         )
     if after != before:
         kube.write_status(model, after)
+    if refused:
+        metrics.RECONCILE_ERRORS.labels(kind="rejected").inc()
+    metrics.record_pass(
+        metrics.derive_pass(status, after, plan.actions, observed, datetime.now(UTC), bool(refused))
+    )
+    metrics.record_model(model.namespace, model.name, after)
     return plan.requeue_after
 
 
@@ -142,9 +161,34 @@ def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     settings.watching.server_timeout = 120
     settings.watching.client_timeout = 150
     memo.kube = Kube(api_client())
+    memo.kube.instance = leader.identity() or memo.kube.instance
     # Verdicts are signed with this key; without it nothing may be promoted, so start-up fails.
     memo.kube.load_verdict_key(operator_namespace())
     memo.wakers = {}
+
+
+@kopf.on.login()
+async def login(logger: Any, settings: kopf.OperatorSettings, **_: Any) -> kopf.AiohttpSession | None:
+    """kopf's own requests (watches, its finalizer and annotations) through a session whose writes
+    pass the same fence as clef's (`leader.fence_trace`)."""
+    import aiohttp
+
+    info = kopf.login_via_client(logger=logger, settings=settings)
+    if info is None:
+        return None
+    session = aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0, ssl=info.as_ssl_context()),
+        headers={**info.as_http_headers(), "User-Agent": leader.user_agent()},
+        proxy=info.proxy_url,
+        trust_env=info.trust_env,
+        trace_configs=[leader.fence_trace()],
+    )
+    return kopf.AiohttpSession(
+        server=info.server,
+        default_namespace=info.default_namespace,
+        expiration=info.expiration,
+        aiohttp_session=session,
+    )
 
 
 def _wake(memo: Any, namespace: str | None, model: str | None) -> None:
@@ -161,16 +205,25 @@ async def run_model(
     assert namespace is not None, "ClefModel is namespaced"
     wake = asyncio.Event()
     memo.wakers[(namespace, name)] = wake
+    metrics.MODELS.inc()
     backoff = 1.0
     try:
         while not stopped:
             wake.clear()
+            queued = metrics.Queued(lambda: reconcile(memo.kube, namespace, name))
             try:
-                requeue = await asyncio.to_thread(reconcile, memo.kube, namespace, name)
+                requeue = await asyncio.to_thread(queued)
                 backoff = 1.0
+            except leader.Fenced as e:
+                metrics.RECONCILE_ERRORS.labels(kind="fenced").inc()
+                log.warning("%s/%s: %s", namespace, name, e)
+                requeue, backoff = backoff, min(backoff * 2, MAX_BACKOFF_SECONDS)
             except Exception:
+                metrics.RECONCILE_ERRORS.labels(kind="exception").inc()
                 log.exception("%s/%s: reconcile failed; retrying in %.0fs", namespace, name, backoff)
                 requeue, backoff = backoff, min(backoff * 2, MAX_BACKOFF_SECONDS)
+            finally:
+                queued.cancelled()
             timeout = RESYNC_SECONDS if requeue is None else min(max(requeue, 0.2), RESYNC_SECONDS)
             deadline = time.monotonic() + timeout
             while not stopped and not wake.is_set() and time.monotonic() < deadline:
@@ -179,6 +232,8 @@ async def run_model(
                         wake.wait(), timeout=min(1.0, max(deadline - time.monotonic(), 0.01))
                     )
     finally:
+        metrics.MODELS.dec()
+        metrics.record_model(namespace, name, None)
         if memo.wakers.get((namespace, name)) is wake:
             del memo.wakers[(namespace, name)]
 

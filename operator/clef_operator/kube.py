@@ -97,7 +97,15 @@ def _deployment(d: Any) -> DeploymentState:
         deleting=meta.deletion_timestamp is not None,
         template=_wire(d.spec.template) if d.spec.template is not None else None,
         replica_failure=_replica_failure(status),
+        available_at=_available_at(status),
     )
+
+
+def _available_at(status: Any) -> datetime | None:
+    for c in (status.conditions or []) if status else []:
+        if c.type == "Progressing" and c.reason == "NewReplicaSetAvailable":
+            return c.last_update_time
+    return None
 
 
 def _replica_failure(status: Any) -> str:

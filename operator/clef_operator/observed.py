@@ -51,6 +51,9 @@ class DeploymentState:
     # The ReplicaFailure condition's message: its ReplicaSet cannot create pods (a quota, an
     # admission plugin: e.g. a RuntimeClass that does not exist).
     replica_failure: str = ""
+    # When the Deployment controller last found every replica updated and available (its Progressing
+    # condition's lastUpdateTime with reason NewReplicaSetAvailable); for metrics only.
+    available_at: datetime | None = None
 
     def is_available(self) -> bool:
         """Every replica it should have is up to date and available (0 wanted: trivially)."""

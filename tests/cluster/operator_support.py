@@ -12,7 +12,8 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterable, Iterator
+import urllib.request
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -20,8 +21,10 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from clef_devcluster.host_operator import spawn_operator
+from clef_devcluster.host_operator import OPERATOR_NAMESPACE, spawn_operator
+from clef_devcluster.procs import free_port
 from clef_operator.api import GROUP, PLURAL, VERSION
+from clef_operator.leader import LEASE_NAME
 
 from .conftest import Cluster, wait_for
 from .watches import GaplessWatch, states
@@ -81,6 +84,83 @@ class OperatorProcess:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return "(no operator log)"
+
+
+class ElectedOperator:
+    """`clef-operator run ... --leader-elect --metrics-bind-address=127.0.0.1:PORT` on this host,
+    as the Deployment runs it (`args`: the scope and any election durations)."""
+
+    def __init__(self, kubeconfig: Path, args: Sequence[str], log: Path, identity: str = "") -> None:
+        self.port = free_port()
+        self.log = log
+        self.identity = identity
+        argv = ["run", *args, "--leader-elect", f"--metrics-bind-address=127.0.0.1:{self.port}"]
+        if identity:
+            argv.append(f"--leader-elect-identity={identity}")
+        with log.open("ab") as out:
+            self.proc = spawn_operator(argv, kubeconfig, out)
+
+    def get(self, path: str) -> str | None:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as r:
+                return str(r.read().decode())
+        except OSError:
+            return None
+
+    def healthy(self) -> bool:
+        return self.get("/healthz") is not None
+
+    def metrics(self) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+        """Every sample of /metrics, keyed by name and labels."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        text = self.get("/metrics")
+        assert text is not None, f"no /metrics from the operator:\n{self.tail()}"
+        return {
+            (s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        }
+
+    def signal(self, sig: int) -> None:
+        os.killpg(self.proc.pid, sig)
+
+    def stop(self) -> None:
+        """SIGTERM (a clean stop hands the Lease back), SIGKILL if it does not go."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGCONT)
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+
+    def tail(self, lines: int = 30) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+
+def metric(samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str) -> float:
+    """The sum of `name`'s samples whose labels include `labels` (0 when there is none)."""
+    return sum(v for (n, ls), v in samples.items() if n == name and set(labels.items()) <= ls)
+
+
+def lease_holder(cluster: Cluster) -> str:
+    try:
+        lease: Any = client.CoordinationV1Api(cluster.api).read_namespaced_lease(
+            LEASE_NAME, OPERATOR_NAMESPACE
+        )
+    except ApiException as e:
+        if e.status == 404:
+            return ""
+        raise
+    return str(lease.spec.holder_identity or "")
+
+
+def delete_lease(cluster: Cluster) -> None:
+    """A Lease left by an operator that was killed would make the next one wait its duration out."""
+    with contextlib.suppress(ApiException):
+        client.CoordinationV1Api(cluster.api).delete_namespaced_lease(LEASE_NAME, OPERATOR_NAMESPACE)
 
 
 def clefmodel(name: str, image: str = IMAGE_10, **spec: Any) -> dict[str, Any]:

@@ -19,10 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import signal
 import subprocess
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,10 +33,8 @@ from clef_devcluster.host_operator import (
     OPERATOR_NAMESPACE,
     OPERATOR_SA,
     service_account_kubeconfig,
-    spawn_operator,
 )
 from clef_devcluster.kustomize import BASE, HOMELAB, find, kustomize_build
-from clef_devcluster.procs import free_port
 from clef_devcluster.rbac_audit import (
     ADMISSION_ONLY,
     RbacComparison,
@@ -50,7 +45,19 @@ from clef_devcluster.rbac_audit import (
 from clef_operator.labels import VERIFICATION_KEY
 
 from .conftest import Cluster, missing_prerequisite, wait_for
-from .operator_support import IMAGE_10, UNPULLABLE_IMAGE, VERIFY_SECONDS, Models, clefmodel, delete_models
+from .operator_support import (
+    IMAGE_10,
+    UNPULLABLE_IMAGE,
+    V100,
+    VERIFY_SECONDS,
+    ElectedOperator,
+    Models,
+    clefmodel,
+    delete_lease,
+    delete_models,
+    lease_holder,
+    metric,
+)
 
 pytestmark = pytest.mark.cluster
 REPO = Path(__file__).resolve().parents[2]
@@ -111,46 +118,13 @@ def test_base_applies_and_its_operator_pod_passes_restricted_pod_security(
 
     def available() -> bool:
         d = cluster.apps.read_namespaced_deployment(deployment["metadata"]["name"], OPERATOR_NAMESPACE)
-        return bool(d.status and d.status.available_replicas == 1)
+        return bool(d.status and d.status.available_replicas == d.spec.replicas == 2)
 
     def events() -> str:
         items = cluster.core.list_namespaced_event(OPERATOR_NAMESPACE).items
         return "; ".join(f"{e.reason}: {e.message}" for e in items[-5:])
 
-    wait_for(available, 60, "the operator Deployment to be available", events)
-
-
-class SAOperator:
-    """`clef-operator run --all-namespaces --liveness=...` on this host, as the ServiceAccount."""
-
-    def __init__(self, kubeconfig: Path, log: Path) -> None:
-        self.port = free_port()
-        self.log = log
-        with log.open("ab") as out:
-            self.proc = spawn_operator(
-                ["run", "--all-namespaces", f"--liveness=http://127.0.0.1:{self.port}/healthz"],
-                kubeconfig,
-                out,
-            )
-
-    def healthy(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=2) as r:
-                return bool(r.status == 200)
-        except OSError:
-            return False
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-
-    def tail(self) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-30:])
+    wait_for(available, 60, "both operator replicas available", events)
 
 
 def test_operator_rbac_is_exactly_what_it_uses(
@@ -172,7 +146,10 @@ def test_operator_rbac_is_exactly_what_it_uses(
     sa_kubeconfig = service_account_kubeconfig(
         cluster.kubeconfig, OPERATOR_NAMESPACE, OPERATOR_SA, tmp_path / "operator.kubeconfig", 3600
     )
-    operator = SAOperator(sa_kubeconfig, tmp_path / "operator.log")
+    # As the Deployment runs it: leader election on (the Lease deleted first, so its `create` is
+    # exercised too) and the metrics endpoint, whose numbers are checked after the run.
+    delete_lease(cluster)
+    operator = ElectedOperator(sa_kubeconfig, ["--all-namespaces"], tmp_path / "operator.log")
     granted = granted_to(base, OPERATOR_NAMESPACE, OPERATOR_SA)
 
     def audited() -> RbacComparison:
@@ -183,6 +160,7 @@ def test_operator_rbac_is_exactly_what_it_uses(
     try:
         try:
             _drive_every_api_path(Models(cluster, namespace), operator)
+            samples = operator.metrics()
         except AssertionError as e:
             # A missing rule shows up as a rollout that never finishes; say which request it was.
             raise AssertionError(
@@ -194,6 +172,8 @@ def test_operator_rbac_is_exactly_what_it_uses(
         delete_models(cluster, namespace)
         operator.stop()
 
+    _check_metrics(samples, operator.tail())
+    assert lease_holder(cluster) == "", "a clean stop hands the Lease back"
     result = audited()
     assert result.used, f"the audit log recorded no request by the operator ({audit})"
     assert result.exact, result.explain() + "\n--- operator log ---\n" + operator.tail()
@@ -203,7 +183,43 @@ def test_operator_rbac_is_exactly_what_it_uses(
     _prove_finalizers_rule_needed(cluster, base, namespace)
 
 
-def _drive_every_api_path(models: Models, operator: SAOperator) -> None:
+def _check_metrics(samples: dict[tuple[str, frozenset[tuple[str, str]]], float], log: str) -> None:
+    """What the run did, as /metrics counted it: three rollouts started (create, args change,
+    unpullable image), two completed, one rejected for the pull; one pass and one failed
+    verification; two switches (the Service created, then patched); nothing queued at the end."""
+    got = {
+        "leader": metric(samples, "clef_operator_leader"),
+        "started": metric(samples, "clef_rollouts_started_total"),
+        "completed": metric(samples, "clef_rollouts_completed_total"),
+        "rejected": metric(samples, "clef_rollouts_rejected_total", reason="ImagePullFailed"),
+        "rejected (all)": metric(samples, "clef_rollouts_rejected_total"),
+        "passed": metric(
+            samples, "clef_verifications_total", outcome="Passed", suite="kernels", gpu_class=V100
+        ),
+        "pass timed": metric(
+            samples,
+            "clef_verification_duration_seconds_count",
+            outcome="Passed",
+            suite="kernels",
+            gpu_class=V100,
+        ),
+        "failed": metric(samples, "clef_verifications_total", outcome="Failed", reason="ImagePullFailed"),
+        "switches": metric(samples, "clef_candidate_available_to_switch_seconds_count"),
+        "errors": metric(samples, "clef_reconcile_errors_total"),
+        "queued": metric(samples, "clef_reconcile_queue_depth"),
+        "running": metric(samples, "clef_reconciles_in_progress"),
+        "models": metric(samples, "clef_models"),
+    }
+    want = {
+        "leader": 1, "started": 3, "completed": 2, "rejected": 1, "rejected (all)": 1, "passed": 1,
+        "pass timed": 1, "failed": 1, "switches": 2, "errors": 0, "queued": 0, "running": 0, "models": 0,
+    }  # fmt: skip
+    assert got == want, f"/metrics: {got}\n--- operator log ---\n{log}"
+    assert metric(samples, "clef_verification_duration_seconds_sum", outcome="Passed") > 0
+    assert metric(samples, "clef_reconciles_total") >= 6
+
+
+def _drive_every_api_path(models: Models, operator: ElectedOperator) -> None:
     name = "rbac"
     wait_for(operator.healthy, 60, "the operator's liveness endpoint", operator.tail)
     # 1. verified, created, served: Job, Deployment and Service created; nodes read.
@@ -222,6 +238,7 @@ def _drive_every_api_path(models: Models, operator: SAOperator) -> None:
         return [d.metadata.name for d in models.deployments(name)] == [f"{name}-{active}"]
 
     wait_for(only_active_left, 120, "the old revision's Deployment deleted", operator.tail)
+    models.wait_condition(name, "Progressing", "False", "RolloutComplete", timeout=60)
     # 3. an image that cannot be pulled: its Job is deleted at once.
     models.set_image(name, UNPULLABLE_IMAGE)
     models.wait_condition(name, "Verified", "False", "ImagePullFailed", timeout=120)

@@ -77,7 +77,9 @@ def test_base_holds_exactly_the_operator_install(base: Objects) -> None:
         ("CustomResourceDefinition", "clefmodels.clef.riotpiao.com"),
         ("Deployment", "clef-operator"),
         ("Namespace", "clef-system"),
+        ("Role", "clef-operator-lease"),
         ("Role", "clef-verdict-key"),
+        ("RoleBinding", "clef-operator-lease"),
         ("RoleBinding", "clef-verdict-key"),
         ("ServiceAccount", "clef-operator"),
     ]
@@ -96,9 +98,16 @@ def test_base_crd_is_the_generated_one() -> None:
 def test_operator_deployment_is_locked_down(base: Objects) -> None:
     deployment = find(base, "Deployment", "clef-operator")
     spec = deployment["spec"]
-    assert spec["replicas"] == 1
-    assert spec["strategy"] == {"type": "Recreate"}, "two operators must never overlap"
+    # Two replicas, one acting (the Lease): an update starts the new pod before it stops an old one.
+    assert spec["replicas"] == 2
+    assert spec["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
     pod = spec["template"]["spec"]
+    spread = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert [t["podAffinityTerm"]["topologyKey"] for t in spread] == ["kubernetes.io/hostname"]
+    assert spread[0]["podAffinityTerm"]["labelSelector"]["matchLabels"] == spec["selector"]["matchLabels"]
     assert pod["serviceAccountName"] == OPERATOR_SA
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["runAsUser"] > 0
@@ -118,17 +127,75 @@ def test_operator_deployment_is_locked_down(base: Objects) -> None:
     assert re.fullmatch(r"[a-z0-9./-]+:[0-9]+\.[0-9]+\.[0-9]+", image), f"pinned version tag, not {image}"
 
 
-def test_operator_command_is_the_real_cli_and_the_probe_hits_its_liveness_endpoint(base: Objects) -> None:
-    c = operator_container(base)
+@pytest.mark.parametrize("tree", ["base", "homelab"])
+def test_operator_command_is_the_real_cli_and_probes_and_scrapes_hit_its_endpoint(
+    tree: str, request: pytest.FixtureRequest
+) -> None:
+    objects: Objects = request.getfixturevalue(tree)
+    c = operator_container(objects)
     assert c["command"] == ["clef-operator"]
     args = build_parser().parse_args(c["args"])  # exits (fails) on a flag the CLI does not have
-    assert args.command == "run" and args.all_namespaces
-    liveness = urlsplit(args.liveness)
+    assert args.command == "run" and args.leader_elect and args.liveness is None
+    assert args.all_namespaces or args.namespace
+    # /healthz and /metrics are served by the metrics endpoint, in the leader and the standby alike.
+    endpoint = urlsplit(f"http://{args.metrics_bind_address}")
     probe = c["livenessProbe"]["httpGet"]
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-    assert probe["path"] == liveness.path
-    assert ports[probe["port"]] == liveness.port
-    assert liveness.hostname == "0.0.0.0", "the kubelet probes the pod IP"
+    assert probe["path"] == "/healthz"
+    assert ports[probe["port"]] == endpoint.port
+    assert endpoint.hostname == "0.0.0.0", "the kubelet probes and Prometheus scrapes the pod IP"
+    annotations = find(objects, "Deployment", "clef-operator")["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert int(annotations["prometheus.io/port"]) == endpoint.port
+    assert annotations["prometheus.io/path"] == "/metrics"
+
+
+def test_lease_rbac_is_the_one_lease_by_name(base: Objects) -> None:
+    role = find(base, "Role", "clef-operator-lease")
+    assert role["metadata"]["namespace"] == OPERATOR_NAMESPACE
+    assert rule_permissions(role["rules"]) == {
+        ("coordination.k8s.io", "leases", v) for v in ("get", "update", "create")
+    }
+    named = [r for r in role["rules"] if set(r["verbs"]) & {"get", "update"}]
+    assert [r.get("resourceNames") for r in named] == [
+        [build_parser().parse_args(["run"]).leader_elect_lease_name]
+    ]
+
+
+def _with_component(tmp_path: Path, component: str) -> Objects:
+    """kustomize/base plus one optional component, as an overlay would include it."""
+    here = tmp_path / "overlay"
+    here.mkdir()
+    rel = os.path.relpath(BASE.parent, here)
+    (here / "kustomization.yaml").write_text(
+        f"resources: [{rel}/base]\ncomponents: [{rel}/components/{component}]\n"
+    )
+    return kustomize_build(_kubectl(), here)
+
+
+def test_servicemonitor_component_scrapes_the_metrics_port(base: Objects, tmp_path: Path) -> None:
+    objects = _with_component(tmp_path, "servicemonitor")
+    assert kinds(objects) == sorted(
+        [*kinds(base), ("Service", "clef-operator-metrics"), ("ServiceMonitor", "clef-operator")]
+    )
+    service = find(objects, "Service", "clef-operator-metrics")
+    monitor = find(objects, "ServiceMonitor", "clef-operator")
+    pod = find(objects, "Deployment", "clef-operator")["spec"]["template"]
+    assert service["metadata"]["namespace"] == monitor["metadata"]["namespace"] == OPERATOR_NAMESPACE
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    [port] = service["spec"]["ports"]
+    assert port["targetPort"] in {p["name"] for p in pod["spec"]["containers"][0]["ports"]}
+    assert [e["port"] for e in monitor["spec"]["endpoints"]] == [port["name"]]
+    assert monitor["spec"]["endpoints"][0]["path"] == pod["metadata"]["annotations"]["prometheus.io/path"]
+
+
+def test_pdb_component_keeps_one_operator_through_a_drain(base: Objects, tmp_path: Path) -> None:
+    objects = _with_component(tmp_path, "pdb")
+    pdb = find(objects, "PodDisruptionBudget", "clef-operator")
+    deployment = find(objects, "Deployment", "clef-operator")
+    assert pdb["spec"]["selector"] == deployment["spec"]["selector"]
+    assert deployment["spec"]["replicas"] - pdb["spec"]["maxUnavailable"] >= 1
 
 
 def test_rbac_is_least_privilege(base: Objects) -> None:
@@ -152,7 +219,8 @@ def test_rbac_is_least_privilege(base: Objects) -> None:
     # Only the finalizers subresource is updated (an admission check; see rbac.yaml); nothing
     # else is ever replaced wholesale: clef patches.
     assert {(g, r) for g, r, v in granted if v == "update"} == {
-        ("clef.riotpiao.com", "clefmodels/finalizers")
+        ("clef.riotpiao.com", "clefmodels/finalizers"),
+        ("coordination.k8s.io", "leases"),  # the Lease, by name (test_lease_rbac_is_the_one_lease_by_name)
     }
     # Cluster-scoped access is read-only and limited to nodes.
     nodes = find(base, "ClusterRole", "clef-operator-nodes")
@@ -178,9 +246,9 @@ def models(objects: Objects) -> dict[str, dict[str, Any]]:
 def test_homelab_is_base_plus_the_two_models_in_their_namespace(homelab: Objects) -> None:
     assert set(models(homelab)) == {"clef-flash", "coder"}
     for o in homelab:
-        if (
-            o["kind"] in ("ClefModel", "Service", "RoleBinding")
-            and o["metadata"]["name"] != "clef-verdict-key"
+        if o["kind"] in ("ClefModel", "Service", "RoleBinding") and o["metadata"]["name"] not in (
+            "clef-verdict-key",
+            "clef-operator-lease",
         ):
             assert o["metadata"]["namespace"] == "homelab", o["metadata"]["name"]
     # Every spec is one the operator accepts (CEL rules are checked by the API server in the

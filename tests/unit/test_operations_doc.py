@@ -3,6 +3,7 @@ the RBAC table is the shipped RBAC, and every relative link leads somewhere."""
 
 from __future__ import annotations
 
+import argparse
 import re
 from pathlib import Path
 
@@ -60,3 +61,34 @@ def test_readme_names_the_two_commands_and_links_every_doc() -> None:
     assert commands == ["make demo", "make test"]
     for doc in sorted((REPO / "docs").glob("*.md")):
         assert f"docs/{doc.name}" in text, f"README does not link docs/{doc.name}"
+
+
+def test_every_metric_and_election_flag_is_documented() -> None:
+    """docs/operations.md ("Monitoring", "Running two replicas") names each metric the operator
+    exports and each election flag it takes."""
+    from prometheus_client import REGISTRY
+
+    import clef_operator.metrics  # noqa: F401  (registers the metrics)
+    from clef_operator.cli import build_parser
+
+    text = OPERATIONS.read_text()
+    names = {
+        sample.name
+        for family in REGISTRY.collect()
+        if family.name.startswith("clef_")
+        for sample in family.samples
+        if not sample.name.endswith(("_created", "_bucket", "_count", "_sum"))
+    } | {"clef_verification_duration_seconds", "clef_candidate_available_to_switch_seconds"}
+    assert names >= {"clef_operator_leader", "clef_rollouts_started_total"}
+    missing = sorted(n for n in names if f"`{n}`" not in text)
+    assert not missing, f"docs/operations.md lacks {missing}"
+    run = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices["run"]
+    flags = [
+        o
+        for action in run._actions
+        for o in action.option_strings
+        if o.startswith("--leader-elect") or o == "--metrics-bind-address"
+    ]
+    assert len(flags) == 7
+    missing = sorted(f for f in flags if f"`{f}" not in text)
+    assert not missing, f"docs/operations.md lacks {missing}"

@@ -103,13 +103,15 @@ class Demo:
 
     # -- operator ------------------------------------------------------------------------------
     def operator_args(self) -> list[str]:
-        """What the homelab overlay's Deployment runs, less the liveness endpoint (a pod's port)."""
+        """What the homelab overlay's Deployment runs, less its endpoints (a pod's ports): the
+        liveness and the metrics endpoint.  Leader election stays on: the one operator takes the
+        Lease at once, or after its duration when an earlier run's operator left it held."""
         objects = kustomize_build(self.kubectl, HOMELAB)
         container = find(objects, "Deployment", OPERATOR)["spec"]["template"]["spec"]["containers"][0]
         argv = [*container.get("command", []), *container.get("args", [])]
         if argv[:1] != [OPERATOR]:
             raise DemoFailed(f"the homelab Deployment runs {argv}, not {OPERATOR}")
-        return [a for a in argv[1:] if not a.startswith("--liveness")]
+        return [a for a in argv[1:] if not a.startswith(("--liveness", "--metrics-bind-address"))]
 
     def start_operator(self) -> None:
         kubeconfig = service_account_kubeconfig(

@@ -1,0 +1,280 @@
+"""Two operators, one Lease: the standby takes over when the leader stops renewing, and a leader
+that was paused never writes again when it resumes (split brain).
+
+Both run on this host with kustomize/base's RBAC, each with its own identity, which it puts in its
+User-Agent: the API server's audit log (manifests/audit-policy.yaml logs the ServiceAccounts of
+clef-system) then says which process made each request.  op-a runs as a second ServiceAccount
+bound to the same roles, so that the test can take its access to the Lease away: a partition
+between op-a and the Lease alone.  Short durations keep it quick: lease 8 s, renew deadline 5 s,
+retry 1 s.
+
+1. op-a leads (it started first), op-b stands by; a ClefModel is served.
+2. SIGSTOP op-a.  The model is changed.  op-b takes the Lease no sooner than a lease duration
+   after op-a's last renew, and rolls the change out.  The failover time is printed.
+3. SIGSTOP op-b (so that nobody else acts on what follows), change the model again, take op-a's
+   access to the Lease away, SIGCONT op-a: it cannot learn that it lost the Lease, its renew
+   deadline has passed, and a change waits for it.  Its writes are refused (it counts them:
+   clef_reconcile_errors_total{kind="fenced"}) and the audit log shows none after it resumed.
+   Without the fence it would roll the change out (checked once by disabling it).
+4. Give op-a its access back: it reads the Lease, finds op-b's name in it and exits
+   (EXIT_LOST_LEASE).  SIGCONT op-b: it still holds the Lease and rolls out the second change.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from clef_devcluster.host_operator import OPERATOR_NAMESPACE, OPERATOR_SA, service_account_kubeconfig
+from clef_devcluster.kustomize import BASE, kustomize_build
+from clef_operator.leader import EXIT_LOST_LEASE, LEASE_NAME
+
+from .conftest import Cluster, missing_prerequisite, wait_for
+from .operator_support import (
+    ElectedOperator,
+    Models,
+    clefmodel,
+    delete_lease,
+    delete_models,
+    lease_holder,
+    metric,
+)
+
+pytestmark = pytest.mark.cluster
+DURATIONS = [
+    "--leader-elect-lease-duration=8",
+    "--leader-elect-renew-deadline=5",
+    "--leader-elect-retry-period=1",
+]
+LEASE_SECONDS, RETRY_SECONDS = 8.0, 1.0
+WRITES = {"create", "update", "patch", "delete", "deletecollection"}
+
+
+PEER = "clef-operator-peer"
+
+
+@dataclass
+class Rbac:
+    """kubeconfigs for the operator's ServiceAccount and for its peer, and the peer's Lease grant."""
+
+    operator: Path
+    peer: Path
+    peer_lease_binding: dict[str, Any]
+
+
+def _apply(cluster: Cluster, objects: list[dict[str, Any]], path: Path) -> bool:
+    path.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}))
+    argv = [cluster.kubectl or "kubectl", "--kubeconfig", str(cluster.kubeconfig)]
+    return (
+        subprocess.run([*argv, "apply", "--server-side", "-f", str(path)], capture_output=True).returncode
+        == 0
+    )
+
+
+def _as_peer(o: dict[str, Any]) -> dict[str, Any]:
+    peer = json.loads(json.dumps(o))
+    peer["metadata"] = {k: v for k, v in peer["metadata"].items() if k in ("name", "namespace", "labels")}
+    peer["metadata"]["name"] += "-peer"
+    peer["subjects"] = [{"kind": "ServiceAccount", "name": PEER, "namespace": OPERATOR_NAMESPACE}]
+    return peer
+
+
+@pytest.fixture(scope="module")
+def rbac(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rbac]:
+    """kustomize/base's namespace, ServiceAccount and RBAC (not its Deployment), applied as a user
+    would and left in place (test_shipping applies and removes the whole base), and a peer
+    ServiceAccount bound to the same roles (removed afterwards)."""
+    if cluster.local is None or cluster.kubectl is None:
+        missing_prerequisite(
+            "needs the local cluster's API server audit log (runs on the local cluster: unset CLEF_KUBECONFIG)"
+        )
+    kinds = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
+    objects = [o for o in kustomize_build(cluster.kubectl, BASE) if o["kind"] in kinds]
+    bindings = [_as_peer(o) for o in objects if o["kind"] in ("ClusterRoleBinding", "RoleBinding")]
+    sa = {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": {"name": PEER, "namespace": OPERATOR_NAMESPACE},
+    }
+    peer_objects = [sa, *bindings]
+    where = tmp_path_factory.mktemp("rbac")
+    # A namespace still terminating from an earlier run refuses objects for a while.
+    wait_for(lambda: _apply(cluster, objects + peer_objects, where / "rbac.json"), 60, "the RBAC applied")
+    try:
+        yield Rbac(
+            operator=service_account_kubeconfig(
+                cluster.kubeconfig, OPERATOR_NAMESPACE, OPERATOR_SA, where / "operator.kubeconfig", 3600
+            ),
+            peer=service_account_kubeconfig(
+                cluster.kubeconfig, OPERATOR_NAMESPACE, PEER, where / "peer.kubeconfig", 3600
+            ),
+            peer_lease_binding=next(b for b in bindings if b["roleRef"]["name"] == "clef-operator-lease"),
+        )
+    finally:
+        for o in reversed(peer_objects):
+            ns = o["metadata"].get("namespace")
+            argv = [cluster.kubectl, "--kubeconfig", str(cluster.kubeconfig), "delete", o["kind"].lower()]
+            subprocess.run(
+                [*argv, o["metadata"]["name"], *(["-n", ns] if ns else []), "--ignore-not-found"],
+                capture_output=True,
+            )
+
+
+def _may_read_lease(cluster: Cluster, user: str) -> bool:
+    argv = [cluster.kubectl or "kubectl", "--kubeconfig", str(cluster.kubeconfig), f"--as={user}"]
+    out = subprocess.run(
+        [*argv, "auth", "can-i", "get", f"leases/{LEASE_NAME}", "-n", OPERATOR_NAMESPACE],
+        capture_output=True,
+        text=True,
+    )
+    return out.stdout.strip() == "yes"
+
+
+@pytest.fixture
+def pair(
+    cluster: Cluster, namespace: str, rbac: Rbac, tmp_path: Path
+) -> Iterator[tuple[ElectedOperator, ElectedOperator]]:
+    delete_lease(cluster)
+    started: list[ElectedOperator] = []
+
+    def start(identity: str, kubeconfig: Path) -> ElectedOperator:
+        op = ElectedOperator(
+            kubeconfig, ["--namespace", namespace, *DURATIONS], tmp_path / f"{identity}.log", identity
+        )
+        started.append(op)
+        return op
+
+    try:
+        a = start("op-a", rbac.peer)
+        wait_for(lambda: lease_holder(cluster) == "op-a", 60, "op-a to take the Lease", a.tail)
+        b = start("op-b", rbac.operator)
+        wait_for(b.healthy, 60, "op-b's /healthz", b.tail)
+        yield a, b
+    finally:
+        _apply(cluster, [rbac.peer_lease_binding], tmp_path / "binding.json")
+        for op in started:
+            if op.proc.poll() is None:
+                op.signal(signal.SIGCONT)
+        delete_models(cluster, namespace)
+        for op in started:
+            op.stop()
+        delete_lease(cluster)
+
+
+def _audited(audit: Path, offset: int, identity: str, since: datetime) -> list[dict[str, Any]]:
+    """The requests that the process `identity` made from `since` on (its User-Agent names it)."""
+    out = []
+    with audit.open() as f:
+        f.seek(offset)
+        for line in f:
+            event = json.loads(line)
+            if f"({identity})" not in event.get("userAgent", "") or event.get("stage") not in (
+                "ResponseStarted",
+                "ResponseComplete",
+            ):
+                continue
+            received = datetime.fromisoformat(event["requestReceivedTimestamp"].replace("Z", "+00:00"))
+            if received >= since:
+                out.append(event)
+    return out
+
+
+def _writes(events: list[dict[str, Any]]) -> list[str]:
+    return sorted({f"{e['verb']} {e.get('requestURI', '')}" for e in events if e["verb"] in WRITES})
+
+
+def test_standby_takes_over_and_a_resumed_leader_writes_nothing(
+    cluster: Cluster,
+    namespace: str,
+    rbac: Rbac,
+    pair: tuple[ElectedOperator, ElectedOperator],
+    tmp_path: Path,
+) -> None:
+    a, b = pair
+    assert cluster.local is not None
+    audit = cluster.local.audit_log
+    offset = audit.stat().st_size
+    models = Models(cluster, namespace)
+    name = "leader"
+    models.create(clefmodel(name, verification={"required": False}))
+    models.wait_condition(name, "Ready", "True", "Available", timeout=120)
+    first = models.get(name)["status"]["activeRevision"]
+    assert (metric(a.metrics(), "clef_operator_leader"), metric(b.metrics(), "clef_operator_leader")) == (
+        1,
+        0,
+    )
+
+    # 2. The leader freezes; the standby waits out the lease, takes over and acts.
+    a.signal(signal.SIGSTOP)
+    paused = time.monotonic()
+    models.patch(name, {"spec": {"args": ["--max-num-seqs", "8"]}})
+    wait_for(lambda: lease_holder(cluster) == "op-b", 60, "op-b to take the Lease", b.tail)
+    failover = time.monotonic() - paused
+    second = models.wait_status(
+        name, lambda s: s.get("activeRevision") not in (None, first), "op-b to roll out the change", 120
+    )["activeRevision"]
+    reconciled = time.monotonic() - paused
+    print(
+        f"\nfailover: op-b took the Lease {failover:.1f}s after op-a froze; the change served after {reconciled:.1f}s"
+    )
+    # A's last renew was at most a retry period before it froze; B waited a full lease from there.
+    assert failover >= LEASE_SECONDS - RETRY_SECONDS - 0.5, f"op-b took over after {failover:.1f}s"
+    assert metric(b.metrics(), "clef_operator_leader") == 1
+
+    # 3. B freezes too, a change waits, and A resumes cut off from the Lease: it must not act.
+    b.signal(signal.SIGSTOP)
+    models.patch(name, {"spec": {"args": ["--max-num-seqs", "4"]}})
+    binding = rbac.peer_lease_binding["metadata"]
+    client.RbacAuthorizationV1Api(cluster.api).delete_namespaced_role_binding(
+        binding["name"], binding["namespace"]
+    )
+    peer = f"system:serviceaccount:{OPERATOR_NAMESPACE}:{PEER}"
+    wait_for(lambda: not _may_read_lease(cluster, peer), 30, "op-a's access to the Lease gone")
+    resumed = datetime.now(UTC)
+    a.signal(signal.SIGCONT)
+
+    def fenced() -> float:
+        return metric(a.metrics(), "clef_reconcile_errors_total", kind="fenced")
+
+    wait_for(
+        lambda: fenced() >= 1 or _writes(_audited(audit, offset, "op-a", resumed)),
+        60,
+        "op-a to attempt the change",
+        a.tail,
+    )
+    after_resume = _audited(audit, offset, "op-a", resumed)
+    assert not _writes(after_resume), f"op-a wrote after resuming:\n{_writes(after_resume)}\n{a.tail()}"
+    assert fenced() >= 1 and a.proc.poll() is None, "its writes were refused; it is still there"
+    assert metric(a.metrics(), "clef_operator_leader") == 1, "it has not learnt that it lost the Lease"
+
+    # 4. A reads the Lease again: it finds B there and exits.  B resumes and acts.
+    assert _apply(cluster, [rbac.peer_lease_binding], tmp_path / "peer-binding.json")
+    try:
+        code = a.proc.wait(60)
+    except subprocess.TimeoutExpired:
+        code = None
+    assert code == EXIT_LOST_LEASE, f"op-a once it could read the Lease again: {code}\n{a.tail()}"
+    b.signal(signal.SIGCONT)
+    models.wait_status(
+        name,
+        lambda s: s.get("activeRevision") not in (None, first, second),
+        "op-b to roll out the second change",
+        120,
+    )
+    assert lease_holder(cluster) == "op-b"
+    before_pause = _audited(audit, offset, "op-a", datetime.min.replace(tzinfo=UTC))
+    assert _writes(before_pause), (
+        "the audit log names op-a's writes while it led (else the check proves nothing)"
+    )
+    assert not _writes(_audited(audit, offset, "op-a", resumed)), a.tail()
+    assert _writes(_audited(audit, offset, "op-b", resumed)), "op-b's writes after it resumed are seen"
