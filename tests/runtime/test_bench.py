@@ -96,7 +96,15 @@ def test_bad_arguments_exit_2(argv: list[str]) -> None:
 def test_row_selection() -> None:
     names = lambda rows: [r.name for r in rows]  # noqa: E731
     rows, bad = select_rows(["chunk"])
-    assert names(rows) == ["chunk_b1_t32768", "chunk_b1_t8192", "chunk_b4_t8192", "chunk_b1_t2048_graph"]
+    assert names(rows) == [
+        "chunk_b1_t32768",
+        "chunk_b1_t8192",
+        "chunk_b4_t8192",
+        "chunk_b1_t2048_graph",
+        "chunk_b1_t131072",
+        "chunk_packed_8x4096",
+        "chunk_b1_t512_graph",
+    ]
     assert bad == []
     rows, _ = select_rows(["recurrent_*", "gdn_gating"])
     assert names(rows) == [
@@ -119,6 +127,9 @@ def test_every_row_of_the_brief_is_there() -> None:
         "chunk_b1_t8192": (1, 8192, False),
         "chunk_b4_t8192": (4, 8192, False),
         "chunk_b1_t2048_graph": (1, 2048, True),
+        "chunk_b1_t131072": (1, 131072, False),
+        "chunk_packed_8x4096": (1, 32768, False),
+        "chunk_b1_t512_graph": (1, 512, True),
         "recurrent_b1": (1, 1, True),
         "recurrent_b32": (32, 1, True),
         "recurrent_b128": (128, 1, True),

@@ -679,6 +679,15 @@ def chunk_gated_delta_rule(
     cu = cu_seqlens if cu_seqlens is not None else gc  # an unused pointer when not varlen
 
     tc = tensor_core_dots(q.dtype, device, tensor_cores)
+    from clef_runtime.ops.delta_rule_chunk_split import chunk_gated_delta_rule_split, takes_default_path
+
+    if not fault_state_in_io_dtype and takes_default_path(q.dtype, tc, N, HV, K, V):
+        # enough (sequence, value head) chains to fill the GPU unsplit: the output fused into
+        # the walk, no chunk states stored (`delta_rule_chunk_split`; measured faster there)
+        return chunk_gated_delta_rule_split(
+            q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+            cu_seqlens=cu_seqlens, use_qk_l2norm=use_qk_l2norm, segments=1,
+        )  # fmt: skip
     policy = dot_policy(q.dtype, _chunk_prepare_kernel, tc)
     cfg = launch_config(K, V, q.dtype, tc)
     if T > 0:
