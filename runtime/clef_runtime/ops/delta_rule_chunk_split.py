@@ -42,15 +42,8 @@ import triton
 import triton.language as tl
 
 from clef_runtime.interpreter import interpreted
-from clef_runtime.ops._common import check_cu_seqlens, check_runnable
-from clef_runtime.ops.delta_rule_chunk import BC, BT, OP, _chunk_prepare_kernel, launch_config
-from clef_runtime.ops.delta_rule_common import (
-    check_gdn_inputs,
-    check_state,
-    dot_policy,
-    rne_bf16,
-    tensor_core_dots,
-)
+from clef_runtime.ops.delta_rule_chunk import BT, OP, checked_inputs, prepare
+from clef_runtime.ops.delta_rule_common import rne_bf16, tensor_core_dots
 
 # Launches 2 and 3 take the whole V = 128 per program (k, w, q and Aqk are then read once per
 # chunk and value head, not once per V block), 8 warps, 2 stages (3 need 254 KB of shared memory).
@@ -372,47 +365,16 @@ def chunk_gated_delta_rule_split(
     (None: `default_segments`); ``block_v``, ``warps``: launches 2 and 3's column block and warps
     (for measurements; the defaults are the kept ones).  Raises ValueError where the device takes the FMA
     configuration (float32, sm70): that path has the three-launch design only."""
-    B, T, H, HV, K, V = check_gdn_inputs(OP, q, k, v, g, beta)
-    device = q.device
-    check_runnable(OP, device)
-    if not tensor_core_dots(q.dtype, device):
+    _, T, H, HV, K, V, N, scale = checked_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens)
+    if not tensor_core_dots(q.dtype, q.device):
         raise ValueError(f"{OP}: the split design runs on tensor cores only (16-bit inputs, sm80+)")
-    N = B if cu_seqlens is None else check_cu_seqlens(OP, cu_seqlens, B, T, device)
-    if initial_state is not None:
-        check_state(OP, "initial_state", initial_state, N, HV, K, V)
-        if initial_state.device != device:
-            raise ValueError(f"{OP}: initial_state is on {initial_state.device} but q is on {device}")
-    scale = K**-0.5 if scale is None else float(scale)
     P = default_segments(N, HV, V, T, block_v) if segments is None else int(segments)
     if P < 1:
         raise ValueError(f"{OP}: segments must be ≥ 1, got {P}")
-
-    o = torch.empty(B, T, HV, V, dtype=v.dtype, device=device)
-    final = torch.empty(N, HV, K, V, dtype=torch.float32, device=device) if output_final_state else None
-    w = torch.empty(B, T, HV, K, dtype=q.dtype, device=device)
-    u = torch.empty(B, T, HV, V, dtype=q.dtype, device=device)
-    aqk = torch.empty(B, T, HV, BT, dtype=q.dtype, device=device)
-    gc = torch.empty(B, HV, T, dtype=torch.float32, device=device)
-    kf = torch.empty(B, HV, T, dtype=torch.float32, device=device)
-    qf = torch.empty(B, HV, T, dtype=torch.float32, device=device)
-    NT = triton.cdiv(T, BT)
-    slots = B * NT if cu_seqlens is None else NT + N
-    cu = cu_seqlens if cu_seqlens is not None else gc
+    device = q.device
+    p = prepare(q, k, v, g, beta, N, scale, cu_seqlens, use_qk_l2norm, output_final_state, True)
+    policy, cfg = p.policy, p.cfg
     varlen = cu_seqlens is not None
-    policy = dot_policy(q.dtype, _chunk_prepare_kernel, True)
-    cfg = launch_config(K, V, q.dtype, True)
-    if T > 0:
-        _chunk_prepare_kernel[(slots * HV,)](
-            q, k, v, g, beta, w, u, aqk, gc, kf, qf, cu,
-            scale, T, NT, N,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-            H=H, HV=HV, K=K, V=V, BK=cfg.BK, BVF=cfg.BVF, KS=cfg.KS, VS=cfg.VS,
-            BT=BT, BC=BC, LOG_BC=BC.bit_length() - 1, SOLVE_BY_DOUBLING=cfg.solve_by_doubling,
-            IS_VARLEN=varlen, L2NORM=use_qk_l2norm,
-            CHUNK_DT=policy.chunk_dtype, SOLVE_PRECISION=policy.solve_precision,
-            ROUND_BF16=policy.round_bf16,
-            num_warps=cfg.warps1,
-        )  # fmt: skip
     BV = min(block_v, cfg.BVF)
     nvb, nkb = triton.cdiv(V, BV), triton.cdiv(K, BV)
     VP, CW = nvb * BV, (nvb + nkb) * BV
@@ -423,18 +385,18 @@ def chunk_gated_delta_rule_split(
     )  # fmt: skip
     if P > 1:
         _segment_map_kernel[(N * HV, nvb + nkb, P - 1)](
-            k, w, u, gc, kf, emap, cu, T, P, k.stride(0), k.stride(1),
+            k, p.w, p.u, p.gc, p.kf, emap, p.cu, T, P, k.stride(0), k.stride(1),
             **consts, INTERPRETED=interpreted(_segment_map_kernel),
             num_warps=warps, num_stages=stages,
         )  # fmt: skip
     fold = "ieee" if q.dtype == torch.float32 else "tf32"
     _segment_output_kernel[(N * HV, nvb, P)](
-        q, k, w, u, gc, kf, qf, aqk, o, emap,
-        initial_state if initial_state is not None else gc,
-        final if final is not None else gc,
-        cu, T, P, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
-        **consts, VP=VP, HAS_H0=initial_state is not None, STORE_FINAL=final is not None,
+        q, k, p.w, p.u, p.gc, p.kf, p.qf, p.aqk, p.o, emap,
+        initial_state if initial_state is not None else p.gc,
+        p.final if p.final is not None else p.gc,
+        p.cu, T, P, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+        **consts, VP=VP, HAS_H0=initial_state is not None, STORE_FINAL=p.final is not None,
         FOLD_PRECISION=fold, FOLD=P > 1, INTERPRETED=interpreted(_segment_output_kernel),
         num_warps=warps, num_stages=stages,
     )  # fmt: skip
-    return o, final
+    return p.o, p.final
