@@ -63,6 +63,7 @@ def test_defaults() -> None:
         "auto",
         0,
     )
+    assert (o.no_flashqla, o.split) == (False, False)
 
 
 def test_every_option() -> None:
@@ -70,9 +71,10 @@ def test_every_option() -> None:
         parse(
             "--rows", "chunk, recurrent_b1,,", "--quick", "--no-fla", "--json", "out/b.json", "--dtype", "f16",
             "--device", "cuda:1", "--allow-cpu", "--mode", "graph", "--seconds", "0.5", "--seed", "3",
+            "--no-flashqla", "--split",
         )
     )  # fmt: skip
-    assert o.rows == ["chunk", "recurrent_b1"]
+    assert o.rows == ["chunk", "recurrent_b1"] and o.no_flashqla and o.split
     assert (o.quick, o.no_fla, o.json, o.dtype, o.device, o.allow_cpu, o.mode, o.seconds, o.seed) == (
         True,
         True,
@@ -96,7 +98,15 @@ def test_bad_arguments_exit_2(argv: list[str]) -> None:
 def test_row_selection() -> None:
     names = lambda rows: [r.name for r in rows]  # noqa: E731
     rows, bad = select_rows(["chunk"])
-    assert names(rows) == ["chunk_b1_t32768", "chunk_b1_t8192", "chunk_b4_t8192", "chunk_b1_t2048_graph"]
+    assert names(rows) == [
+        "chunk_b1_t32768",
+        "chunk_b1_t8192",
+        "chunk_b4_t8192",
+        "chunk_b1_t2048_graph",
+        "chunk_b1_t131072",
+        "chunk_packed_8x4096",
+        "chunk_b1_t512_graph",
+    ]
     assert bad == []
     rows, _ = select_rows(["recurrent_*", "gdn_gating"])
     assert names(rows) == [
@@ -119,6 +129,9 @@ def test_every_row_of_the_brief_is_there() -> None:
         "chunk_b1_t8192": (1, 8192, False),
         "chunk_b4_t8192": (4, 8192, False),
         "chunk_b1_t2048_graph": (1, 2048, True),
+        "chunk_b1_t131072": (1, 131072, False),
+        "chunk_packed_8x4096": (1, 32768, False),
+        "chunk_b1_t512_graph": (1, 512, True),
         "recurrent_b1": (1, 1, True),
         "recurrent_b32": (32, 1, True),
         "recurrent_b128": (128, 1, True),
@@ -296,7 +309,11 @@ def test_table() -> None:
 # ---- the check keeps a wrong kernel from being timed ------------------------------------------------
 
 
-def _fake_row(fla_factor: float, clef_nan: bool = False) -> tuple[Row, Context, Env]:
+def _fake_row(
+    fla_factor: float, clef_nan: bool = False, peers: dict[str, float] | None = None
+) -> tuple[Row, Context, Env]:
+    """``peers``: name -> factor of implementations beside clef (×2) and FLA."""
+
     def build(ctx: Context, B: int, T: int) -> Setup:
         def make_set(seed: int) -> Tensors:
             g = torch.Generator().manual_seed(seed)
@@ -316,6 +333,7 @@ def _fake_row(fla_factor: float, clef_nan: bool = False) -> tuple[Row, Context, 
             clef=Impl("clef", clef),
             fla=Impl("fla", fla),
             fla_missing=None,
+            peers=[Impl(n, lambda s, f=f: {"y": s["x"] * f}) for n, f in (peers or {}).items()],
         )
 
     row = Row("fake", "fake_op", False, (1, 4), (1, 4), build)
@@ -348,6 +366,22 @@ def test_a_disagreeing_kernel_gets_no_number() -> None:
     assert res.check is not None and res.check.rel_err["y"] == pytest.approx(0.2)
     assert res.clef.stats is None and res.fla.stats is None
     assert any("disagree" in n for n in res.notes)
+
+
+def test_peers_are_checked_against_fla_and_timed_or_dropped() -> None:
+    res = bench_row(*_fake_row(2.0, peers={"flashqla": 2.0, "clef-split": 2.0}))
+    assert res.status == "ok" and not res.failed
+    assert all(res.peers[n].stats is not None for n in ("flashqla", "clef-split"))
+    assert res.ratio_to_clef(res.peers["flashqla"]) is not None
+    assert res.check is not None and res.check.peer_rel_err["flashqla"] == {"y": 0.0}
+    # a peer that disagrees is not timed; clef's own split design failing fails the run
+    res = bench_row(*_fake_row(2.0, peers={"flashqla": 2.5}))
+    assert res.status == "ok" and not res.failed and res.peers["flashqla"].stats is None
+    assert any("flashqla n/a" in n and "disagrees" in n for n in res.notes)
+    res = bench_row(*_fake_row(2.0, peers={"clef-split": 3.0}))
+    assert res.status == "ok" and res.failed and res.peers["clef-split"].stats is None
+    lines = table_lines([res], 1e9)
+    assert "clef-split" in lines[0] and "clef-split/clef" in lines[0]
 
 
 def test_a_non_finite_output_gets_no_number() -> None:

@@ -216,3 +216,45 @@ def test_chunk_delta_rule_kernels_compile_for_sm90_and_sm70() -> None:
         if k.startswith("sm_70") and r.get("STACK", 0) + r.get("LOCAL", 0) > 1024
     }
     assert not volta, f"sm_70 kernels that spill more than 1 KB per thread: {volta}"
+
+
+_SPLIT_BODY = r"""
+from clef_runtime.ops import delta_rule_chunk as dc, delta_rule_chunk_split as ds
+from clef_runtime.ops.delta_rule_common import dot_policy
+
+DIV16 = {"sqb", "sqt", "skb", "skt"}
+pol = dot_policy(torch.bfloat16, dc._chunk_prepare_kernel, True)
+p = "*bf16"
+consts = dict(H=16, HV=32, K=128, V=128, BK=128, BV=ds.SPLIT_BV, BT=dc.BT, CW=256, IS_VARLEN=True,
+              STATE_DT=pol.state_dtype, STATE_PRECISION=pol.state_precision, ROUND_BF16=False, INTERPRETED=False)
+f32 = "*fp32"
+launches = [
+    ("map", ds._segment_map_kernel,
+     dict(k=p, w=p, u=p, gc=f32, kf=f32, emap=f32, cu_seqlens="*i32"), consts),
+    ("walk", ds._segment_output_kernel,
+     dict(q=p, k=p, w=p, u=p, gc=f32, kf=f32, qf=f32, aqk=p, o=p, emap=f32, h0=f32, ht=f32, cu_seqlens="*i32"),
+     dict(consts, VP=128, HAS_H0=True, STORE_FINAL=True, FOLD_PRECISION="tf32", FOLD=False)),
+]
+results = {}
+for launch, kernel, types, c in launches:
+    key = f"sm_90 bf16 split {launch}"
+    try:
+        results[key] = {"ok": True, **compile_variant(kernel, types, c, 90, ds.SPLIT_WARPS, ds.SPLIT_STAGES, DIV16)}
+    except Exception as e:
+        results[key] = {"ok": False, "error": f"{type(e).__name__}: {e}"[-2000:]}
+print("RESULTS " + json.dumps(results))
+"""
+SPLIT_SCRIPT = PRELUDE + _SPLIT_BODY
+
+
+@pytest.mark.slow
+def test_split_chunk_kernels_compile_for_sm90() -> None:
+    """The split design's two launches (`delta_rule_chunk_split`, bf16 on tensor cores only: the
+    default path for ≥ 128 sequence × value-head chains) at their kept tiles (whole V, 8 warps,
+    2 stages) compile for sm_90.  The walk spills 64 bytes per thread there (255 registers):
+    measured faster anyway (docs/performance.md, "Chunked prefill, fourth pass"); the bound
+    catches a change that makes it spill for real."""
+    results = _compile_all(SPLIT_SCRIPT, 900)
+    assert len(results) == 2, results
+    heavy = {k: r for k, r in results.items() if int(r.get("STACK", 0)) + int(r.get("LOCAL", 0)) > 128}  # type: ignore[call-overload]
+    assert not heavy, f"split kernels that spill more than 128 bytes per thread on sm_90: {heavy}"

@@ -57,7 +57,9 @@ def check_against_reference(
     initial: bool = False,
     final: bool = True,
     scale: float | None = None,
+    op: Callable[..., tuple[torch.Tensor, torch.Tensor | None]] | None = None,
 ) -> None:
+    """``op``: the implementation under test (default: the op set's, `kernel_config` forced)."""
     dtype = torch_dtype(dtype_name)
     cu = None
     if lens is not None:
@@ -67,7 +69,7 @@ def check_against_reference(
     q, k, v, g, beta = gdn_inputs(rng, device, dtype, B=B, T=T, H=H, HV=HV, K=K, V=V, normalise_qk=not l2norm)
     h0 = 0.1 * torch.randn(N, HV, K, V, generator=rng).to(device) if initial else None
     kw = dict(scale=scale, initial_state=h0, output_final_state=final, cu_seqlens=cu, use_qk_l2norm=l2norm)
-    o, ht = chunk_op(kernel_config)(q, k, v, g, beta, **kw)
+    o, ht = (op or chunk_op(kernel_config))(q, k, v, g, beta, **kw)
     ro, rht = ref.chunk_gated_delta_rule(q, k, v, g, beta, **kw)  # type: ignore[arg-type]
     tol = tolerance(OP, dtype_name)
     assert o.dtype == v.dtype and o.shape == (B, T, HV, V)

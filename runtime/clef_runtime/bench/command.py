@@ -81,6 +81,16 @@ def add_bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     p.add_argument("--list", action="store_true", help="list the rows and exit")
     p.add_argument("--quick", action="store_true", help="fewer samples and warm-up rounds")
     p.add_argument("--no-fla", action="store_true", help="do not import flash-linear-attention")
+    p.add_argument(
+        "--no-flashqla",
+        action="store_true",
+        help="do not import FlashQLA (flash-qla), the chunk rows' second peer",
+    )
+    p.add_argument(
+        "--split",
+        action="store_true",
+        help="also time clef's split chunk design (not the default path) in the chunk rows",
+    )
     p.add_argument("--json", metavar="PATH", help="write the full results (JSON) here")
     p.add_argument("--dtype", choices=sorted(NAMES), default="bf16", help="activation dtype (default bf16)")
     p.add_argument("--device", default="cuda", help="cuda (default), cuda:N, or cpu with --allow-cpu")
@@ -108,6 +118,8 @@ class Options:
     quick: bool
     no_fla: bool
     json: str | None
+    no_flashqla: bool
+    split: bool
     dtype: str
     device: str
     allow_cpu: bool
@@ -126,6 +138,8 @@ class Options:
             quick=bool(args.quick),
             no_fla=bool(args.no_fla),
             json=args.json,
+            no_flashqla=bool(getattr(args, "no_flashqla", False)),
+            split=bool(getattr(args, "split", False)),
             dtype=str(args.dtype),
             device=str(args.device),
             allow_cpu=bool(args.allow_cpu),
@@ -331,8 +345,10 @@ def bench_row(row: Row, ctx: Context, env: Env) -> RowResult:
         return _crashed(row, env, RuntimeError(f"setup failed: {type(e).__name__}: {e}"))
     res = RowResult(row.name, row.op, setup.case, setup.floor, show_tflops=setup.show_tflops)
     res.fla.na = setup.fla_missing
+    for name, why in setup.peer_missing.items():
+        res.impl(name).na = why
     notes = setup.notes + (setup.fla_notes if ctx.fla is not None else [])
-    impls: list[Impl] = [setup.clef] + ([setup.fla] if setup.fla is not None else [])
+    impls: list[Impl] = [setup.clef] + ([setup.fla] if setup.fla is not None else []) + setup.peers
 
     base = env.seed * 100_003 + 1
     first = setup.make_set(base + 1)
@@ -352,9 +368,9 @@ def bench_row(row: Row, ctx: Context, env: Env) -> RowResult:
         msg = f"{what} failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         if impl.name == "clef":
             res.status = "error"
-            res.clef.na = msg
-        else:
-            res.fla.na = msg
+        elif impl.name.startswith("clef"):
+            res.peer_failed = True
+        res.impl(impl.name).na = msg
 
     # 1. compile / autotune on rotation set 0
     for impl in list(impls):
@@ -372,7 +388,7 @@ def bench_row(row: Row, ctx: Context, env: Env) -> RowResult:
         return _finish(res, notes, t0)
 
     # 2. check on a fresh set, allocator poisoned
-    check = Check(tolerance=env.tolerance, against="fla" if len(impls) > 1 else "sanity")
+    check = Check(tolerance=env.tolerance, against="fla" if setup.fla in impls else "sanity")
     outs: dict[str, Tensors] = {}
     for impl in list(impls):
         try:
@@ -401,6 +417,8 @@ def bench_row(row: Row, ctx: Context, env: Env) -> RowResult:
             if not check.ok:
                 res.status = "mismatch"
     res.check = check
+    if res.status == "ok":
+        impls = _check_peers(res, check, impls, outs)
     del outs
     if res.status != "ok":
         return _finish(res, notes, t0)
@@ -421,8 +439,51 @@ def bench_row(row: Row, ctx: Context, env: Env) -> RowResult:
         return _finish(res, notes, t0)
     res.mode = mode
     for name, st in zip(names, stats, strict=True):
-        getattr(res, name).stats = st
+        res.impl(name).stats = st
     return _finish(res, notes + timing_notes, t0)
+
+
+def _check_peers(res: RowResult, check: Check, impls: list[Impl], outs: dict[str, Tensors]) -> list[Impl]:
+    """Check every peer's outputs against FLA's (clef's when FLA is not there); a peer that fails
+    is not timed and reads n/a with the reason (and fails the run when it is clef's own)."""
+    ref_name = "fla" if check.against == "fla" else "clef"
+    keep = []
+    for impl in impls:
+        if impl.name in ("clef", "fla"):
+            keep.append(impl)
+            continue
+        out = outs[impl.name]
+        problems = _outputs_ok(impl.name, out)
+        errs = {} if problems else {k: _rel_err(out[k], outs[ref_name][k]) for k in outs["clef"]}
+        check.peer_rel_err[impl.name] = errs
+        bad = [f"{k} {e:.3g}" for k, e in errs.items() if e > check.tolerance]
+        if bad:
+            problems.append(
+                f"disagrees with {ref_name}: relative error {', '.join(bad)} > {check.tolerance:g}"
+            )
+        if problems:
+            res.impl(impl.name).na = "; ".join(problems) + "; not timed"
+            res.peer_failed = res.peer_failed or impl.name.startswith("clef")
+        else:
+            keep.append(impl)
+    return keep
+
+
+def _device_usable(res: RowResult) -> bool:
+    """Free the row's memory; False when the CUDA context is broken (a kernel of this row faulted,
+    e.g. an illegal address, which poisons every later call): the run stops with the rows so far,
+    and this row says so."""
+    try:
+        torch.cuda.empty_cache()
+        torch.cuda.synchronize()
+    except Exception as e:
+        res.status = "error"
+        res.notes.append(
+            f"the CUDA context broke during this row ({type(e).__name__}: {str(e).splitlines()[0]}); "
+            "an asynchronous fault cannot be pinned on one implementation, and no later row ran"
+        )
+        return False
+    return True
 
 
 def _crashed(row: Row, env: Env, e: BaseException) -> RowResult:
@@ -472,6 +533,18 @@ def run_bench_command(args: argparse.Namespace) -> int:
     except Exception as e:
         return _err(f"bench: clef's Triton ops cannot be imported ({type(e).__name__}: {e})")
 
+    flashqla, flashqla_version = None, None
+    flashqla_reason = "not loaded (--no-flashqla)"
+    if not opts.no_flashqla:
+        from clef_runtime.bench.fla_peer import DISPATCH_ENV, load_flashqla
+
+        # before FLA is imported (it reads the switch then): FLA's column stays FLA's Triton
+        # kernels, FlashQLA gets its own
+        os.environ.setdefault(DISPATCH_ENV, "1")
+        flashqla, msg = load_flashqla()
+        flashqla_version, flashqla_reason = (msg, "") if flashqla is not None else (None, msg)
+        if flashqla is None:
+            _progress(f"bench: {msg}; FlashQLA columns will read n/a")
     fla_version: str | None = None
     if opts.no_fla:
         fla, fla_reason = None, "not loaded (--no-fla)"
@@ -522,12 +595,16 @@ def run_bench_command(args: argparse.Namespace) -> int:
             ops=ops,
             fla=fla,
             fla_reason=fla_reason,
+            flashqla=flashqla,
+            flashqla_reason=flashqla_reason,
+            split=opts.split,
+            fla_backend=_fla_backend(flashqla is not None),
         )
         base_record = {
             "schema": SCHEMA,
             "date": started.isoformat(timespec="seconds"),
             "device": info,
-            "versions": _versions(fla_version),
+            "versions": {**_versions(fla_version), "flash_qla": flashqla_version},
             "fla_env": _fla_env(),
             "dtype": opts.dtype,
             "dims": vars(env.dims) | {"D": env.dims.D},
@@ -547,12 +624,13 @@ def run_bench_command(args: argparse.Namespace) -> int:
                 res = _crashed(row, env, e)
             results.append(res)
             _progress(f"bench: {row.name}: {res.status}, {res.mode}, {res.seconds:.1f} s")
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
+            usable = device.type != "cuda" or _device_usable(res)
             if opts.json:  # after every row, so that a run cut short still leaves its rows
                 write_json(Path(opts.json), base_record, results, copy, complete=False)
+            if not usable:
+                break
 
-    header = _header(info, opts, fla_version, copy, tiny)
+    header = _header(info, opts, fla_version, copy, tiny, flashqla_version)
     texts, per_row = number_notes(results)
     lines = [
         *header,
@@ -582,6 +660,18 @@ def write_json(
     tmp.replace(path)
 
 
+def _fla_backend(flashqla_loaded: bool) -> str:
+    from importlib.util import find_spec
+
+    from clef_runtime.bench.fla_peer import fla_chunk_backend
+
+    try:
+        importable = flashqla_loaded or find_spec("flash_qla") is not None
+    except (ImportError, ValueError):
+        importable = False
+    return fla_chunk_backend(importable)
+
+
 def _fla_env() -> dict[str, str]:
     from clef_runtime.bench.fla_peer import fla_environment
 
@@ -589,7 +679,12 @@ def _fla_env() -> dict[str, str]:
 
 
 def _header(
-    info: dict[str, Any], opts: Options, fla_version: str | None, copy: CopyBandwidth, tiny: bool
+    info: dict[str, Any],
+    opts: Options,
+    fla_version: str | None,
+    copy: CopyBandwidth,
+    tiny: bool,
+    flashqla_version: str | None = None,
 ) -> list[str]:
     import triton
 
@@ -599,11 +694,12 @@ def _header(
         dev += f" ({info['sms']} SMs" + (f", L2 {l2 / 2**20:.0f} MiB)" if l2 else ")")
     lines = [
         f"clef-runtime bench · {dev} · {opts.dtype} · torch {torch.__version__} · triton "
-        f"{getattr(triton, '__version__', '?')} · FLA {fla_version or 'n/a'}",
+        f"{getattr(triton, '__version__', '?')} · FLA {fla_version or 'n/a'}"
+        + (f" · FlashQLA {flashqla_version}" if flashqla_version else ""),
         f"copy bandwidth {copy.bytes_per_s / 1e9:.0f} GB/s (bytes read + written; {copy.nbytes / 2**30:.2f} GiB "
         f"copy, median of {len(copy.stats.samples)}, spread {100 * copy.stats.spread:.1f}%)",
         "times: median per call ± (p90-p10)/median; floor: byte floor / copy BW; BW: share of copy BW; "
-        "FLA/clef > 1: clef faster",
+        "FLA/clef (X/clef) > 1: clef faster",
     ]
     if tiny:
         lines.append("TINY SHAPES ON THE CPU (Triton interpreter, host clock): these numbers mean nothing")

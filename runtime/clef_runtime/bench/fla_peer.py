@@ -19,6 +19,12 @@ Layout mapping (docs/performance.md, "FLA adapters"):
 * gating: FLA's ``fused_gdn_gate`` computes g only; beta is FLA's ``fused_beta_sigmoid``, a
   second launch.
 * l2norm (``fla.modules.norm.l2norm.l2norm``): same rows; it also writes a float32 rstd per row.
+
+FlashQLA (``flash_qla.chunk_gated_delta_rule``, Qwen's TileLang kernels) is a second peer for the
+chunked rows only: it takes FLA's arguments and layouts.  FLA 0.6.0 hands its own chunked call to
+FlashQLA when ``flash_qla`` is importable, unless ``FLA_DISABLE_BACKEND_DISPATCH=1`` was set
+before FLA was imported: ``clef-runtime bench`` sets it (unless the caller set it either way) so
+that the FLA column stays FLA's Triton kernels, and `fla_chunk_backend` says which backend FLA's column is.
 """
 
 from __future__ import annotations
@@ -75,6 +81,28 @@ def load_fla() -> tuple[FlaPeer | None, str]:
         except Exception as e:
             peer.missing[attr] = f"FLA {version} has no {module}.{name} ({type(e).__name__}: {e})"
     return peer, version
+
+
+DISPATCH_ENV = "FLA_DISABLE_BACKEND_DISPATCH"
+
+
+def load_flashqla() -> tuple[Callable[..., Any] | None, str]:
+    """Import FlashQLA.  Returns ``(chunk_gated_delta_rule, version)`` or ``(None, reason)``."""
+    try:
+        mod = importlib.import_module("flash_qla")
+        fn = mod.chunk_gated_delta_rule
+    except Exception as e:  # any import failure means "no FlashQLA in this run", with the reason
+        return None, f"flash-qla is not importable ({type(e).__name__}: {e})"
+    return fn, str(getattr(mod, "__version__", "unknown"))
+
+
+def fla_chunk_backend(flashqla_importable: bool) -> str:
+    """Which backend FLA's chunked call runs in this process (FLA reads the switch at import)."""
+    if os.environ.get(DISPATCH_ENV) == "1":
+        return f"FLA's Triton kernels ({DISPATCH_ENV}=1)"
+    if flashqla_importable:
+        return "FlashQLA, through FLA's backend dispatch (flash_qla importable, dispatch not disabled)"
+    return "FLA's Triton kernels (flash_qla not importable)"
 
 
 def fla_environment() -> dict[str, str]:

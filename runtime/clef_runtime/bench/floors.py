@@ -85,9 +85,9 @@ def recurrent_flops(d: Dims, tokens: int) -> int:
     return tokens * d.HV * 7 * d.K * d.V
 
 
-def chunk_floor(d: Dims, B: int, T: int, elt: int) -> Floor:
+def chunk_floor(d: Dims, B: int, T: int, elt: int, states: int | None = None) -> Floor:
     """chunk_gated_delta_rule, no initial state, final state written: q, k, v, g, beta read; o and
-    the final state written."""
+    the final state written (``states``: one per sequence, B unless packed)."""
     terms = {
         "q": B * T * d.H * d.K * elt,
         "k": B * T * d.H * d.K * elt,
@@ -95,7 +95,7 @@ def chunk_floor(d: Dims, B: int, T: int, elt: int) -> Floor:
         "g": B * T * d.HV * F32,
         "beta": B * T * d.HV * F32,
         "o": B * T * d.HV * d.V * elt,
-        "final_state": B * d.HV * d.K * d.V * F32,
+        "final_state": (B if states is None else states) * d.HV * d.K * d.V * F32,
     }
     return Floor(terms, chunk_flops(d, B, T))
 

@@ -30,6 +30,7 @@ class Check:
     rel_err: dict[str, float] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     against: str = "fla"  # or "sanity" when there is no FLA to compare with
+    peer_rel_err: dict[str, dict[str, float]] = field(default_factory=dict)  # against FLA, else clef
 
     @property
     def worst(self) -> float | None:
@@ -46,6 +47,7 @@ class Check:
             "rel_err": self.rel_err,
             "problems": self.problems,
             "ok": self.ok,
+            "peer_rel_err": self.peer_rel_err,
         }
 
 
@@ -65,10 +67,27 @@ class RowResult:
     clef: ImplResult = field(default_factory=lambda: ImplResult("clef"))
     fla: ImplResult = field(default_factory=lambda: ImplResult("fla"))
     notes: list[str] = field(default_factory=list)
+    # implementations beside clef and FLA (FlashQLA, clef's split design), by name
+    peers: dict[str, ImplResult] = field(default_factory=dict)
+    # a clef implementation among the peers failed its check (the run's exit code says so)
+    peer_failed: bool = False
 
     @property
     def failed(self) -> bool:
-        return self.status != "ok"
+        return self.status != "ok" or self.peer_failed
+
+    def impl(self, name: str) -> ImplResult:
+        if name == "clef":
+            return self.clef
+        if name == "fla":
+            return self.fla
+        return self.peers.setdefault(name, ImplResult(name))
+
+    def ratio_to_clef(self, impl: ImplResult) -> float | None:
+        """``impl``'s time / clef's time (above 1: clef is faster)."""
+        if self.clef.stats is None or impl.stats is None:
+            return None
+        return impl.stats.median / self.clef.stats.median
 
     def floor_s(self, copy_bw: float) -> float:
         return self.floor.bytes / copy_bw
@@ -115,6 +134,9 @@ class RowResult:
             "clef": impl(self.clef),
             "fla": impl(self.fla),
             "ratio_fla_over_clef": self.ratio,
+            "peers": {
+                name: {**impl(p), "ratio_over_clef": self.ratio_to_clef(p)} for name, p in self.peers.items()
+            },
             "wall_s": self.seconds,
             "notes": self.notes,
         }
@@ -195,10 +217,20 @@ def table_lines(
     rows: Sequence[RowResult], copy_bw: float, notes: dict[str, list[int]] | None = None
 ) -> list[str]:
     """The aligned table: one line per row; times are medians with the (p90 - p10)/median spread;
-    BW is the share of the measured copy bandwidth at the byte floor."""
+    BW is the share of the measured copy bandwidth at the byte floor.  Peers (FlashQLA, clef's
+    split design) get a time and a ratio column each, when any row has them."""
+    peer_names: list[str] = []
+    for r in rows:
+        peer_names += [n for n in r.peers if n not in peer_names]
+    header = (*HEADER[:-1], *(c for n in peer_names for c in (n, f"{n}/clef")), HEADER[-1])
+    right = RIGHT | {c for n in peer_names for c in (n, f"{n}/clef")}
     body: list[tuple[str, ...]] = []
     for r in rows:
         nums = (notes or {}).get(r.name, [])
+        peer_cells: list[str] = []
+        for n in peer_names:
+            p = r.peers.get(n)
+            peer_cells += ["", ""] if p is None else [_impl_cell(r, p), _ratio_cell(r.ratio_to_clef(p))]
         body.append(
             (
                 r.name,
@@ -212,18 +244,19 @@ def table_lines(
                 fmt_pct(r.share(r.fla, copy_bw)),
                 _tflops_cell(r, r.clef),
                 _tflops_cell(r, r.fla),
+                *peer_cells,
                 ",".join(str(n) for n in nums),
             )
         )
-    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(HEADER)]
+    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(header)]
 
     def line(cells: Sequence[str]) -> str:
         parts = [
-            c.rjust(w) if h in RIGHT else c.ljust(w) for c, w, h in zip(cells, widths, HEADER, strict=True)
+            c.rjust(w) if h in right else c.ljust(w) for c, w, h in zip(cells, widths, header, strict=True)
         ]
         return "  ".join(parts).rstrip()
 
-    return [line(HEADER), *(line(b) for b in body)]
+    return [line(header), *(line(b) for b in body)]
 
 
 def row_note_texts(row: RowResult) -> list[str]:
@@ -240,4 +273,7 @@ def row_note_texts(row: RowResult) -> list[str]:
         out.append(f"clef: {row.clef.na}")
     if row.fla.stats is None and row.fla.na:
         out.append(f"FLA n/a: {row.fla.na}")
+    for name, p in row.peers.items():
+        if p.stats is None and p.na:
+            out.append(f"{name} n/a: {p.na}")
     return out

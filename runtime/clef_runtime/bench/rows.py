@@ -52,7 +52,9 @@ class Impl:
 @dataclass
 class Setup:
     """What a row needs at run time.  ``shared_bytes``: bytes every call reads from tensors shared
-    by all sets (a layer's weights), for sizing the rotation."""
+    by all sets (a layer's weights), for sizing the rotation.  ``peers``: implementations timed
+    beside clef and FLA (FlashQLA, clef's split chunk design), checked against FLA (or clef when
+    there is no FLA); ``peer_missing``: the peers a row would have, with why they are absent."""
 
     case: str
     floor: Floor
@@ -64,6 +66,8 @@ class Setup:
     fla_notes: list[str] = field(default_factory=list)  # how FLA was called; shown when FLA is loaded
     shared_bytes: int = 0
     show_tflops: bool = False
+    peers: list[Impl] = field(default_factory=list)
+    peer_missing: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,10 @@ class Context:
     ops: OpSet
     fla: FlaPeer | None
     fla_reason: str = ""
+    flashqla: Callable[..., object] | None = None
+    flashqla_reason: str = "not loaded"
+    split: bool = False  # also time clef's split chunk design (`clef_runtime.ops.delta_rule_chunk_split`)
+    fla_backend: str = ""  # which backend FLA's chunked call runs (`fla_peer.fla_chunk_backend`)
 
     @property
     def elt(self) -> int:
@@ -137,41 +145,49 @@ def _gdn_set(r: Draw, d: Dims, B: int, T: int, dtype: torch.dtype) -> Tensors:
 # ---- chunked delta rule (prefill) ---------------------------------------------------------------
 
 
-def _chunk(ctx: Context, B: int, T: int) -> Setup:
+FLASHQLA = "flashqla"
+SPLIT = "clef-split"
+
+
+def _chunk(ctx: Context, B: int, T: int, seqs: int = 0) -> Setup:
+    """``seqs`` > 0: B must be 1 and the T tokens are ``seqs`` packed sequences of T / seqs."""
     d, dt = ctx.dims, ctx.dtype
+    N = seqs or B
 
     def make_set(seed: int) -> Tensors:
-        return _gdn_set(Draw(ctx.device, seed), d, B, T, dt)
+        s = _gdn_set(Draw(ctx.device, seed), d, B, T, dt)
+        if seqs:  # clef takes int32 offsets, FLA and FlashQLA int64 (int32 faulted in FlashQLA or FLA)
+            s["cu_seqlens"] = torch.arange(0, T + 1, T // seqs, dtype=torch.int32, device=ctx.device)
+            s["cu_seqlens64"] = s["cu_seqlens"].long()
+        return s
 
-    def clef(s: Tensors) -> Tensors:
-        o, final = ctx.ops.chunk_gated_delta_rule(
-            s["q"], s["k"], s["v"], s["g"], s["beta"], output_final_state=True, use_qk_l2norm=True
-        )
-        return {"o": o, "final_state": _some(final, "chunk_gated_delta_rule")}
-
-    def fla(p: FlaPeer) -> Impl:
-        fn = p.get("chunk")
+    def call(fn: Callable[..., tuple[torch.Tensor, torch.Tensor | None]], what: str, **kw: object) -> Impl:
+        cu_key = "cu_seqlens" if what.startswith("clef") else "cu_seqlens64"
 
         def run(s: Tensors) -> Tensors:
-            o, final = fn(
-                s["q"],
-                s["k"],
-                s["v"],
-                s["g"],
-                s["beta"],
-                output_final_state=True,
-                use_qk_l2norm_in_kernel=True,
-            )
-            return {"o": o, "final_state": final}
+            o, final = fn(s["q"], s["k"], s["v"], s["g"], s["beta"], cu_seqlens=s.get(cu_key),
+                          output_final_state=True, **kw)  # fmt: skip
+            return {"o": o, "final_state": _some(final, what)}
 
-        return Impl("fla", run)
+        return Impl(what, run)
 
-    impl, why = _fla(ctx, ("chunk",), fla)
+    impl, why = _fla(ctx, ("chunk",), lambda p: call(p.get("chunk"), "fla", use_qk_l2norm_in_kernel=True))
+    peers: list[Impl] = []
+    missing: dict[str, str] = {}
+    if ctx.flashqla is not None:
+        peers.append(call(ctx.flashqla, FLASHQLA, use_qk_l2norm_in_kernel=True))  # type: ignore[arg-type]
+    else:
+        missing[FLASHQLA] = ctx.flashqla_reason
+    if ctx.split:
+        from clef_runtime.ops.delta_rule_chunk_split import chunk_gated_delta_rule_split
+
+        peers.append(call(chunk_gated_delta_rule_split, SPLIT, use_qk_l2norm=True))
+    case = f"{seqs} packed × {T // seqs}" if seqs else f"B{B} T{T}"
     return Setup(
-        case=f"B{B} T{T}",
-        floor=chunk_floor(d, B, T, ctx.elt),
+        case=case,
+        floor=chunk_floor(d, B, T, ctx.elt, states=N),
         make_set=make_set,
-        clef=Impl("clef", clef),
+        clef=call(ctx.ops.chunk_gated_delta_rule, "clef", use_qk_l2norm=True),
         fla=impl,
         fla_missing=why,
         notes=[
@@ -179,10 +195,17 @@ def _chunk(ctx: Context, B: int, T: int) -> Setup:
         ],
         fla_notes=[
             "FLA chunk: same layouts, HV = 2·H natively (no q/k repeat); use_qk_l2norm_in_kernel runs "
-            "a separate l2norm pass over q and k (more bytes than the floor)"
+            "a separate l2norm pass over q and k (more bytes than the floor)",
+            f"FLA's chunked call ran {ctx.fla_backend or 'FLA: backend unknown'}",
         ],
         show_tflops=True,
+        peers=peers,
+        peer_missing=missing,
     )
+
+
+def _chunk_packed(ctx: Context, B: int, T: int) -> Setup:
+    return _chunk(ctx, 1, T, seqs=8)
 
 
 # ---- recurrent delta rule (decode) --------------------------------------------------------------
@@ -691,6 +714,9 @@ ROWS: tuple[Row, ...] = (
     Row("chunk_b1_t8192", CHUNK_OP, False, (1, 8192), (1, 64), _chunk),
     Row("chunk_b4_t8192", CHUNK_OP, False, (4, 8192), (2, 64), _chunk),
     Row("chunk_b1_t2048_graph", CHUNK_OP, True, (1, 2048), (1, 64), _chunk),
+    Row("chunk_b1_t131072", CHUNK_OP, False, (1, 131072), (1, 192), _chunk),
+    Row("chunk_packed_8x4096", CHUNK_OP, False, (1, 32768), (1, 64), _chunk_packed),
+    Row("chunk_b1_t512_graph", CHUNK_OP, True, (1, 512), (1, 32), _chunk),
     Row("recurrent_b1", RECURRENT_OP, True, (1, 1), (1, 1), _recurrent),
     Row("recurrent_b32", RECURRENT_OP, True, (32, 1), (2, 1), _recurrent),
     Row("recurrent_b128", RECURRENT_OP, True, (128, 1), (3, 1), _recurrent),

@@ -40,6 +40,11 @@ repeated in memory):
 3. `_chunk_output_kernel`, grid ``(chunk slots · HV, V / BVO)``: the output of every chunk in
    parallel, ``o = qf ⊙ (q S_c) + Aqk v_new`` (raw q into the dot, the factor on the product).
 
+bf16 on tensor cores with at least 128 (sequence, value head) chains is handed to
+`clef_runtime.ops.delta_rule_chunk_split` instead (launch 1, then the output fused into one
+whole-V walk per chain, no chunk states stored: faster there, slower at B1; docs/performance.md,
+"fourth pass").
+
 Launch 3 costs storing the chunk states (``[chunks, HV, K, V]``) but keeps the output's dots off
 the sequential chain; docs/performance.md has the measurements behind this split and behind the
 tiles of `launch_config`.
@@ -74,6 +79,7 @@ import triton.language as tl
 from clef_runtime.interpreter import interpreted
 from clef_runtime.ops._common import check_cu_seqlens, check_runnable
 from clef_runtime.ops.delta_rule_common import (
+    DotPolicy,
     check_gdn_inputs,
     check_state,
     dot_policy,
@@ -632,6 +638,96 @@ def launch_config(K: int, V: int, dtype: torch.dtype, tensor_cores: bool) -> Lau
     )  # fmt: skip
 
 
+def checked_inputs(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None,
+    initial_state: torch.Tensor | None,
+    cu_seqlens: torch.Tensor | None,
+) -> tuple[int, int, int, int, int, int, int, float]:
+    """Every input check of the op; returns (B, T, H, HV, K, V, sequences N, scale)."""
+    B, T, H, HV, K, V = check_gdn_inputs(OP, q, k, v, g, beta)
+    device = q.device
+    check_runnable(OP, device)
+    N = B if cu_seqlens is None else check_cu_seqlens(OP, cu_seqlens, B, T, device)
+    if initial_state is not None:
+        check_state(OP, "initial_state", initial_state, N, HV, K, V)
+        if initial_state.device != device:
+            raise ValueError(f"{OP}: initial_state is on {initial_state.device} but q is on {device}")
+    return B, T, H, HV, K, V, N, K**-0.5 if scale is None else float(scale)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """Launch 1's outputs, the output buffers, and what the later launches need to know."""
+
+    o: torch.Tensor
+    final: torch.Tensor | None
+    w: torch.Tensor
+    u: torch.Tensor
+    aqk: torch.Tensor
+    gc: torch.Tensor
+    kf: torch.Tensor
+    qf: torch.Tensor
+    cu: torch.Tensor  # cu_seqlens, or an unused pointer when not varlen
+    NT: int
+    slots: int
+    policy: DotPolicy
+    cfg: LaunchConfig
+
+
+def prepare(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    N: int,
+    scale: float,
+    cu_seqlens: torch.Tensor | None,
+    use_qk_l2norm: bool,
+    output_final_state: bool,
+    tc: bool,
+) -> Prepared:
+    """Allocate the outputs and launch 1's intermediates, and run launch 1 (shared with
+    `clef_runtime.ops.delta_rule_chunk_split`)."""
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    device = q.device
+    o = torch.empty(B, T, HV, V, dtype=v.dtype, device=device)
+    final = torch.empty(N, HV, K, V, dtype=torch.float32, device=device) if output_final_state else None
+    # within-chunk intermediates, token-indexed, in the input dtype (see the module docstring)
+    w = torch.empty(B, T, HV, K, dtype=q.dtype, device=device)
+    u = torch.empty(B, T, HV, V, dtype=q.dtype, device=device)
+    aqk = torch.empty(B, T, HV, BT, dtype=q.dtype, device=device)
+    # per-token float32 factors, head-major [B, HV, T] (a chunk's 64 are contiguous): the
+    # cumulative decay, and what launches 2 and 3 scale k and q rows by
+    gc = torch.empty(B, HV, T, dtype=torch.float32, device=device)
+    kf = torch.empty(B, HV, T, dtype=torch.float32, device=device)
+    qf = torch.empty(B, HV, T, dtype=torch.float32, device=device)
+    NT = triton.cdiv(T, BT)
+    slots = B * NT if cu_seqlens is None else NT + N  # varlen: an upper bound, see the kernel
+    cu = cu_seqlens if cu_seqlens is not None else gc  # an unused pointer when not varlen
+    policy = dot_policy(q.dtype, _chunk_prepare_kernel, tc)
+    cfg = launch_config(K, V, q.dtype, tc)
+    if T > 0:
+        _chunk_prepare_kernel[(slots * HV,)](
+            q, k, v, g, beta, w, u, aqk, gc, kf, qf, cu,
+            scale, T, NT, N,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            H=H, HV=HV, K=K, V=V, BK=cfg.BK, BVF=cfg.BVF, KS=cfg.KS, VS=cfg.VS,
+            BT=BT, BC=BC, LOG_BC=BC.bit_length() - 1, SOLVE_BY_DOUBLING=cfg.solve_by_doubling,
+            IS_VARLEN=cu_seqlens is not None, L2NORM=use_qk_l2norm,
+            CHUNK_DT=policy.chunk_dtype, SOLVE_PRECISION=policy.solve_precision,
+            ROUND_BF16=policy.round_bf16,
+            num_warps=cfg.warps1,
+        )  # fmt: skip
+    return Prepared(o, final, w, u, aqk, gc, kf, qf, cu, NT, slots, policy, cfg)
+
+
 def chunk_gated_delta_rule(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -652,62 +748,35 @@ def chunk_gated_delta_rule(
     the fault ``fp16_state_overflow``, set only by `clef_runtime.ops.faulty`; ``tensor_cores``
     forces the launch configuration (None: the device decides, see `tensor_core_dots`), set by
     `clef_runtime.opset.get_opset` from `clef_runtime.kernel_config`."""
-    B, T, H, HV, K, V = check_gdn_inputs(OP, q, k, v, g, beta)
-    device = q.device
-    check_runnable(OP, device)
-    N = B if cu_seqlens is None else check_cu_seqlens(OP, cu_seqlens, B, T, device)
-    if initial_state is not None:
-        check_state(OP, "initial_state", initial_state, N, HV, K, V)
-        if initial_state.device != device:
-            raise ValueError(f"{OP}: initial_state is on {initial_state.device} but q is on {device}")
-    scale = K**-0.5 if scale is None else float(scale)
+    B, T, H, HV, K, V, N, scale = checked_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens)
+    tc = tensor_core_dots(q.dtype, q.device, tensor_cores)
+    from clef_runtime.ops.delta_rule_chunk_split import chunk_gated_delta_rule_split, takes_default_path
 
-    o = torch.empty(B, T, HV, V, dtype=v.dtype, device=device)
-    final = torch.empty(N, HV, K, V, dtype=torch.float32, device=device) if output_final_state else None
-    # within-chunk intermediates, token-indexed, in the input dtype (see the module docstring)
-    w = torch.empty(B, T, HV, K, dtype=q.dtype, device=device)
-    u = torch.empty(B, T, HV, V, dtype=q.dtype, device=device)
-    aqk = torch.empty(B, T, HV, BT, dtype=q.dtype, device=device)
-    # per-token float32 factors, head-major [B, HV, T] (a chunk's 64 are contiguous): the
-    # cumulative decay, and what launches 2 and 3 scale k and q rows by
-    gc = torch.empty(B, HV, T, dtype=torch.float32, device=device)
-    kf = torch.empty(B, HV, T, dtype=torch.float32, device=device)
-    qf = torch.empty(B, HV, T, dtype=torch.float32, device=device)
-
-    NT = triton.cdiv(T, BT)
-    slots = B * NT if cu_seqlens is None else NT + N  # varlen: an upper bound, see the kernel
-    cu = cu_seqlens if cu_seqlens is not None else gc  # an unused pointer when not varlen
-
-    tc = tensor_core_dots(q.dtype, device, tensor_cores)
-    policy = dot_policy(q.dtype, _chunk_prepare_kernel, tc)
-    cfg = launch_config(K, V, q.dtype, tc)
-    if T > 0:
-        _chunk_prepare_kernel[(slots * HV,)](
-            q, k, v, g, beta, w, u, aqk, gc, kf, qf, cu,
-            scale, T, NT, N,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-            H=H, HV=HV, K=K, V=V, BK=cfg.BK, BVF=cfg.BVF, KS=cfg.KS, VS=cfg.VS,
-            BT=BT, BC=BC, LOG_BC=BC.bit_length() - 1, SOLVE_BY_DOUBLING=cfg.solve_by_doubling,
-            IS_VARLEN=cu_seqlens is not None, L2NORM=use_qk_l2norm,
-            CHUNK_DT=policy.chunk_dtype, SOLVE_PRECISION=policy.solve_precision,
-            ROUND_BF16=policy.round_bf16,
-            num_warps=cfg.warps1,
+    if not fault_state_in_io_dtype and takes_default_path(q.dtype, tc, N, HV, K, V):
+        # enough (sequence, value head) chains to fill the GPU unsplit: the output fused into
+        # the walk, no chunk states stored (`delta_rule_chunk_split`; measured faster there)
+        return chunk_gated_delta_rule_split(
+            q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+            cu_seqlens=cu_seqlens, use_qk_l2norm=use_qk_l2norm, segments=1,
         )  # fmt: skip
+    device = q.device
+    p = prepare(q, k, v, g, beta, N, scale, cu_seqlens, use_qk_l2norm, output_final_state, tc)
+    policy, cfg = p.policy, p.cfg
     # the chunk-start states and v_new, as the state dots see them (STATE_DT), for launch 3; for
     # bf16 on a GPU v_new has u's dtype and overwrites it (each element of u is read once, by the
     # program that writes the same element of v_new)
     state_torch = _TORCH_DTYPE[policy.state_dtype]
-    hs = torch.empty(slots, HV, K, V, dtype=state_torch, device=device)
-    vn = u if state_torch == u.dtype else torch.empty(B, T, HV, V, dtype=state_torch, device=device)
+    hs = torch.empty(p.slots, HV, K, V, dtype=state_torch, device=device)
+    vn = p.u if state_torch == p.u.dtype else torch.empty(B, T, HV, V, dtype=state_torch, device=device)
     _chunk_recurrence_kernel[(N * HV, triton.cdiv(V, cfg.BV))](
-        k, w, u, gc, kf, hs, vn,
-        initial_state if initial_state is not None else gc,
-        final if final is not None else gc,
-        cu, T, NT,
+        k, p.w, p.u, p.gc, p.kf, hs, vn,
+        initial_state if initial_state is not None else p.gc,
+        p.final if p.final is not None else p.gc,
+        p.cu, T, p.NT,
         k.stride(0), k.stride(1),
         H=H, HV=HV, K=K, V=V, BK=cfg.BK, BV=cfg.BV, BT=BT,
         IS_VARLEN=cu_seqlens is not None,
-        HAS_H0=initial_state is not None, STORE_FINAL=final is not None,
+        HAS_H0=initial_state is not None, STORE_FINAL=p.final is not None,
         STATE_IN_IO_DTYPE=fault_state_in_io_dtype,
         STATE_DT=policy.state_dtype, STATE_PRECISION=policy.state_precision, ROUND_BF16=policy.round_bf16,
         INTERPRETED=interpreted(_chunk_recurrence_kernel),
@@ -715,11 +784,11 @@ def chunk_gated_delta_rule(
         num_stages=cfg.stages2,
     )  # fmt: skip
     if T > 0:
-        _chunk_output_kernel[(slots * HV, triton.cdiv(V, cfg.BVO))](
-            q, aqk, qf, hs, vn, o, cu, T, NT, N, q.stride(0), q.stride(1),
+        _chunk_output_kernel[(p.slots * HV, triton.cdiv(V, cfg.BVO))](
+            q, p.aqk, p.qf, hs, vn, p.o, p.cu, T, p.NT, N, q.stride(0), q.stride(1),
             H=H, HV=HV, K=K, V=V, BK=cfg.BK, BV=cfg.BVO, BT=BT,
             IS_VARLEN=cu_seqlens is not None,
             STATE_DT=policy.state_dtype, STATE_PRECISION=policy.state_precision, ROUND_BF16=policy.round_bf16,
             num_warps=cfg.warps3,
         )  # fmt: skip
-    return o, final
+    return p.o, p.final
