@@ -130,7 +130,7 @@ def plan_rollout(
     verdicts it did not sign never count (verdicts.py)."""
     owner = Owner(model.name, model.namespace, model.uid)
     key = verification_key(spec)
-    verdicts = collect_verdicts(model, key, status, observed.deployments, verdict_key)
+    verdicts = collect_verdicts(model, key, status, observed.deployments, verdict_key, observed.jobs)
     verification = drive_verification(model, owner, spec, key, observed, verdicts, now, verdict_key)
     desired = desired_revision(owner, spec, verification, verdicts.run)
     drift = revert_drift(observed, _known_templates(desired))
