@@ -16,6 +16,7 @@ from clef_operator.api import Verdict
 from clef_operator.conditions import Reason, Why
 from clef_operator.kube import pod_refusal
 from clef_operator.observed import JobState, PodState
+from clef_operator.rollout import POD_RECHECK_SECONDS
 from clef_operator.verification import Outcome, Progress, judge
 
 REFUSED = 'Error creating: pods "m-verify-k-" is forbidden: pod rejected: RuntimeClass "nvidia" not found'
@@ -73,11 +74,25 @@ def _refuse_current_job(w: World) -> str:
     return name
 
 
+def test_a_job_without_a_pod_is_looked_at_again_soon():
+    """A refused pod is an event, which wakes nothing: the next pass must not wait for a resync."""
+    w = World(make_spec())
+    w.step()
+    name = w.current_job()
+    w.pods = {k: p for k, p in w.pods.items() if p.job_name != name}
+    assert w.plan().requeue_after == POD_RECHECK_SECONDS
+    w.pods[name + "-pod"] = PodState(
+        name=name + "-pod", component="verification", owner_uids=(f"uid-{name}",)
+    )
+    assert w.plan().requeue_after is None, "its pod exists: watches on it wake the loop"
+
+
 def test_a_refused_verification_pod_is_verified_false_and_degraded_in_one_reconcile():
     w = World(make_spec())
     w.step()
     name = _refuse_current_job(w)
     plan = w.step()
+    assert plan.requeue_after is None
     assert DeleteJob(name) in plan.actions, "the Job stops: its controller would keep trying"
     for type_ in ("Verified", "Degraded"):
         state, reason, message = w.condition(type_)
