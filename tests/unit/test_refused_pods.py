@@ -15,7 +15,7 @@ from clef_operator.actions import DeleteJob
 from clef_operator.api import Verdict
 from clef_operator.conditions import Reason, Why
 from clef_operator.kube import pod_refusal
-from clef_operator.observed import JobState, PodState
+from clef_operator.observed import DeploymentState, JobState, PodState
 from clef_operator.rollout import POD_RECHECK_SECONDS
 from clef_operator.verification import Outcome, Progress, judge
 
@@ -106,13 +106,19 @@ def test_a_refused_verification_pod_is_verified_false_and_degraded_in_one_reconc
     assert not w.jobs and w.condition("Verified")[1] == Reason.POD_REJECTED
 
 
-def test_the_old_revision_keeps_serving_while_a_new_specs_pod_is_refused():
+def _serving_then_new_spec() -> tuple[World, DeploymentState]:
+    """The first spec serves; a new one (another image) is being verified."""
     w = World(make_spec())
     w.deploy_first()
     serving = w.active_deployment()
     assert serving is not None
     w.spec = make_spec(image=GOOD2)
     w.step()
+    return w, serving
+
+
+def test_the_old_revision_keeps_serving_while_a_new_specs_pod_is_refused():
+    w, serving = _serving_then_new_spec()
     _refuse_current_job(w)
     w.step()
     w.settle()
@@ -124,12 +130,7 @@ def test_the_old_revision_keeps_serving_while_a_new_specs_pod_is_refused():
 
 
 def test_a_candidate_revision_whose_pods_are_refused_is_degraded_while_the_old_one_serves():
-    w = World(make_spec())
-    w.deploy_first()
-    serving = w.active_deployment()
-    assert serving is not None
-    w.spec = make_spec(image=GOOD2)
-    w.step()
+    w, serving = _serving_then_new_spec()
     w.finish_job()
     w.step()
     (candidate,) = (d for d in w.deployments.values() if d.name != serving.name)
