@@ -55,8 +55,13 @@ fmt: $(STAMP)
 
 -include mk/*.mk
 
+# The runtime tier is CPU-bound (Triton's interpreter); the cluster tier mostly waits on the
+# control plane and the operator's loop.  So `make test` runs the two at once: each one's output is
+# printed in one piece when it ends (--output-sync), and either one failing fails `make test`
+# (after the other has finished).  `make test-runtime` / `make test-cluster` run one alone.
 .PHONY: test
-test: $(STAMP) lint cluster-build-if-possible test-unit test-runtime test-cluster
+test: $(STAMP) lint cluster-build-if-possible test-unit
+	@$(MAKE) --no-print-directory -j2 --output-sync=target test-runtime test-cluster
 
 .PHONY: test-unit
 test-unit: $(STAMP)

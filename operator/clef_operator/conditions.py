@@ -41,6 +41,9 @@ class Reason:
     DIGEST_UNKNOWN = "ImageDigestUnknown"
     UNSCHEDULABLE = "Unschedulable"
     CONTAINER_CONFIG = "VerificationConfigError"
+    # The API server refuses the verification Job's pod (the Job controller's FailedCreate: a
+    # RuntimeClass that does not exist, a quota, a LimitRange, Pod Security).
+    POD_REJECTED = "VerificationPodRejected"
     # A user-supplied verifier (spec.verification.image or .command) passed: clef's checks did not run.
     CUSTOM_VERIFIER_PASSED = "CustomVerifierPassed"
     # A pass on a node without the nvidia.com/gpu.product label: serving cannot be pinned to it.

@@ -17,6 +17,7 @@ import os
 import secrets
 import socket
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -134,6 +135,21 @@ def _job(j: Any) -> JobState:
         created_at=j.metadata.creation_timestamp,
         deleting=j.metadata.deletion_timestamp is not None,
     )
+
+
+def pod_refusal(events: Iterable[Any]) -> str:
+    """The newest FailedCreate message among a Job's events: the API server's own words for the
+    pod the Job controller could not create ("" when there is none).  The Job controller records
+    nothing else about it (no Job condition), so these events are the only place it is said."""
+    refused = [e for e in events if e.reason == "FailedCreate" and e.message]
+    if not refused:
+        return ""
+
+    def when(e: Any) -> datetime:
+        at = e.last_timestamp or e.event_time or e.metadata.creation_timestamp
+        return at or datetime.min.replace(tzinfo=UTC)
+
+    return str(max(refused, key=when).message)
 
 
 def _pod(p: Any, node_labels: Mapping[str, Mapping[str, str]]) -> PodState:
@@ -303,6 +319,7 @@ class Kube:
         ]
         node_labels = self._node_labels(n or "" for n in verification_nodes)
         pods = [_pod(p, node_labels) for p in raw_pods]
+        jobs = [self._with_pod_refusal(ns, j, pods) for j in jobs]
         service = None
         try:
             s: Any = self.core.read_namespaced_service(service_name, ns)
@@ -319,6 +336,15 @@ class Kube:
             if e.status != 404:
                 raise
         return Observed(tuple(deployments), tuple(jobs), tuple(pods), service)
+
+    def _with_pod_refusal(self, ns: str, job: JobState, pods: list[PodState]) -> JobState:
+        """`job` with `pods_refused` read from its FailedCreate events: only while it is active
+        and has no pod (one field-selected list for that Job alone; none in the steady state)."""
+        if job.finished or job.deleting or not job.uid or any(job.uid in p.owner_uids for p in pods):
+            return job
+        selector = f"involvedObject.uid={job.uid},reason=FailedCreate"
+        events: list[Any] = self.core.list_namespaced_event(ns, field_selector=selector).items
+        return replace(job, pods_refused=pod_refusal(events))
 
     # -------------------------------------------------------------------------- writing
     def apply(self, model: ModelRef, action: act.Action) -> str | None:

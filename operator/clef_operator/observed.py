@@ -77,6 +77,10 @@ class JobState:
     failed_message: str = ""
     created_at: datetime | None = None
     deleting: bool = False
+    # The Job controller's newest FailedCreate message while the Job has no pod: the API server
+    # refuses its pods (an admission plugin: a RuntimeClass that does not exist, a quota, a
+    # LimitRange, Pod Security).  Read only for an active Job without pods (kube.pod_refusal).
+    pods_refused: str = ""
 
     @property
     def finished(self) -> bool:

@@ -108,6 +108,8 @@ from clef_operator.verdicts import Verdicts, collect_verdicts, encode_verdict, s
 from clef_operator.verification import Outcome, Progress, judge
 
 MAX_RECORDS = 16
+# How soon a pass looks again at a verification Job that has no pod (kube reads its FailedCreate).
+POD_RECHECK_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -130,7 +132,7 @@ def plan_rollout(
     verdicts it did not sign never count (verdicts.py)."""
     owner = Owner(model.name, model.namespace, model.uid)
     key = verification_key(spec)
-    verdicts = collect_verdicts(model, key, status, observed.deployments, verdict_key)
+    verdicts = collect_verdicts(model, key, status, observed.deployments, verdict_key, observed.jobs)
     verification = drive_verification(model, owner, spec, key, observed, verdicts, now, verdict_key)
     desired = desired_revision(owner, spec, verification, verdicts.run)
     drift = revert_drift(observed, _known_templates(desired))
@@ -147,6 +149,10 @@ def plan_rollout(
     actions = (*verification.actions, *drift.actions, *active.actions, *move.actions, *retired.actions)
     # A switch made in this pass is reported by the next one, which comes at once.
     requeue = 0.0 if move.switching else retired.requeue_after
+    if verification.awaiting_pod:
+        # Nothing wakes the loop when the Job controller is refused the pod (an event, not a
+        # change to the Job): look again soon rather than at the next resync.
+        requeue = min(requeue if requeue is not None else POD_RECHECK_SECONDS, POD_RECHECK_SECONDS)
     return Plan(actions, new_status, requeue)
 
 
@@ -181,6 +187,8 @@ class Verification:
     progress: Progress | None = None
     new_record: VerificationRecord | None = None
     actions: tuple[Action, ...] = ()
+    # The current Job exists, is active and has no pod yet (created, or its pod refused).
+    awaiting_pod: bool = False
 
     @property
     def passed(self) -> VerificationRecord | None:
@@ -275,9 +283,10 @@ def _run_job(
         return Verification(
             running, name, progress=Progress(Reason.PENDING, f"waiting for Job {name} to be deleted")
         )
-    judged = judge(spec, job, observed.pods_of_job(job), now)
+    pods = observed.pods_of_job(job)
+    judged = judge(spec, job, pods, now)
     if isinstance(judged, Progress):
-        return Verification(running, name, progress=judged)
+        return Verification(running, name, progress=judged, awaiting_pod=not pods)
     return _concluded(spec, name, judged)
 
 

@@ -32,7 +32,8 @@ from clef_operator.api import (
     Verifier,
 )
 from clef_operator.conditions import Reason
-from clef_operator.observed import DeploymentState, ModelRef
+from clef_operator.observed import DeploymentState, JobState, ModelRef
+from clef_operator.revision import job_name
 
 # The verdict annotation of a Deployment rolled out without verification.
 NOT_REQUIRED = "NotRequired"
@@ -57,6 +58,25 @@ def reverify_marker(token: str) -> str:
     if len(token) <= MAX_MARKER:
         return token
     return "sha256:" + hashlib.sha256(token.encode()).hexdigest()
+
+
+def fresh_run(
+    model: ModelRef,
+    token: str,
+    runs: int,
+    deployments: Iterable[DeploymentState],
+    jobs: Iterable[JobState],
+) -> tuple[int, str]:
+    """The run for a request acted on now: the first from `runs` on that no child of the model
+    carries.  status.reverifyRuns is a cache; lost, the count starts again and (token, count)
+    could name an earlier run, whose Job or Deployment would answer a request it never saw."""
+    taken = {d.annotations.get(labels.REVERIFY_RUN, "") for d in deployments}
+    names = {(j.key, j.name) for j in jobs}
+    while True:
+        run = run_id(token, runs)
+        if run not in taken and not any(name == job_name(model.name, key, run) for key, name in names):
+            return runs, run
+        runs += 1  # at most one step per child: each (token, count) names a different run
 
 
 def run_id(token: str, runs: int) -> str:
@@ -244,14 +264,20 @@ def collect_verdicts(
     status: ClefModelStatus,
     deployments: Iterable[DeploymentState],
     secret: bytes,
+    jobs: Iterable[JobState] = (),
 ) -> Verdicts:
     """Rule 1 (and 7): the signed verdicts recorded in status and on Deployments, minus what a
-    re-verify request (a new value of the annotation: a new run) voided for the current `key`."""
+    re-verify request (a new value of the annotation: a new run, `fresh_run`) voided for the
+    current `key`."""
+    deployments = tuple(deployments)
     token = model.reverify_token
     marker = reverify_marker(token)
     requested = marker != (status.observed_reverify or "")
-    runs = (status.reverify_runs or 0) + (1 if requested else 0)
-    run = run_id(token, runs)
+    runs = status.reverify_runs or 0
+    if requested:
+        runs, run = fresh_run(model, token, runs + 1, deployments, jobs)
+    else:
+        run = run_id(token, runs)
     ignored: list[Ignored] = []
     records: list[VerificationRecord] = []
     for r in status.verifications:

@@ -119,6 +119,13 @@ def _pull_summary(spec: ClefModelSpec, pod: PodState) -> str:
     )
 
 
+def _refused_summary(job: JobState) -> str:
+    return (
+        f"the API server refuses the pod of Job {job.name} (the Job controller's FailedCreate):"
+        f" {job.pods_refused}. Fix the spec or the cluster (create the RuntimeClass, raise the quota)"
+    )
+
+
 def _crash_summary(pod: PodState, problem: str) -> str:
     parts = [f"exit code {pod.exit_code}"]
     if pod.terminated_reason:
@@ -138,6 +145,10 @@ def judge(spec: ClefModelSpec, job: JobState, pods: list[PodState], now: datetim
     if pod is not None and not job.finished and _is(problem, Why.IMAGE_PULL):
         # Decided already: the Job is stopped so it does not hold its GPU until the deadline.
         return case.fail(Reason.IMAGE_PULL_FAILED, _pull_summary(spec, pod), stop_job=True)
+    if pod is None and not job.finished and job.pods_refused:
+        # Decided already: the Job controller retries with back-off, and each try is refused the
+        # same way until someone changes the spec or the cluster.
+        return case.fail(Reason.POD_REJECTED, _refused_summary(job), stop_job=True)
     if job.failed:
         return _judge_failed(case, problem)
     if job.complete:

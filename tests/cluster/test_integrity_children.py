@@ -231,6 +231,23 @@ def test_pods_the_api_server_refuses_are_in_degraded(
         assert 'RuntimeClass "no-such-class" not found' in degraded["message"]
 
 
+def test_a_verification_pod_the_api_server_refuses_fails_closed_within_one_reconcile(
+    cluster: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    """The Job is accepted, its pod never is (a RuntimeClass that does not exist, which admission
+    cannot know): the Job controller's FailedCreate reaches Verified and Degraded in the API
+    server's words within a resync, not at the verification deadline, and the Job is stopped."""
+    with _models(cluster, namespace, tmp_path) as models:
+        models.create(clefmodel(NAME, runtimeClassName="no-such-class"))
+        # One resync (30 s) at most after the event; the Job's deadline is VERIFY_SECONDS away.
+        verified = models.wait_condition(NAME, "Verified", "False", "VerificationPodRejected", timeout=90)
+        assert 'RuntimeClass "no-such-class" not found' in verified["message"]
+        degraded = models.condition(NAME, "Degraded")
+        assert (degraded["status"], degraded["reason"]) == ("True", "VerificationPodRejected")
+        wait_for(lambda: not models.jobs(NAME), 30, "the refused Job deleted", lambda: models.describe(NAME))
+        assert not models.deployments(NAME), "nothing serves a spec that was never verified"
+
+
 # ---------------------------------------------------------------------------- the Service
 
 

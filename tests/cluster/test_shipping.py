@@ -6,8 +6,9 @@ The RBAC proof runs the operator the way its Deployment does (`clef-operator run
 clef-system/clef-operator with a TokenRequest token, so the API server's RBAC judges every request
 by the rules kustomize/base ships.  It drives one ClefModel through every path that calls the API
 server (verify and serve, a new revision switched in, the old one scaled down and deleted, an
-unpullable image whose Job is deleted, deletion of the ClefModel), then reads the API server's
-audit log (manifests/audit-policy.yaml logs exactly this ServiceAccount's requests):
+unpullable image whose Job is deleted, a Job whose pod the API server refuses, deletion of the
+ClefModel), then reads the API server's audit log (manifests/audit-policy.yaml logs exactly this
+ServiceAccount's requests):
 
 * nothing missing: no request was denied, and the rollout completed;
 * nothing unused: every (group, resource, verb) the ClusterRoles grant appears among the allowed
@@ -248,6 +249,9 @@ def _drive_every_api_path(models: Models, operator: ElectedOperator) -> None:
         return not [j for j in models.jobs(name) if (j.metadata.labels or {}).get(VERIFICATION_KEY) == key]
 
     wait_for(job_deleted, 60, "the unpullable image's Job deleted", operator.tail)
+    # 3b. a pod the API server refuses (no such RuntimeClass): the Job's FailedCreate events listed.
+    models.patch(name, {"spec": {"image": IMAGE_10, "runtimeClassName": "no-such-class"}})
+    models.wait_condition(name, "Verified", "False", "VerificationPodRejected", timeout=120)
     # 4. deleted: kopf takes its finalizer off.
     models.delete(name)
     wait_for(lambda: _gone(models, name), 60, "the ClefModel gone", operator.tail)

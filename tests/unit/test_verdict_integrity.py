@@ -143,6 +143,34 @@ def test_reverify_1_2_1_runs_a_third_job_and_never_rejudges_the_first():
     assert image.endswith(digest_for("run-3")), "the newest run's digest serves"
 
 
+def test_a_reverify_request_after_status_was_lost_never_reuses_an_earlier_run():
+    """status.reverifyRuns is a cache: lost, the run counter starts again, and a value seen
+    before (b, after a -> b -> c) would name an earlier run, whose Job (within its TTL) or
+    Deployment still answers for it.  A request is a run no child of the model carries."""
+    w = World(make_spec())
+    w.deploy_first()
+    jobs: list[str] = []
+
+    def request(token: str) -> None:
+        w.model = replace(w.model, annotations={labels.REVERIFY: token})
+        w.step()
+        job = w.current_job()
+        assert job not in jobs, f"request {token} was answered by the Job of an earlier run"
+        jobs.append(job)
+        w.finish_job(image_id="registry.clef.test/clef-runtime@" + digest_for(f"run-{len(jobs)}"))
+        w.step()
+        w.settle()
+        w.step()
+
+    for token in ("a", "b", "c"):
+        request(token)
+    w.status = ClefModelStatus()  # lost: restored from an old backup, or edited by hand
+    for token in ("c", "b"):
+        request(token)
+    image = w.manifests[w.active_deployment().name]["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert image.endswith(digest_for("run-5")), "the newest run's digest serves"
+
+
 def test_a_reverify_value_too_long_for_status_still_works():
     w = World(make_spec())
     w.deploy_first()
