@@ -60,6 +60,10 @@ def base_spec_dict(**overrides: Any) -> dict[str, Any]:
         "rollout": {"scaleDownDelaySeconds": 30},
     }
     spec.update(overrides)
+    # These tests are of the kernels mode unless they say otherwise (candle-vllm defaults to endpoint).
+    verification = spec.setdefault("verification", {})
+    if "endpoint" not in verification:
+        verification.setdefault("mode", "kernels")
     return spec
 
 
