@@ -909,6 +909,11 @@ class VerificationRecord(ApiModel):
         default=Step.KERNELS,
         description="The step: kernels (the verify Job), goldens, preview or endpoint (the comparison).",
     )
+    final: bool = Field(
+        default=True,
+        description="Whether it concludes the verification (a failure always does; a pass of goldens, of the"
+        " preview, or of the kernels in mode both does not).",
+    )
     signature: str = Field(
         default="",
         max_length=128,
