@@ -1042,7 +1042,7 @@ def _degraded(
 
 
 def _same_step(a: VerificationRecord, b: VerificationRecord) -> bool:
-    return (a.key, a.step, a.run, a.job_uid, a.verdict) == (b.key, b.step, b.run, b.job_uid, b.verdict)
+    return (a.key, a.step, a.run, a.job, a.job_uid) == (b.key, b.step, b.run, b.job, b.job_uid)
 
 
 def build_status(
@@ -1071,9 +1071,9 @@ def build_status(
         active_image, active_spec = desired.image, spec.to_wire()
     elif rev and active.served is not None:
         active_image, active_spec = active_image or status.active_image, status.active_spec
-    new = [r for r in (verification.new_record, *verification.step_records) if r is not None]
     # A step's record is written once, whatever happened to the action it went with.
-    new = [r for r in new if not any(_same_step(r, old) for old in verdicts.records)]
+    steps = [r for r in verification.step_records if not any(_same_step(r, old) for old in verdicts.records)]
+    new = [r for r in (verification.new_record, *steps) if r is not None]
     svc = active.service
     return ClefModelStatus(
         observed_generation=model.generation,
