@@ -105,10 +105,3 @@ def parse_goldens_report(message: str | None) -> GoldensReport:
         error=obj["error"],
     )
 
-
-def check_size(text: str) -> int:
-    """The report's size in bytes, refused over the bound (the builder clips free text to fit)."""
-    size = len(text.encode())
-    if size > MAX_REPORT_BYTES:
-        raise ReportInvalid(f"report is {size} bytes, more than {MAX_REPORT_BYTES}")
-    return size
