@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Final
 
-from clef_contract.report import MAX_REPORT_BYTES, VERDICTS, ReportInvalid, clip, json_object
+from clef_contract.report import VERDICTS, ReportInvalid, clip, json_object
 
 GOLDENS_REPORT_SCHEMA: Final = "clef.riotpiao.com/goldens-report/v1"
 # `--out -`: the goldens file goes to stdout (nothing else does).
@@ -104,4 +104,3 @@ def parse_goldens_report(message: str | None) -> GoldensReport:
         tokens=obj["tokens"],
         error=obj["error"],
     )
-
