@@ -21,6 +21,10 @@ DEFAULT_STATE_DIR = REPO_ROOT / ".cluster"
 COMPONENT_LABEL = "clef.riotpiao.com/component"
 VERIFICATION = "verification"
 VERIFICATION_SELECTOR = f"{COMPONENT_LABEL}={VERIFICATION}"
+# Images under this prefix are engine images that the runner really serves (image kind `serve`):
+# kwok leaves every pod with such a container alone (manifests/kwok-stages.yaml matches the same
+# prefix), whatever its labels, so the operator needs to know nothing about the local cluster.
+ENGINE_IMAGE_PREFIX = "registry.clef.test/engines/"
 # kwok manages only nodes carrying this annotation, so a real node (kind) is never taken over.
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 KWOK_NODE_VALUE = "fake"

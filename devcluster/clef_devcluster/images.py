@@ -17,12 +17,23 @@ from typing import Any
 
 import yaml
 
-from .config import HARNESS_NAMESPACE, IMAGE_TABLE_CONFIGMAP, IMAGE_TABLE_FILE, IMAGE_TABLE_KEY
+from .config import (
+    ENGINE_IMAGE_PREFIX,
+    HARNESS_NAMESPACE,
+    IMAGE_TABLE_CONFIGMAP,
+    IMAGE_TABLE_FILE,
+    IMAGE_TABLE_KEY,
+)
 from .rest import ApiError, Rest
 
 CONFIGMAP_PATH = f"/api/v1/namespaces/{HARNESS_NAMESPACE}/configmaps/{IMAGE_TABLE_CONFIGMAP}"
 
-KINDS = ("good", "fault", "hang", "unpullable")
+KINDS = ("good", "fault", "hang", "unpullable", "serve")
+# What a serve image's engine speaks (clef-runtime serve --dialect), and the engine binary it carries.
+DIALECTS = {"candle-vllm": "candle-vllm", "vllm": "vllm", "openai": "clef-runtime"}
+# How a serve image's engine fails besides wrong answers: it exits at start, or never answers.
+FAILURES = ("crash", "never-ready")
+OPS = ("triton", "reference")
 
 
 def split_ref(image: str) -> tuple[str, str | None, str | None]:
@@ -52,17 +63,49 @@ class ImageEntry:
     digest: str
     fault: str | None = None
     entrypoint: tuple[str, ...] = field(default=())
+    # kind serve only: the engine's HTTP dialect, how it fails (None: it serves), its op set.
+    dialect: str | None = None
+    failure: str | None = None
+    ops: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"image {self.ref}: kind {self.kind!r} is not one of {', '.join(KINDS)}")
-        if (self.kind == "fault") != bool(self.fault):
+        if self.kind == "serve":
+            self._check_serve()
+        elif self.dialect or self.failure or self.ops:
+            raise ValueError(f"image {self.ref}: `dialect`, `failure` and `ops` are for kind serve only")
+        elif (self.kind == "fault") != bool(self.fault):
             raise ValueError(f"image {self.ref}: `fault` is required for kind fault and only for it")
         _, tag, digest = split_ref(self.ref)
         if digest is not None or tag is None:
             raise ValueError(f"image {self.ref}: a table ref is repo:tag (the digest is its own field)")
         if len(self.digest) != 64 or any(c not in "0123456789abcdef" for c in self.digest):
             raise ValueError(f"image {self.ref}: digest {self.digest!r} is not 64 lowercase hex digits")
+
+    def _check_serve(self) -> None:
+        # kwok leaves pods of these images alone by this prefix (manifests/kwok-stages.yaml); a
+        # serve image elsewhere would be faked Ready by kwok and never served.
+        if not self.ref.startswith(ENGINE_IMAGE_PREFIX):
+            raise ValueError(f"image {self.ref}: a serve image's ref must start with {ENGINE_IMAGE_PREFIX}")
+        if self.dialect not in DIALECTS:
+            raise ValueError(
+                f"image {self.ref}: `dialect` {self.dialect!r} is not one of {', '.join(DIALECTS)}"
+            )
+        for name, value, allowed in (("failure", self.failure, FAILURES), ("ops", self.ops, OPS)):
+            if value is not None and value not in allowed:
+                raise ValueError(f"image {self.ref}: `{name}` {value!r} is not one of {', '.join(allowed)}")
+
+    @property
+    def engine_binary(self) -> str | None:
+        """The engine executable a serve image carries (its argv[0] is served, not run)."""
+        return DIALECTS.get(self.dialect or "")
+
+    @property
+    def engine_ops(self) -> str:
+        """The op set the stand-in engine runs: the catalogue's faults live in the Triton kernels,
+        so a faulty engine runs those; a healthy one the reference ops (fast on a CPU)."""
+        return self.ops or ("triton" if self.fault else "reference")
 
     @property
     def repo(self) -> str:
@@ -79,6 +122,9 @@ class ImageEntry:
             d["fault"] = self.fault
         if self.entrypoint:
             d["entrypoint"] = list(self.entrypoint)
+        for key in ("dialect", "failure", "ops"):
+            if getattr(self, key):
+                d[key] = getattr(self, key)
         return d
 
     @classmethod
@@ -90,6 +136,9 @@ class ImageEntry:
             digest=str(d.get("digest") or default_digest(ref)),
             fault=d.get("fault"),
             entrypoint=tuple(str(a) for a in d.get("entrypoint") or ()),
+            dialect=d.get("dialect"),
+            failure=d.get("failure"),
+            ops=d.get("ops"),
         )
 
 
@@ -230,7 +279,10 @@ def put_image(
     *,
     fault: str | None = None,
     digest: str | None = None,
-    entrypoint: Iterable[str] = ("clef-runtime",),
+    entrypoint: Iterable[str] | None = None,
+    dialect: str | None = None,
+    failure: str | None = None,
+    ops: str | None = None,
 ) -> ImageEntry:
     """Add `ref` to the live table, or move it to a new digest (a fresh one unless given).
 
@@ -249,7 +301,20 @@ def put_image(
             chosen = default_digest(ref, generation)
         else:
             chosen = digest
-        entry = ImageEntry(ref=ref, kind=kind, digest=chosen, fault=fault, entrypoint=tuple(entrypoint))
+        if entrypoint is None:
+            entrypoint = (
+                (DIALECTS[dialect],) if kind == "serve" and dialect in DIALECTS else ("clef-runtime",)
+            )
+        entry = ImageEntry(
+            ref=ref,
+            kind=kind,
+            digest=chosen,
+            fault=fault,
+            entrypoint=tuple(entrypoint),
+            dialect=dialect,
+            failure=failure,
+            ops=ops,
+        )
         cm["data"] = {IMAGE_TABLE_KEY: table.with_entry(entry).dump()}
         try:
             # resourceVersion rides along, so a concurrent writer makes this a 409 and a retry.

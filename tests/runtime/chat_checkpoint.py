@@ -1,9 +1,7 @@
-"""A small checkpoint that a serving engine could load: tiny hybrid weights (3 GDN + 1 attention
-layer), a byte-level BPE tokenizer trained here on a fixed text (no downloads), a Qwen-style chat
-template with the thinking switch, and a generation config naming the stop token.
-
-Also the goldens the endpoint tests share, made once per test session by the real command
-(`clef-runtime goldens`, Triton op set: its kernels suite runs first).
+"""The endpoint tests' shared pieces: the small chat checkpoint (written by
+`clef_devcluster.checkpoints`, which the local cluster's serve images load too), the goldens the
+tests share, made once per test session by the real command (`clef-runtime goldens`, Triton op
+set: its kernels suite runs first), a served checkpoint, and `endpoint-check`.
 """
 
 from __future__ import annotations
@@ -18,100 +16,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import torch
-
-from clef_runtime.model import preset
-from clef_runtime.model.checkpoint import write_random_checkpoint
+from clef_devcluster.checkpoints import (  # noqa: F401  (re-exported for the tests)
+    OTHER_TEMPLATE,
+    TEMPLATE,
+    VOCAB,
+    write_chat_checkpoint,
+    write_chat_files,
+)
 
 REPO = Path(__file__).resolve().parents[2]
-SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>")
-VOCAB = 320
-
-# Qwen's shape: one turn per message, the assistant's turn opened by add_generation_prompt, and
-# with thinking off an empty think block, which is what engines send when asked `thinking: false`.
-TEMPLATE = """{%- for message in messages %}
-<|im_start|>{{ message.role }}
-{{ message.content }}<|im_end|>
-{% endfor %}
-{%- if add_generation_prompt %}
-<|im_start|>assistant
-{% if enable_thinking is defined and enable_thinking is false %}
-<think>
-
-</think>
-
-{% endif %}
-{%- endif %}
-"""
-
-# The same conversation rendered without the think block: what a server with another template sends.
-OTHER_TEMPLATE = TEMPLATE.replace("<think>\n\n</think>\n\n", "")
-
-_CORPUS = [
-    "Line {i}: {i} squared is {sq}. The river runs north past the mill and the old stone bridge.",
-    "Name the planets of the solar system in order: Mercury, Venus, Earth, Mars, Jupiter, Saturn.",
-    "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n",
-    "Continue this list in exactly the same style for as long as you can. yes yes yes",
-]
-
-
-def _train_tokenizer(path: Path, vocab: int) -> None:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab,
-        special_tokens=list(SPECIALS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    text = [line.format(i=i, sq=i * i) for i in range(1, 40) for line in _CORPUS]
-    tok.train_from_iterator(text, trainer)
-    tok.save(str(path))
-
-
-def _sharpen(path: Path) -> None:
-    """Make the random model decisive and its GDN layers matter: the output head x8 (top-1 margins
-    of about a nat instead of a fraction: a near-tie is then a rarity, as in a trained model) and
-    each GDN layer's output x4 (so every catalogue fault changes the greedy ids within 4 tokens)."""
-    from safetensors.torch import load_file, save_file
-
-    tensors = load_file(str(path))
-    tensors["lm_head.weight"] *= 8
-    for name in tensors:
-        if name.endswith("linear_attn.out_proj.weight"):
-            tensors[name] *= 4
-    save_file(tensors, str(path), metadata={"format": "pt"})
-
-
-def write_chat_files(directory: Path, vocab: int = VOCAB) -> int:
-    """Everything but the weights: tokenizer.json, tokenizer_config.json (chat template, eos),
-    generation_config.json.  Returns the tokenizer's vocabulary size."""
-    from tokenizers import Tokenizer
-
-    directory.mkdir(parents=True, exist_ok=True)
-    _train_tokenizer(directory / "tokenizer.json", vocab)
-    tok = Tokenizer.from_file(str(directory / "tokenizer.json"))
-    (directory / "tokenizer_config.json").write_text(
-        json.dumps({"chat_template": TEMPLATE, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"})
-    )
-    (directory / "generation_config.json").write_text(
-        json.dumps({"eos_token_id": [tok.token_to_id("<|im_end|>")]})
-    )
-    return int(tok.get_vocab_size(with_added_tokens=True))
-
-
-def write_chat_checkpoint(directory: Path, *, seed: int = 0) -> Path:
-    """The checkpoint directory: the chat files and tiny hybrid weights (float32) over their vocabulary."""
-    vocab = write_chat_files(directory)
-    config = preset("tiny").replace(vocab_size=vocab)
-    write_random_checkpoint(directory, config, seed=seed, dtype=torch.float32)
-    _sharpen(directory / "model.safetensors")
-    return directory
-
-
 # Short prompts keep the Triton interpreter's time down; one crosses the 64-token chunk.
 TEST_PROMPTS = {
     "prompts": [

@@ -10,7 +10,7 @@ import signal
 import sys
 from pathlib import Path
 
-from ..config import VERIFICATION_SELECTOR
+from ..config import ENGINE_IMAGE_PREFIX, VERIFICATION_SELECTOR
 from ..rest import Rest
 from .watch import Runner, log
 
@@ -35,7 +35,12 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    log.info("runner up (pid %d), watching pods with %s", os.getpid(), VERIFICATION_SELECTOR)
+    log.info(
+        "runner up (pid %d), running pods with %s or an image under %s",
+        os.getpid(),
+        VERIFICATION_SELECTOR,
+        ENGINE_IMAGE_PREFIX,
+    )
     try:
         runner.serve(ready_file=args.state_dir / "run" / "runner.ready")
     except _Shutdown:

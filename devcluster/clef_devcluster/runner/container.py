@@ -47,10 +47,21 @@ class ContainerState:
     restart_count: int = 0
     state: dict[str, Any] = field(default_factory=lambda: {"waiting": {"reason": "ContainerCreating"}})
     last_state: dict[str, Any] = field(default_factory=dict)
+    # What the container's probes say (None: it has no such probe, so running is enough).
+    probe_started: bool | None = None
+    probe_ready: bool | None = None
 
     @property
     def running(self) -> bool:
         return "running" in self.state
+
+    @property
+    def started(self) -> bool:
+        return self.running and self.probe_started is not False
+
+    @property
+    def ready(self) -> bool:
+        return self.started and self.probe_ready is not False
 
     @property
     def terminated(self) -> dict[str, Any] | None:
@@ -63,8 +74,8 @@ class ContainerState:
             "image": self.image,
             "imageID": self.image_id,
             "containerID": self.container_id or None,
-            "ready": self.running,
-            "started": self.running,
+            "ready": self.ready,
+            "started": self.started,
             "restartCount": self.restart_count,
             "state": self.state,
             "lastState": self.last_state,

@@ -18,14 +18,33 @@ from pathlib import Path
 from typing import Any
 
 from .. import images
-from ..config import KWOK_NODE_ANNOTATION, KWOK_NODE_VALUE, VERIFICATION_SELECTOR
+from ..config import (
+    COMPONENT_LABEL,
+    ENGINE_IMAGE_PREFIX,
+    KWOK_NODE_ANNOTATION,
+    KWOK_NODE_VALUE,
+    VERIFICATION,
+    cache_root,
+)
 from ..procs import record
 from ..rest import ApiError, Rest
+from .network import BlockClaim, PodAddresses
 from .worker import PodWorker
 
 log = logging.getLogger("clef.runner")
 
 Obj = dict[str, Any]
+
+
+def runs_here(pod: Obj) -> bool:
+    """The pods the runner runs and kwok leaves alone (manifests/kwok-stages.yaml says the same):
+    verification pods, and pods with a container of an engine image (ENGINE_IMAGE_PREFIX)."""
+    labels = pod["metadata"].get("labels") or {}
+    if labels.get(COMPONENT_LABEL) == VERIFICATION:
+        return True
+    return any(
+        str(c.get("image", "")).startswith(ENGINE_IMAGE_PREFIX) for c in pod["spec"].get("containers") or []
+    )
 
 
 class Runner:
@@ -43,6 +62,20 @@ class Runner:
         self.procs_dir = state_dir / "run" / "verify-procs"
         self.procs_dir.mkdir(parents=True, exist_ok=True)
         (state_dir / "logs" / "verify").mkdir(parents=True, exist_ok=True)
+        self.claim = self._claim_block()
+        self.addresses = PodAddresses(self.claim.block)
+
+    def _claim_block(self) -> BlockClaim:
+        """This runner's 127.<b>.0.0/16 (network.py); the same one again after a restart if free."""
+        remembered = self.state_dir / "run" / "pod-network"
+        try:
+            preferred: int | None = int(remembered.read_text().strip())
+        except (OSError, ValueError):
+            preferred = None
+        claim = BlockClaim.claim(cache_root() / "pod-networks", preferred)
+        remembered.write_text(f"{claim.block}\n")
+        log.info("pod network 127.%d.0.0/16", claim.block)
+        return claim
 
     # -- paths -------------------------------------------------------------------------------
     def run_dir(self, namespace: str, pod: str, container: str, restart: int) -> Path:
@@ -50,6 +83,18 @@ class Runner:
         shutil.rmtree(d, ignore_errors=True)
         d.mkdir(parents=True)
         return d
+
+    def volume_dir(self, namespace: str, pod: str) -> Path:
+        """Where a pod's emptyDir, configMap and secret volumes live (volumes.py)."""
+        return self.state_dir / "runs" / f"{namespace}_{pod}" / "volumes"
+
+    def read_object(self, namespace: str, kind: str, name: str) -> Obj | None:
+        try:
+            return self.rest.get(f"/api/v1/namespaces/{namespace}/{kind}/{name}")
+        except ApiError as e:
+            if e.status == 404:
+                return None
+            raise
 
     def log_path(self, namespace: str, pod: str, container: str, restart: int) -> Path:
         suffix = f".{restart}" if restart else ""
@@ -81,7 +126,8 @@ class Runner:
         return self.rest.get("/api/v1/nodes")
 
     def _list_pods(self) -> Obj:
-        return self.rest.get("/api/v1/pods", labelSelector=VERIFICATION_SELECTOR)
+        # Every pod: engine-image pods carry no label of ours (they are the operator's serving pods).
+        return self.rest.get("/api/v1/pods")
 
     def is_kwok_node(self, name: str | None) -> bool:
         if not name:
@@ -108,6 +154,8 @@ class Runner:
     def observe(self, pod: Obj, deleted: bool = False) -> None:
         meta = pod["metadata"]
         uid = meta["uid"]
+        if not runs_here(pod):
+            return
         with self.lock:
             worker = self.workers.get(uid)
         if deleted:
@@ -180,7 +228,6 @@ class Runner:
                     ready_file = None
                 stream = self.rest.watch(
                     "/api/v1/pods",
-                    labelSelector=VERIFICATION_SELECTOR,
                     resourceVersion=listed["metadata"]["resourceVersion"],
                     allowWatchBookmarks="true",
                     timeoutSeconds="30",

@@ -9,14 +9,21 @@ import os
 import shutil
 import subprocess
 import threading
+import time
 import traceback
 import uuid
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from clef_contract.command import TERMINATION_LOG_ENV
 
 from .. import images
 from ..rest import ApiError
+from . import engine, volumes
 from .container import ContainerState, kill_group, now, read_termination_message
 from .env import ContainerEnv, expand, process_env
+from .probes import ProbeSet
 
 if TYPE_CHECKING:
     from .watch import Runner
@@ -29,6 +36,17 @@ Obj = dict[str, Any]
 BACKOFF_START, BACKOFF_MAX = 10.0, 300.0
 # How often ErrImagePull is retried (and re-reported) while the pod lives.
 PULL_RETRY_SECONDS = 20.0
+# How often a volume that cannot be set up (a ConfigMap not there yet) is tried again.
+MOUNT_RETRY_SECONDS = 2.0
+
+
+@dataclass(frozen=True)
+class NotStarted:
+    """How a container ends that never got a process: the terminated state's fields."""
+
+    code: int
+    reason: str
+    message: str
 
 
 class PodWorker:
@@ -56,6 +74,8 @@ class PodWorker:
         self.phase = "Pending"
         self.gone = False
         self.transitions: dict[str, tuple[str, str]] = {}
+        # The pod's own loopback address (network.py), given when its sandbox would be.
+        self.pod_ip: str | None = None
 
     # -- requests from the watch loop ------------------------------------------------------
     def request_stop(self, grace: float) -> None:
@@ -72,19 +92,20 @@ class PodWorker:
             return
         with self.lock:
             statuses = [s.to_status() for s in self.containers.values()]
-            all_running = all(s.running for s in self.containers.values())
+            all_ready = all(s.ready for s in self.containers.values())
             terminal = self.phase in ("Succeeded", "Failed")
             if terminal:
-                ready_reason: dict[str, str] = {"reason": "PodCompleted"}
-            elif all_running:
-                ready_reason = {}
+                ready_reason: dict[str, str | None] = {"reason": "PodCompleted"}
+            elif all_ready:
+                # null deletes them from the merged status: a Ready condition has no reason.
+                ready_reason = {"reason": None, "message": None}
             else:
-                waiting = [n for n, s in self.containers.items() if not s.running]
+                waiting = [n for n, s in self.containers.items() if not s.ready]
                 ready_reason = {
                     "reason": "ContainersNotReady",
                     "message": f"containers with unready status: [{' '.join(waiting)}]",
                 }
-            ready = "True" if all_running and not terminal else "False"
+            ready = "True" if all_ready and not terminal else "False"
             stamp = now()
             conditions = []
             for kind, value, extra in (
@@ -106,6 +127,9 @@ class PodWorker:
             if host_ip:
                 status["hostIP"] = host_ip
                 status["hostIPs"] = [{"ip": host_ip}]
+            if self.pod_ip:
+                status["podIP"] = self.pod_ip
+                status["podIPs"] = [{"ip": self.pod_ip}]
         try:
             self.rest.patch_status(self.path, status)
         except ApiError as e:
@@ -124,9 +148,12 @@ class PodWorker:
         finally:
             if self.stop.is_set() and not self.runner.shutting_down.is_set():
                 self.runner.finalize(self.namespace, self.name, self.uid)
+            self.runner.addresses.release(self.uid)
             self.runner.forget(self.uid)
 
     def _run(self) -> None:
+        # A restarted runner finds the address in the status; a pod keeps its IP for life.
+        self.pod_ip = self.runner.addresses.allocate(self.uid, (self.pod.get("status") or {}).get("podIP"))
         table = self.runner.image_table()
         entries = {c["name"]: table.lookup(c["image"]) for c in self.specs}
         log.info(
@@ -252,26 +279,12 @@ class PodWorker:
             self.stop.wait()
             return terminate(137, "Error", "")
 
-        try:
-            env = ContainerEnv(self.rest, self.runner.node_ip).resolve(self.pod, spec)
-        except LookupError as e:
-            # kubelet: CreateContainerConfigError, the container never starts.
-            with self.lock:
-                state.state = {"waiting": {"reason": "CreateContainerConfigError", "message": str(e)}}
-            self._publish()
-            self.stop.wait()
-            return terminate(137, "ContainerStatusUnknown", str(e))
-
-        command = list(spec.get("command") or entry.entrypoint)
-        argv = [expand(str(a), env) for a in command + list(spec.get("args") or [])]
-        run_dir = self.runner.run_dir(self.namespace, self.name, spec["name"], state.restart_count)
-        termlog = run_dir / "termination-log"
-        termlog.write_bytes(b"")
+        prepared = self._prepare(spec, entry, state)
+        if isinstance(prepared, NotStarted):
+            return terminate(prepared.code, prepared.reason, prepared.message)
+        argv, proc_env, run_dir = prepared
+        termlog = Path(proc_env[TERMINATION_LOG_ENV])
         out_path = self.runner.log_path(self.namespace, self.name, spec["name"], state.restart_count)
-        fault = str(entry.fault) if entry.kind == "fault" else None
-        proc_env = process_env(self.name, env, termlog, fault)
-        if not argv:
-            return terminate(128, "StartError", "no command specified")
         exe = argv[0] if "/" in argv[0] else shutil.which(argv[0], path=proc_env["PATH"])
         if exe is None or not os.access(exe, os.X_OK):
             return terminate(
@@ -296,20 +309,101 @@ class PodWorker:
             except OSError as e:
                 return terminate(128, "StartError", f"{argv[0]}: {e.strerror}")
             self.runner.track(proc.pid)
+            probes = ProbeSet.for_container(spec)
             with self.lock:
                 state.state = {"running": {"startedAt": started}}
+                state.probe_started = False if probes.startup else None
+                state.probe_ready = False if probes.readiness else None
             self._publish()
             log.info("%s/%s/%s: started pid %d: %s", self.namespace, self.name, spec["name"], proc.pid, argv)
             try:
-                code = self._wait(proc)
+                code = self._wait(proc, probes, state)
             finally:
                 self.runner.untrack(proc.pid)
         message = read_termination_message(termlog, out_path, spec.get("terminationMessagePolicy"), code)
         return terminate(code, "Completed" if code == 0 else "Error", message)
 
-    def _wait(self, proc: subprocess.Popen[bytes]) -> int:
+    def _prepare(
+        self, spec: Obj, entry: images.ImageEntry, state: ContainerState
+    ) -> tuple[list[str], dict[str, str], Path] | NotStarted:
+        """The container's argv, environment and working directory, its volumes set up; or the
+        (exit code, reason, message) it ends with before any process starts."""
+        try:
+            env = ContainerEnv(self.rest, self.runner.node_ip).resolve(self.pod, spec)
+        except LookupError as e:
+            # kubelet: CreateContainerConfigError, the container never starts.
+            self._waiting(state, "CreateContainerConfigError", str(e))
+            self.stop.wait()
+            return NotStarted(137, "ContainerStatusUnknown", str(e))
+        mounts = self._mounts(spec, state)
+        if mounts is None:
+            return NotStarted(
+                137, "ContainerStatusUnknown", "the pod was deleted before its volumes were set up"
+            )
+        command = list(spec.get("command") or entry.entrypoint)
+        argv = [expand(str(a), env) for a in command + list(spec.get("args") or [])]
+        if not argv:
+            return NotStarted(128, "StartError", "no command specified")
+        is_engine = engine.is_engine_command(argv, entry)
+        if is_engine:
+            try:
+                served = engine.translate(
+                    argv, entry, self.pod_ip or "", lambda p: volumes.host_path(mounts, p)
+                )
+            except engine.EngineArgvError as e:
+                # What an engine does with flags it cannot use: says so and exits 2.
+                return NotStarted(
+                    2,
+                    "Error",
+                    f"{argv[0]}: {e} (clef local cluster: see docs/local-cluster.md, Serve images)",
+                )
+            log.info("%s/%s/%s: engine %s served as %s (ignored: %s)", self.namespace, self.name,
+                     spec["name"], argv, served.argv, served.ignored)  # fmt: skip
+            argv = engine.failing_argv(entry, served) if entry.failure else served.argv
+        else:
+            argv = [volumes.rewrite(a, mounts) for a in argv]
+        env = {k: volumes.rewrite(v, mounts) for k, v in env.items()}
+        run_dir = self.runner.run_dir(self.namespace, self.name, spec["name"], state.restart_count)
+        termlog = run_dir / "termination-log"
+        termlog.write_bytes(b"")
+        # A serve image's fault is in its engine's kernels: other programs of the image are sound.
+        fault = str(entry.fault) if entry.fault and (entry.kind == "fault" or is_engine) else None
+        return argv, process_env(self.name, env, termlog, fault), run_dir
+
+    def _mounts(self, spec: Obj, state: ContainerState) -> list[volumes.Mount] | None:
+        """The container's volumes; a volume that cannot be set up is retried (the kubelet's
+        FailedMount) until it can, or until the pod is deleted (None)."""
+        while True:
+            try:
+                return volumes.set_up(
+                    self.pod, spec, self.runner.volume_dir(self.namespace, self.name), self.runner.read_object
+                )
+            except volumes.MountError as e:
+                self._waiting(state, "ContainerCreating", str(e))
+            if self.stop.wait(MOUNT_RETRY_SECONDS):
+                return None
+
+    def _waiting(self, state: ContainerState, reason: str, message: str) -> None:
+        with self.lock:
+            state.state = {"waiting": {"reason": reason, "message": message}}
+        self._publish()
+
+    def _wait(self, proc: subprocess.Popen[bytes], probes: ProbeSet, state: ContainerState) -> int:
+        probes.reset(time.monotonic())
         while proc.poll() is None:
             if self.stop.wait(0.2):
+                kill_group(proc, self.grace)
+                break
+            if not probes.any or not self.pod_ip:
+                continue
+            changed, kill = probes.tick(self.pod_ip)
+            if changed:
+                with self.lock:
+                    state.probe_started = probes.started if probes.startup else None
+                    state.probe_ready = probes.ready if probes.readiness else None
+                self._publish()
+            if kill:
+                log.info("%s/%s/%s: %s", self.namespace, self.name, state.name, kill)
                 kill_group(proc, self.grace)
                 break
         rc = proc.wait()

@@ -1,0 +1,406 @@
+"""The stand-in kubelet's pure parts: engine argv translation, pod addresses, volume paths, probe
+thresholds, serve entries of the image table, and kwok's stages agreeing with the runner on which
+pods are whose (docs/local-cluster.md)."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from clef_devcluster.config import ENGINE_IMAGE_PREFIX, MANIFESTS_DIR
+from clef_devcluster.images import ImageEntry, default_digest, seed_table
+from clef_devcluster.runner import engine, volumes
+from clef_devcluster.runner.network import BlockClaim, PodAddresses, PoolExhausted
+from clef_devcluster.runner.probes import Probe, ProbeSet, resolve_port
+from clef_devcluster.runner.watch import runs_here
+
+
+def serve_entry(tag: str = "1", dialect: str = "candle-vllm", **extra: Any) -> ImageEntry:
+    repo = {"candle-vllm": "candle-vllm", "vllm": "vllm", "openai": "clef-runtime"}[dialect]
+    ref = f"{ENGINE_IMAGE_PREFIX}{repo}:{tag}"
+    return ImageEntry(ref, "serve", default_digest(ref), dialect=dialect, **extra)
+
+
+MOUNTS = [volumes.Mount("/models/flash", "/srv/weights/flash"), volumes.Mount("/tmp", "/run/pod/tmp")]
+
+
+def host(path: str) -> str:
+    return volumes.host_path(MOUNTS, path)
+
+
+# -- engine argv ---------------------------------------------------------------------------------
+
+
+def test_candle_vllm_argv_as_render_writes_it() -> None:
+    argv = ["candle-vllm", "--w", "/models/flash/", "--dtype", "f16", "--d", "0,1",
+            "--gpu-memory-fraction", "0.7", "--h", "0.0.0.0", "--p", "8000"]  # fmt: skip
+    cmd = engine.translate(argv, serve_entry(), "127.16.0.9", host)
+    assert cmd.argv == ["clef-runtime", "serve", "--dialect", "candle-vllm", "--checkpoint", "/srv/weights/flash",
+                        "--host", "127.16.0.9", "--port", "8000", "--dtype", "f16", "--ops", "reference",
+                        "--device", "cpu"]  # fmt: skip
+    assert cmd.port == 8000
+    assert cmd.ignored == ["--d=0,1", "--gpu-memory-fraction=0.7"]
+
+
+def test_a_faulty_engine_runs_the_triton_kernels_where_the_faults_live() -> None:
+    cmd = engine.translate(
+        ["candle-vllm", "--w=/models/flash"], serve_entry(fault="conv_key_band_zero"), "127.16.0.2", host
+    )
+    assert cmd.argv[cmd.argv.index("--ops") + 1] == "triton"
+    # candle-vllm's defaults: port 2000, bf16.
+    assert cmd.port == 2000 and cmd.argv[cmd.argv.index("--dtype") + 1] == "bf16"
+
+
+def test_candle_vllm_model_id_is_the_served_name() -> None:
+    cmd = engine.translate(
+        ["candle-vllm", "--m", "clef-flash", "--w", "/models/flash"], serve_entry(), "127.16.0.2", host
+    )
+    assert cmd.argv[-2:] == ["--model-name", "clef-flash"]
+
+
+def test_vllm_argv_as_render_writes_it() -> None:
+    argv = ["vllm", "serve", "/models/flash", "--served-model-name", "coder", "--dtype", "float16",
+            "--tensor-parallel-size", "2", "--kv-cache-memory-bytes", "1000", "--enforce-eager",
+            "--host", "0.0.0.0", "--port", "8001", "--chat-template", "/tmp/t.jinja"]  # fmt: skip
+    cmd = engine.translate(argv, serve_entry(dialect="vllm"), "127.16.0.3", host)
+    assert cmd.argv == ["clef-runtime", "serve", "--dialect", "vllm", "--checkpoint", "/srv/weights/flash",
+                        "--host", "127.16.0.3", "--port", "8001", "--dtype", "f16", "--ops", "reference",
+                        "--device", "cpu", "--model-name", "coder", "--chat-template", "/run/pod/tmp/t.jinja"]  # fmt: skip
+    assert cmd.ignored == ["--tensor-parallel-size=2", "--kv-cache-memory-bytes=1000", "--enforce-eager"]
+
+
+def test_vllm_serves_the_path_as_the_model_name_unless_told(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text('{"torch_dtype": "float32"}')
+    cmd = engine.translate(["vllm", "serve", str(tmp_path)], serve_entry(dialect="vllm"), "127.16.0.3", str)
+    assert cmd.argv[-2:] == ["--model-name", str(tmp_path)]
+    # --dtype auto (the default) is the checkpoint's own dtype.
+    assert cmd.argv[cmd.argv.index("--dtype") + 1] == "f32" and cmd.port == 8000
+
+
+def test_clef_engine_keeps_its_flags_and_moves_address_and_paths() -> None:
+    argv = ["clef-runtime", "serve", "--checkpoint", "/models/flash", "--dtype", "f16", "--host", "0.0.0.0"]
+    cmd = engine.translate(argv, serve_entry(dialect="openai"), "127.16.0.4", host)
+    assert cmd.argv == ["clef-runtime", "serve", "--checkpoint", "/srv/weights/flash", "--host", "127.16.0.4",
+                        "--port", "8000", "--dtype", "f16", "--dialect", "openai"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("argv", "dialect", "error"),
+    [
+        (["candle-vllm", "--p", "8000"], "candle-vllm", "--w"),
+        (["candle-vllm", "--w", "/m", "--p", "http"], "candle-vllm", "not a number"),
+        (["candle-vllm", "--w", "/m", "--dtype", "f8"], "candle-vllm", "--dtype 'f8'"),
+        (["vllm", "chat"], "vllm", "vllm serve"),
+        (["vllm", "serve"], "vllm", "the model"),
+        (["vllm", "serve", "/m"], "candle-vllm", "not the engine of this image"),
+    ],
+)
+def test_engine_argv_that_cannot_be_served_is_an_error(argv: list[str], dialect: str, error: str) -> None:
+    with pytest.raises(engine.EngineArgvError, match=error.replace("(", r"\(")):
+        engine.translate(argv, serve_entry(dialect=dialect), "127.16.0.2", str)
+
+
+def test_only_the_images_engine_is_served_other_programs_run() -> None:
+    candle, clef = serve_entry(), serve_entry(dialect="openai")
+    assert engine.is_engine_command(["candle-vllm", "--w", "/m"], candle)
+    assert engine.is_engine_command(["/usr/local/bin/candle-vllm"], candle)
+    assert not engine.is_engine_command(["clef-runtime", "verify"], candle)
+    assert engine.is_engine_command(["clef-runtime", "serve"], clef)
+    assert not engine.is_engine_command(["clef-runtime", "goldens"], clef)
+    good = ImageEntry("r.test/x:1", "good", default_digest("x"))
+    assert not engine.is_engine_command(["candle-vllm"], good)
+
+
+def test_a_failing_engine_is_a_stand_in_that_fails() -> None:
+    cmd = engine.translate(["candle-vllm", "--w", "/models/flash"], serve_entry(), "127.16.0.2", host)
+    crash = engine.failing_argv(serve_entry(failure="crash"), cmd)
+    assert crash[:2] == ["python", "-c"] and "sys.exit" in crash[2] and "/srv/weights/flash" in crash[2]
+    hang = engine.failing_argv(serve_entry(failure="never-ready"), cmd)
+    assert "sleep" in hang[2] and "sys.exit" not in hang[2]
+
+
+# -- pod addresses -------------------------------------------------------------------------------
+
+
+def test_addresses_are_unique_loopback_and_never_127_0_0_1() -> None:
+    pool = PodAddresses(16)
+    ips = [pool.allocate(f"uid-{i}") for i in range(600)]
+    assert len(set(ips)) == 600
+    assert all(ip.startswith("127.16.") and not ip.endswith((".0", ".255")) for ip in ips)
+    assert pool.allocate("uid-3") == ips[3], "a pod keeps its address"
+
+
+def test_a_released_address_is_not_handed_out_again_at_once() -> None:
+    pool = PodAddresses(20)
+    first = pool.allocate("a")
+    pool.release("a")
+    assert pool.allocate("b") != first
+
+
+def test_a_pod_keeps_the_address_in_its_status_after_a_runner_restart() -> None:
+    pool = PodAddresses(16)
+    assert pool.allocate("a", previous="127.16.3.7") == "127.16.3.7"
+    assert pool.allocate("b", previous="127.16.3.7") != "127.16.3.7", "taken"
+    assert pool.allocate("c", previous="127.17.0.1") != "127.17.0.1", "another runner's block"
+    assert pool.allocate("d", previous="10.244.0.5").startswith("127.16.")
+
+
+def test_blocks_outside_the_range_are_refused() -> None:
+    for block in (0, 15, 255):
+        with pytest.raises(ValueError):
+            PodAddresses(block)
+
+
+def test_two_runners_never_claim_one_block(tmp_path: Path) -> None:
+    a = BlockClaim.claim(tmp_path, preferred=40)
+    try:
+        b = BlockClaim.claim(tmp_path, preferred=40)
+        try:
+            assert a.block == 40 and b.block != 40
+        finally:
+            b.release()
+    finally:
+        a.release()
+    c = BlockClaim.claim(tmp_path, preferred=40)
+    assert c.block == 40, "a released block is free again"
+    c.release()
+
+
+def test_an_exhausted_pool_says_so() -> None:
+    pool = PodAddresses(16)
+    pool.size = 3
+    for i in range(3):
+        pool.allocate(str(i))
+    with pytest.raises(PoolExhausted):
+        pool.allocate("x")
+
+
+# -- volumes -------------------------------------------------------------------------------------
+
+
+def test_paths_under_a_mount_move_to_the_host_by_the_deepest_mount() -> None:
+    mounts = [*MOUNTS, volumes.Mount("/models/flash/tokenizer", "/elsewhere")]
+    assert volumes.host_path(mounts, "/models/flash") == "/srv/weights/flash"
+    assert volumes.host_path(mounts, "/models/flash/config.json") == "/srv/weights/flash/config.json"
+    assert volumes.host_path(mounts, "/models/flash/tokenizer/x") == "/elsewhere/x"
+    assert volumes.host_path(mounts, "/models/flashy") == "/models/flashy", "a prefix is not a parent"
+    assert volumes.host_path(mounts, "/etc/hosts") == "/etc/hosts"
+
+
+def test_arguments_and_flag_values_are_rewritten_but_not_other_text() -> None:
+    assert volumes.rewrite("/tmp/triton", MOUNTS) == "/run/pod/tmp/triton"
+    assert volumes.rewrite("--checkpoint=/models/flash", MOUNTS) == "--checkpoint=/srv/weights/flash"
+    assert volumes.rewrite("see /tmp/x", MOUNTS) == "see /tmp/x"
+    assert volumes.rewrite("KEY=/tmp/x", MOUNTS) == "KEY=/tmp/x", "only a flag's value"
+
+
+def _pod(
+    volume_list: list[dict[str, Any]], mounts: list[dict[str, Any]]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    container = {"name": "c", "volumeMounts": mounts}
+    return {
+        "metadata": {"namespace": "ns"},
+        "spec": {"volumes": volume_list, "containers": [container]},
+    }, container
+
+
+def test_config_map_keys_become_files_honouring_items(tmp_path: Path) -> None:
+    objects = {
+        ("ns", "configmaps", "goldens"): {
+            "data": {"goldens.json": '{"a": 1}', "other": "x"},
+            "binaryData": {"blob": base64.b64encode(b"\x00\x01").decode()},
+        },
+        ("ns", "secrets", "token"): {"data": {"t": base64.b64encode(b"s3cret").decode()}},
+    }
+    pod, container = _pod(
+        [
+            {"name": "all", "configMap": {"name": "goldens"}},
+            {
+                "name": "some",
+                "configMap": {"name": "goldens", "items": [{"key": "goldens.json", "path": "g/v1.json"}]},
+            },
+            {"name": "tok", "secret": {"secretName": "token"}},
+            {"name": "scratch", "emptyDir": {}},
+            {"name": "sa", "projected": {"sources": []}},
+        ],
+        [
+            {"name": "all", "mountPath": "/etc/all"},
+            {"name": "some", "mountPath": "/etc/goldens"},
+            {"name": "tok", "mountPath": "/var/run/tok"},
+            {"name": "scratch", "mountPath": "/tmp"},
+            {"name": "sa", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"},
+        ],
+    )
+    mounts = volumes.set_up(pod, container, tmp_path, lambda ns, kind, name: objects.get((ns, kind, name)))
+    assert Path(volumes.host_path(mounts, "/etc/all/goldens.json")).read_text() == '{"a": 1}'
+    assert Path(volumes.host_path(mounts, "/etc/all/blob")).read_bytes() == b"\x00\x01"
+    assert Path(volumes.host_path(mounts, "/etc/goldens/g/v1.json")).read_text() == '{"a": 1}'
+    assert not Path(volumes.host_path(mounts, "/etc/goldens/other")).exists(), "items: only those keys"
+    assert Path(volumes.host_path(mounts, "/var/run/tok/t")).read_bytes() == b"s3cret"
+    assert Path(volumes.host_path(mounts, "/tmp")).is_dir()
+    sa = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    assert volumes.host_path(mounts, sa) == sa, "a projected volume is not mounted"
+
+
+@pytest.mark.parametrize(
+    ("volume", "error"),
+    [
+        ({"configMap": {"name": "missing"}}, 'configMap "missing" not found'),
+        (
+            {"configMap": {"name": "cm", "items": [{"key": "nope", "path": "x"}]}},
+            "non-existent config key: nope",
+        ),
+        ({"configMap": {"name": "cm", "items": [{"key": "k", "path": "../x"}]}}, "must be relative"),
+        ({"hostPath": {"path": "/no/such/dir", "type": "Directory"}}, "is not a directory"),
+    ],
+)
+def test_a_volume_that_cannot_be_set_up_says_why(tmp_path: Path, volume: dict[str, Any], error: str) -> None:
+    pod, container = _pod([{"name": "v", **volume}], [{"name": "v", "mountPath": "/v"}])
+    cms = {("ns", "configmaps", "cm"): {"data": {"k": "v"}}}
+    with pytest.raises(volumes.MountError, match=error.replace("(", r"\(")):
+        volumes.set_up(pod, container, tmp_path, lambda ns, kind, name: cms.get((ns, kind, name)))
+
+
+def test_an_optional_config_map_that_is_missing_is_an_empty_directory(tmp_path: Path) -> None:
+    pod, container = _pod(
+        [{"name": "v", "configMap": {"name": "gone", "optional": True}}], [{"name": "v", "mountPath": "/v"}]
+    )
+    mounts = volumes.set_up(pod, container, tmp_path, lambda *_: None)
+    assert list(Path(volumes.host_path(mounts, "/v")).iterdir()) == []
+
+
+def test_sub_path_and_host_path(tmp_path: Path) -> None:
+    pod, container = _pod(
+        [{"name": "m", "hostPath": {"path": str(tmp_path), "type": "Directory"}}],
+        [{"name": "m", "mountPath": "/models/x", "subPath": "v1"}],
+    )
+    assert volumes.set_up(pod, container, tmp_path / "scratch", lambda *_: None) == [
+        volumes.Mount("/models/x", str(tmp_path / "v1"))
+    ]
+
+
+# -- probes --------------------------------------------------------------------------------------
+
+CONTAINER = {"name": "engine", "ports": [{"name": "http", "containerPort": 8000}]}
+
+
+def test_probe_ports_by_name_or_number() -> None:
+    assert resolve_port("http", CONTAINER) == 8000
+    assert resolve_port(9000, CONTAINER) == 9000
+    assert resolve_port("9001", CONTAINER) == 9001
+    with pytest.raises(ValueError, match="not a named port"):
+        resolve_port("metrics", CONTAINER)
+
+
+def test_thresholds_count_consecutive_results() -> None:
+    probe = Probe.from_spec(
+        "readiness", {"httpGet": {"port": "http"}, "failureThreshold": 3, "successThreshold": 2}, CONTAINER
+    )
+    assert probe is not None and probe.port == 8000
+    assert probe.record(True) is None, "one success of two"
+    assert probe.record(True) is True
+    assert probe.record(False) is None and probe.record(False) is None
+    assert probe.record(True) is None, "a success in between starts the count again"
+    assert [probe.record(False) for _ in range(3)] == [None, None, False]
+
+
+def test_startup_gates_readiness_and_liveness() -> None:
+    spec = {**CONTAINER}
+    for kind in ("startup", "readiness", "liveness"):
+        spec[f"{kind}Probe"] = {"httpGet": {"port": "http", "path": "/health"}, "periodSeconds": 10}
+    probes = ProbeSet.for_container(spec)
+    probes.reset(100.0)
+    assert [p.kind for p in probes.due(100.0)] == ["startup"]
+    assert not probes.started and not probes.ready
+    assert probes.startup is not None
+    probes.startup.record(True)
+    assert probes.started and not probes.ready, "ready waits for the readiness probe"
+    assert [p.kind for p in probes.due(100.0)] == ["readiness", "liveness"]
+
+
+def test_no_probes_means_ready_when_running() -> None:
+    probes = ProbeSet.for_container(CONTAINER)
+    assert not probes.any and probes.started and probes.ready
+
+
+def test_an_exec_probe_is_not_run_and_never_succeeds() -> None:
+    probes = ProbeSet.for_container(
+        {**CONTAINER, "readinessProbe": {"exec": {"command": ["true"]}, "failureThreshold": 1}}
+    )
+    probes.reset(0.0)
+    _, kill = probes.tick("127.16.0.1", now=0.0)
+    assert kill is None and not probes.ready
+    assert probes.readiness is not None and "not supported" in probes.readiness.last_message
+
+
+def test_a_failed_liveness_probe_kills_the_container() -> None:
+    probes = ProbeSet.for_container(
+        {**CONTAINER, "livenessProbe": {"tcpSocket": {"port": 1}, "failureThreshold": 1, "timeoutSeconds": 1}}
+    )
+    probes.reset(0.0)
+    _, kill = probes.tick("127.0.0.1", now=0.0)
+    assert kill is not None and kill.startswith("Container failed liveness probe")
+
+
+# -- the image table and who runs which pod ------------------------------------------------------
+
+
+def test_serve_entries_are_validated() -> None:
+    ok = serve_entry(fault="conv_key_band_zero")
+    assert ImageEntry.from_dict(ok.to_dict()) == ok
+    ref = "registry.clef.test/candle-vllm:1"
+    with pytest.raises(ValueError, match="must start with"):
+        ImageEntry(ref, "serve", default_digest(ref), dialect="candle-vllm")
+    with pytest.raises(ValueError, match="dialect"):
+        serve_entry(dialect="candle-vllm").__class__(
+            f"{ENGINE_IMAGE_PREFIX}x:1", "serve", default_digest("x"), dialect="tgi"
+        )
+    with pytest.raises(ValueError, match="failure"):
+        serve_entry(failure="slow")
+    with pytest.raises(ValueError, match="for kind serve only"):
+        ImageEntry("r.test/x:1", "good", default_digest("x"), dialect="vllm")
+
+
+def test_the_seed_has_the_homelab_engines() -> None:
+    table = seed_table()
+    broken = table.lookup(f"{ENGINE_IMAGE_PREFIX}candle-vllm:0.9.0")
+    fixed = table.lookup(f"{ENGINE_IMAGE_PREFIX}candle-vllm:0.9.1")
+    coder = table.lookup(f"{ENGINE_IMAGE_PREFIX}vllm:0.11.0")
+    assert broken and broken.kind == "serve" and broken.fault == "conv_key_band_zero"
+    assert fixed and fixed.kind == "serve" and fixed.fault is None and fixed.dialect == "candle-vllm"
+    assert coder and coder.dialect == "vllm"
+    assert all(e.ref.startswith(ENGINE_IMAGE_PREFIX) for e in table.entries if e.kind == "serve")
+
+
+def _pod_for(image: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    return {
+        "metadata": {"labels": labels or {}},
+        "spec": {"containers": [{"name": "a", "image": "busybox"}, {"name": "b", "image": image}]},
+    }
+
+
+def test_the_runner_takes_verification_pods_and_engine_image_pods() -> None:
+    assert runs_here(_pod_for("r.test/x:1", {"clef.riotpiao.com/component": "verification"}))
+    assert runs_here(
+        _pod_for(f"{ENGINE_IMAGE_PREFIX}vllm@sha256:" + "a" * 64, {"clef.riotpiao.com/component": "serving"})
+    )
+    assert not runs_here(
+        _pod_for("registry.clef.test/clef-runtime:1.0", {"clef.riotpiao.com/component": "serving"})
+    )
+
+
+def test_kwok_stages_leave_alone_exactly_what_the_runner_takes() -> None:
+    """Every pod stage excludes both kinds of runner pods, by the same label and prefix."""
+    stages = [d for d in yaml.safe_load_all((MANIFESTS_DIR / "kwok-stages.yaml").read_text()) if d]
+    pod_stages = [s for s in stages if s["spec"]["resourceRef"]["kind"] == "Pod"]
+    assert pod_stages
+    for stage in pod_stages:
+        keys = {e["key"]: e for e in stage["spec"]["selector"]["matchExpressions"]}
+        label = keys['.metadata.labels["clef.riotpiao.com/component"]']
+        assert (label["operator"], label["values"]) == ("NotIn", ["verification"])
+        image = keys[f'[.spec.containers[].image | startswith("{ENGINE_IMAGE_PREFIX}")] | any']
+        assert (image["operator"], image["values"]) == ("NotIn", ["true"]), stage["metadata"]["name"]
