@@ -21,7 +21,7 @@ from clef_contract.endpoint import parse_endpoint_report
 from clef_contract.goldens import parse_goldens_report
 from clef_contract.report import ReportInvalid, ReportMissing
 from clef_operator import labels
-from clef_operator.api import ENGINE_DIALECT, ClefModelSpec, FailingCheck
+from clef_operator.api import ENGINE_DIALECT, ClefModelSpec, FailingCheck, Step
 from clef_operator.conditions import Reason, Why
 from clef_operator.goldens import GOLDENS_FILE, Trusted, endpoint_of
 from clef_operator.observed import JobState, PodState
@@ -87,7 +87,11 @@ def render_comparison_job(
     owner: Owner, spec: ClefModelSpec, key: str, run: str, pod: PodState, goldens: Trusted
 ) -> dict[str, Any]:
     """CPU only (no GPU, no GPU runtime class): it talks HTTP to the preview pod."""
-    job_labels = {**object_labels(owner.name, labels.COMPONENT_COMPARISON), labels.VERIFICATION_KEY: key}
+    job_labels = {
+        **object_labels(owner.name, labels.COMPONENT_VERIFICATION),
+        labels.STEP: Step.ENDPOINT.value,
+        labels.VERIFICATION_KEY: key,
+    }
     annotations = {
         labels.IMAGE: spec.image,
         labels.PREVIEW_POD_UID: pod.uid,

@@ -34,7 +34,7 @@ from clef_contract.command import TERMINATION_LOG, TERMINATION_LOG_ENV
 from clef_contract.goldens import STDOUT, GoldensReport, parse_goldens_report
 from clef_contract.report import ReportInvalid, ReportMissing
 from clef_operator import labels
-from clef_operator.api import BuiltinPrompts, ClefModelSpec, EndpointSpec
+from clef_operator.api import BuiltinPrompts, ClefModelSpec, EndpointSpec, Step
 from clef_operator.observed import ConfigMapState, JobState, ModelRef, PodState
 from clef_operator.render import (
     CONTAINER_SECURITY,
@@ -119,7 +119,11 @@ def render_goldens_job(owner: Owner, spec: ClefModelSpec) -> dict[str, Any]:
         "terminationMessagePolicy": "File",
         "securityContext": {**CONTAINER_SECURITY, "readOnlyRootFilesystem": True},
     }
-    pod_labels = {**object_labels(owner.name, labels.COMPONENT_GOLDENS), labels.GOLDENS_KEY: key}
+    pod_labels = {
+        **object_labels(owner.name, labels.COMPONENT_VERIFICATION),
+        labels.STEP: Step.GOLDENS.value,
+        labels.GOLDENS_KEY: key,
+    }
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",

@@ -25,7 +25,7 @@ from kubernetes.client.exceptions import ApiException
 
 from clef_operator import actions as act
 from clef_operator import labels
-from clef_operator.api import GROUP, KIND, PLURAL, VERSION, ClefModelStatus
+from clef_operator.api import GROUP, KIND, PLURAL, VERSION, ClefModelStatus, Step
 from clef_operator.children import release_ops
 from clef_operator.endpoint import CHECK_CONTAINER
 from clef_operator.goldens import GOLDENS_CONTAINER, MAX_GOLDENS_BYTES
@@ -52,13 +52,13 @@ VERDICT_KEY_FIELD = "key"
 VERDICT_KEY_BYTES = 32
 JOB_NAME_LABELS = ("batch.kubernetes.io/job-name", "job-name")
 REFUSALS = (400, 403, 422)
-# The container whose state speaks for a pod, by the pod's component label.
+# The container whose state speaks for a pod, by its step label, else its component label.
 CONTAINER_OF = {
     labels.COMPONENT_VERIFICATION: VERIFY_CONTAINER,
-    labels.COMPONENT_GOLDENS: GOLDENS_CONTAINER,
-    labels.COMPONENT_COMPARISON: CHECK_CONTAINER,
+    Step.GOLDENS.value: GOLDENS_CONTAINER,
+    Step.ENDPOINT.value: CHECK_CONTAINER,
 }
-GPU_CLASS_COMPONENTS = (labels.COMPONENT_VERIFICATION, labels.COMPONENT_SERVING, labels.COMPONENT_GOLDENS)
+GPU_CLASS_COMPONENTS = (labels.COMPONENT_VERIFICATION, labels.COMPONENT_SERVING)
 LOG_SLACK_BYTES = 64 * 1024
 # The client's serializer (model objects -> wire dicts); it holds no connection state.
 _WIRE = client.ApiClient()
@@ -146,6 +146,7 @@ def _job(j: Any) -> JobState:
         created_at=j.metadata.creation_timestamp,
         deleting=j.metadata.deletion_timestamp is not None,
         component=(j.metadata.labels or {}).get(labels.COMPONENT, ""),
+        step=(j.metadata.labels or {}).get(labels.STEP, ""),
         annotations=dict(j.metadata.annotations or {}),
         command=tuple(containers[0].command or ()) if containers else (),
     )
@@ -155,7 +156,7 @@ def _pod(p: Any, node_labels: Mapping[str, Mapping[str, str]]) -> PodState:
     meta, status = p.metadata, p.status
     pod_labels = meta.labels or {}
     component = pod_labels.get(labels.COMPONENT, "")
-    wanted = CONTAINER_OF.get(component, ENGINE_CONTAINER)
+    wanted = CONTAINER_OF.get(pod_labels.get(labels.STEP) or component, ENGINE_CONTAINER)
     containers = list(status.container_statuses or []) if status else []
     cs = next((c for c in containers if c.name == wanted), containers[0] if containers else None)
     unschedulable = ""
@@ -374,7 +375,7 @@ class Kube:
         names = {c.name for c in stored}
         out: dict[str, bytes] = {}
         for job in jobs:
-            if job.component != labels.COMPONENT_GOLDENS or not job.complete or job.name in names:
+            if job.step != Step.GOLDENS.value or not job.complete or job.name in names:
                 continue
             for pod in (p for p in pods if job.uid and job.uid in p.owner_uids and p.terminated):
                 try:

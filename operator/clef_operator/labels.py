@@ -14,10 +14,11 @@ MANAGED_BY_VALUE = "clef"
 
 COMPONENT_SERVING = "serving"
 COMPONENT_VERIFICATION = "verification"
-# Endpoint mode: the Job that makes goldens (and the ConfigMap that keeps them), and the CPU-only
-# Job that compares the preview's answers with them.
+# Endpoint mode: the goldens Job and the CPU-only comparison Job are verification Jobs (their
+# pods are verification pods) with a step label: `goldens` or `endpoint`.  The ConfigMap that
+# keeps the goldens is component `goldens`.
 COMPONENT_GOLDENS = "goldens"
-COMPONENT_COMPARISON = "comparison"
+STEP = f"{PREFIX}/verification-step"
 GOLDENS_KEY = f"{PREFIX}/goldens-key"
 # On a goldens ConfigMap: what it holds (JSON: key, sha256, sizes, provenance, the Job) and the
 # HMAC of that with the operator's key; nothing else makes it trusted.
@@ -60,7 +61,8 @@ VERIFIED_AT = f"{PREFIX}/verified-at"
 VERIFICATION_JOB = f"{PREFIX}/verification-job"
 VERIFICATION_JOB_UID = f"{PREFIX}/verification-job-uid"
 VERIFIER = f"{PREFIX}/verifier"
-VERIFICATION_STEP = f"{PREFIX}/verification-step"
+# On serving Deployments, with the verdict: the step that concluded it (kernels or endpoint).
+VERIFICATION_STEP = STEP
 # HMAC of the verdict with the operator's key (verdicts.sign): what makes an annotation evidence.
 VERDICT_SIGNATURE = f"{PREFIX}/verdict-signature"
 # On serving Deployments: the pod template clef rendered (JSON), trusted only while its pod spec

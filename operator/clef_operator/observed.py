@@ -75,6 +75,8 @@ class JobState:
     created_at: datetime | None = None
     deleting: bool = False
     component: str = ""
+    # The verification step it runs (label): "" (kernels: verify), goldens, endpoint.
+    step: str = ""
     annotations: Mapping[str, str] = field(default_factory=dict)
     # The first container's argv (immutable in a Job): what the comparison Job really asks.
     command: tuple[str, ...] = ()

@@ -172,6 +172,7 @@ class World:
                 uid=f"uid-{name}",
                 created_at=self.now,
                 component=component,
+                step=m["metadata"]["labels"].get(labels.STEP, ""),
                 annotations=dict(m["metadata"].get("annotations", {})),
                 command=tuple(m["spec"]["template"]["spec"]["containers"][0]["command"]),
             )

@@ -261,7 +261,7 @@ def test_a_second_image_reuses_the_goldens() -> None:
         for a in plan.actions
         if isinstance(a, CreateDeployment)
     ]
-    assert sum(1 for j in w.jobs.values() if j.component == labels.COMPONENT_GOLDENS) == 1
+    assert sum(1 for j in w.jobs.values() if j.step == "goldens") == 1
 
 
 def test_a_key_band_fault_in_the_serving_engine_is_an_endpoint_mismatch() -> None:
