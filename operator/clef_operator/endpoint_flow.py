@@ -174,12 +174,16 @@ def _goldens_step(ctx: Ctx, observed: Observed, check: str) -> Trusted | Verific
         if isinstance(checked, Trusted):
             return checked
         said = Event("Warning", "GoldensUntrusted", f"{checked.message}; deleted it, it is never used")
+        # The Job that made them goes too, so that a re-verify makes new goldens with a new Job.
+        job = observed.job(name)
+        stop = (DeleteJob(name),) if job is not None and not job.deleting else ()
         return ctx.failed(
             Step.GOLDENS,
             name,
             checked.reason,
             f"{checked.message}. Deleted it; re-verify to have new goldens made",
             DeleteConfigMap(name),
+            *stop,
             said,
         )
     job = observed.job(name)

@@ -407,8 +407,8 @@ def test_goldens_that_fail_a_check_are_never_trusted(edit: Any, why: str) -> Non
     assert (status, reason) == ("False", Reason.GOLDENS_UNTRUSTED) and why in message
     assert "DeleteConfigMap" in kinds(plan) and "GoldensUntrusted" in w.event_reasons()
     assert not any(d.replicas for d in w.deployments.values()), "no preview on untrusted goldens"
-    # A re-verify makes new goldens (the old Job's name is free once it is deleted).
-    del w.jobs[name]
+    # A re-verify makes new goldens with a new Job (the old one was deleted with them).
+    assert name not in w.jobs
     w.model = replace(w.model, annotations={labels.REVERIFY: "1"})
     plan = w.step()
     assert any(isinstance(a, CreateJob) and a.manifest["metadata"]["name"] == name for a in plan.actions)

@@ -269,7 +269,8 @@ def run_goldens(args: GoldensArgs, out: TextIO = sys.stdout) -> int:
         out.write(json.dumps(summary, indent=2) + "\n")
     if args.termination_log:
         _write_report(args.termination_log, _compact(code, summary, goldens, data))
-    verdict = f"wrote {args.out}" if code == ExitCode.PASS else f"no goldens: {summary['error']}"
+    where = "stdout" if args.out == STDOUT else args.out
+    verdict = f"wrote {where}" if code == ExitCode.PASS else f"no goldens: {summary['error']}"
     print(f"goldens: {verdict}", file=sys.stderr)
     return int(code)
 
