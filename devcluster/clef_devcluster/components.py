@@ -64,6 +64,14 @@ def kube_apiserver(
         "--audit-log-format=json",
         "--allow-privileged=true",
         "--profiling=false",
+        # `kubectl logs` of runner pods: the API server calls the node's kubelet endpoint, which
+        # the runner serves on loopback and writes into each kwok node's status (an InternalDNS
+        # address 127.0.0.1, tried first; InternalIP stays the homelab-shaped 10.10.0.x) over
+        # TLS checked against the cluster CA, presenting a client certificate of that CA.
+        "--kubelet-preferred-address-types=InternalDNS,Hostname,InternalIP,ExternalDNS,ExternalIP",
+        f"--kubelet-certificate-authority={pki.ca_cert}",
+        f"--kubelet-client-certificate={pki.cert('apiserver-kubelet-client')}",
+        f"--kubelet-client-key={pki.key('apiserver-kubelet-client')}",
     ]
 
 

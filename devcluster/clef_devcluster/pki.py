@@ -44,7 +44,12 @@ CLIENTS = (
     ClientIdentity("scheduler", "system:kube-scheduler"),
     ClientIdentity("kwok", "clef-kwok", ("system:masters",)),
     ClientIdentity("runner", "clef-runner", ("system:masters",)),
+    # What the API server shows the stand-in kubelet's log endpoint (runner/logs.py).
+    ClientIdentity("apiserver-kubelet-client", "kube-apiserver-kubelet-client"),
 )
+# The runner's kubelet endpoint (`kubectl logs`) serves on loopback with this leaf, which the API
+# server checks against the cluster CA (--kubelet-certificate-authority).
+KUBELET_SERVING = "kubelet"
 
 
 def _openssl(*args: str) -> None:
@@ -104,6 +109,13 @@ class PKI:
                     "DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,"
                     f"DNS:kubernetes.default.svc.cluster.local,IP:127.0.0.1,IP:{KUBERNETES_SERVICE_IP}"
                 ),
+            )
+        if fresh_ca or not _still_valid(self.cert(KUBELET_SERVING)):
+            self._make_leaf(
+                KUBELET_SERVING,
+                "/CN=clef-runner-kubelet",
+                usage="serverAuth",
+                san="DNS:localhost,IP:127.0.0.1",
             )
         for client in CLIENTS:
             if fresh_ca or not _still_valid(self.cert(client.name)):

@@ -54,7 +54,7 @@ def test_entries_are_checked() -> None:
 def test_the_seed_covers_the_whole_fault_catalogue_and_the_other_kinds() -> None:
     table = seed_table()
     kinds = {e.kind for e in table.entries}
-    assert kinds == {"good", "fault", "hang", "unpullable"}
+    assert kinds == {"good", "fault", "hang", "unpullable", "serve"}
     for fault in fault_names():
         entry = table.lookup(fault_image(fault))
         assert entry is not None and (entry.kind, entry.fault) == ("fault", fault)

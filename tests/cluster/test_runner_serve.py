@@ -258,3 +258,89 @@ def test_deleting_an_engine_pod_stops_its_server(engines: Engines) -> None:
     wait_for(gone, 60, "the broken engine's pod to be removed")
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(f"http://{ip}:{PORT}/v1/models", timeout=5)
+
+
+def _run_job(cluster: Cluster, namespace: str, job: client.V1Job) -> client.V1Pod:
+    cluster.batch.create_namespaced_job(namespace, job)
+    name = job.metadata.name
+
+    def done() -> client.V1Job | None:
+        j = cluster.batch.read_namespaced_job(name, namespace)
+        return j if job_condition(j, "Complete") or job_condition(j, "Failed") else None
+
+    finished = wait_for(
+        done, 120, f"Job {name}", lambda: describe_pods(cluster.core, namespace, f"job-name={name}")
+    )
+    assert job_condition(finished, "Complete"), describe_pods(cluster.core, namespace, f"job-name={name}")
+    (pod,) = cluster.core.list_namespaced_pod(namespace, label_selector=f"job-name={name}").items
+    return pod
+
+
+def test_logs_of_a_runner_pod_come_back_through_the_api_server(cluster: Cluster, namespace: str) -> None:
+    cluster.image_table()
+    # What the goldens Job does: a long JSON document on stdout, progress on stderr around it.
+    code = (
+        "import json, sys\n"
+        "print('goldens: kernels 150/150', file=sys.stderr, flush=True)\n"
+        "print(json.dumps({'schemaVersion': 'goldens/v1', 'ids': list(range(20000))}), flush=True)\n"
+        "print('goldens: wrote -', file=sys.stderr, flush=True)\n"
+    )
+    pod = _run_job(cluster, namespace, verification_job("talk", RUNTIME_IMAGE, python_command(code)))
+    name = pod.metadata.name
+    text = cluster.core.read_namespaced_pod_log(name, namespace, container="verify")
+    # Both streams, merged line by line in the order the runner read them (as a kubelet merges
+    # them): stderr's last line may come before the end of a long stdout line is read, never inside it.
+    lines = text.splitlines()
+    (document,) = [line for line in lines if line.startswith("{")]
+    assert json.loads(document)["ids"] == list(range(20000)), "the stdout line came back intact"
+    assert [line for line in lines if line != document] == ["goldens: kernels 150/150", "goldens: wrote -"]
+    assert cluster.core.read_namespaced_pod_log(name, namespace, tail_lines=1) in (
+        "goldens: wrote -\n",
+        document + "\n",
+    )
+    assert cluster.core.read_namespaced_pod_log(name, namespace, limit_bytes=8) == "goldens:"
+    stamped = cluster.core.read_namespaced_pod_log(name, namespace, timestamps=True, limit_bytes=60)
+    assert stamped.split(" ", 1)[1].startswith("goldens: kernels") and stamped[:4].isdigit(), stamped
+    with pytest.raises(ApiException) as previous:
+        cluster.core.read_namespaced_pod_log(name, namespace, previous=True)
+    assert previous.value.status == 400 and "previous terminated container" in str(previous.value.body)
+
+
+def test_an_engine_pods_logs_are_its_servers_output(engines: Engines) -> None:
+    pod = engines.ready("good")
+    text = engines.cluster.core.read_namespaced_pod_log("good", engines.namespace)
+    assert f"serve: candle-vllm on http://{pod.status.pod_ip}:{PORT}" in text, text[-2000:]
+
+
+def test_a_config_map_volume_is_seen_by_the_process(cluster: Cluster, namespace: str) -> None:
+    cluster.image_table()
+    document = json.dumps({"prompts": ["hello"], "nonce": uuid.uuid4().hex})
+    cluster.core.create_namespaced_config_map(
+        namespace,
+        client.V1ConfigMap(
+            metadata=client.V1ObjectMeta(name="goldens"), data={"goldens.json": document, "x": "-"}
+        ),
+    )
+    code = (
+        "import os, sys\n"
+        "print(open(sys.argv[1]).read())\n"
+        "print(open(os.environ['GOLDENS']).read())\n"
+        "print(sorted(os.listdir(os.path.dirname(sys.argv[1]))))\n"
+    )
+    job = verification_job(
+        "reader", RUNTIME_IMAGE, python_command(code), args=["/etc/clef/goldens/v1.json"],
+        env={"GOLDENS": "/etc/clef/goldens/v1.json"},
+    )  # fmt: skip
+    spec = job.spec.template.spec
+    spec.volumes = [
+        client.V1Volume(
+            name="goldens",
+            config_map=client.V1ConfigMapVolumeSource(
+                name="goldens", items=[client.V1KeyToPath(key="goldens.json", path="v1.json")]
+            ),
+        )
+    ]
+    spec.containers[0].volume_mounts = [client.V1VolumeMount(name="goldens", mount_path="/etc/clef/goldens")]
+    pod = _run_job(cluster, namespace, job)
+    lines = cluster.core.read_namespaced_pod_log(pod.metadata.name, namespace).splitlines()
+    assert lines == [document, document, "['v1.json']"], lines

@@ -26,14 +26,18 @@ from ..config import (
     VERIFICATION,
     cache_root,
 )
+from ..pki import KUBELET_SERVING
 from ..procs import record
 from ..rest import ApiError, Rest
+from .logs import KubeletEndpoint, LogIndex
 from .network import BlockClaim, PodAddresses
 from .worker import PodWorker
 
 log = logging.getLogger("clef.runner")
 
 Obj = dict[str, Any]
+# Where the API server finds the runner's kubelet endpoint on every kwok node.
+KUBELET_ADDRESS_TYPE, KUBELET_ADDRESS = "InternalDNS", "127.0.0.1"
 
 
 def runs_here(pod: Obj) -> bool:
@@ -64,6 +68,23 @@ class Runner:
         (state_dir / "logs" / "verify").mkdir(parents=True, exist_ok=True)
         self.claim = self._claim_block()
         self.addresses = PodAddresses(self.claim.block)
+        self.log_index = LogIndex()
+        self.endpoint = self._kubelet_endpoint()
+
+    def _kubelet_endpoint(self) -> KubeletEndpoint | None:
+        """`kubectl logs` (logs.py), with the cluster's certificates; none where this state
+        directory has no PKI (`up --attach`: that API server cannot reach this host's loopback)."""
+        pki = self.state_dir / "pki"
+        cert, key, ca = pki / f"{KUBELET_SERVING}.crt", pki / f"{KUBELET_SERVING}.key", pki / "ca.crt"
+        if not (cert.is_file() and key.is_file() and ca.is_file()):
+            log.warning(
+                "no kubelet endpoint: %s has no serving certificate (kubectl logs will not reach runner pods)",
+                pki,
+            )
+            return None
+        endpoint = KubeletEndpoint(self.log_index, cert, key, ca)
+        log.info("kubelet endpoint (kubectl logs) on https://127.0.0.1:%d", endpoint.port)
+        return endpoint
 
     def _claim_block(self) -> BlockClaim:
         """This runner's 127.<b>.0.0/16 (network.py); the same one again after a restart if free."""
@@ -118,9 +139,35 @@ class Runner:
             found[n["metadata"]["name"]] = next(
                 (a["address"] for a in addresses if a["type"] == "InternalIP"), ""
             )
+            self._claim_kubelet_endpoint(n)
         with self.lock:
             self.nodes = found
             self.nodes_listed = time.monotonic()
+
+    def _claim_kubelet_endpoint(self, node: Obj) -> None:
+        """Point the node's kubelet endpoint at this runner, as a kubelet writes its own: the port
+        in status.daemonEndpoints, and an InternalDNS address 127.0.0.1, which the API server tries
+        first (components.kube_apiserver).  Written again whenever found missing (kwok's node
+        stage rewrites the status once, at start)."""
+        if self.endpoint is None:
+            return
+        status = node.get("status") or {}
+        port = ((status.get("daemonEndpoints") or {}).get("kubeletEndpoint") or {}).get("Port")
+        has_address = any(
+            a.get("type") == KUBELET_ADDRESS_TYPE and a.get("address") == KUBELET_ADDRESS
+            for a in status.get("addresses") or []
+        )
+        if port == self.endpoint.port and has_address:
+            return
+        patch = {
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": self.endpoint.port}},
+            # A strategic merge by address type: the node's other addresses stay as they are.
+            "addresses": [{"type": KUBELET_ADDRESS_TYPE, "address": KUBELET_ADDRESS}],
+        }
+        try:
+            self.rest.patch_status(f"/api/v1/nodes/{node['metadata']['name']}", patch)
+        except ApiError as e:
+            log.warning("node %s: kubelet endpoint not written: %s", node["metadata"]["name"], e)
 
     def _list_nodes(self) -> Obj:
         return self.rest.get("/api/v1/nodes")
@@ -165,6 +212,7 @@ class Runner:
             with self.lock:
                 self.done.discard(uid)
                 self.finalizing.discard(uid)
+            self.log_index.forget(meta["namespace"], meta["name"])
             return
         if not self.is_kwok_node(pod["spec"].get("nodeName")):
             return
@@ -217,9 +265,13 @@ class Runner:
                 self.finalizing.discard(uid)
 
     def serve(self, ready_file: Path | None = None) -> None:
+        if self.endpoint is not None:
+            self.endpoint.start()
         self._refresh_nodes()
         while not self.shutting_down.is_set():
             try:
+                # At every resync (30 s at most): new nodes, and kubelet endpoints kept written.
+                self._refresh_nodes()
                 listed = self._list_pods()
                 for pod in listed["items"]:
                     self.observe(pod)

@@ -3,10 +3,11 @@ would: pull, start, restart with back-off, report every change through the statu
 
 from __future__ import annotations
 
-import json
+import contextlib
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -23,6 +24,7 @@ from ..rest import ApiError
 from . import engine, volumes
 from .container import ContainerState, kill_group, now, read_termination_message
 from .env import ContainerEnv, expand, process_env
+from .logs import OutputCapture
 from .probes import ProbeSet
 
 if TYPE_CHECKING:
@@ -199,6 +201,7 @@ class PodWorker:
                             else f'Back-off pulling image "{s.image}"'
                         )
                         s.state = {"waiting": {"reason": reason, "message": message}}
+                        self.runner.log_index.waiting(self.namespace, self.name, name, reason)
             self._publish()
 
         while not self.stop.is_set():
@@ -273,10 +276,16 @@ class PodWorker:
             return code
 
         if entry.kind == "hang":
+            records = self.runner.log_path(self.namespace, self.name, spec["name"], state.restart_count)
+            records.with_suffix(".cri").write_bytes(b"")
+            self.runner.log_index.started(
+                self.namespace, self.name, spec["name"], records.with_suffix(".cri")
+            )
             with self.lock:
                 state.state = {"running": {"startedAt": started}}
             self._publish()
             self.stop.wait()
+            self.runner.log_index.stopped(self.namespace, self.name, spec["name"])
             return terminate(137, "Error", "")
 
         prepared = self._prepare(spec, entry, state)
@@ -292,34 +301,40 @@ class PodWorker:
                 "StartError",
                 f'exec: "{argv[0]}": executable file not found in $PATH',
             )
-        with out_path.open("wb") as out:
-            out.write(f"# {json.dumps(argv)}\n# image {spec['image']} ({entry.kind}"
-                      f"{' ' + str(entry.fault) if entry.fault else ''})\n".encode())  # fmt: skip
-            out.flush()
-            try:
-                proc = subprocess.Popen(
-                    [exe, *argv[1:]],
-                    cwd=run_dir,
-                    env=proc_env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            except OSError as e:
-                return terminate(128, "StartError", f"{argv[0]}: {e.strerror}")
-            self.runner.track(proc.pid)
-            probes = ProbeSet.for_container(spec)
-            with self.lock:
-                state.state = {"running": {"startedAt": started}}
-                state.probe_started = False if probes.startup else None
-                state.probe_ready = False if probes.readiness else None
-            self._publish()
-            log.info("%s/%s/%s: started pid %d: %s", self.namespace, self.name, spec["name"], proc.pid, argv)
-            try:
-                code = self._wait(proc, probes, state)
-            finally:
-                self.runner.untrack(proc.pid)
+        out_path.unlink(missing_ok=True)
+        out_path.with_suffix(".cri").unlink(missing_ok=True)
+        capture = OutputCapture(out_path, out_path.with_suffix(".cri"))
+        try:
+            proc = subprocess.Popen(
+                [exe, *argv[1:]],
+                cwd=run_dir,
+                env=proc_env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
+        except OSError as e:
+            capture.close()
+            return terminate(128, "StartError", f"{argv[0]}: {e.strerror}")
+        assert proc.stdout is not None and proc.stderr is not None
+        capture.start(proc.stdout, proc.stderr)
+        self.runner.track(proc.pid)
+        self.runner.log_index.started(self.namespace, self.name, spec["name"], out_path.with_suffix(".cri"))
+        probes = ProbeSet.for_container(spec)
+        with self.lock:
+            state.state = {"running": {"startedAt": started}}
+            state.probe_started = False if probes.startup else None
+            state.probe_ready = False if probes.readiness else None
+        self._publish()
+        log.info("%s/%s/%s: started pid %d (image %s: %s%s): %s", self.namespace, self.name, spec["name"],
+                 proc.pid, spec["image"], entry.kind, f" {entry.fault}" if entry.fault else "", argv)  # fmt: skip
+        try:
+            code = self._wait(proc, probes, state)
+        finally:
+            self.runner.untrack(proc.pid)
+            capture.close()
+            self.runner.log_index.stopped(self.namespace, self.name, spec["name"])
         message = read_termination_message(termlog, out_path, spec.get("terminationMessagePolicy"), code)
         return terminate(code, "Completed" if code == 0 else "Error", message)
 
@@ -386,6 +401,7 @@ class PodWorker:
     def _waiting(self, state: ContainerState, reason: str, message: str) -> None:
         with self.lock:
             state.state = {"waiting": {"reason": reason, "message": message}}
+        self.runner.log_index.waiting(self.namespace, self.name, state.name, reason)
         self._publish()
 
     def _wait(self, proc: subprocess.Popen[bytes], probes: ProbeSet, state: ContainerState) -> int:
@@ -407,5 +423,9 @@ class PodWorker:
                 kill_group(proc, self.grace)
                 break
         rc = proc.wait()
+        # A container ends with its first process: what it left running goes too (and lets go
+        # of the output pipes).
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
         # A signal death is reported as the shell (and the kubelet) does: 128 + signal.
         return 128 - rc if rc < 0 else rc
