@@ -485,14 +485,18 @@ class EndpointPrompt(ApiModel):
     ] = Field(max_length=16384)
 
 
-def _unique_prompt_names(prompts: list[EndpointPrompt]) -> list[EndpointPrompt]:
-    """What the API server's list-map (keyed by name) enforces for endpoint.prompts."""
-    seen: set[str] = set()
-    for i, p in enumerate(prompts):
-        if p.name in seen:
-            raise ValueError(f"spec.verification.endpoint.prompts[{i}]: Duplicate value: name {p.name!r}")
-        seen.add(p.name)
-    return prompts
+def _unique_names(path: str) -> AfterValidator:
+    """What the API server's list-map keyed by name enforces for the list at `path`."""
+
+    def check(items: list[Any]) -> list[Any]:
+        seen: set[str] = set()
+        for i, item in enumerate(items):
+            if item.name in seen:
+                raise ValueError(f"{path}[{i}]: Duplicate value: name {item.name!r}")
+            seen.add(item.name)
+        return items
+
+    return AfterValidator(check)
 
 
 class EndpointSpec(ApiModel):
@@ -523,7 +527,7 @@ class EndpointSpec(ApiModel):
         default=BuiltinPrompts.ALL,
         description="clef-runtime's built-in prompt set: all, short (without the 8197-token prompt) or none.",
     )
-    prompts: Annotated[list[EndpointPrompt], AfterValidator(_unique_prompt_names)] = Field(
+    prompts: Annotated[list[EndpointPrompt], _unique_names("spec.verification.endpoint.prompts")] = Field(
         default_factory=list,
         max_length=16,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
@@ -604,16 +608,6 @@ class RolloutSpec(ApiModel):
     revision_history_limit: Annotated[int, in_range("spec.rollout.revisionHistoryLimit", 0, 10)] = Field(
         default=2, description="Old Deployments kept at 0 replicas for instant rollback."
     )
-
-
-def _unique_env_names(env: list[EnvVar]) -> list[EnvVar]:
-    """What the API server's list-map (keyed by name) enforces for spec.env."""
-    seen: set[str] = set()
-    for i, var in enumerate(env):
-        if var.name in seen:
-            raise ValueError(f"spec.env[{i}]: Duplicate value: name {var.name!r}")
-        seen.add(var.name)
-    return env
 
 
 def _tp(spec: dict[str, Any]) -> int:
@@ -802,7 +796,7 @@ class ClefModelSpec(ApiModel):
     ] = Field(default_factory=dict, max_length=32)
     tolerations: list[Toleration] = Field(default_factory=list, max_length=16)
     resources: Resources = Field(default_factory=Resources, json_schema_extra={"default": {}})
-    env: Annotated[list[EnvVar], AfterValidator(_unique_env_names)] = Field(
+    env: Annotated[list[EnvVar], _unique_names("spec.env")] = Field(
         default_factory=list,
         max_length=64,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},

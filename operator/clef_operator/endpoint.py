@@ -27,8 +27,8 @@ from clef_operator.goldens import GOLDENS_FILE, Trusted, endpoint_of
 from clef_operator.observed import JobState, PodState
 from clef_operator.render import (
     CONTAINER_SECURITY,
-    JOB_TTL_SECONDS,
     Owner,
+    job_manifest,
     object_labels,
     render_deployment,
 )
@@ -113,34 +113,15 @@ def render_comparison_job(
         "terminationMessagePolicy": "File",
         "securityContext": {**CONTAINER_SECURITY, "readOnlyRootFilesystem": True},
     }
-    # Every request of all prompts may take the per-request timeout; one more for GET /v1/models.
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {
-            "name": check_job_name(owner.name, key, run),
-            "namespace": owner.namespace,
-            "labels": job_labels,
-            "annotations": annotations,
-            "ownerReferences": [owner.reference()],
-        },
-        "spec": {
-            "backoffLimit": 0,
-            "activeDeadlineSeconds": spec.verification.timeout_seconds,
-            "ttlSecondsAfterFinished": JOB_TTL_SECONDS,
-            "template": {
-                "metadata": {"labels": job_labels},
-                "spec": {
-                    "automountServiceAccountToken": False,
-                    "enableServiceLinks": False,
-                    "restartPolicy": "Never",
-                    "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
-                    "containers": [container],
-                    "volumes": [{"name": "goldens", "configMap": {"name": goldens.name}}],
-                },
-            },
-        },
+    pod_spec = {
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "restartPolicy": "Never",
+        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [container],
+        "volumes": [{"name": "goldens", "configMap": {"name": goldens.name}}],
     }
+    return job_manifest(owner, check_job_name(owner.name, key, run), job_labels, annotations, spec, pod_spec)
 
 
 # ------------------------------------------------------------------------------ judging Jobs

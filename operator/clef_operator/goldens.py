@@ -38,9 +38,9 @@ from clef_operator.api import BuiltinPrompts, ClefModelSpec, EndpointSpec, Step
 from clef_operator.observed import ConfigMapState, JobState, ModelRef, PodState
 from clef_operator.render import (
     CONTAINER_SECURITY,
-    JOB_TTL_SECONDS,
     Owner,
     env_with,
+    job_manifest,
     model_volume,
     object_labels,
     scheduling,
@@ -124,31 +124,14 @@ def render_goldens_job(owner: Owner, spec: ClefModelSpec) -> dict[str, Any]:
         labels.STEP: Step.GOLDENS.value,
         labels.GOLDENS_KEY: key,
     }
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {
-            "name": goldens_name(owner.name, key),
-            "namespace": owner.namespace,
-            "labels": pod_labels,
-            "ownerReferences": [owner.reference()],
-        },
-        "spec": {
-            "backoffLimit": 0,
-            "activeDeadlineSeconds": spec.verification.timeout_seconds,
-            "ttlSecondsAfterFinished": JOB_TTL_SECONDS,
-            "template": {
-                "metadata": {"labels": pod_labels},
-                "spec": {
-                    **scheduling(spec),
-                    "restartPolicy": "Never",
-                    "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
-                    "containers": [container],
-                    "volumes": volumes,
-                },
-            },
-        },
+    pod = {
+        **scheduling(spec),
+        "restartPolicy": "Never",
+        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [container],
+        "volumes": volumes,
     }
+    return job_manifest(owner, goldens_name(owner.name, key), pod_labels, {}, spec, pod)
 
 
 # ------------------------------------------------------------------------------ storing

@@ -342,21 +342,33 @@ def render_job(owner: Owner, spec: ClefModelSpec, run: str) -> dict[str, Any]:
     annotations = {labels.IMAGE: spec.image}
     if run:
         annotations[labels.REVERIFY_RUN] = run
+    pod = render_verification_pod_spec(spec)
+    return job_manifest(owner, job_name(owner.name, key, run), job_labels, annotations, spec, pod)
+
+
+def job_manifest(
+    owner: Owner,
+    name: str,
+    job_labels: dict[str, str],
+    annotations: dict[str, str],
+    spec: ClefModelSpec,
+    pod: dict[str, Any],
+) -> dict[str, Any]:
+    """A Job of the model that runs once (no retries), within spec.verification.timeoutSeconds,
+    and is cleaned up an hour after it finished; its pods carry its labels."""
+    metadata: dict[str, Any] = {"name": name, "namespace": owner.namespace, "labels": job_labels}
+    if annotations:
+        metadata["annotations"] = annotations
+    metadata["ownerReferences"] = [owner.reference()]
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": {
-            "name": job_name(owner.name, key, run),
-            "namespace": owner.namespace,
-            "labels": job_labels,
-            "annotations": annotations,
-            "ownerReferences": [owner.reference()],
-        },
+        "metadata": metadata,
         "spec": {
             "backoffLimit": 0,
             "activeDeadlineSeconds": spec.verification.timeout_seconds,
             "ttlSecondsAfterFinished": JOB_TTL_SECONDS,
-            "template": {"metadata": {"labels": job_labels}, "spec": render_verification_pod_spec(spec)},
+            "template": {"metadata": {"labels": job_labels}, "spec": pod},
         },
     }
 

@@ -311,7 +311,8 @@ def test_goldens_edited_by_hand_are_not_trusted(story: Story) -> None:
     models.patch(NAME, {"metadata": {"annotations": {"clef.riotpiao.com/reverify": "edited-goldens"}}})
     verified = story.verified("False", "GoldensUntrusted", timeout=120)
     assert "is not the signed" in verified["message"], verified["message"]
-    assert "GoldensUntrusted" in models.event_reasons(NAME)
+    # The event goes with the actions, after the status that says it.
+    wait_for(lambda: "GoldensUntrusted" in models.event_reasons(NAME), 30, "the GoldensUntrusted event")
     wait_for(
         lambda: (
             not core.list_namespaced_config_map(
