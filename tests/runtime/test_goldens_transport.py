@@ -57,5 +57,5 @@ def test_a_gzip_copy_reads_as_the_file(tmp_path: Path) -> None:
 
 def test_a_truncated_gzip_copy_is_an_error(tmp_path: Path) -> None:
     (tmp_path / "g.json.gz").write_bytes(gzip.compress(goldens_bytes(tiny_goldens()))[:-8])
-    with pytest.raises(GoldensError, match="truncated|readable"):
+    with pytest.raises(GoldensError, match=r"truncated|readable"):
         read_goldens(tmp_path / "g.json.gz")
