@@ -142,9 +142,13 @@ def story(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 
 
 def test_a_correct_candle_vllm_candidate_is_promoted(story: Story) -> None:
+    """By digest, on a pinned GPU class: the preview is the very revision that serves."""
     models = story.models
+    entry = story.cluster.image_table().lookup(GOOD)
+    assert entry is not None
+    pinned = f"{ENGINE}@sha256:{entry.digest}"
     started = time.monotonic()
-    models.create(flash(story.checkpoint, GOOD))
+    models.create(flash(story.checkpoint, pinned))
     models.wait_condition(NAME, "Ready", "True", "Available", timeout=VERIFY_SECONDS)
     print(f"first endpoint verification and rollout: {time.monotonic() - started:.0f}s")
     status = story.status()
@@ -152,9 +156,7 @@ def test_a_correct_candle_vllm_candidate_is_promoted(story: Story) -> None:
     assert [r["step"] for r in records[:3]] == ["endpoint", "preview", "goldens"], records
     final = records[0]
     assert final["final"] and final["verdict"] == "Passed" and final["reason"] == "Verified"
-    entry = story.cluster.image_table().lookup(GOOD)
-    assert entry is not None
-    assert final["digest"] == f"{ENGINE}@sha256:{entry.digest}", "bound to the digest the preview pod ran"
+    assert final["digest"] == pinned, "bound to the digest the preview pod ran"
     assert final["digest"] == records[1]["digest"] and final["gpuClass"] == records[1]["gpuClass"]
     # Serving is pinned to that digest, on that GPU class.
     active = story.deployment(status["activeRevision"])
@@ -173,24 +175,17 @@ def test_a_correct_candle_vllm_candidate_is_promoted(story: Story) -> None:
         "nvidia.com/gpu"
     )
     assert len(story.jobs("goldens")) == 1
-    # The preview ran the tag, so it went to 0 once the pinned revision took over.
-    wait_for(
-        lambda: all(
-            (d.spec.replicas or 0) == 0
-            for d in models.deployments(NAME)
-            if d.metadata.name != active.metadata.name
-        ),
-        60,
-        "the tag's preview at 0",
-        lambda: models.describe(NAME),
-    )
+    # The preview was rendered as the revision to serve, so it was scaled up in place.
+    assert [d.metadata.name for d in models.deployments(NAME)] == [active.metadata.name]
+    assert "clef.riotpiao.com/preview-for" not in (active.metadata.annotations or {})
+    assert active.metadata.annotations["clef.riotpiao.com/verification-step"] == "endpoint"
     reasons = models.event_reasons(NAME)
     for reason in (
         "GoldensStarted",
         "GoldensStored",
         "PreviewStarted",
         "ComparisonStarted",
-        "VerificationPassed",
+        "PreviewPromoted",
     ):
         assert reason in reasons, reasons
 
@@ -203,6 +198,9 @@ def test_the_key_band_fault_in_the_serving_engine_is_an_endpoint_mismatch(story:
     assert "prompt" in verified["message"] and "token" in verified["message"], verified["message"]
     status = story.status()
     assert status["activeRevision"] == active, "the old revision keeps serving"
+    # A tag: the preview ran it, and its record names the digest it resolved to.
+    assert status["verifications"][1]["step"] == "preview"
+    assert status["verifications"][1]["digest"].startswith(f"{ENGINE}@sha256:")
     assert models.condition(NAME, "Ready")["status"] == "True"
     assert models.condition(NAME, "Degraded")["reason"] == "EndpointMismatch"
     wait_for(

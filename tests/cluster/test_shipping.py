@@ -270,7 +270,7 @@ def _drive_goldens(models: Models, operator: SAOperator, tmp: Path) -> None:
     selector = "clef.riotpiao.com/component=goldens"
 
     def stored() -> list[Any]:
-        return list(core.list_namespaced_config_map(models.namespace, label_selector=selector).items)
+        return list(core.list_namespaced_config_map(models.ns, label_selector=selector).items)
 
     wait_for(lambda: stored(), VERIFY_SECONDS, "the goldens stored", operator.tail)
     (cm,) = stored()
@@ -278,7 +278,7 @@ def _drive_goldens(models: Models, operator: SAOperator, tmp: Path) -> None:
         "clef.riotpiao.com/goldens": cm.metadata.annotations["clef.riotpiao.com/goldens"].replace("1", "2")
     }
     core.patch_namespaced_config_map(
-        cm.metadata.name, models.namespace, {"metadata": {"annotations": forged}}
+        cm.metadata.name, models.ns, {"metadata": {"annotations": forged}}
     )
     models.patch(name, {"metadata": {"annotations": {"clef.riotpiao.com/reverify": "forged"}}})
     models.wait_condition(name, "Verified", "False", "GoldensUntrusted", timeout=120)
