@@ -277,9 +277,7 @@ def _drive_goldens(models: Models, operator: SAOperator, tmp: Path) -> None:
     forged = {
         "clef.riotpiao.com/goldens": cm.metadata.annotations["clef.riotpiao.com/goldens"].replace("1", "2")
     }
-    core.patch_namespaced_config_map(
-        cm.metadata.name, models.ns, {"metadata": {"annotations": forged}}
-    )
+    core.patch_namespaced_config_map(cm.metadata.name, models.ns, {"metadata": {"annotations": forged}})
     models.patch(name, {"metadata": {"annotations": {"clef.riotpiao.com/reverify": "forged"}}})
     models.wait_condition(name, "Verified", "False", "GoldensUntrusted", timeout=120)
     wait_for(lambda: not stored(), 60, "the untrusted goldens deleted", operator.tail)
