@@ -35,6 +35,7 @@ from clef_contract.goldens import STDOUT, GoldensReport, parse_goldens_report
 from clef_contract.report import ReportInvalid, ReportMissing
 from clef_operator import labels
 from clef_operator.api import BuiltinPrompts, ClefModelSpec, EndpointSpec, Step
+from clef_operator.conditions import Reason
 from clef_operator.observed import ConfigMapState, JobState, ModelRef, PodState
 from clef_operator.render import (
     CONTAINER_SECURITY,
@@ -146,8 +147,6 @@ class Unusable:
 
 
 def read_report(pod: PodState) -> GoldensReport | Unusable:
-    from clef_operator.conditions import Reason
-
     try:
         report = parse_goldens_report(pod.termination_message)
     except ReportMissing as exc:
@@ -183,32 +182,20 @@ def _sign(secret: bytes, model: ModelRef, name: str, meta: str) -> str:
     return hmac.new(secret, _signing_payload(model, name, meta), hashlib.sha256).hexdigest()
 
 
-def stored_goldens(
-    model: ModelRef,
-    owner: Owner,
-    spec: ClefModelSpec,
-    job: JobState,
-    pod: PodState,
-    log: bytes | None,
-    secret: bytes,
-    made_at: str,
-) -> dict[str, Any] | Unusable:
-    """The signed ConfigMap of a completed goldens Job's file, or why there is none."""
-    from clef_operator.conditions import Reason
-
+def _checked_file(
+    spec: ClefModelSpec, pod: PodState, log: bytes | None
+) -> tuple[GoldensReport, bytes] | Unusable:
+    """The report of a completed goldens pod and the file its log holds, or why they do not agree."""
     report = read_report(pod)
     if isinstance(report, Unusable):
         return report
     invalid = Reason.GOLDENS_INVALID
     if report.verdict != "pass" or pod.exit_code != 0:
-        return Unusable(
-            invalid,
-            f"the goldens Job completed but its report says {report.verdict} (exit code {pod.exit_code})",
-        )
-    if report.provenance.get("dtype") != spec.dtype.value:
-        return Unusable(
-            invalid, f"the goldens are for dtype {report.provenance.get('dtype')}, not {spec.dtype.value}"
-        )
+        said = f"{report.verdict} (exit code {pod.exit_code})"
+        return Unusable(invalid, f"the goldens Job completed but its report says {said}")
+    dtype = report.provenance.get("dtype")
+    if dtype != spec.dtype.value:
+        return Unusable(invalid, f"the goldens are for dtype {dtype}, not {spec.dtype.value}")
     if report.bytes > MAX_GOLDENS_BYTES:
         return Unusable(
             invalid, f"the goldens are {report.bytes} bytes, more than the {MAX_GOLDENS_BYTES} clef reads"
@@ -222,34 +209,50 @@ def stored_goldens(
             f"the log of the goldens pod {pod.name} holds no line of {report.bytes} bytes with {report.sha256}"
             " (the report's): the log was cut or mixed",
         )
+    return report, data
+
+
+def stored_goldens(
+    model: ModelRef,
+    owner: Owner,
+    spec: ClefModelSpec,
+    job: JobState,
+    pod: PodState,
+    log: bytes | None,
+    secret: bytes,
+    made_at: str,
+) -> dict[str, Any] | Unusable:
+    """The signed ConfigMap of a completed goldens Job's file, or why there is none."""
+    checked = _checked_file(spec, pod, log)
+    if isinstance(checked, Unusable):
+        return checked
+    report, data = checked
     packed = gzip.compress(data, mtime=0)
     if len(packed) > MAX_STORED_BYTES:
         return Unusable(
-            invalid,
+            Reason.GOLDENS_INVALID,
             f"the goldens take {len(packed)} bytes compressed, more than the {MAX_STORED_BYTES} one ConfigMap"
             " holds: ask fewer prompts or tokens (spec.verification.endpoint)",
         )
     key = goldens_key(spec)
-    meta = json.dumps(
-        {
-            "key": key,
-            "sha256": report.sha256,
-            "bytes": report.bytes,
-            "storedBytes": len(packed),
-            "cacheKey": report.cache_key,
-            **report.provenance,
-            "topK": report.top_k,
-            "prompts": report.prompts,
-            "tokens": report.tokens,
-            "runtimeImage": pinned_reference(str(endpoint_of(spec).runtime_image), pod.image_id) or "",
-            "job": job.name,
-            "jobUid": job.uid,
-            "madeAt": made_at,
-        },
-        sort_keys=True,
-        separators=(",", ":"),
-    )
+    what = {
+        "key": key,
+        "sha256": report.sha256,
+        "bytes": report.bytes,
+        "storedBytes": len(packed),
+        "cacheKey": report.cache_key,
+        **report.provenance,
+        "topK": report.top_k,
+        "prompts": report.prompts,
+        "tokens": report.tokens,
+        "runtimeImage": pinned_reference(str(endpoint_of(spec).runtime_image), pod.image_id) or "",
+        "job": job.name,
+        "jobUid": job.uid,
+        "madeAt": made_at,
+    }
+    meta = json.dumps(what, sort_keys=True, separators=(",", ":"))
     name = goldens_name(model.name, key)
+    annotations = {labels.GOLDENS_META: meta, labels.GOLDENS_SIGNATURE: _sign(secret, model, name, meta)}
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -257,10 +260,7 @@ def stored_goldens(
             "name": name,
             "namespace": owner.namespace,
             "labels": {**object_labels(owner.name, labels.COMPONENT_GOLDENS), labels.GOLDENS_KEY: key},
-            "annotations": {
-                labels.GOLDENS_META: meta,
-                labels.GOLDENS_SIGNATURE: _sign(secret, model, name, meta),
-            },
+            "annotations": annotations,
             "ownerReferences": [owner.reference()],
         },
         "immutable": True,
@@ -298,7 +298,6 @@ def _gunzip(packed: bytes) -> bytes | None:
 def check_stored(model: ModelRef, key: str, cm: ConfigMapState, secret: bytes) -> Trusted | Unusable:
     """Every check, every time: the signature over what the ConfigMap says it holds, then that it
     holds exactly that."""
-    from clef_operator.conditions import Reason
 
     def untrusted(why: str) -> Unusable:
         return Unusable(Reason.GOLDENS_UNTRUSTED, f"goldens ConfigMap {cm.name}: {why}")
