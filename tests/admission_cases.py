@@ -54,6 +54,22 @@ def toleration(**fields: Any) -> Mutation:
     return spec(tolerations=[fields])
 
 
+def asks_engine(mode: str = "endpoint", **endpoint: Any) -> Mutation:
+    """Verification mode `mode` with a runtime image and the weights mounted (what it needs)."""
+
+    def mutate(body: Body) -> None:
+        body["spec"]["model"]["volume"] = {"hostPath": {"path": "/srv/models/clef-flash"}}
+        verification = body["spec"].setdefault("verification", {})
+        verification["mode"] = mode
+        verification["endpoint"] = {"runtimeImage": "registry.clef.test/clef-runtime:1.0", **endpoint}
+
+    return mutate
+
+
+def without_volume(body: Body) -> None:
+    body["spec"]["model"].pop("volume", None)
+
+
 DIGEST = "sha256:" + "0123456789abcdef" * 4
 ARCH = "spec.model.architecture"
 LONG_PREFIX = ".".join(["a" * 63] * 4) + "/gpu"  # a 255-character prefix: longer than a DNS subdomain
@@ -294,6 +310,69 @@ BAD: list[tuple[str, Mutation, str]] = [
         "spec.rollout.revisionHistoryLimit",
     ),
     ("model name too long", nested("metadata.name", "m" * 39), "metadata.name"),
+    # Endpoint verification (mode endpoint or both: the engine is asked).
+    ("unknown verification mode", nested("spec.verification.mode", "all"), "spec.verification.mode"),
+    (
+        "candle-vllm asks its engine by default: no runtime image",
+        nested("spec.verification.mode", KeyError),
+        "spec.verification.endpoint.runtimeImage",
+    ),
+    (
+        "endpoint mode without a runtime image",
+        both(asks_engine(), nested("spec.verification.endpoint", {})),
+        "spec.verification.endpoint.runtimeImage",
+    ),
+    ("endpoint mode without the weights mounted", both(asks_engine(), without_volume), "spec.model.volume"),
+    ("mode both without the weights mounted", both(asks_engine("both"), without_volume), "spec.model.volume"),
+    (
+        "zero new tokens",
+        asks_engine(maxNewTokens=0),
+        "spec.verification.endpoint.maxNewTokens",
+    ),
+    (
+        "zero request timeout",
+        asks_engine(requestTimeoutSeconds=0),
+        "spec.verification.endpoint.requestTimeoutSeconds",
+    ),
+    (
+        "preview ready timeout too short",
+        asks_engine(readyTimeoutSeconds=5),
+        "spec.verification.endpoint.readyTimeoutSeconds",
+    ),
+    (
+        "no prompts at all",
+        asks_engine(builtinPrompts="none"),
+        "spec.verification.endpoint.prompts",
+    ),
+    (
+        "duplicate prompt names",
+        asks_engine(prompts=[{"name": "a", "text": "hi"}, {"name": "a", "text": "ho"}]),
+        "spec.verification.endpoint.prompts[1]",
+    ),
+    (
+        "empty prompt",
+        asks_engine(prompts=[{"name": "a", "text": ""}]),
+        "spec.verification.endpoint.prompts[0].text",
+    ),
+    (
+        "runtime image not an image reference",
+        asks_engine(runtimeImage="https://registry/clef-runtime"),
+        "spec.verification.endpoint.runtimeImage",
+    ),
+    (
+        "endpoint options with mode kernels",
+        both(asks_engine(), nested("spec.verification.mode", "kernels")),
+        "spec.verification.endpoint",
+    ),
+    (
+        "a kernels verifier in mode endpoint",
+        both(
+            asks_engine(),
+            spec(image=f"registry.clef.test/clef-runtime@{'sha256:' + '0123456789abcdef' * 4}"),
+            nested("spec.verification.image", "registry.clef.test/verify:1.0"),
+        ),
+        "spec.verification.image",
+    ),
 ]
 
 # Valid inputs close to the edges of the rules above: admission must keep accepting them.
@@ -341,4 +420,11 @@ GOOD: list[tuple[str, Mutation]] = [
     ),
     ("model under /tmp", nested("spec.model.path", "/tmp/models/clef-flash")),
     ("model name with a slash", nested("spec.model.name", "Qwen/Qwen3.5-Flash")),
+    ("endpoint mode", asks_engine()),
+    (
+        "mode both, with prompts and a token cap",
+        asks_engine("both", builtinPrompts="none", prompts=[{"name": "q", "text": "2+2?"}], maxNewTokens=1),
+    ),
+    ("vllm asks its engine", both(asks_engine(), spec(engine="vllm", gpuMemoryMiB=32768))),
+    ("default mode, unverified: no runtime image needed", nested("spec.verification", {"required": False})),
 ]

@@ -74,6 +74,16 @@ class PatchServicePorts:
 
 
 @dataclass(frozen=True)
+class CreateConfigMap:
+    manifest: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class DeleteConfigMap:
+    name: str
+
+
+@dataclass(frozen=True)
 class Event:
     type: str  # Normal | Warning
     reason: str
@@ -91,5 +101,7 @@ Action = (
     | CreateService
     | PatchServiceSelector
     | PatchServicePorts
+    | CreateConfigMap
+    | DeleteConfigMap
     | Event
 )

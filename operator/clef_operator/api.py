@@ -89,6 +89,31 @@ class Suite(StrEnum):
     FULL = "full"
 
 
+class VerificationMode(StrEnum):
+    """What a verification proves (docs/verification.md, "Two modes").  `kernels`: clef-runtime
+    verify inside the candidate image (clef's GDN kernels).  `endpoint`: the candidate's own engine,
+    as one preview replica, answers golden prompts.  `both`: kernels first, then endpoint."""
+
+    KERNELS = "kernels"
+    ENDPOINT = "endpoint"
+    BOTH = "both"
+
+
+class BuiltinPrompts(StrEnum):
+    """Which of clef-runtime's built-in golden prompts run: all, all but the ≥ 8192-token one, none."""
+
+    ALL = "all"
+    SHORT = "short"
+    NONE = "none"
+
+
+# What a user of each engine expects: the kernels suite proves nothing about candle-vllm's or
+# vLLM's own kernels, so their engine is asked.  Every engine has an endpoint dialect
+# (ENGINE_DIALECT): `clef-runtime endpoint-check --dialect`.
+DEFAULT_MODE = {"candle-vllm": VerificationMode.ENDPOINT, "vllm": VerificationMode.ENDPOINT}
+ENGINE_DIALECT = {"candle-vllm": "candle-vllm", "vllm": "vllm"}
+
+
 class Strategy(StrEnum):
     BLUE_GREEN = "BlueGreen"
     RECREATE = "Recreate"
@@ -435,7 +460,114 @@ class ServiceSpec(ApiModel):
     )
 
 
+_PROMPT_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+
+
+class EndpointPrompt(ApiModel):
+    """A chat prompt added to the goldens (one user turn, rendered with the checkpoint's template,
+    thinking off)."""
+
+    name: Annotated[
+        str,
+        matching(
+            _PROMPT_NAME,
+            "spec.verification.endpoint.prompts[].name: use letters, digits and . _ - (e.g. homelab-question)",
+        ),
+    ] = Field(max_length=64)
+    text: Annotated[
+        str,
+        Check(
+            "self.size() > 0",
+            "spec.verification.endpoint.prompts[].text: must not be empty",
+            lambda v: len(v) > 0,
+        ),
+        no_nul("spec.verification.endpoint.prompts[].text"),
+    ] = Field(max_length=16384)
+
+
+def _unique_names(path: str) -> AfterValidator:
+    """What the API server's list-map keyed by name enforces for the list at `path`."""
+
+    def check(items: list[Any]) -> list[Any]:
+        seen: set[str] = set()
+        for i, item in enumerate(items):
+            if item.name in seen:
+                raise ValueError(f"{path}[{i}]: Duplicate value: name {item.name!r}")
+            seen.add(item.name)
+        return items
+
+    return AfterValidator(check)
+
+
+class EndpointSpec(ApiModel):
+    """How the candidate's engine is asked (mode endpoint or both)."""
+
+    checks = (
+        Check(
+            "self.builtinPrompts != 'none' || (has(self.prompts) && size(self.prompts) > 0)",
+            "spec.verification.endpoint.prompts: builtinPrompts is none, so give at least one prompt",
+            lambda e: e["builtinPrompts"] != "none" or len(e.get("prompts", [])) > 0,
+            field_path=".prompts",
+        ),
+    )
+
+    runtime_image: (
+        Annotated[
+            str,
+            *image_reference("spec.verification.endpoint.runtimeImage", "registry.example/clef-runtime:1.0"),
+        ]
+        | None
+    ) = Field(
+        default=None,
+        max_length=512,
+        description="The clef runtime image that makes the goldens (on a GPU) and runs the comparison (on a CPU):"
+        " a foreign engine's image does not bundle clef-runtime.  Required for modes endpoint and both.",
+    )
+    builtin_prompts: BuiltinPrompts = Field(
+        default=BuiltinPrompts.ALL,
+        description="clef-runtime's built-in prompt set: all, short (without the 8197-token prompt) or none.",
+    )
+    prompts: Annotated[list[EndpointPrompt], _unique_names("spec.verification.endpoint.prompts")] = Field(
+        default_factory=list,
+        max_length=16,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+        description="Chat prompts added to the goldens.",
+    )
+    max_new_tokens: Annotated[int, in_range("spec.verification.endpoint.maxNewTokens", 1, 4096)] | None = (
+        Field(
+            default=None,
+            description="Caps the new tokens of every prompt (unset: each prompt's own, 64 or 96 for the built-in"
+            " ones).",
+        )
+    )
+    request_timeout_seconds: Annotated[
+        int, in_range("spec.verification.endpoint.requestTimeoutSeconds", 1, 3600)
+    ] = Field(default=600, description="Per request to the preview (endpoint-check --timeout).")
+    ready_timeout_seconds: Annotated[
+        int, in_range("spec.verification.endpoint.readyTimeoutSeconds", 10, 86400)
+    ] = Field(
+        default=1800,
+        description="How long the preview replica may take to become Ready (loading weights takes minutes);"
+        " then it fails as PreviewNotReady.",
+    )
+
+
 class VerificationSpec(ApiModel):
+    checks = (
+        Check(
+            "!has(self.endpoint) || !has(self.mode) || self.mode != 'kernels'",
+            "spec.verification.endpoint: has no effect with mode kernels; remove it or choose mode endpoint or both",
+            lambda v: "endpoint" not in v or v.get("mode") != "kernels",
+            field_path=".endpoint",
+        ),
+    )
+
+    mode: VerificationMode | None = Field(
+        default=None,
+        description="kernels (clef-runtime verify in the image), endpoint (the engine answers golden prompts"
+        " from a preview replica) or both.  Default per engine: endpoint for candle-vllm and vllm.",
+    )
+    endpoint: EndpointSpec | None = None
     suite: Suite = Suite.KERNELS
     timeout_seconds: Annotated[int, in_range("spec.verification.timeoutSeconds", 10, 86400)] = Field(
         default=1800,
@@ -478,16 +610,6 @@ class RolloutSpec(ApiModel):
     )
 
 
-def _unique_env_names(env: list[EnvVar]) -> list[EnvVar]:
-    """What the API server's list-map (keyed by name) enforces for spec.env."""
-    seen: set[str] = set()
-    for i, var in enumerate(env):
-        if var.name in seen:
-            raise ValueError(f"spec.env[{i}]: Duplicate value: name {var.name!r}")
-        seen.add(var.name)
-    return env
-
-
 def _tp(spec: dict[str, Any]) -> int:
     return int(spec.get("tensorParallel", spec["gpus"]))
 
@@ -498,6 +620,63 @@ def _divides_heads(spec: dict[str, Any], *heads: str) -> bool:
 
 
 _TP = "(has(self.tensorParallel) ? self.tensorParallel : self.gpus)"
+
+
+def _default_mode_cel() -> str:
+    """CEL: the engine's default mode (DEFAULT_MODE), for a spec that sets none."""
+    out = f"'{VerificationMode.KERNELS.value}'"
+    for engine, mode in sorted(DEFAULT_MODE.items()):
+        out = f"(self.engine == '{engine}' ? '{mode.value}' : {out})"
+    return out
+
+
+# CEL: the mode in effect.
+_MODE = f"(has(self.verification.mode) ? self.verification.mode : {_default_mode_cel()})"
+
+
+def effective_mode(spec: dict[str, Any] | ClefModelSpec) -> VerificationMode:
+    """spec.verification.mode, else the engine's default (wire dict or parsed spec)."""
+    if isinstance(spec, ClefModelSpec):
+        return spec.verification.mode or DEFAULT_MODE.get(spec.engine.value, VerificationMode.KERNELS)
+    mode = spec.get("verification", {}).get("mode")
+    return VerificationMode(mode) if mode else DEFAULT_MODE.get(spec["engine"], VerificationMode.KERNELS)
+
+
+def _asks_endpoint(spec: dict[str, Any]) -> bool:
+    return effective_mode(spec) is not VerificationMode.KERNELS and spec["verification"]["required"]
+
+
+def _endpoint_checks() -> tuple[Check, ...]:
+    """The rules of modes endpoint and both (the engine is asked): what they need from the spec."""
+    asks = f"self.verification.required && {_MODE} != 'kernels'"
+    return (
+        Check(
+            f"!({asks}) || (has(self.verification.endpoint) && has(self.verification.endpoint.runtimeImage))",
+            "spec.verification.endpoint.runtimeImage: required for verification mode endpoint or both (the default"
+            " for candle-vllm and vllm): the clef runtime image that makes the goldens and compares; or set"
+            " spec.verification.mode: kernels",
+            lambda s: not _asks_endpoint(s) or "runtimeImage" in s["verification"].get("endpoint", {}),
+            field_path=".verification.endpoint.runtimeImage",
+        ),
+        Check(
+            f"!({asks}) || has(self.model.volume)",
+            "spec.model.volume: required for verification mode endpoint or both: the goldens are made from the"
+            " mounted checkpoint",
+            lambda s: not _asks_endpoint(s) or "volume" in s["model"],
+            field_path=".model.volume",
+        ),
+        Check(
+            f"{_MODE} != 'endpoint' || (!has(self.verification.image)"
+            " && (!has(self.verification.command) || size(self.verification.command) == 0))",
+            "spec.verification.image: a kernels verifier (verification.image or .command) does not run in mode"
+            " endpoint; remove it or choose mode both",
+            lambda s: (
+                effective_mode(s) is not VerificationMode.ENDPOINT
+                or ("image" not in s["verification"] and not s["verification"].get("command"))
+            ),
+            field_path=".verification.image",
+        ),
+    )
 
 
 class ClefModelSpec(ApiModel):
@@ -547,6 +726,7 @@ class ClefModelSpec(ApiModel):
             lambda s: "image" not in s["verification"] or "@sha256:" in s["image"],
             field_path=".image",
         ),
+        *(_endpoint_checks()),
         Check(
             "self.verification.required || !has(self.verification.image)",
             "spec.verification.image: has no effect when verification.required is false; remove one of them",
@@ -616,7 +796,7 @@ class ClefModelSpec(ApiModel):
     ] = Field(default_factory=dict, max_length=32)
     tolerations: list[Toleration] = Field(default_factory=list, max_length=16)
     resources: Resources = Field(default_factory=Resources, json_schema_extra={"default": {}})
-    env: Annotated[list[EnvVar], AfterValidator(_unique_env_names)] = Field(
+    env: Annotated[list[EnvVar], _unique_names("spec.env")] = Field(
         default_factory=list,
         max_length=64,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
@@ -676,6 +856,17 @@ class Verifier(StrEnum):
     CUSTOM = "custom"
 
 
+class Step(StrEnum):
+    """Which step of a verification a record speaks for.  `kernels`: the verify Job (the whole
+    verification in mode kernels); `goldens`, `preview`, `endpoint`: the steps of the endpoint
+    mode, of which only `endpoint` (the comparison) concludes a pass."""
+
+    KERNELS = "kernels"
+    GOLDENS = "goldens"
+    PREVIEW = "preview"
+    ENDPOINT = "endpoint"
+
+
 class VerificationRecord(ApiModel):
     """One finished verification: what ran, where, and what it concluded."""
 
@@ -707,6 +898,15 @@ class VerificationRecord(ApiModel):
     )
     superseded: bool = Field(
         default=False, description="A re-verify was requested after this verdict; it no longer counts."
+    )
+    step: Step = Field(
+        default=Step.KERNELS,
+        description="The step: kernels (the verify Job), goldens, preview or endpoint (the comparison).",
+    )
+    final: bool = Field(
+        default=True,
+        description="Whether it concludes the verification (a failure always does; a pass of goldens, of the"
+        " preview, or of the kernels in mode both does not).",
     )
     signature: str = Field(
         default="",

@@ -48,6 +48,26 @@ class Reason:
     CUSTOM_VERIFIER_PASSED = "CustomVerifierPassed"
     # A pass on a node without the nvidia.com/gpu.product label: serving cannot be pinned to it.
     GPU_CLASS_UNKNOWN = "GpuClassUnknown"
+    # Endpoint mode (docs/verification.md, "Endpoint verification").
+    # The preview's engine answered a golden prompt with other tokens (exit 1).
+    ENDPOINT_MISMATCH = "EndpointMismatch"
+    # endpoint-check could not judge: timeouts, refused connections, garbage, another prompt
+    # template (a prompt-length or prompt-id mismatch), unreadable goldens (exit 2).
+    ENDPOINT_CHECK_ERROR = "EndpointCheckError"
+    # The goldens Job failed: the runtime image's kernels failed their own checks (exit 1), or it
+    # could not run (exit 2, a crash, its deadline).
+    GOLDENS_FAILED = "GoldensFailed"
+    # The goldens Job's output cannot be trusted: report missing or invalid, its log gone, cut or
+    # not matching the report's sha256 and size, too large to store.
+    GOLDENS_INVALID = "GoldensInvalid"
+    # Stored goldens failed a check (signature, sha256, size, data): deleted, never used.
+    GOLDENS_UNTRUSTED = "GoldensUntrusted"
+    # The preview replica did not become Ready within endpoint.readyTimeoutSeconds.
+    PREVIEW_NOT_READY = "PreviewNotReady"
+    # The preview's engine crash-loops.
+    PREVIEW_CRASH_LOOP = "PreviewCrashLoop"
+    # The preview pod the comparison asked went away, was replaced or restarted before the verdict.
+    PREVIEW_LOST = "PreviewLost"
 
 
 class Why:

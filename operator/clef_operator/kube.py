@@ -26,9 +26,19 @@ from kubernetes.client.exceptions import ApiException
 
 from clef_operator import actions as act
 from clef_operator import labels
-from clef_operator.api import GROUP, KIND, PLURAL, VERSION, ClefModelStatus
+from clef_operator.api import GROUP, KIND, PLURAL, VERSION, ClefModelStatus, Step
 from clef_operator.children import release_ops
-from clef_operator.observed import DeploymentState, JobState, ModelRef, Observed, PodState, ServiceState
+from clef_operator.endpoint import CHECK_CONTAINER
+from clef_operator.goldens import GOLDENS_CONTAINER, MAX_GOLDENS_BYTES
+from clef_operator.observed import (
+    ConfigMapState,
+    DeploymentState,
+    JobState,
+    ModelRef,
+    Observed,
+    PodState,
+    ServiceState,
+)
 from clef_operator.render import ENGINE_CONTAINER, VERIFY_CONTAINER
 
 log = logging.getLogger("clef.kube")
@@ -43,6 +53,14 @@ VERDICT_KEY_FIELD = "key"
 VERDICT_KEY_BYTES = 32
 JOB_NAME_LABELS = ("batch.kubernetes.io/job-name", "job-name")
 REFUSALS = (400, 403, 422)
+# The container whose state speaks for a pod, by its step label, else its component label.
+CONTAINER_OF = {
+    labels.COMPONENT_VERIFICATION: VERIFY_CONTAINER,
+    Step.GOLDENS.value: GOLDENS_CONTAINER,
+    Step.ENDPOINT.value: CHECK_CONTAINER,
+}
+GPU_CLASS_COMPONENTS = (labels.COMPONENT_VERIFICATION, labels.COMPONENT_SERVING)
+LOG_SLACK_BYTES = 64 * 1024
 # The client's serializer (model objects -> wire dicts); it holds no connection state.
 _WIRE = client.ApiClient()
 
@@ -124,6 +142,8 @@ def _job(j: Any) -> JobState:
         return c is not None and c.status == "True"
 
     failed = conditions.get("Failed")
+    template = j.spec.template.spec if j.spec and j.spec.template else None
+    containers = (template.containers or []) if template else []
     return JobState(
         name=j.metadata.name,
         key=(j.metadata.labels or {}).get(labels.VERIFICATION_KEY, ""),
@@ -134,6 +154,10 @@ def _job(j: Any) -> JobState:
         failed_message=(failed.message or "") if failed is not None and failed.status == "True" else "",
         created_at=j.metadata.creation_timestamp,
         deleting=j.metadata.deletion_timestamp is not None,
+        component=(j.metadata.labels or {}).get(labels.COMPONENT, ""),
+        step=(j.metadata.labels or {}).get(labels.STEP, ""),
+        annotations=dict(j.metadata.annotations or {}),
+        command=tuple(containers[0].command or ()) if containers else (),
     )
 
 
@@ -156,7 +180,7 @@ def _pod(p: Any, node_labels: Mapping[str, Mapping[str, str]]) -> PodState:
     meta, status = p.metadata, p.status
     pod_labels = meta.labels or {}
     component = pod_labels.get(labels.COMPONENT, "")
-    wanted = VERIFY_CONTAINER if component == labels.COMPONENT_VERIFICATION else ENGINE_CONTAINER
+    wanted = CONTAINER_OF.get(pod_labels.get(labels.STEP) or component, ENGINE_CONTAINER)
     containers = list(status.container_statuses or []) if status else []
     cs = next((c for c in containers if c.name == wanted), containers[0] if containers else None)
     unschedulable = ""
@@ -202,8 +226,30 @@ def _pod(p: Any, node_labels: Mapping[str, Mapping[str, str]]) -> PodState:
         node_gpu_memory_mib=int(memory) if memory.isdigit() else None,
         created_at=meta.creation_timestamp,
         owner_uids=tuple(ref.uid for ref in (meta.owner_references or []) if ref.uid),
+        uid=meta.uid or "",
+        ip=((status.pod_ip or "") if status else ""),
         **fields,
     )
+
+
+def _config_map(c: Any) -> ConfigMapState:
+    meta = c.metadata
+    return ConfigMapState(
+        name=meta.name,
+        labels=dict(meta.labels or {}),
+        annotations=dict(meta.annotations or {}),
+        # The client hands binaryData over as base64 text; one that does not decode is absent.
+        binary_data={k: b for k, v in (c.binary_data or {}).items() if (b := _b64(v)) is not None},
+        data_keys=tuple(c.data or {}),
+        deleting=meta.deletion_timestamp is not None,
+    )
+
+
+def _b64(text: str) -> bytes | None:
+    try:
+        return base64.b64decode(text, validate=True)
+    except (ValueError, TypeError):
+        return None
 
 
 def serves(api: client.ApiClient, group: str, version: str, plural: str) -> bool:
@@ -312,14 +358,17 @@ class Kube:
         raw_jobs: list[Any] = self.batch.list_namespaced_job(ns, label_selector=selector).items
         jobs = [_job(j) for j in raw_jobs if _owned_by(j.metadata, model.uid)]
         raw_pods: list[Any] = self.core.list_namespaced_pod(ns, label_selector=selector).items
-        verification_nodes = [
+        # Verification pods and previews (serving pods) say which GPU class a verdict is for.
+        gpu_pods = [
             p.spec.node_name
             for p in raw_pods
-            if (p.metadata.labels or {}).get(labels.COMPONENT) == labels.COMPONENT_VERIFICATION and p.spec
+            if (p.metadata.labels or {}).get(labels.COMPONENT) in GPU_CLASS_COMPONENTS and p.spec
         ]
-        node_labels = self._node_labels(n or "" for n in verification_nodes)
+        node_labels = self._node_labels(n or "" for n in gpu_pods)
         pods = [_pod(p, node_labels) for p in raw_pods]
         jobs = [self._with_pod_refusal(ns, j, pods) for j in jobs]
+        config_maps = self._goldens_config_maps(model)
+        logs = self._goldens_logs(model, jobs, pods, config_maps)
         service = None
         try:
             s: Any = self.core.read_namespaced_service(service_name, ns)
@@ -335,7 +384,41 @@ class Kube:
         except ApiException as e:
             if e.status != 404:
                 raise
-        return Observed(tuple(deployments), tuple(jobs), tuple(pods), service)
+        return Observed(tuple(deployments), tuple(jobs), tuple(pods), service, tuple(config_maps), logs)
+
+    def _goldens_config_maps(self, model: ModelRef) -> list[ConfigMapState]:
+        selector = f"{labels.MODEL}={model.name},{labels.COMPONENT}={labels.COMPONENT_GOLDENS}"
+        raw: list[Any] = self.core.list_namespaced_config_map(model.namespace, label_selector=selector).items
+        return [_config_map(c) for c in raw if _owned_by(c.metadata, model.uid)]
+
+    def _goldens_logs(
+        self, model: ModelRef, jobs: list[JobState], pods: list[PodState], stored: list[ConfigMapState]
+    ) -> dict[str, bytes]:
+        """The log of each goldens pod whose Job completed and whose goldens are not stored yet:
+        only the pod that belongs to the Job's UID, at most MAX_GOLDENS_BYTES and a little more
+        (what is cut off then fails the sha256 check)."""
+        names = {c.name for c in stored}
+        out: dict[str, bytes] = {}
+        for job in jobs:
+            if job.step != Step.GOLDENS.value or not job.complete or job.name in names:
+                continue
+            for pod in (p for p in pods if job.uid and job.uid in p.owner_uids and p.terminated):
+                try:
+                    text: Any = self.core.read_namespaced_pod_log(
+                        pod.name,
+                        model.namespace,
+                        container=GOLDENS_CONTAINER,
+                        limit_bytes=MAX_GOLDENS_BYTES + LOG_SLACK_BYTES,
+                        _preload_content=False,
+                    )
+                    out[pod.uid] = text.data
+                except ApiException as e:
+                    if e.status not in (400, 404):
+                        raise
+                    log.info(
+                        "%s/%s: no log of goldens pod %s: %s", model.namespace, model.name, pod.name, e.reason
+                    )
+        return out
 
     def _with_pod_refusal(self, ns: str, job: JobState, pods: list[PodState]) -> JobState:
         """`job` with `pods_refused` read from its FailedCreate events: only while it is active
@@ -356,9 +439,14 @@ class Kube:
             benign = (
                 (
                     e.status == 409
-                    and isinstance(action, (act.CreateJob, act.CreateDeployment, act.CreateService))
+                    and isinstance(
+                        action, (act.CreateJob, act.CreateDeployment, act.CreateService, act.CreateConfigMap)
+                    )
                 )
-                or (e.status == 404 and isinstance(action, (act.DeleteJob, act.DeleteDeployment)))
+                or (
+                    e.status == 404
+                    and isinstance(action, (act.DeleteJob, act.DeleteDeployment, act.DeleteConfigMap))
+                )
                 or (_lost_race(e) and isinstance(action, (act.PatchServiceSelector, act.PatchServicePorts)))
             )
             if benign:
@@ -405,6 +493,10 @@ class Kube:
                 {"op": "replace", "path": "/spec/ports", "value": [dict(p) for p in action.ports]},
             ]
             self.core.patch_namespaced_service(action.name, ns, ops, _content_type=JSON_PATCH)
+        elif isinstance(action, act.CreateConfigMap):
+            self.core.create_namespaced_config_map(ns, _body(action.manifest))
+        elif isinstance(action, act.DeleteConfigMap):
+            self.core.delete_namespaced_config_map(action.name, ns)
         elif isinstance(action, act.Event):
             self.post_event(model, action)
         else:  # pragma: no cover - every action type is handled above

@@ -14,6 +14,24 @@ MANAGED_BY_VALUE = "clef"
 
 COMPONENT_SERVING = "serving"
 COMPONENT_VERIFICATION = "verification"
+# Endpoint mode: the goldens Job and the CPU-only comparison Job are verification Jobs (their
+# pods are verification pods) with a step label: `goldens` or `endpoint`.  The ConfigMap that
+# keeps the goldens is component `goldens`.
+COMPONENT_GOLDENS = "goldens"
+STEP = f"{PREFIX}/verification-step"
+GOLDENS_KEY = f"{PREFIX}/goldens-key"
+# On a goldens ConfigMap: what it holds (JSON: key, sha256, sizes, provenance, the Job) and the
+# HMAC of that with the operator's key; nothing else makes it trusted.
+GOLDENS_META = f"{PREFIX}/goldens"
+GOLDENS_SIGNATURE = f"{PREFIX}/goldens-signature"
+# On a preview Deployment: the verification key it previews, and since when it must become Ready.
+PREVIEW_FOR = f"{PREFIX}/preview-for"
+PREVIEW_SINCE = f"{PREFIX}/preview-since"
+# On a comparison Job: the preview pod it asks (UID, IP, imageID) and the goldens it uses.
+PREVIEW_POD_UID = f"{PREFIX}/preview-pod-uid"
+PREVIEW_POD_IP = f"{PREFIX}/preview-pod-ip"
+PREVIEW_IMAGE_ID = f"{PREFIX}/preview-image-id"
+GOLDENS_CONFIGMAP = f"{PREFIX}/goldens-configmap"
 
 # On the ClefModel: any new value asks for a fresh verification of the current spec.
 REVERIFY = f"{PREFIX}/reverify"
@@ -43,6 +61,8 @@ VERIFIED_AT = f"{PREFIX}/verified-at"
 VERIFICATION_JOB = f"{PREFIX}/verification-job"
 VERIFICATION_JOB_UID = f"{PREFIX}/verification-job-uid"
 VERIFIER = f"{PREFIX}/verifier"
+# On serving Deployments, with the verdict: the step that concluded it (kernels or endpoint).
+VERIFICATION_STEP = STEP
 # HMAC of the verdict with the operator's key (verdicts.sign): what makes an annotation evidence.
 VERDICT_SIGNATURE = f"{PREFIX}/verdict-signature"
 # On serving Deployments: the pod template clef rendered (JSON), trusted only while its pod spec

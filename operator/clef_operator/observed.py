@@ -81,6 +81,12 @@ class JobState:
     # refuses its pods (an admission plugin: a RuntimeClass that does not exist, a quota, a
     # LimitRange, Pod Security).  Read only for an active Job without pods (kube.pod_refusal).
     pods_refused: str = ""
+    component: str = ""
+    # The verification step it runs (label): "" (kernels: verify), goldens, endpoint.
+    step: str = ""
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    # The first container's argv (immutable in a Job): what the comparison Job really asks.
+    command: tuple[str, ...] = ()
 
     @property
     def finished(self) -> bool:
@@ -116,6 +122,8 @@ class PodState:
     created_at: datetime | None = None
     # The UIDs in its ownerReferences: what binds a verification pod to its Job (labels do not).
     owner_uids: tuple[str, ...] = ()
+    uid: str = ""
+    ip: str = ""
 
     def problem(self) -> PodProblem | None:
         """What keeps this pod from running, in its own words (the scheduler's message, the
@@ -173,11 +181,33 @@ class ServiceState:
 
 
 @dataclass(frozen=True)
+class ConfigMapState:
+    """A goldens ConfigMap owned by the model: its annotations and binaryData as bytes."""
+
+    name: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    binary_data: Mapping[str, bytes] = field(default_factory=dict)
+    data_keys: tuple[str, ...] = ()
+    deleting: bool = False
+
+
+@dataclass(frozen=True)
 class Observed:
     deployments: tuple[DeploymentState, ...] = ()
     jobs: tuple[JobState, ...] = ()
     pods: tuple[PodState, ...] = ()
     service: ServiceState | None = None
+    config_maps: tuple[ConfigMapState, ...] = ()
+    # The logs of goldens pods whose goldens are not stored yet, by pod UID (what the goldens Job
+    # printed: the file is one line of it); a pod whose log could not be found is absent.
+    logs: Mapping[str, bytes] = field(default_factory=dict)
+
+    def config_map(self, name: str) -> ConfigMapState | None:
+        return next((c for c in self.config_maps if c.name == name), None)
+
+    def pod(self, uid: str) -> PodState | None:
+        return next((p for p in self.pods if uid and p.uid == uid), None)
 
     def deployment(self, revision: str) -> DeploymentState | None:
         for d in self.deployments:

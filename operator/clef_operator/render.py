@@ -12,7 +12,16 @@ from typing import Any
 
 from clef_contract.command import TERMINATION_LOG, TERMINATION_LOG_ENV, shape_flags
 from clef_operator import labels
-from clef_operator.api import API_VERSION, KIND, ClefModelSpec, Dtype, Engine, Suite
+from clef_operator.api import (
+    API_VERSION,
+    KIND,
+    ClefModelSpec,
+    Dtype,
+    Engine,
+    Suite,
+    VerificationMode,
+    effective_mode,
+)
 from clef_operator.kvcache import kv_budget_bytes_per_gpu
 from clef_operator.revision import deployment_name, job_name, short_hash
 
@@ -123,15 +132,16 @@ def _resources(spec: ClefModelSpec) -> dict[str, Any]:
 
 
 def _env(spec: ClefModelSpec, extra: dict[str, str] | None = None) -> list[dict[str, str]]:
-    env = [{"name": e.name, "value": e.value} for e in spec.env]
+    return env_with([{"name": e.name, "value": e.value} for e in spec.env], extra or {})
+
+
+def env_with(env: list[dict[str, str]], extra: dict[str, str]) -> list[dict[str, str]]:
+    """`env` plus the entries of `extra` whose names it does not set."""
     names = {e["name"] for e in env}
-    for name, value in (extra or {}).items():
-        if name not in names:
-            env.append({"name": name, "value": value})
-    return env
+    return env + [{"name": name, "value": value} for name, value in extra.items() if name not in names]
 
 
-def _model_volume(spec: ClefModelSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def model_volume(spec: ClefModelSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     volume = spec.model.volume
     if volume is None:
         return [], []
@@ -147,7 +157,7 @@ def _model_volume(spec: ClefModelSpec) -> tuple[list[dict[str, Any]], list[dict[
     return [{"name": "model", **source}], [mount]
 
 
-def _scheduling(spec: ClefModelSpec) -> dict[str, Any]:
+def scheduling(spec: ClefModelSpec) -> dict[str, Any]:
     out: dict[str, Any] = {
         "runtimeClassName": spec.runtime_class_name,
         "automountServiceAccountToken": False,
@@ -160,7 +170,7 @@ def _scheduling(spec: ClefModelSpec) -> dict[str, Any]:
     return out
 
 
-_CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
 
 
 def gpu_pin(spec: ClefModelSpec, gpu_class: str | None) -> dict[str, str]:
@@ -175,7 +185,7 @@ def gpu_pin(spec: ClefModelSpec, gpu_class: str | None) -> dict[str, str]:
 def render_serving_pod_spec(spec: ClefModelSpec, image: str, gpu_class: str | None = None) -> dict[str, Any]:
     """The serving pod, running `image` (a pinned `repo@sha256:...` once verified) on nodes of
     `gpu_class` (the class its verdict passed on; None: no verdict, spec.nodeSelector as written)."""
-    volumes, mounts = _model_volume(spec)
+    volumes, mounts = model_volume(spec)
     # Tensor-parallel ranks talk through shared memory; the default 64 MiB /dev/shm is too small.
     volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
     mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
@@ -196,14 +206,14 @@ def render_serving_pod_spec(spec: ClefModelSpec, image: str, gpu_class: str | No
         # An engine that panics at start (no libcuda without runtimeClassName) says why in its
         # last log lines; this puts them in the pod status, and from there in the ClefModel.
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        "securityContext": _CONTAINER_SECURITY,
+        "securityContext": CONTAINER_SECURITY,
     }
-    scheduling = _scheduling(spec)
+    placed = scheduling(spec)
     pinned = gpu_pin(spec, gpu_class)
     if pinned:
-        scheduling["nodeSelector"] = pinned
+        placed["nodeSelector"] = pinned
     return {
-        **scheduling,
+        **placed,
         "terminationGracePeriodSeconds": 30,
         # The container runtime's default syscall filter is what engines are built and tested
         # under.  Non-root is left to the image: vLLM's and candle-vllm's images run as root.
@@ -225,7 +235,7 @@ def render_verification_pod_spec(spec: ClefModelSpec) -> dict[str, Any]:
     volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {}}]
     mounts: list[dict[str, Any]] = [{"name": "tmp", "mountPath": "/tmp"}]
     if spec.verification.suite is not Suite.KERNELS:
-        model_volumes, model_mounts = _model_volume(spec)
+        model_volumes, model_mounts = model_volume(spec)
         volumes += model_volumes
         mounts += model_mounts
     container = {
@@ -239,10 +249,10 @@ def render_verification_pod_spec(spec: ClefModelSpec) -> dict[str, Any]:
         "volumeMounts": mounts,
         "terminationMessagePath": TERMINATION_LOG,
         "terminationMessagePolicy": "File",
-        "securityContext": {**_CONTAINER_SECURITY, "readOnlyRootFilesystem": True},
+        "securityContext": {**CONTAINER_SECURITY, "readOnlyRootFilesystem": True},
     }
     return {
-        **_scheduling(spec),
+        **scheduling(spec),
         "restartPolicy": "Never",
         "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [container],
@@ -254,7 +264,29 @@ def verification_key(spec: ClefModelSpec) -> str:
     """The scope a verdict speaks for: the verification pod (image, verifier, suite, dtype, shape,
     scheduling, env) and the serving image, which the pod does not hold when a separate
     spec.verification.image runs: a new spec.image always needs a verdict of its own."""
-    return short_hash({"verification": render_verification_pod_spec(spec), "serving": spec.image})
+    kernels = {"verification": render_verification_pod_spec(spec), "serving": spec.image}
+    mode = effective_mode(spec)
+    if mode is VerificationMode.KERNELS or not spec.verification.required:
+        return short_hash(kernels)
+    # The engine is asked: the verdict speaks for the serving pod as rendered (engine argv, env,
+    # dtype, kvFraction, scheduling) and for the question (runtime image, prompts, tokens).
+    endpoint = spec.verification.endpoint
+    timeouts = {"request_timeout_seconds", "ready_timeout_seconds"}
+    question = endpoint.model_dump(mode="json", exclude=timeouts) if endpoint is not None else None
+    return short_hash(
+        {
+            "mode": mode.value,
+            "serving": spec.image,
+            "servingPod": render_serving_pod_spec(spec, spec.image),
+            "endpoint": question,
+            "kernels": kernels if mode is VerificationMode.BOTH else None,
+        }
+    )
+
+
+def object_labels(model: str, component: str) -> dict[str, str]:
+    """The labels of a child that belongs to no revision (goldens, comparison)."""
+    return {labels.MODEL: model, labels.COMPONENT: component, labels.MANAGED_BY: labels.MANAGED_BY_VALUE}
 
 
 def _labels(model: str, revision: str, component: str) -> dict[str, str]:
@@ -310,21 +342,33 @@ def render_job(owner: Owner, spec: ClefModelSpec, run: str) -> dict[str, Any]:
     annotations = {labels.IMAGE: spec.image}
     if run:
         annotations[labels.REVERIFY_RUN] = run
+    pod = render_verification_pod_spec(spec)
+    return job_manifest(owner, job_name(owner.name, key, run), job_labels, annotations, spec, pod)
+
+
+def job_manifest(
+    owner: Owner,
+    name: str,
+    job_labels: dict[str, str],
+    annotations: dict[str, str],
+    spec: ClefModelSpec,
+    pod: dict[str, Any],
+) -> dict[str, Any]:
+    """A Job of the model that runs once (no retries), within spec.verification.timeoutSeconds,
+    and is cleaned up an hour after it finished; its pods carry its labels."""
+    metadata: dict[str, Any] = {"name": name, "namespace": owner.namespace, "labels": job_labels}
+    if annotations:
+        metadata["annotations"] = annotations
+    metadata["ownerReferences"] = [owner.reference()]
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": {
-            "name": job_name(owner.name, key, run),
-            "namespace": owner.namespace,
-            "labels": job_labels,
-            "annotations": annotations,
-            "ownerReferences": [owner.reference()],
-        },
+        "metadata": metadata,
         "spec": {
             "backoffLimit": 0,
             "activeDeadlineSeconds": spec.verification.timeout_seconds,
             "ttlSecondsAfterFinished": JOB_TTL_SECONDS,
-            "template": {"metadata": {"labels": job_labels}, "spec": render_verification_pod_spec(spec)},
+            "template": {"metadata": {"labels": job_labels}, "spec": pod},
         },
     }
 

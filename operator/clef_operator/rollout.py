@@ -54,7 +54,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from enum import Enum
 from typing import Any
 
 from clef_operator import labels
@@ -75,10 +74,13 @@ from clef_operator.api import (
     ClefModelStatus,
     Condition,
     ConditionStatus,
+    Step,
     Strategy,
     Verdict,
+    VerificationMode,
     VerificationRecord,
     Verifier,
+    effective_mode,
 )
 from clef_operator.children import Drift, adoption_annotations, repair_ports, revert_drift, service_conflict
 from clef_operator.conditions import (
@@ -91,6 +93,7 @@ from clef_operator.conditions import (
     Why,
     merge_conditions,
 )
+from clef_operator.endpoint_flow import drive_endpoint
 from clef_operator.kvcache import estimate_kv_cache_tokens
 from clef_operator.observed import DeploymentState, ModelRef, Observed, PodProblem, PodState, ServiceState
 from clef_operator.render import (
@@ -105,7 +108,7 @@ from clef_operator.render import (
 )
 from clef_operator.revision import deployment_name, job_name
 from clef_operator.verdicts import Verdicts, collect_verdicts, encode_verdict, sign
-from clef_operator.verification import Outcome, Progress, judge
+from clef_operator.verification import Outcome, Progress, Verification, VerificationState, judge
 
 MAX_RECORDS = 16
 # How soon a pass looks again at a verification Job that has no pod (kube reads its FailedCreate).
@@ -138,7 +141,8 @@ def plan_rollout(
     drift = revert_drift(observed, _known_templates(desired))
     active = active_revision(model, owner, spec, observed, status, verdicts, desired)
     move = move_towards_desired(model, owner, spec, observed, desired, active)
-    retired = retire_old_revisions(spec, observed, move, now)
+    previews = stop_stale_previews(observed, {verification.preview, desired.revision, move.active_revision})
+    retired = retire_old_revisions(spec, observed, move, now, {verification.preview, *previews.stopped})
     conditions = derive_conditions(
         Stamp(now, model.generation), model, spec, observed, verification, active, move, retired, drift
     )
@@ -146,14 +150,41 @@ def plan_rollout(
         model, spec, key, observed, status, verdicts, verification, desired, active, move, conditions
     )
     # Drift is reverted first: a revision is never scaled up or switched to with a foreign template.
-    actions = (*verification.actions, *drift.actions, *active.actions, *move.actions, *retired.actions)
+    actions = (
+        *verification.actions,
+        *drift.actions,
+        *active.actions,
+        *move.actions,
+        *previews.actions,
+        *retired.actions,
+    )
     # A switch made in this pass is reported by the next one, which comes at once.
-    requeue = 0.0 if move.switching else retired.requeue_after
-    if verification.awaiting_pod:
-        # Nothing wakes the loop when the Job controller is refused the pod (an event, not a
-        # change to the Job): look again soon rather than at the next resync.
-        requeue = min(requeue if requeue is not None else POD_RECHECK_SECONDS, POD_RECHECK_SECONDS)
+    waits = [w for w in (retired.requeue_after, verification.recheck) if w is not None]
+    requeue = 0.0 if move.switching else (min(waits) if waits else None)
     return Plan(actions, new_status, requeue)
+
+
+@dataclass(frozen=True)
+class Previews:
+    stopped: tuple[str, ...] = ()
+    actions: tuple[Action, ...] = ()
+
+
+def stop_stale_previews(observed: Observed, keep: set[str]) -> Previews:
+    """A preview of a key that is no longer verified, or one that passed but is not the revision
+    that serves (it ran a tag; serving is pinned to the digest), gives its GPU back at once: it
+    never served."""
+    stopped: list[str] = []
+    actions: list[Action] = []
+    for d in observed.deployments:
+        if labels.PREVIEW_FOR not in d.annotations or d.revision in keep or d.replicas == 0 or d.deleting:
+            continue
+        stopped.append(d.revision)
+        actions.append(ScaleDeployment(d.name, 0, {labels.PREVIEW_FOR: None, labels.PREVIEW_SINCE: None}))
+        actions.append(
+            _event("PreviewStopped", f"scaled the preview {d.name} to 0: it is not the revision to serve")
+        )
+    return Previews(tuple(stopped), tuple(actions))
 
 
 def _known_templates(desired: Desired) -> dict[str, Mapping[str, Any]]:
@@ -167,32 +198,6 @@ def _event(reason: str, message: str, warning: bool = False) -> Event:
 
 
 # ------------------------------------------------------------------------ verification
-
-
-class VerificationState(Enum):
-    NOT_REQUIRED = "not required"
-    RUNNING = "running"
-    PASSED = "passed"
-    FAILED = "failed"
-
-
-@dataclass(frozen=True)
-class Verification:
-    """Where the current spec's verification stands.  `record` is the verdict (PASSED, FAILED),
-    `progress` why it is still RUNNING; `new_record` a verdict reached on this pass, for status."""
-
-    state: VerificationState
-    job: str
-    record: VerificationRecord | None = None
-    progress: Progress | None = None
-    new_record: VerificationRecord | None = None
-    actions: tuple[Action, ...] = ()
-    # The current Job exists, is active and has no pod yet (created, or its pod refused).
-    awaiting_pod: bool = False
-
-    @property
-    def passed(self) -> VerificationRecord | None:
-        return self.record if self.state is VerificationState.PASSED else None
 
 
 def drive_verification(
@@ -218,11 +223,10 @@ def drive_verification(
             else VerificationState.FAILED
         )
         found = Verification(state, job, record=verdicts.current)
+    elif effective_mode(spec) is VerificationMode.KERNELS:
+        found = _signed(secret, model, _run_job(owner, spec, observed, job, verdicts.run, now), verdicts.run)
     else:
-        found = _run_job(owner, spec, observed, job, verdicts.run, now)
-        if found.new_record is not None:
-            signed = sign(secret, model, found.new_record.model_copy(update={"run": verdicts.run}))
-            found = replace(found, record=signed, new_record=signed)
+        found = _engine_asked(model, owner, spec, key, observed, verdicts, now, secret)
     found = _unpinnable(spec, found)
     requested: tuple[Action, ...] = ()
     if verdicts.reverify_requested:
@@ -242,9 +246,54 @@ def drive_verification(
         )
         for i in verdicts.new_ignored()
     )
+    current = {found.job, job, *found.jobs}
     return replace(
-        found, actions=(*untrusted, *requested, *found.actions, *_cancel_obsolete_jobs(observed, job))
+        found, actions=(*untrusted, *requested, *found.actions, *_cancel_obsolete_jobs(observed, current))
     )
+
+
+def _signed(secret: bytes, model: ModelRef, found: Verification, run: str) -> Verification:
+    if found.new_record is None:
+        return found
+    signed = sign(secret, model, found.new_record.model_copy(update={"run": run}))
+    return replace(found, record=signed, new_record=signed)
+
+
+def _engine_asked(
+    model: ModelRef,
+    owner: Owner,
+    spec: ClefModelSpec,
+    key: str,
+    observed: Observed,
+    verdicts: Verdicts,
+    now: datetime,
+    secret: bytes,
+) -> Verification:
+    """Modes endpoint and both: in mode both the kernels suite first (its pass does not conclude:
+    it gives the digest and GPU class the preview runs), then goldens, preview, comparison."""
+    run = verdicts.run
+    kernels = None
+    if effective_mode(spec) is VerificationMode.BOTH:
+        kernels = verdicts.step_passed(key, Step.KERNELS)
+        if kernels is None:
+            found = _run_job(owner, spec, observed, job_name(model.name, key, run), run, now)
+            if found.new_record is not None and found.new_record.verdict is Verdict.PASSED:
+                found = replace(found, new_record=found.new_record.model_copy(update={"final": False}))
+            found = _signed(secret, model, found, run)
+            if found.state is not VerificationState.PASSED:
+                return found
+            # The kernels passed: the engine is asked next (the next pass, at once).
+            progress = Progress(Reason.RUNNING, "the kernels suite passed; asking the engine next")
+            return replace(
+                found,
+                state=VerificationState.RUNNING,
+                record=None,
+                progress=progress,
+                new_record=None,
+                step_records=(found.new_record,) if found.new_record else (),
+                recheck=0.0,
+            )
+    return drive_endpoint(model, owner, spec, key, run, observed, now, secret, kernels)
 
 
 def _unpinnable(spec: ClefModelSpec, found: Verification) -> Verification:
@@ -286,7 +335,9 @@ def _run_job(
     pods = observed.pods_of_job(job)
     judged = judge(spec, job, pods, now)
     if isinstance(judged, Progress):
-        return Verification(running, name, progress=judged, awaiting_pod=not pods)
+        # Nothing wakes the loop when the Job controller is refused the pod (an event, not a
+        # change to the Job): look again soon rather than at the next resync.
+        return Verification(running, name, progress=judged, recheck=None if pods else POD_RECHECK_SECONDS)
     return _concluded(spec, name, judged)
 
 
@@ -313,6 +364,11 @@ def _pass_message(spec: ClefModelSpec, record: VerificationRecord) -> str:
     """The words of a pass: clef's suite, or a user-supplied verifier's, never one for the other."""
     where = f" on {record.gpu_class}" if record.gpu_class else ""
     image = record.image if record.digest in (None, record.image) else f"{record.image} ({record.digest})"
+    if record.step is Step.ENDPOINT:
+        return (
+            f"{image} answered the goldens through its own engine at {record.dtype.value}{where}:"
+            f" {record.summary}"
+        )
     if record.verifier is Verifier.CUSTOM:
         return (
             f"a user-supplied verifier ({custom_verifier(spec)}) passed for {image} at"
@@ -321,10 +377,10 @@ def _pass_message(spec: ClefModelSpec, record: VerificationRecord) -> str:
     return f"{image} passed the {record.suite.value} suite at {record.dtype.value}{where}: {record.summary}"
 
 
-def _cancel_obsolete_jobs(observed: Observed, current_job: str) -> tuple[Action, ...]:
+def _cancel_obsolete_jobs(observed: Observed, current: set[str]) -> tuple[Action, ...]:
     actions: list[Action] = []
     for j in observed.jobs:
-        if j.name != current_job and not j.finished and not j.deleting:
+        if j.name not in current and not j.finished and not j.deleting:
             actions.append(DeleteJob(j.name))
             actions.append(
                 _event(
@@ -579,6 +635,20 @@ def _roll_out(
             f"created Deployment {deployment_name(owner.name, candidate)} ({replicas} replicas) running {image}",
         )
         return replace(hold, stage=starting, actions=(CreateDeployment(desired.manifest), created))
+    if labels.PREVIEW_FOR in dep.annotations:
+        # The preview passed and is the revision to serve: it keeps its replica, gets the rest,
+        # and carries its verdict from now on (rollback without a Job).
+        verdict = {
+            k: v for k, v in desired.manifest["metadata"]["annotations"].items() if k != labels.POD_TEMPLATE
+        }
+        promote = {
+            labels.PREVIEW_FOR: None,
+            labels.PREVIEW_SINCE: None,
+            labels.SCALE_DOWN_AT: None,
+            **verdict,
+        }
+        said = _event("PreviewPromoted", f"the preview {dep.name} passed: scaled to {replicas} replicas")
+        return replace(hold, stage=starting, actions=(ScaleDeployment(dep.name, replicas, promote), said))
     if dep.replicas != replicas or labels.SCALE_DOWN_AT in dep.annotations:
         scale_up = (
             ScaleDeployment(dep.name, replicas, {labels.SCALE_DOWN_AT: None}),
@@ -651,12 +721,15 @@ class Retirement:
 HOLD_RECHECK_SECONDS = 5.0
 
 
-def retire_old_revisions(spec: ClefModelSpec, observed: Observed, move: Move, now: datetime) -> Retirement:
+def retire_old_revisions(
+    spec: ClefModelSpec, observed: Observed, move: Move, now: datetime, previews: Iterable[str] = ()
+) -> Retirement:
     """Rule 6: what no longer serves goes to 0 after scaleDownDelaySeconds; a bounded history of
-    revisions is kept at 0 for rollbacks, older ones are deleted."""
+    revisions is kept at 0 for rollbacks, older ones are deleted.  `previews` (the one being
+    verified, those stopped in this pass) are left alone."""
     if move.released:
         return Retirement()  # move_towards_desired scaled everything to 0
-    keep = {move.active_revision, move.candidate_revision} - {""}
+    keep = {move.active_revision, move.candidate_revision, *previews} - {""}
     scaled = _scale_down(spec, observed, move, keep, now)
     return replace(scaled, actions=scaled.actions + _trim_history(spec, observed, keep, now))
 
@@ -973,6 +1046,10 @@ def _degraded(
     return at.condition(DEGRADED, ConditionStatus.FALSE, Why.AS_EXPECTED, "")
 
 
+def _same_step(a: VerificationRecord, b: VerificationRecord) -> bool:
+    return (a.key, a.step, a.run, a.job, a.job_uid) == (b.key, b.step, b.run, b.job, b.job_uid)
+
+
 def build_status(
     model: ModelRef,
     spec: ClefModelSpec,
@@ -999,7 +1076,9 @@ def build_status(
         active_image, active_spec = desired.image, spec.to_wire()
     elif rev and active.served is not None:
         active_image, active_spec = active_image or status.active_image, status.active_spec
-    new = (verification.new_record,) if verification.new_record is not None else ()
+    # A step's record is written once, whatever happened to the action it went with.
+    steps = [r for r in verification.step_records if not any(_same_step(r, old) for old in verdicts.records)]
+    new = [r for r in (verification.new_record, *steps) if r is not None]
     svc = active.service
     return ClefModelStatus(
         observed_generation=model.generation,

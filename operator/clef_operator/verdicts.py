@@ -26,6 +26,7 @@ from clef_operator.api import (
     ClefModelSpec,
     ClefModelStatus,
     Dtype,
+    Step,
     Suite,
     Verdict,
     VerificationRecord,
@@ -112,6 +113,12 @@ def signing_payload(model: ModelRef, record: VerificationRecord) -> bytes:
         "run": record.run,
         "superseded": record.superseded,
     }
+    # Only where they differ from their defaults, so that verdicts signed before these fields
+    # existed still verify.
+    if record.step is not Step.KERNELS:
+        fields["step"] = record.step.value
+    if not record.final:
+        fields["final"] = False
     return json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
 
 
@@ -158,6 +165,7 @@ def encode_verdict(
             labels.VERIFICATION_JOB_UID: passed.job_uid,
             labels.VERIFIER: passed.verifier.value,
             labels.VERDICT_SIGNATURE: passed.signature,
+            labels.VERIFICATION_STEP: passed.step.value,
         }
     )
     # The run the verdict was reached in, which is not always the run the Deployment is made in.
@@ -191,6 +199,7 @@ def decode_verdict(annotations: Mapping[str, str]) -> VerificationRecord | None:
             verifier=verifier,
             run=a.get(labels.REVERIFY_RUN, ""),
             signature=a.get(labels.VERDICT_SIGNATURE, ""),
+            step=Step(a.get(labels.VERIFICATION_STEP, Step.KERNELS.value)),
         )
     except (KeyError, ValueError):
         return None
@@ -229,7 +238,23 @@ class Verdicts:
 
     def passed(self, key: str) -> VerificationRecord | None:
         return next(
-            (r for r in self.known if r.key == key and r.verdict is Verdict.PASSED and not r.superseded),
+            (
+                r
+                for r in self.known
+                if r.key == key and r.verdict is Verdict.PASSED and r.final and not r.superseded
+            ),
+            None,
+        )
+
+    def step_passed(self, key: str, step: Step) -> VerificationRecord | None:
+        """A pass of one step of the current key's verification (not superseded): where an
+        unfinished verification stands, e.g. the kernels of mode both."""
+        return next(
+            (
+                r
+                for r in self.records
+                if r.key == key and r.step is step and r.verdict is Verdict.PASSED and not r.superseded
+            ),
             None,
         )
 
@@ -241,7 +266,11 @@ class Verdicts:
         """The GPU class a pass for `key` was reached on: what its serving pods are pinned to
         (superseded or not: a revision that still serves stays where it was pinned)."""
         return next(
-            (r.gpu_class for r in self.known if r.key == key and r.verdict is Verdict.PASSED and r.gpu_class),
+            (
+                r.gpu_class
+                for r in self.known
+                if r.key == key and r.verdict is Verdict.PASSED and r.final and r.gpu_class
+            ),
             None,
         )
 
@@ -299,7 +328,8 @@ def collect_verdicts(
         if derived.key == key and derived.run != run:
             continue  # reached in an earlier run: superseded by the re-verify request
         known.append(derived)
-    current = next((r for r in known if r.key == key and not r.superseded), None)
+    # A pass of one step (goldens, preview, the kernels of mode both) does not conclude.
+    current = next((r for r in known if r.key == key and not r.superseded and r.final), None)
     if current is not None and current not in records:
         records.insert(0, current)
     return Verdicts(

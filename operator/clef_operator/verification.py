@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from enum import Enum
 
 from clef_contract.report import CompactReport, FailingEntry, ReportInvalid, ReportMissing, parse_report
+from clef_operator.actions import Action
 from clef_operator.api import ClefModelSpec, FailingCheck, Verdict, VerificationRecord, Verifier
 from clef_operator.conditions import Reason, Why
 from clef_operator.observed import JobState, PodProblem, PodState
@@ -40,7 +42,39 @@ class Outcome:
     stop_job: bool = False
 
 
-def _pick_pod(pods: list[PodState]) -> PodState | None:
+class VerificationState(Enum):
+    NOT_REQUIRED = "not required"
+    RUNNING = "running"
+    PASSED = "passed"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class Verification:
+    """Where the current spec's verification stands.  `record` is the verdict (PASSED, FAILED),
+    `progress` why it is still RUNNING; `new_record` a verdict reached on this pass, for status."""
+
+    state: VerificationState
+    job: str
+    record: VerificationRecord | None = None
+    progress: Progress | None = None
+    new_record: VerificationRecord | None = None
+    actions: tuple[Action, ...] = ()
+    # Endpoint mode: records of steps passed on this pass (goldens made, preview ready, the kernels
+    # of mode both), for status; the preview revision that must keep its replica; the Jobs of the
+    # current spec besides `job` (goldens, comparison), which are not cancelled.
+    step_records: tuple[VerificationRecord, ...] = ()
+    preview: str = ""
+    jobs: tuple[str, ...] = ()
+    # Look again this soon (a preview's deadline, a step just taken); None: on the next event.
+    recheck: float | None = None
+
+    @property
+    def passed(self) -> VerificationRecord | None:
+        return self.record if self.state is VerificationState.PASSED else None
+
+
+def pick_pod(pods: list[PodState]) -> PodState | None:
     """The pod that speaks for the Job: a terminated one if any, else the newest."""
     if not pods:
         return None
@@ -139,7 +173,7 @@ def _is(problem: PodProblem | None, reason: str) -> bool:
 
 def judge(spec: ClefModelSpec, job: JobState, pods: list[PodState], now: datetime) -> Progress | Outcome:
     """The state of one verification Job, fail-closed."""
-    pod = _pick_pod(pods)
+    pod = pick_pod(pods)
     problem = pod.problem() if pod is not None else None
     case = _Case(spec, job, pod, now)
     if pod is not None and not job.finished and _is(problem, Why.IMAGE_PULL):

@@ -178,6 +178,10 @@ def clefmodel(name: str, image: str = IMAGE_10, **spec: Any) -> dict[str, Any]:
         "rollout": {"scaleDownDelaySeconds": 5},
     }
     body.update(spec)
+    # The kernels mode unless a test asks the engine (candle-vllm defaults to endpoint).
+    verification = body["verification"]
+    if "endpoint" not in verification and verification.get("required", True):
+        verification.setdefault("mode", "kernels")
     return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ClefModel", "metadata": {"name": name}, "spec": body}
 
 

@@ -6,7 +6,8 @@ The RBAC proof runs the operator the way its Deployment does (`clef-operator run
 clef-system/clef-operator with a TokenRequest token, so the API server's RBAC judges every request
 by the rules kustomize/base ships.  It drives one ClefModel through every path that calls the API
 server (verify and serve, a new revision switched in, the old one scaled down and deleted, an
-unpullable image whose Job is deleted, a Job whose pod the API server refuses, deletion of the
+unpullable image whose Job is deleted, a Job whose pod the API server refuses, goldens read from
+a pod's log and stored in a ConfigMap, then deleted when edited by hand, deletion of the
 ClefModel), then reads the API server's audit log (manifests/audit-policy.yaml logs exactly this
 ServiceAccount's requests):
 
@@ -30,6 +31,8 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from clef_devcluster.checkpoints import write_chat_checkpoint
+from clef_devcluster.config import ENGINE_IMAGE_PREFIX
 from clef_devcluster.host_operator import (
     OPERATOR_NAMESPACE,
     OPERATOR_SA,
@@ -160,7 +163,7 @@ def test_operator_rbac_is_exactly_what_it_uses(
 
     try:
         try:
-            _drive_every_api_path(Models(cluster, namespace), operator)
+            _drive_every_api_path(Models(cluster, namespace), operator, tmp_path)
             samples = operator.metrics()
         except AssertionError as e:
             # A missing rule shows up as a rollout that never finishes; say which request it was.
@@ -220,7 +223,7 @@ def _check_metrics(samples: dict[tuple[str, frozenset[tuple[str, str]]], float],
     assert metric(samples, "clef_reconciles_total") >= 6
 
 
-def _drive_every_api_path(models: Models, operator: ElectedOperator) -> None:
+def _drive_every_api_path(models: Models, operator: ElectedOperator, tmp: Path) -> None:
     name = "rbac"
     wait_for(operator.healthy, 60, "the operator's liveness endpoint", operator.tail)
     # 1. verified, created, served: Job, Deployment and Service created; nodes read.
@@ -252,10 +255,54 @@ def _drive_every_api_path(models: Models, operator: ElectedOperator) -> None:
     # 3b. a pod the API server refuses (no such RuntimeClass): the Job's FailedCreate events listed.
     models.patch(name, {"spec": {"image": IMAGE_10, "runtimeClassName": "no-such-class"}})
     models.wait_condition(name, "Verified", "False", "VerificationPodRejected", timeout=120)
-    # 4. deleted: kopf takes its finalizer off.
+    # 4. endpoint verification: the goldens read from the goldens pod's log and stored in a
+    #    ConfigMap; stored goldens edited by hand are deleted.
+    _drive_goldens(models, operator, tmp)
+    # 5. deleted: kopf takes its finalizer off.
     models.delete(name)
     wait_for(lambda: _gone(models, name), 60, "the ClefModel gone", operator.tail)
     assert operator.healthy(), "liveness after a full run"
+
+
+def _drive_goldens(models: Models, operator: ElectedOperator, tmp: Path) -> None:
+    name = "rbac-goldens"
+    checkpoint = write_chat_checkpoint(tmp / "checkpoint")
+    body = clefmodel(
+        name,
+        f"{ENGINE_IMAGE_PREFIX}candle-vllm:0.8.4",
+        model={
+            "name": "clef-flash",
+            "path": "/models/clef-flash",
+            "volume": {"hostPath": {"path": str(checkpoint)}},
+        },
+        service={"name": "rbac-goldens"},
+        verification={
+            "mode": "endpoint",
+            "endpoint": {
+                "runtimeImage": IMAGE_10,
+                "builtinPrompts": "none",
+                "prompts": [{"name": "hello", "text": "Hello."}],
+                "maxNewTokens": 2,
+            },
+        },
+    )
+    models.create(body)
+    core = models.cluster.core
+    selector = "clef.riotpiao.com/component=goldens"
+
+    def stored() -> list[Any]:
+        return list(core.list_namespaced_config_map(models.ns, label_selector=selector).items)
+
+    wait_for(lambda: stored(), VERIFY_SECONDS, "the goldens stored", operator.tail)
+    (cm,) = stored()
+    forged = {
+        "clef.riotpiao.com/goldens": cm.metadata.annotations["clef.riotpiao.com/goldens"].replace("1", "2")
+    }
+    core.patch_namespaced_config_map(cm.metadata.name, models.ns, {"metadata": {"annotations": forged}})
+    models.patch(name, {"metadata": {"annotations": {"clef.riotpiao.com/reverify": "forged"}}})
+    models.wait_condition(name, "Verified", "False", "GoldensUntrusted", timeout=120)
+    wait_for(lambda: not stored(), 60, "the untrusted goldens deleted", operator.tail)
+    models.delete(name)
 
 
 def _gone(models: Models, name: str) -> bool:

@@ -5,6 +5,7 @@ API server instead; this is only for the pure planner."""
 
 from __future__ import annotations
 
+import base64
 import json
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -15,9 +16,11 @@ from clef_operator import labels
 from clef_operator.actions import (
     Action,
     AnnotateDeployment,
+    CreateConfigMap,
     CreateDeployment,
     CreateJob,
     CreateService,
+    DeleteConfigMap,
     DeleteDeployment,
     DeleteJob,
     Event,
@@ -27,7 +30,15 @@ from clef_operator.actions import (
     ScaleDeployment,
 )
 from clef_operator.api import ClefModelSpec, ClefModelStatus, Dtype, Suite, Verdict, VerificationRecord
-from clef_operator.observed import DeploymentState, JobState, ModelRef, Observed, PodState, ServiceState
+from clef_operator.observed import (
+    ConfigMapState,
+    DeploymentState,
+    JobState,
+    ModelRef,
+    Observed,
+    PodState,
+    ServiceState,
+)
 from clef_operator.rollout import Plan, plan_rollout
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
@@ -60,6 +71,10 @@ def base_spec_dict(**overrides: Any) -> dict[str, Any]:
         "rollout": {"scaleDownDelaySeconds": 30},
     }
     spec.update(overrides)
+    # These tests are of the kernels mode unless they say otherwise (candle-vllm defaults to endpoint).
+    verification = spec.setdefault("verification", {})
+    if "endpoint" not in verification:
+        verification.setdefault("mode", "kernels")
     return spec
 
 
@@ -115,6 +130,8 @@ class World:
     events: list[Event] = field(default_factory=list)
     manifests: dict[str, dict[str, Any]] = field(default_factory=dict)
     last_plan: Plan | None = None
+    config_maps: dict[str, ConfigMapState] = field(default_factory=dict)
+    logs: dict[str, bytes] = field(default_factory=dict)
 
     def observed(self) -> Observed:
         return Observed(
@@ -122,6 +139,8 @@ class World:
             jobs=tuple(self.jobs.values()),
             pods=tuple(self.pods.values()),
             service=self.service,
+            config_maps=tuple(self.config_maps.values()),
+            logs=dict(self.logs),
         )
 
     def plan(self) -> Plan:
@@ -146,20 +165,39 @@ class World:
             name = m["metadata"]["name"]
             assert name not in self.jobs, f"Job {name} created twice"
             self.manifests[name] = dict(m)
+            component = m["metadata"]["labels"][labels.COMPONENT]
             self.jobs[name] = JobState(
                 name=name,
-                key=m["metadata"]["labels"][labels.VERIFICATION_KEY],
+                key=m["metadata"]["labels"].get(labels.VERIFICATION_KEY, ""),
                 uid=f"uid-{name}",
                 created_at=self.now,
+                component=component,
+                step=m["metadata"]["labels"].get(labels.STEP, ""),
+                annotations=dict(m["metadata"].get("annotations", {})),
+                command=tuple(m["spec"]["template"]["spec"]["containers"][0]["command"]),
             )
             self.pods[name + "-pod"] = PodState(
                 name=name + "-pod",
-                component=labels.COMPONENT_VERIFICATION,
+                component=component,
                 job_name=name,
                 created_at=self.now,
                 owner_uids=(f"uid-{name}",),
+                uid=f"uid-{name}-pod",
                 node_gpu_product="Tesla-V100-SXM2-16GB",
             )
+        elif isinstance(action, CreateConfigMap):
+            m = action.manifest
+            name = m["metadata"]["name"]
+            assert name not in self.config_maps, f"ConfigMap {name} created twice"
+            self.manifests[name] = dict(m)
+            self.config_maps[name] = ConfigMapState(
+                name=name,
+                labels=dict(m["metadata"]["labels"]),
+                annotations=dict(m["metadata"]["annotations"]),
+                binary_data={k: base64.b64decode(v) for k, v in m["binaryData"].items()},
+            )
+        elif isinstance(action, DeleteConfigMap):
+            del self.config_maps[action.name]
         elif isinstance(action, DeleteJob):
             self.jobs.pop(action.name)
             self.pods = {k: p for k, p in self.pods.items() if p.job_name != action.name}

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from kubernetes import client
 
 from clef_operator import labels
-from clef_operator.kube import _deployment, _job, _pod
+from clef_operator.kube import _config_map, _deployment, _job, _pod
 
 T = datetime(2026, 3, 1, tzinfo=UTC)
 
@@ -139,3 +139,70 @@ def test_deployment_availability_needs_the_current_generation():
     assert not state.is_available(), "the controller has not seen the latest spec yet"
     d.status.observed_generation = 3
     assert _deployment(d).is_available()
+
+
+def test_a_goldens_pod_speaks_through_its_goldens_container_and_has_an_address():
+    """Endpoint mode: the step label picks the container; the preview's IP and UID are kept."""
+    terminated = client.V1ContainerState(
+        terminated=client.V1ContainerStateTerminated(exit_code=0, message="{}")
+    )
+    pod = client.V1Pod(
+        metadata=meta(
+            "g",
+            uid="uid-g",
+            labels={labels.COMPONENT: "verification", labels.STEP: "goldens"},
+        ),
+        spec=client.V1PodSpec(containers=[client.V1Container(name="goldens")], node_name="worker-1"),
+        status=client.V1PodStatus(
+            phase="Succeeded",
+            pod_ip="10.0.0.7",
+            container_statuses=[
+                client.V1ContainerStatus(
+                    name="sidecar", image="x", image_id="", ready=False, restart_count=0
+                ),
+                client.V1ContainerStatus(
+                    name="goldens",
+                    image="r",
+                    image_id="r@sha256:" + "b" * 64,
+                    ready=False,
+                    restart_count=0,
+                    state=terminated,
+                ),
+            ],
+        ),
+    )
+    state = _pod(pod, {})
+    assert (state.uid, state.ip, state.terminated, state.exit_code) == ("uid-g", "10.0.0.7", True, 0)
+
+
+def test_a_comparison_job_keeps_its_step_annotations_and_argv():
+    job = client.V1Job(
+        metadata=meta(
+            "m-check-k",
+            uid="uid-j",
+            labels={labels.STEP: "endpoint", labels.VERIFICATION_KEY: "k"},
+            annotations={labels.PREVIEW_POD_UID: "uid-p"},
+        ),
+        spec=client.V1JobSpec(
+            template=client.V1PodTemplateSpec(
+                spec=client.V1PodSpec(
+                    containers=[client.V1Container(name="check", command=["clef-runtime", "endpoint-check"])]
+                )
+            )
+        ),
+        status=client.V1JobStatus(),
+    )
+    state = _job(job)
+    assert state.step == "endpoint" and state.annotations[labels.PREVIEW_POD_UID] == "uid-p"
+    assert state.command == ("clef-runtime", "endpoint-check")
+
+
+def test_goldens_configmap_binary_data_is_decoded_and_bad_base64_dropped():
+    cm = client.V1ConfigMap(
+        metadata=meta("m-goldens-k", annotations={"a": "b"}, labels={labels.GOLDENS_KEY: "k"}),
+        binary_data={"goldens.json.gz": "aGVsbG8=", "bad": "!!not base64"},
+        data={"x": "y"},
+    )
+    state = _config_map(cm)
+    assert state.binary_data == {"goldens.json.gz": b"hello"}
+    assert state.data_keys == ("x",)

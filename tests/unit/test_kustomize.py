@@ -201,7 +201,11 @@ def test_pdb_component_keeps_one_operator_through_a_drain(base: Objects, tmp_pat
 def test_rbac_is_least_privilege(base: Objects) -> None:
     granted = granted_to(base, OPERATOR_NAMESPACE, OPERATOR_SA)  # refuses wildcards
     resources = {resource for _, resource, _ in granted}
-    assert not resources & {"configmaps", "serviceaccounts", "serviceaccounts/token"}
+    assert not resources & {"serviceaccounts", "serviceaccounts/token"}
+    # ConfigMaps: the goldens only (listed, created, deleted when untrusted); never read one by name
+    # nor patched; logs only read (endpoint verification: docs/operations.md, "Security").
+    assert {v for _, r, v in granted if r == "configmaps"} == {"list", "create", "delete"}
+    assert {v for _, r, v in granted if r == "pods/log"} == {"get"}
     # Secrets: only the operator's verdict key, read by name, and created on the first start, in
     # the operator's own namespace (issue 13: docs/operations.md, "What clef trusts").
     assert {(g, r, v) for g, r, v in granted if r == "secrets"} == {

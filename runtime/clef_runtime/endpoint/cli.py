@@ -56,7 +56,14 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
 def _goldens_parser(sub: argparse._SubParsersAction) -> None:
     p = _command(sub, "goldens")
     _model_flags(p)
-    p.add_argument("--out", required=True, help="the goldens file to write")
+    p.add_argument("--out", required=True, help="the goldens file to write; - prints it to stdout (one line)")
+    p.add_argument("--prompts-json", help="prompts as --prompts takes them, inline (the operator's Job)")
+    p.add_argument("--max-new-tokens", type=int, help="caps every prompt's new tokens (1-4096)")
+    p.add_argument(
+        "--termination-log",
+        default=os.environ.get(TERMINATION_LOG_ENV),
+        help=f"write the compact goldens report here (default: ${TERMINATION_LOG_ENV}; none when unset)",
+    )
     p.add_argument("--top-k", type=int, default=5, help="candidates recorded per step (5-20, default 5)")
     p.add_argument("--prompts", help="a JSON prompt file added to the built-in set")
     p.add_argument("--no-builtin", action="store_true", help="only the prompts of --prompts")

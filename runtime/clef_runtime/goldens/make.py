@@ -18,23 +18,25 @@ import hashlib
 import json
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
 from clef_contract.command import ExitCode
+from clef_contract.goldens import PROVENANCE_KEYS, STDOUT, GoldensReport, build_goldens_report
 from clef_runtime import __version__
 from clef_runtime.chat import ChatError, ChatTokenizer, checkpoint_text_files
 from clef_runtime.dtypes import NAMES
 from clef_runtime.endpoint.cli import OPSETS
-from clef_runtime.goldens.prompts import builtin_prompts, check_prompts, user_prompts
+from clef_runtime.goldens.prompts import builtin_prompts, check_prompts, parse_user_prompts, user_prompts
 from clef_runtime.goldens.schema import (
     GoldenPrompt,
     Goldens,
     GoldensError,
     PromptSpec,
     cache_key,
+    goldens_bytes,
     prompt_set_digest,
     write_goldens,
 )
@@ -51,6 +53,9 @@ class GoldensArgs:
     ops: str = "triton"
     top_k: int = 5
     prompts: str | None = None  # a user prompt file, added to the built-in set
+    prompts_json: str | None = None  # the same, inline
+    max_new_tokens: int | None = None  # caps every prompt's new tokens
+    termination_log: str | None = None  # the compact goldens report (goldens-report/v1)
     builtin: bool = True
     long_prompt: bool = True  # the built-in ≥ 8192-token prompt
     kernel_sizes: str | None = None  # model | reduced; default: model on cuda, reduced on cpu
@@ -85,8 +90,14 @@ def _specs(args: GoldensArgs, tok: ChatTokenizer) -> list[PromptSpec]:
     specs = builtin_prompts(tok, long=args.long_prompt) if args.builtin else []
     if args.prompts:
         specs += user_prompts(args.prompts, tok)
+    if args.prompts_json:
+        specs += parse_user_prompts(args.prompts_json, "--prompts-json", tok)
     if not specs:
         raise GoldensError("no prompts: pass --prompts FILE or keep the built-in set")
+    if args.max_new_tokens is not None:
+        if not 1 <= args.max_new_tokens <= 4096:
+            raise GoldensError(f"--max-new-tokens {args.max_new_tokens} must be within [1, 4096]")
+        specs = [replace(s, max_new_tokens=min(s.max_new_tokens, args.max_new_tokens)) for s in specs]
     return specs
 
 
@@ -227,9 +238,15 @@ def run_goldens(args: GoldensArgs, out: TextIO = sys.stdout) -> int:
 
     summary: dict[str, Any] = {"checkpoint": args.checkpoint, "dtype": args.dtype, "ops": args.ops}
     started = time.perf_counter()
+    goldens: Goldens | None = None
+    data = b""
     try:
         goldens = make_goldens(args, summary)
-        summary["bytes"] = write_goldens(goldens, args.out)
+        data = goldens_bytes(goldens)
+        if args.out != STDOUT:
+            write_goldens(goldens, args.out)
+        summary["bytes"] = len(data)
+        summary["sha256"] = "sha256:" + hashlib.sha256(data).hexdigest()
         summary["comparedTokens"] = goldens.compared_tokens
         summary["provenance"] = goldens.provenance
         code = ExitCode.PASS
@@ -241,7 +258,44 @@ def run_goldens(args: GoldensArgs, out: TextIO = sys.stdout) -> int:
         code = ExitCode.COULD_NOT_RUN
     summary.setdefault("durations", {})["total"] = round(time.perf_counter() - started, 3)
     summary["exitCode"] = int(code)
-    out.write(json.dumps(summary, indent=2) + "\n")
-    verdict = f"wrote {args.out}" if code == ExitCode.PASS else f"no goldens: {summary['error']}"
+    if args.out == STDOUT:
+        # The file alone on stdout, last and in one write: the operator finds it in the pod's log
+        # by its sha256 (stderr, which a log interleaves, carries the summary).
+        print(json.dumps(summary, indent=2), file=sys.stderr, flush=True)
+        if code == ExitCode.PASS:
+            out.buffer.write(data) if hasattr(out, "buffer") else out.write(data.decode())
+            out.flush()
+    else:
+        out.write(json.dumps(summary, indent=2) + "\n")
+    if args.termination_log:
+        _write_report(args.termination_log, _compact(code, summary, goldens, data))
+    where = "stdout" if args.out == STDOUT else args.out
+    verdict = f"wrote {where}" if code == ExitCode.PASS else f"no goldens: {summary['error']}"
     print(f"goldens: {verdict}", file=sys.stderr)
     return int(code)
+
+
+def _compact(code: int, summary: dict[str, Any], goldens: Goldens | None, data: bytes) -> GoldensReport:
+    verdict = {ExitCode.PASS: "pass", ExitCode.MISMATCH: "fail"}.get(ExitCode(code), "error")
+    if goldens is None or code != ExitCode.PASS:
+        error = str(summary.get("error", "")) or "no goldens"
+        return GoldensReport(verdict, error if verdict == "fail" else "", "", 0, "", {}, 0, 0, 0, error)
+    prov = goldens.provenance
+    return GoldensReport(
+        verdict="pass",
+        summary=f"{len(goldens.prompts)} prompts, {goldens.compared_tokens} tokens, kernel checks {prov['kernelChecks']}",
+        sha256=summary["sha256"],
+        bytes=len(data),
+        cache_key=goldens.cache_key,
+        provenance={k: str(prov.get(k, "")) for k in PROVENANCE_KEYS},
+        top_k=goldens.top_k,
+        prompts=len(goldens.prompts),
+        tokens=goldens.compared_tokens,
+    )
+
+
+def _write_report(path: str, report: GoldensReport) -> None:
+    try:
+        Path(path).write_text(build_goldens_report(report))
+    except OSError as exc:
+        print(f"goldens: cannot write the compact report to {path}: {exc}", file=sys.stderr)

@@ -111,8 +111,19 @@ def user_prompts(
     path: str | Path, tok: ChatTokenizer, default_new: int = DEFAULT_NEW_TOKENS
 ) -> list[PromptSpec]:
     try:
-        raw = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise GoldensError(f"{path}: cannot read the prompt file ({exc})") from None
+    return parse_user_prompts(text, str(path), tok, default_new)
+
+
+def parse_user_prompts(
+    text: str, path: str, tok: ChatTokenizer, default_new: int = DEFAULT_NEW_TOKENS
+) -> list[PromptSpec]:
+    """The prompts of a prompt file's text (`path` names it in errors: a file, or --prompts-json)."""
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
         raise GoldensError(f"{path}: cannot read the prompt file ({exc})") from None
     items = raw.get("prompts") if isinstance(raw, dict) else None
     if not isinstance(items, list) or not items or len(items) > MAX_USER_PROMPTS:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -150,12 +151,17 @@ def cache_key(provenance: dict[str, Any]) -> str:
     return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def write_goldens(goldens: Goldens, path: str | Path) -> int:
-    """Write the file; returns its size in bytes (GoldensError when over the bound)."""
-    text = json.dumps(goldens.to_json(), ensure_ascii=False, separators=(",", ":")) + "\n"
-    data = text.encode()
+def goldens_bytes(goldens: Goldens) -> bytes:
+    """The file's bytes: one JSON line (GoldensError over the bound)."""
+    data = (json.dumps(goldens.to_json(), ensure_ascii=False, separators=(",", ":")) + "\n").encode()
     if len(data) > MAX_GOLDENS_BYTES:
         raise GoldensError(f"goldens would be {len(data)} bytes, more than {MAX_GOLDENS_BYTES}")
+    return data
+
+
+def write_goldens(goldens: Goldens, path: str | Path) -> int:
+    """Write the file; returns its size in bytes (GoldensError when over the bound)."""
+    data = goldens_bytes(goldens)
     Path(path).write_bytes(data)
     return len(data)
 
@@ -285,4 +291,25 @@ def read_goldens(path: str | Path) -> Goldens:
         raise GoldensError(f"{p}: cannot read the goldens ({exc.strerror})") from None
     if size > MAX_GOLDENS_BYTES:
         raise GoldensError(f"{p}: {size} bytes, more than {MAX_GOLDENS_BYTES}")
-    return parse_goldens(p.read_bytes(), str(p))
+    data = p.read_bytes()
+    if data[:2] == GZIP_MAGIC:
+        # The operator stores goldens gzip-compressed in a ConfigMap and mounts them as they are.
+        data = _gunzip(data, str(p))
+    return parse_goldens(data, str(p))
+
+
+GZIP_MAGIC: Final = b"\x1f\x8b"
+
+
+def _gunzip(data: bytes, where: str) -> bytes:
+    """Decompress at most MAX_GOLDENS_BYTES (a small bomb must not exhaust the Job's memory)."""
+    inflater = zlib.decompressobj(wbits=31)
+    try:
+        out = inflater.decompress(data, MAX_GOLDENS_BYTES + 1)
+    except zlib.error as exc:
+        raise GoldensError(f"{where}: not a readable gzip file ({exc})") from None
+    if len(out) > MAX_GOLDENS_BYTES:
+        raise GoldensError(f"{where}: more than {MAX_GOLDENS_BYTES} bytes once decompressed")
+    if not inflater.eof:
+        raise GoldensError(f"{where}: a truncated gzip file")
+    return out

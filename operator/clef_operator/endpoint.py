@@ -1,0 +1,246 @@
+"""Endpoint verification's children and how their outcomes are read (pure).
+
+* the **preview**: the candidate's own Deployment at one replica, with the real engine argv, on
+  the GPU class of a kernels pass (mode both) or where the spec schedules it.  No Service selects
+  it: the stable Service selects the active revision by its revision label.
+* the **comparison Job**: the runtime image, no GPU, `clef-runtime endpoint-check` against the
+  preview pod's IP with the goldens ConfigMap mounted; its verdict is read from the termination
+  message of the pod that belongs to the Job's UID (`clef_contract.endpoint`).
+* `judge_run`: a goldens or comparison Job, fail closed, in the words of its report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from clef_contract.command import TERMINATION_LOG, TERMINATION_LOG_ENV
+from clef_contract.endpoint import parse_endpoint_report
+from clef_contract.goldens import parse_goldens_report
+from clef_contract.report import ReportInvalid, ReportMissing
+from clef_operator import labels
+from clef_operator.api import ENGINE_DIALECT, ClefModelSpec, FailingCheck, Step
+from clef_operator.conditions import Reason, Why
+from clef_operator.goldens import GOLDENS_FILE, Trusted, endpoint_of
+from clef_operator.observed import JobState, PodState
+from clef_operator.render import (
+    CONTAINER_SECURITY,
+    Owner,
+    job_manifest,
+    object_labels,
+    render_deployment,
+)
+from clef_operator.revision import REVERIFY_SUFFIX_LENGTH
+from clef_operator.verification import Progress, pick_pod
+
+CHECK_CONTAINER = "check"
+GOLDENS_MOUNT = "/goldens"
+MAX_FAILING = 5
+
+
+def dialect_of(spec: ClefModelSpec) -> str:
+    return ENGINE_DIALECT[spec.engine.value]
+
+
+def check_job_name(model: str, key: str, run: str) -> str:
+    """`<model>-check-<key>[-<run6>]`: at most 38 + 7 + 10 + 7 = 62 characters (a label value)."""
+    name = f"{model}-check-{key}"
+    return name + ("-" + run[:REVERIFY_SUFFIX_LENGTH] if run else "")
+
+
+def render_preview(
+    owner: Owner, spec: ClefModelSpec, key: str, image: str, gpu_class: str | None, since: datetime
+) -> dict[str, Any]:
+    """The candidate Deployment at one replica: the revision that would serve `image` on
+    `gpu_class`, marked as the preview of `key` and when it started."""
+    annotations = {
+        labels.IMAGE: spec.image,
+        labels.PREVIEW_FOR: key,
+        labels.PREVIEW_SINCE: since.isoformat(),
+    }
+    return render_deployment(owner, spec, image, 1, annotations, gpu_class)
+
+
+def preview_url(spec: ClefModelSpec, pod: PodState) -> str:
+    return f"http://{pod.ip}:{spec.service.container_port}"
+
+
+def comparison_argv(spec: ClefModelSpec, pod: PodState) -> list[str]:
+    endpoint = endpoint_of(spec)
+    return [
+        "clef-runtime",
+        "endpoint-check",
+        "--url",
+        preview_url(spec, pod),
+        "--goldens",
+        f"{GOLDENS_MOUNT}/{GOLDENS_FILE}",
+        "--dialect",
+        dialect_of(spec),
+        "--timeout",
+        str(endpoint.request_timeout_seconds),
+    ]
+
+
+def render_comparison_job(
+    owner: Owner, spec: ClefModelSpec, key: str, run: str, pod: PodState, goldens: Trusted
+) -> dict[str, Any]:
+    """CPU only (no GPU, no GPU runtime class): it talks HTTP to the preview pod."""
+    job_labels = {
+        **object_labels(owner.name, labels.COMPONENT_VERIFICATION),
+        labels.STEP: Step.ENDPOINT.value,
+        labels.VERIFICATION_KEY: key,
+    }
+    annotations = {
+        labels.IMAGE: spec.image,
+        labels.PREVIEW_POD_UID: pod.uid,
+        labels.PREVIEW_POD_IP: pod.ip,
+        labels.PREVIEW_IMAGE_ID: pod.image_id,
+        labels.GOLDENS_CONFIGMAP: goldens.name,
+    }
+    if run:
+        annotations[labels.REVERIFY_RUN] = run
+    container = {
+        "name": CHECK_CONTAINER,
+        "image": endpoint_of(spec).runtime_image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": comparison_argv(spec, pod),
+        "env": [{"name": TERMINATION_LOG_ENV, "value": TERMINATION_LOG}],
+        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+        "volumeMounts": [{"name": "goldens", "mountPath": GOLDENS_MOUNT, "readOnly": True}],
+        "terminationMessagePath": TERMINATION_LOG,
+        "terminationMessagePolicy": "File",
+        "securityContext": {**CONTAINER_SECURITY, "readOnlyRootFilesystem": True},
+    }
+    pod_spec = {
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "restartPolicy": "Never",
+        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [container],
+        "volumes": [{"name": "goldens", "configMap": {"name": goldens.name}}],
+    }
+    return job_manifest(owner, check_job_name(owner.name, key, run), job_labels, annotations, spec, pod_spec)
+
+
+# ------------------------------------------------------------------------------ judging Jobs
+
+
+@dataclass(frozen=True)
+class Judged:
+    """A finished goldens or comparison Job, fail closed."""
+
+    passed: bool
+    reason: str
+    summary: str
+    failing: tuple[FailingCheck, ...] = ()
+    device: str | None = None
+    runtime_version: str | None = None
+    pod: PodState | None = None
+    stop_job: bool = False
+
+
+@dataclass(frozen=True)
+class Read:
+    """What a report said, in the terms of `Judged`."""
+
+    verdict: str
+    summary: str
+    failing: tuple[FailingCheck, ...] = ()
+    device: str | None = None
+    runtime_version: str | None = None
+
+
+def read_comparison(message: str | None, dialect: str) -> Read:
+    report = parse_endpoint_report(message)
+    c = report.compact
+    if report.dialect != dialect and c.verdict != "error":
+        raise ReportInvalid(f"the report is for dialect {report.dialect}, the Job asked in {dialect}")
+    failing = tuple(
+        FailingCheck(name=f.name, op=f.op, detail=f.detail[:1024]) for f in c.failing[:MAX_FAILING]
+    )
+    summary = c.summary if c.verdict != "error" else f"endpoint-check could not run: {c.error}"
+    d = report.first_divergence
+    if c.verdict == "fail" and d is not None:
+        summary = (
+            f"prompt {d.prompt}, token {d.position}: expected id {d.expected_id} ({d.expected_text!r}),"
+            f" the engine said {d.got_id} ({d.got_text!r}); {c.summary}"
+        )
+    return Read(c.verdict, summary, failing, c.device or None, c.runtime_version or None)
+
+
+def read_goldens(message: str | None) -> Read:
+    report = parse_goldens_report(message)
+    if report.verdict == "fail":
+        return Read(
+            "fail",
+            f"the runtime image's kernels fail their own checks, so it made no goldens: {report.summary}",
+        )
+    if report.verdict == "error":
+        return Read("error", f"clef-runtime goldens could not run: {report.error}")
+    return Read("pass", report.summary, runtime_version=report.provenance.get("runtimeVersion") or None)
+
+
+@dataclass(frozen=True)
+class JobKind:
+    """How to read one kind of Job: its report, and the reasons of its outcomes."""
+
+    what: str  # "goldens" | "comparison"
+    read: Callable[[str | None], Read]
+    mismatch: str  # the reason of a `fail` report
+    error: str  # the reason of an `error` report
+
+
+def judge_run(kind: JobKind, job: JobState, pods: list[PodState], timeout: int) -> Progress | Judged:
+    """The state of a goldens or comparison Job: Judged when it is over (or decided), else Progress."""
+    pod = pick_pod(pods)
+    problem = pod.problem() if pod is not None else None
+    if pod is not None and not job.finished and problem is not None and problem.reason == Why.IMAGE_PULL:
+        return Judged(
+            False, Reason.IMAGE_PULL_FAILED, f"{kind.what} Job: {problem.message}", pod=pod, stop_job=True
+        )
+    if job.failed and job.failed_reason == "DeadlineExceeded":
+        where = f"; {problem.message}" if problem is not None else ""
+        return Judged(
+            False, Reason.TIMEOUT, f"the {kind.what} Job did not finish within {timeout}s{where}", pod=pod
+        )
+    if job.finished:
+        return _judge_finished(kind, job, pod)
+    if pod is None:
+        return Progress(Reason.PENDING, f"{kind.what} Job {job.name} created; waiting for its pod")
+    if problem is not None and problem.reason == Why.UNSCHEDULABLE:
+        return Progress(Reason.UNSCHEDULABLE, f"{kind.what} {problem.message}")
+    if problem is not None and problem.reason == Why.CONTAINER_ERROR:
+        return Progress(Reason.CONTAINER_CONFIG, f"{kind.what} {problem.message}")
+    if pod.phase == "Running" or pod.terminated:
+        return Progress(Reason.RUNNING, f"{kind.what} Job {job.name} is running")
+    return Progress(Reason.PENDING, f"{kind.what} pod {pod.name} is starting")
+
+
+def _judge_finished(kind: JobKind, job: JobState, pod: PodState | None) -> Judged:
+    if pod is None or not pod.terminated:
+        return Judged(
+            False, Reason.REPORT_MISSING, f"the {kind.what} Job finished but its pod (and report) is gone"
+        )
+    try:
+        read = kind.read(pod.termination_message)
+    except ReportMissing as exc:
+        return Judged(
+            False, Reason.REPORT_MISSING if job.complete else Reason.CRASHED, f"{kind.what}: {exc}", pod=pod
+        )
+    except ReportInvalid as exc:
+        return Judged(False, Reason.REPORT_INVALID, f"{kind.what}: {exc}", pod=pod)
+    if read.verdict == "pass" and (job.failed or pod.exit_code != 0):
+        return Judged(
+            False,
+            Reason.CRASHED,
+            f"the {kind.what} report says pass but the exit code is {pod.exit_code}",
+            pod=pod,
+        )
+    if read.verdict == "pass":
+        return Judged(
+            True, Reason.VERIFIED, read.summary, read.failing, read.device, read.runtime_version, pod
+        )
+    reason = kind.mismatch if read.verdict == "fail" else kind.error
+    return Judged(False, reason, read.summary, read.failing, read.device, read.runtime_version, pod)

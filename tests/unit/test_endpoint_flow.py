@@ -1,0 +1,521 @@
+"""Endpoint verification, step by step, through the pure planner: goldens -> preview ->
+comparison -> promote, and every way each step fails closed (docs/verification.md, "Endpoint
+verification"; operator/clef_operator/endpoint_flow.py)."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import hashlib
+import json
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from clef_builders import GOOD, GOOD2, World, base_spec_dict, digest_for, kinds
+
+from clef_contract.endpoint import (
+    ENDPOINT_SCHEMA_VERSION,
+)
+from clef_contract.goldens import GoldensReport, build_goldens_report
+from clef_operator import labels
+from clef_operator.actions import CreateConfigMap, CreateDeployment, CreateJob, ScaleDeployment
+from clef_operator.api import ClefModelSpec, Step, Verdict
+from clef_operator.conditions import Reason
+from clef_operator.endpoint import check_job_name
+from clef_operator.goldens import GOLDENS_FILE, MAX_STORED_BYTES, goldens_key, goldens_name
+from clef_operator.observed import PodState
+
+RUNTIME = "registry.clef.test/clef-runtime:1.0"
+V100 = "Tesla-V100-SXM2-16GB"
+FILE = (json.dumps({"schemaVersion": "clef.riotpiao.com/goldens/v1", "prompts": ["x" * 200]}) + "\n").encode()
+
+
+def endpoint_spec(image: str = GOOD, **endpoint: Any) -> ClefModelSpec:
+    body = base_spec_dict(image=image)
+    body["verification"] = {"mode": "endpoint", "endpoint": {"runtimeImage": RUNTIME, **endpoint}}
+    return ClefModelSpec.model_validate(body)
+
+
+def goldens_message(data: bytes = FILE, **changes: Any) -> str:
+    report = GoldensReport(
+        verdict="pass",
+        summary="8 prompts, 576 tokens, kernel checks 61/61 (reduced sizes)",
+        sha256="sha256:" + hashlib.sha256(data).hexdigest(),
+        bytes=len(data),
+        cache_key="sha256:" + "c" * 64,
+        provenance={
+            "checkpointDigest": "sha256:" + "d" * 64,
+            "promptSetDigest": "sha256:" + "e" * 64,
+            "runtimeVersion": "0.1.0",
+            "dtype": "f16",
+            "opSet": "triton",
+            "gpuClass": V100,
+            "kernelChecks": "61/61",
+        },
+        top_k=5,
+        prompts=8,
+        tokens=576,
+    )
+    if "dtype" in changes:
+        changes["provenance"] = {**report.provenance, "dtype": changes.pop("dtype")}
+    return build_goldens_report(replace(report, **changes))
+
+
+def endpoint_message(verdict: str = "pass", error: str | None = None, divergence: Any = None) -> str:
+    return json.dumps(
+        {
+            "schemaVersion": ENDPOINT_SCHEMA_VERSION,
+            "verdict": verdict,
+            "summary": "prompts 7/7 exact, tokens 512/512 equal"
+            if verdict == "pass"
+            else "prompt chat-64 diverged",
+            "failing": []
+            if verdict != "fail"
+            else [{"name": "chat-64", "op": "endpoint", "detail": "token 3"}],
+            "suite": "endpoint",
+            "dtype": "f16",
+            "device": "engine at http://10.0.0.7:8000",
+            "runtimeVersion": "0.1.0",
+            "error": error,
+            "dialect": "candle-vllm",
+            "logprobs": "placeholder",
+            "firstDivergence": divergence,
+        }
+    )
+
+
+KEY_BAND = {
+    "prompt": "chat-64",
+    "position": 3,
+    "expectedId": 17,
+    "expectedText": " Paris",
+    "gotId": 0,
+    "gotText": "!",
+    "goldenMargin": None,
+    "nearTie": False,
+}
+
+
+def goldens_job(w: World) -> str:
+    return goldens_name(w.model.name, goldens_key(w.spec))
+
+
+def finish_goldens(w: World, log: bytes | None = None, message: str | None = None, exit_code: int = 0) -> str:
+    job = goldens_job(w)
+    w.finish_job(
+        job, exit_code=exit_code, message=message if message is not None else goldens_message(), image=RUNTIME
+    )
+    pod = w.job_pod(job)
+    w.logs[pod.uid] = log if log is not None else b"goldens: 8 prompts\n" + FILE + b"warning on stderr\n"
+    return job
+
+
+def preview(w: World) -> str:
+    """The preview Deployment's revision (the one Deployment with the preview annotation)."""
+    return next(d.revision for d in w.deployments.values() if labels.PREVIEW_FOR in d.annotations)
+
+
+def start_preview_pod(w: World, rev: str, image: str | None = None, **changes: Any) -> PodState:
+    image = image or w.spec.image
+    pod = PodState(
+        name=f"preview-{rev}",
+        component=labels.COMPONENT_SERVING,
+        revision=rev,
+        phase="Running",
+        ready=True,
+        uid=f"uid-preview-{rev}",
+        ip="10.0.0.7",
+        image_id=image if "@sha256:" in image else f"{image.split(':')[0]}@{digest_for(image)}",
+        node_name="worker-1",
+        node_gpu_product=V100,
+        node_gpu_memory_mib=16384,
+        created_at=w.now,
+    )
+    pod = replace(pod, **changes)
+    w.pods[pod.name] = pod
+    return pod
+
+
+def check_job(w: World) -> str:
+    return check_job_name(w.model.name, w.status.verification_key or "", "")
+
+
+def to_comparison(w: World) -> str:
+    """From nothing to a running comparison Job; returns the preview revision."""
+    w.step()  # goldens Job
+    finish_goldens(w)
+    w.step()  # store
+    w.step()  # preview
+    rev = preview(w)
+    start_preview_pod(w, rev)
+    w.step()  # comparison Job
+    return rev
+
+
+def test_goldens_preview_comparison_then_the_pinned_candidate_serves() -> None:
+    w = World(endpoint_spec())
+    plan = w.step()
+    gjob = goldens_job(w)
+    manifest = next(a.manifest for a in plan.actions if isinstance(a, CreateJob))
+    pod = manifest["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert manifest["metadata"]["name"] == gjob
+    assert container["image"] == RUNTIME and container["command"][:3] == [
+        "clef-runtime",
+        "goldens",
+        "--checkpoint",
+    ]
+    assert container["command"][6:8] == ["--out", "-"]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert {"name": "model", "mountPath": "/models/clef-flash", "readOnly": True} in container["volumeMounts"]
+    assert w.condition("Verified")[0] == "Unknown"
+    finish_goldens(w)
+    plan = w.step()
+    stored = next(a.manifest for a in plan.actions if isinstance(a, CreateConfigMap))
+    assert gzip.decompress(base64.b64decode(stored["binaryData"][GOLDENS_FILE])) == FILE
+    assert stored["immutable"] is True
+    assert "GoldensStored" in w.event_reasons()
+    assert w.status.verifications[0].step is Step.GOLDENS and not w.status.verifications[0].final
+    plan = w.step()
+    created = [a.manifest for a in plan.actions if isinstance(a, CreateDeployment)]
+    assert len(created) == 1 and created[0]["spec"]["replicas"] == 1, "the preview: one replica"
+    assert w.service is None, "no Service selects a preview"
+    rev = preview(w)
+    assert "CreateJob" not in kinds(w.step()), "no comparison before the preview is Ready"
+    start_preview_pod(w, rev)
+    plan = w.step()
+    check = check_job(w)
+    job = next(a.manifest for a in plan.actions if isinstance(a, CreateJob))
+    spec = job["spec"]["template"]["spec"]
+    assert job["metadata"]["name"] == check
+    assert "runtimeClassName" not in spec and "nvidia.com/gpu" not in json.dumps(spec), (
+        "the comparison needs no GPU"
+    )
+    argv = spec["containers"][0]["command"]
+    assert argv[:2] == ["clef-runtime", "endpoint-check"]
+    assert argv[argv.index("--url") + 1] == "http://10.0.0.7:8000"
+    assert argv[argv.index("--dialect") + 1] == "candle-vllm"
+    assert spec["volumes"] == [{"name": "goldens", "configMap": {"name": gjob}}]
+    assert w.status.verifications[0].step is Step.PREVIEW
+    w.finish_job(check, message=endpoint_message(), image=RUNTIME)
+    w.step()
+    record = w.status.verifications[0]
+    assert w.condition("Verified")[:2] == ("True", "Verified")
+    assert record.step is Step.ENDPOINT and record.final and record.verdict is Verdict.PASSED
+    assert record.digest == f"registry.clef.test/clef-runtime@{digest_for(GOOD)}", (
+        "bound to the preview's imageID"
+    )
+    assert record.gpu_class == V100
+    # The preview ran the tag; serving is pinned to the digest and the GPU class: another revision.
+    candidate = w.status.candidate_revision
+    assert candidate and candidate != rev
+    assert w.deployments[f"clef-flash-{rev}"].replicas == 0, "the tag's preview gave its GPU back"
+    w.settle()
+    w.step()
+    w.step()
+    assert w.active_deployment() is not None and w.active_deployment().revision == candidate  # type: ignore[union-attr]
+    assert w.condition("Ready")[0] == "True"
+
+
+def test_a_preview_of_the_digest_on_its_class_becomes_the_candidate_itself() -> None:
+    image = f"registry.clef.test/clef-runtime@{digest_for(GOOD)}"
+    body = base_spec_dict(image=image, replicas=2, nodeSelector={"nvidia.com/gpu.product": V100})
+    body["verification"] = {"mode": "endpoint", "endpoint": {"runtimeImage": RUNTIME}}
+    w = World(ClefModelSpec.model_validate(body))
+    rev = to_comparison(w)
+    w.finish_job(check_job(w), message=endpoint_message(), image=RUNTIME)
+    plan = w.step()
+    scale = next(a for a in plan.actions if isinstance(a, ScaleDeployment))
+    assert scale.name == f"clef-flash-{rev}" and scale.replicas == 2
+    assert scale.annotations[labels.PREVIEW_FOR] is None and scale.annotations[labels.VERDICT] == "Passed"
+    assert "PreviewPromoted" in w.event_reasons()
+    assert not any(isinstance(a, CreateDeployment) for a in plan.actions), "no second start"
+    w.settle()
+    w.step()
+    w.step()
+    assert w.active_deployment().revision == rev  # type: ignore[union-attr]
+
+
+def serving_then_upgrade(image: str = GOOD2) -> World:
+    """clef-flash served from GOOD (endpoint mode), then spec.image moves to `image`."""
+    w = World(endpoint_spec())
+    to_comparison(w)
+    w.finish_job(check_job(w), message=endpoint_message(), image=RUNTIME)
+    for _ in range(3):
+        w.settle()
+        w.step()
+    assert w.condition("Ready")[0] == "True"
+    w.spec = endpoint_spec(image)
+    return w
+
+
+def test_a_second_image_reuses_the_goldens() -> None:
+    w = serving_then_upgrade()
+    plan = w.step()
+    assert not any(isinstance(a, CreateJob) for a in plan.actions), (
+        "no goldens Job: the stored ones are trusted"
+    )
+    assert [
+        a.manifest["metadata"]["annotations"][labels.PREVIEW_FOR]
+        for a in plan.actions
+        if isinstance(a, CreateDeployment)
+    ]
+    assert sum(1 for j in w.jobs.values() if j.step == "goldens") == 1
+
+
+def test_a_key_band_fault_in_the_serving_engine_is_an_endpoint_mismatch() -> None:
+    w = serving_then_upgrade()
+    active = w.active_deployment()
+    w.step()
+    rev = preview(w)
+    start_preview_pod(w, rev, image=GOOD2, name="preview-new", uid="uid-new", ip="10.0.0.8")
+    w.step()
+    check = check_job_name(w.model.name, w.status.verification_key or "", "")
+    w.finish_job(check, exit_code=1, message=endpoint_message("fail", divergence=KEY_BAND), image=RUNTIME)
+    w.step()
+    status, reason, message = w.condition("Verified")
+    assert (status, reason) == ("False", Reason.ENDPOINT_MISMATCH)
+    assert "prompt chat-64, token 3" in message and "expected id 17" in message
+    assert w.condition("Degraded")[:2] == ("True", Reason.ENDPOINT_MISMATCH)
+    assert w.deployments[f"clef-flash-{rev}"].replicas == 0, "the preview goes to 0"
+    assert w.active_deployment() == active and active is not None and active.replicas == 1, (
+        "the old one serves"
+    )
+    assert w.condition("Ready")[0] == "True"
+
+
+@pytest.mark.parametrize(
+    ("message", "reason"),
+    [
+        (
+            endpoint_message(
+                "error", error="prompt chat-63: the engine's prompt has 70 tokens, the golden 63"
+            ),
+            Reason.ENDPOINT_CHECK_ERROR,
+        ),
+        ("not json", Reason.REPORT_INVALID),
+        ("", Reason.CRASHED),
+    ],
+    ids=["template mismatch", "garbage", "no report"],
+)
+def test_a_comparison_that_could_not_judge_is_never_a_pass(message: str, reason: str) -> None:
+    w = World(endpoint_spec())
+    rev = to_comparison(w)
+    w.finish_job(check_job(w), exit_code=2, message=message, image=RUNTIME)
+    w.step()
+    assert w.condition("Verified")[:2] == ("False", reason)
+    assert w.deployments[f"clef-flash-{rev}"].replicas == 0
+    assert w.service is None
+
+
+def test_a_passing_report_with_a_failing_exit_code_is_not_a_pass() -> None:
+    w = World(endpoint_spec())
+    to_comparison(w)
+    w.finish_job(check_job(w), exit_code=1, message=endpoint_message(), image=RUNTIME)
+    w.step()
+    assert w.condition("Verified")[:2] == ("False", Reason.CRASHED)
+
+
+def test_a_preview_that_never_becomes_ready_fails_in_bounded_time() -> None:
+    w = World(endpoint_spec(readyTimeoutSeconds=60))
+    w.step()
+    finish_goldens(w)
+    w.step()
+    w.step()
+    rev = preview(w)
+    start_preview_pod(w, rev, ready=False)
+    plan = w.step()
+    assert w.condition("Verified")[0] == "Unknown" and plan.requeue_after is not None
+    w.advance(61)
+    w.step()
+    status, reason, message = w.condition("Verified")
+    assert (status, reason) == ("False", Reason.PREVIEW_NOT_READY) and "60s" in message
+    assert w.deployments[f"clef-flash-{rev}"].replicas == 0
+
+
+def test_a_crash_looping_preview_fails_at_once_with_its_last_words() -> None:
+    w = World(endpoint_spec())
+    w.step()
+    finish_goldens(w)
+    w.step()
+    w.step()
+    rev = preview(w)
+    start_preview_pod(
+        w,
+        rev,
+        ready=False,
+        waiting_reason="CrashLoopBackOff",
+        restart_count=2,
+        last_termination_message="CUDA error: out of memory",
+    )
+    w.step()
+    status, reason, message = w.condition("Verified")
+    assert (status, reason) == ("False", Reason.PREVIEW_CRASH_LOOP) and "out of memory" in message
+    assert w.deployments[f"clef-flash-{rev}"].replicas == 0
+
+
+def test_a_preview_pod_replaced_during_the_comparison_is_lost() -> None:
+    w = World(endpoint_spec())
+    rev = to_comparison(w)
+    del w.pods[f"preview-{rev}"]
+    start_preview_pod(w, rev, name="preview-2", uid="uid-2", ip="10.0.0.9")
+    w.step()
+    assert w.condition("Verified")[:2] == ("False", Reason.PREVIEW_LOST)
+    assert check_job(w) not in w.jobs, "the comparison Job is deleted"
+
+
+def stored_world() -> World:
+    w = World(endpoint_spec())
+    w.step()
+    finish_goldens(w)
+    w.step()
+    return w
+
+
+@pytest.mark.parametrize(
+    ("edit", "why"),
+    [
+        (
+            lambda cm: replace(
+                cm, binary_data={GOLDENS_FILE: gzip.compress(FILE.replace(b"x", b"y"), mtime=0)}
+            ),
+            "is not the signed",
+        ),
+        (
+            lambda cm: replace(
+                cm,
+                annotations={
+                    **cm.annotations,
+                    labels.GOLDENS_META: cm.annotations[labels.GOLDENS_META].replace("576", "577"),
+                },
+            ),
+            "signature does not verify",
+        ),
+        (lambda cm: replace(cm, binary_data={}), "does not hold exactly"),
+        (lambda cm: replace(cm, binary_data={GOLDENS_FILE: b"\x1f\x8bnot gzip"}), "corrupt"),
+        (lambda cm: replace(cm, binary_data={GOLDENS_FILE: b"\0" * (MAX_STORED_BYTES + 1)}), "more than"),
+    ],
+    ids=["data edited", "annotation edited", "data missing", "corrupt", "oversized"],
+)
+def test_goldens_that_fail_a_check_are_never_trusted(edit: Any, why: str) -> None:
+    w = stored_world()
+    name = goldens_job(w)
+    w.config_maps[name] = edit(w.config_maps[name])
+    plan = w.step()
+    status, reason, message = w.condition("Verified")
+    assert (status, reason) == ("False", Reason.GOLDENS_UNTRUSTED) and why in message
+    assert "DeleteConfigMap" in kinds(plan) and "GoldensUntrusted" in w.event_reasons()
+    assert not any(d.replicas for d in w.deployments.values()), "no preview on untrusted goldens"
+    # A re-verify makes new goldens with a new Job (the old one was deleted with them).
+    assert name not in w.jobs
+    w.model = replace(w.model, annotations={labels.REVERIFY: "1"})
+    plan = w.step()
+    assert any(isinstance(a, CreateJob) and a.manifest["metadata"]["name"] == name for a in plan.actions)
+
+
+@pytest.mark.parametrize(
+    ("log", "message", "why"),
+    [
+        (b"cut" + FILE[:50], None, "no line of"),
+        (None, goldens_message(bytes=len(FILE) + 1), "no line of"),
+        (None, goldens_message(dtype="bf16"), "dtype bf16"),
+        (None, goldens_message(bytes=17 * 1024 * 1024), "more than"),
+    ],
+    ids=["log cut", "size mismatch", "another dtype", "too large"],
+)
+def test_goldens_output_that_does_not_match_its_report_is_invalid(
+    log: bytes | None, message: str | None, why: str
+) -> None:
+    w = World(endpoint_spec())
+    w.step()
+    finish_goldens(w, log=log, message=message)
+    plan = w.step()
+    status, reason, text = w.condition("Verified")
+    assert (status, reason) == ("False", Reason.GOLDENS_INVALID) and why in text
+    assert "DeleteJob" in kinds(plan) and not w.config_maps
+
+
+def test_a_goldens_report_that_is_garbage_is_report_invalid() -> None:
+    w = World(endpoint_spec())
+    w.step()
+    finish_goldens(w, message="garbage")
+    w.step()
+    assert w.condition("Verified")[:2] == ("False", Reason.REPORT_INVALID)
+
+
+def test_a_goldens_job_whose_kernels_fail_is_goldens_failed() -> None:
+    w = World(endpoint_spec())
+    w.step()
+    fail = build_goldens_report(
+        GoldensReport(
+            "fail",
+            "kernel checks 55/61: causal_conv1d: key channel band [32, 64) is zero",
+            "",
+            0,
+            "",
+            {},
+            0,
+            0,
+            0,
+            "kernel checks 55/61",
+        )
+    )
+    finish_goldens(w, message=fail, exit_code=1)
+    w.step()
+    status, reason, message = w.condition("Verified")
+    assert (status, reason) == ("False", Reason.GOLDENS_FAILED) and "key channel band" in message
+
+
+def test_the_operator_restarted_at_any_step_converges() -> None:
+    """Status lost at any step (an operator killed before its write) changes nothing that
+    happens next: every step is decided from the children."""
+    done = World(endpoint_spec())
+    rev = to_comparison(done)
+    done.finish_job(check_job(done), message=endpoint_message(), image=RUNTIME)
+    done.step()
+    fresh = replace(done, status=type(done.status)(), events=[])
+    fresh.step()
+    assert fresh.condition("Verified")[:2] == ("True", "Verified")
+    assert fresh.status.verifications[0].step is Step.ENDPOINT
+    assert fresh.deployments[f"clef-flash-{rev}"].replicas == 0
+
+
+def test_mode_both_runs_the_kernels_first_and_previews_their_digest() -> None:
+    body = base_spec_dict(image=GOOD)
+    body["verification"] = {"mode": "both", "endpoint": {"runtimeImage": RUNTIME}}
+    w = World(ClefModelSpec.model_validate(body))
+    plan = w.step()
+    verify = next(a.manifest for a in plan.actions if isinstance(a, CreateJob))
+    assert verify["spec"]["template"]["spec"]["containers"][0]["command"][:2] == ["clef-runtime", "verify"]
+    w.finish_job(verify["metadata"]["name"])
+    plan = w.step()
+    assert w.condition("Verified")[0] == "Unknown" and plan.requeue_after == 0.0
+    kernels = w.status.verifications[0]
+    assert kernels.step is Step.KERNELS and not kernels.final
+    w.step()  # goldens
+    finish_goldens(w)
+    w.step()
+    plan = w.step()
+    dep = next(a.manifest for a in plan.actions if isinstance(a, CreateDeployment))
+    pod = dep["spec"]["template"]["spec"]
+    assert pod["containers"][0]["image"] == kernels.digest, (
+        "the preview runs the digest that passed the kernels"
+    )
+    assert pod["nodeSelector"]["nvidia.com/gpu.product"] == V100
+    rev = dep["metadata"]["labels"][labels.REVISION]
+    start_preview_pod(w, rev)
+    w.step()
+    w.finish_job(check_job(w), message=endpoint_message(), image=RUNTIME)
+    w.step()
+    assert w.condition("Verified")[:2] == ("True", "Verified")
+    assert w.status.candidate_revision == rev, "the preview is the candidate: no second start"
+
+
+def test_step_records_are_written_once() -> None:
+    w = World(endpoint_spec())
+    to_comparison(w)
+    w.step()
+    w.step()
+    steps = [r.step for r in w.status.verifications]
+    assert steps.count(Step.PREVIEW) == 1 and steps.count(Step.GOLDENS) == 1
