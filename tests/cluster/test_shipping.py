@@ -188,14 +188,19 @@ def test_operator_rbac_is_exactly_what_it_uses(
 
 
 def _check_metrics(samples: dict[tuple[str, frozenset[tuple[str, str]]], float], log: str) -> None:
-    """What the run did, as /metrics counted it: three rollouts started (create, args change,
-    unpullable image), two completed, one rejected for the pull; one pass and one failed
-    verification; two switches (the Service created, then patched); nothing queued at the end."""
+    """What the run did, as /metrics counted it: five rollouts started (create, args change,
+    unpullable image, a refused pod, the goldens model), two completed, three rejected (the pull,
+    the refused pod, the forged goldens); one kernels pass and one failed verification for the
+    pull; two switches (the Service created, then patched); nothing queued at the end."""
     got = {
         "leader": metric(samples, "clef_operator_leader"),
         "started": metric(samples, "clef_rollouts_started_total"),
         "completed": metric(samples, "clef_rollouts_completed_total"),
         "rejected": metric(samples, "clef_rollouts_rejected_total", reason="ImagePullFailed"),
+        "rejected (refused pod)": metric(
+            samples, "clef_rollouts_rejected_total", reason="VerificationPodRejected"
+        ),
+        "rejected (goldens)": metric(samples, "clef_rollouts_rejected_total", reason="GoldensUntrusted"),
         "rejected (all)": metric(samples, "clef_rollouts_rejected_total"),
         "passed": metric(
             samples, "clef_verifications_total", outcome="Passed", suite="kernels", gpu_class=V100
@@ -215,7 +220,8 @@ def _check_metrics(samples: dict[tuple[str, frozenset[tuple[str, str]]], float],
         "models": metric(samples, "clef_models"),
     }
     want = {
-        "leader": 1, "started": 3, "completed": 2, "rejected": 1, "rejected (all)": 1, "passed": 1,
+        "leader": 1, "started": 5, "completed": 2, "rejected": 1, "rejected (refused pod)": 1,
+        "rejected (goldens)": 1, "rejected (all)": 3, "passed": 1,
         "pass timed": 1, "failed": 1, "switches": 2, "errors": 0, "queued": 0, "running": 0, "models": 0,
     }  # fmt: skip
     assert got == want, f"/metrics: {got}\n--- operator log ---\n{log}"
