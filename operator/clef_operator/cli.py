@@ -1,6 +1,7 @@
 """`clef-operator` command line.
 
 clef-operator run [--namespace NS ... | --all-namespaces] [--kubeconfig FILE] [--liveness URL]
+                  [--resync-seconds S] [--workers N]
 clef-operator crd            print the ClefModel CRD (the same as crds/clefmodel.yaml)
 """
 
@@ -41,12 +42,16 @@ def _run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 3
+    from clef_operator.handlers import Tuning
+
     namespaces = args.namespace or None
+    tuning = Tuning(tuple(namespaces or ()), args.resync_seconds, args.workers)
     kopf.run(
         standalone=True,
         clusterwide=namespaces is None,
         namespaces=namespaces or (),
         liveness_endpoint=args.liveness,
+        memo=kopf.Memo(tuning=tuning),
     )
     return 0
 
@@ -56,6 +61,13 @@ def _crd(_: argparse.Namespace) -> int:
 
     sys.stdout.write(render_crd_yaml())
     return 0
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -69,6 +81,13 @@ def build_parser() -> argparse.ArgumentParser:
     scope.add_argument("--all-namespaces", "-A", action="store_true", help="watch every namespace (default)")
     run.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
     run.add_argument("--liveness", help="serve a liveness probe, e.g. http://0.0.0.0:8080/healthz")
+    run.add_argument(
+        "--resync-seconds",
+        type=_positive,
+        default=300.0,
+        help="re-plan every model this often with no event, from the cache (default 300)",
+    )
+    run.add_argument("--workers", type=int, default=24, help="reconciles running at once (default 24)")
     run.add_argument("--verbose", "-v", action="store_true")
     run.set_defaults(func=_run)
     crd = sub.add_parser("crd", help="print the ClefModel CustomResourceDefinition")

@@ -3,8 +3,10 @@ its children, and a periodic resync.  A deleted ClefModel hands back a Service i
 (`release`).
 
 The loop is a kopf daemon, so each ClefModel has exactly one reconciler at a time (no two plans
-for one model ever race).  Watches on the children only *wake* the loop; the loop re-reads the
-world (`kube.observe`), asks the planner, and applies its answer.  Status is written before the
+for one model ever race).  The informer cache (`cache`, started here) watches the ClefModels and
+their children; a change wakes the model's loop, which reads the world from the cache
+(`kube.read_model`, `kube.observe`: no request), asks the planner, and applies its answer through
+the API server.  With no event a model is re-planned every `resync_seconds`, from the cache.  Status is written before the
 actions, so verdicts and re-verify bookkeeping are never lost to a crash between the two; an
 action the API server refuses stops the rest and is reported in Degraded (ChildRejected) in the
 same pass.
@@ -17,6 +19,8 @@ import contextlib
 import logging
 import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -34,17 +38,24 @@ from clef_operator.rollout import plan_rollout
 
 log = logging.getLogger("clef.operator")
 
-RESYNC_SECONDS = 30.0
+# Every model is re-planned this often with no event (from the cache: no request); `clef-operator
+# run --resync-seconds`.
+RESYNC_SECONDS = 300.0
+WORKERS = 24
 MAX_BACKOFF_SECONDS = 60.0
 
 
-def api_client() -> client.ApiClient:
-    """In-cluster credentials when running in a pod, else the kubeconfig (KUBECONFIG)."""
+def api_client(pool: int | None = None) -> client.ApiClient:
+    """In-cluster credentials when running in a pod, else the kubeconfig (KUBECONFIG); `pool`
+    connections kept open (one per reconcile worker and watch)."""
     try:
         config.load_incluster_config()
     except config.ConfigException:
         config.load_kube_config()
-    return client.ApiClient()
+    configuration = client.Configuration.get_default_copy()
+    if pool is not None:
+        configuration.connection_pool_maxsize = pool
+    return client.ApiClient(configuration)
 
 
 def reconcile(kube: Kube, namespace: str, name: str, now: datetime | None = None) -> float | None:
@@ -123,8 +134,19 @@ def _describe(action: Any) -> str:
 # ------------------------------------------------------------------------------- kopf
 
 
+@dataclass(frozen=True)
+class Tuning:
+    """`clef-operator run`'s knobs (cli), handed to kopf's start-up through its memo."""
+
+    namespaces: tuple[str, ...] = ()
+    # The safety net: every model is re-planned this often (from the cache) even with no event.
+    resync_seconds: float = RESYNC_SECONDS
+    # Reconciles running at once: a pass mostly waits on the API server, so more than the CPUs.
+    workers: int = WORKERS
+
+
 @kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
+async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     # Keep kopf's own bookkeeping in our annotation namespace and out of status (which the CRD's
     # schema would prune anyway).
     settings.persistence.finalizer = f"{labels.PREFIX}/finalizer"
@@ -141,17 +163,44 @@ def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     settings.scanning.disabled = True
     settings.watching.server_timeout = 120
     settings.watching.client_timeout = 150
-    memo.kube = Kube(api_client())
+    tuning: Tuning = memo.get("tuning") or Tuning()
+    memo.tuning = tuning
+    memo.pool = ThreadPoolExecutor(max_workers=tuning.workers, thread_name_prefix="reconcile")
+    memo.wakers = {}
+    memo.kube = Kube(api_client(pool=tuning.workers + 16))
     # Verdicts are signed with this key; without it nothing may be promoted, so start-up fails.
     memo.kube.load_verdict_key(operator_namespace())
-    memo.wakers = {}
+    loop = asyncio.get_running_loop()
+
+    def wake(namespace: str, model: str) -> None:  # called from the watch threads
+        loop.call_soon_threadsafe(_wake, memo, namespace, model)
+
+    # Children, Services, nodes and the ClefModels themselves come from these watches; kopf
+    # watches ClefModels only to run one daemon per model and its deletion handler.
+    memo.kube.start_cache(tuning.namespaces, wake)
 
 
-def _wake(memo: Any, namespace: str | None, model: str | None) -> None:
-    if namespace and model:
-        event = memo.wakers.get((namespace, model))
-        if event is not None:
-            event.set()
+@kopf.on.cleanup()
+async def stop_cache(memo: Any, **_: Any) -> None:
+    memo.kube.cache.stop()
+    memo.pool.shutdown(wait=False, cancel_futures=True)
+
+
+@kopf.on.probe(id="clef-state")
+def held_state(memo: Any, **_: Any) -> dict[str, int]:
+    """What the operator holds, on its liveness endpoint: objects per kind in the cache, models
+    with a running loop, whether the cache has synced.  After the last model is deleted every
+    count but nodes and Services (which are not per model) falls back to where it started."""
+    kube: Kube | None = getattr(memo, "kube", None)
+    if kube is None:
+        return {}
+    return {**kube.cache.sizes(), "loops": len(memo.wakers), "synced": int(kube.cache.synced())}
+
+
+def _wake(memo: Any, namespace: str, model: str) -> None:
+    event = memo.wakers.get((namespace, model))
+    if event is not None:
+        event.set()
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
@@ -161,26 +210,37 @@ async def run_model(
     assert namespace is not None, "ClefModel is namespaced"
     wake = asyncio.Event()
     memo.wakers[(namespace, name)] = wake
+    loop = asyncio.get_running_loop()
     backoff = 1.0
     try:
+        # Never plan from a half-filled cache: wait until every kind has been listed once.
+        while not stopped and not memo.kube.cache.synced():
+            await asyncio.sleep(0.2)
         while not stopped:
             wake.clear()
             try:
-                requeue = await asyncio.to_thread(reconcile, memo.kube, namespace, name)
+                requeue = await loop.run_in_executor(memo.pool, reconcile, memo.kube, namespace, name)
                 backoff = 1.0
             except Exception:
                 log.exception("%s/%s: reconcile failed; retrying in %.0fs", namespace, name, backoff)
                 requeue, backoff = backoff, min(backoff * 2, MAX_BACKOFF_SECONDS)
-            timeout = RESYNC_SECONDS if requeue is None else min(max(requeue, 0.2), RESYNC_SECONDS)
-            deadline = time.monotonic() + timeout
-            while not stopped and not wake.is_set() and time.monotonic() < deadline:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(
-                        wake.wait(), timeout=min(1.0, max(deadline - time.monotonic(), 0.01))
-                    )
+            await _sleep(wake, stopped, _next_look(requeue, memo.tuning.resync_seconds))
     finally:
         if memo.wakers.get((namespace, name)) is wake:
             del memo.wakers[(namespace, name)]
+
+
+def _next_look(requeue: float | None, resync: float) -> float:
+    """Seconds until the next pass with no event: what the planner asked for, else the resync."""
+    return resync if requeue is None else min(max(requeue, 0.2), resync)
+
+
+async def _sleep(wake: asyncio.Event, stopped: kopf.DaemonStopped, seconds: float) -> None:
+    """Until woken, stopped or `seconds` passed (checking `stopped` at least once a second)."""
+    deadline = time.monotonic() + seconds
+    while not stopped and not wake.is_set() and time.monotonic() < deadline:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(wake.wait(), timeout=min(1.0, max(deadline - time.monotonic(), 0.01)))
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)
@@ -190,33 +250,3 @@ def release(name: str, namespace: str | None, spec: Mapping[str, Any], memo: Any
     service = (spec.get("service") or {}).get("name")
     if namespace and service and memo.kube.release_service(namespace, name, service):
         log.info("%s/%s: released Service %s", namespace, name, service)
-
-
-@kopf.on.event(GROUP, VERSION, PLURAL)
-def model_changed(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
-    _wake(memo, namespace, name)
-
-
-@kopf.on.event("apps", "v1", "deployments", labels={labels.MANAGED_BY: labels.MANAGED_BY_VALUE})
-def deployment_changed(namespace: str | None, labels: Mapping[str, str], memo: Any, **_: Any) -> None:
-    _wake(memo, namespace, labels.get(_MODEL))
-
-
-@kopf.on.event("batch", "v1", "jobs", labels={labels.MANAGED_BY: labels.MANAGED_BY_VALUE})
-def job_changed(namespace: str | None, labels: Mapping[str, str], memo: Any, **_: Any) -> None:
-    _wake(memo, namespace, labels.get(_MODEL))
-
-
-@kopf.on.event("v1", "pods", labels={labels.MODEL: kopf.PRESENT})
-def pod_changed(namespace: str | None, labels: Mapping[str, str], memo: Any, **_: Any) -> None:
-    _wake(memo, namespace, labels.get(_MODEL))
-
-
-@kopf.on.event("v1", "services", annotations={labels.SERVICE_MODEL: kopf.PRESENT})
-def service_changed(namespace: str | None, annotations: Mapping[str, str], memo: Any, **_: Any) -> None:
-    _wake(memo, namespace, annotations.get(_SERVICE_MODEL))
-
-
-# The handlers' `labels` parameter (kopf passes it by that name) shadows the module.
-_MODEL = labels.MODEL
-_SERVICE_MODEL = labels.SERVICE_MODEL

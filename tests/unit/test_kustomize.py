@@ -154,9 +154,9 @@ def test_rbac_is_least_privilege(base: Objects) -> None:
     assert {(g, r) for g, r, v in granted if v == "update"} == {
         ("clef.riotpiao.com", "clefmodels/finalizers")
     }
-    # Cluster-scoped access is read-only and limited to nodes.
+    # Cluster-scoped access is read-only and limited to nodes (listed and watched into the cache).
     nodes = find(base, "ClusterRole", "clef-operator-nodes")
-    assert rule_permissions(nodes["rules"]) == {("", "nodes", "get")}
+    assert rule_permissions(nodes["rules"]) == {("", "nodes", "list"), ("", "nodes", "watch")}
     for binding in (o for o in base if o["kind"] == "ClusterRoleBinding"):
         assert binding["subjects"] == [
             {"kind": "ServiceAccount", "name": OPERATOR_SA, "namespace": OPERATOR_NAMESPACE}
