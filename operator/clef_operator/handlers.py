@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ import kopf
 from kubernetes import client, config
 from pydantic import ValidationError
 
-from clef_operator import labels
+from clef_operator import labels, memory
 from clef_operator.actions import Action, Event
 from clef_operator.api import GROUP, PLURAL, VERSION, ClefModelSpec, ClefModelStatus
 from clef_operator.conditions import Stamp, carried_rejection, child_rejected, invalid_spec
@@ -43,6 +42,9 @@ log = logging.getLogger("clef.operator")
 RESYNC_SECONDS = 300.0
 WORKERS = 24
 MAX_BACKOFF_SECONDS = 60.0
+# Memory is handed back this long after the last pass (`memory.trim`).
+TRIM_AFTER_SECONDS = 5.0
+TRIM_EVERY_SECONDS = 60.0
 
 
 def api_client(pool: int | None = None) -> client.ApiClient:
@@ -134,6 +136,16 @@ def _describe(action: Any) -> str:
 # ------------------------------------------------------------------------------- kopf
 
 
+class NoDiffBase(kopf.DiffBaseStorage):
+    """No diff base: every event looks like a creation to kopf, which has no handler for it."""
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        return None
+
+
 @dataclass(frozen=True)
 class Tuning:
     """`clef-operator run`'s knobs (cli), handed to kopf's start-up through its memo."""
@@ -151,9 +163,10 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
     # schema would prune anyway).
     settings.persistence.finalizer = f"{labels.PREFIX}/finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=labels.PREFIX)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=labels.PREFIX, key="last-handled-configuration"
-    )
+    # kopf keeps a copy of the spec ("diff base") to tell creations and updates apart; clef has
+    # no create or update handler (the daemon is level-triggered), so none is kept: that saves a
+    # patch of every new ClefModel before its daemon can start.
+    settings.persistence.diffbase_storage = NoDiffBase()
     # clef posts its own events, one per decision; kopf's per-handler chatter would drown them.
     settings.posting.level = logging.WARNING
     # No dynamic scanning of CRDs and namespaces: kopf would list and watch both cluster-wide,
@@ -163,6 +176,9 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
     settings.scanning.disabled = True
     settings.watching.server_timeout = 120
     settings.watching.client_timeout = 150
+    # Before the first thread (the reconcile pool, the watches) allocates.
+    memory.limit_arenas()
+    memo.trim, memo.trim_since = None, 0.0
     tuning: Tuning = memo.get("tuning") or Tuning()
     memo.tuning = tuning
     memo.pool = ThreadPoolExecutor(max_workers=tuning.workers, thread_name_prefix="reconcile")
@@ -221,6 +237,7 @@ async def run_model(
             try:
                 requeue = await loop.run_in_executor(memo.pool, reconcile, memo.kube, namespace, name)
                 backoff = 1.0
+                _trim_soon(memo, loop)
             except Exception:
                 log.exception("%s/%s: reconcile failed; retrying in %.0fs", namespace, name, backoff)
                 requeue, backoff = backoff, min(backoff * 2, MAX_BACKOFF_SECONDS)
@@ -228,6 +245,28 @@ async def run_model(
     finally:
         if memo.wakers.get((namespace, name)) is wake:
             del memo.wakers[(namespace, name)]
+        _trim_soon(memo, loop)
+
+
+def _trim_soon(memo: Any, loop: asyncio.AbstractEventLoop) -> None:
+    """After a burst of passes (a rollout of many models, their deletion), hand the memory the
+    burst used back (`memory.trim`) once it has been quiet for a few seconds, or at most every
+    TRIM_EVERY_SECONDS while passes keep coming (a resync of many models never goes quiet)."""
+    now = loop.time()
+    if memo.trim is not None:
+        if now - memo.trim_since < TRIM_EVERY_SECONDS:
+            memo.trim.cancel()
+        else:
+            return  # one is due soon: let it run
+    else:
+        memo.trim_since = now
+    memo.trim = loop.call_later(TRIM_AFTER_SECONDS, _trim, memo, loop)
+
+
+def _trim(memo: Any, loop: asyncio.AbstractEventLoop) -> None:
+    memo.trim = None
+    with contextlib.suppress(RuntimeError):  # the pool is shut down: the operator is stopping
+        loop.run_in_executor(memo.pool, memory.trim)
 
 
 def _next_look(requeue: float | None, resync: float) -> float:
@@ -236,11 +275,14 @@ def _next_look(requeue: float | None, resync: float) -> float:
 
 
 async def _sleep(wake: asyncio.Event, stopped: kopf.DaemonStopped, seconds: float) -> None:
-    """Until woken, stopped or `seconds` passed (checking `stopped` at least once a second)."""
-    deadline = time.monotonic() + seconds
-    while not stopped and not wake.is_set() and time.monotonic() < deadline:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(wake.wait(), timeout=min(1.0, max(deadline - time.monotonic(), 0.01)))
+    """Until woken, stopped or `seconds` passed, with no timer in between (a thousand idle
+    models cost nothing until their resync)."""
+    waits = [asyncio.ensure_future(wake.wait()), asyncio.ensure_future(stopped.wait())]
+    try:
+        await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)

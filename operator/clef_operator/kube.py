@@ -20,6 +20,7 @@ import os
 import secrets
 import socket
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -46,6 +47,8 @@ VERDICT_KEY_FIELD = "key"
 VERDICT_KEY_BYTES = 32
 JOB_NAME_LABELS = ("batch.kubernetes.io/job-name", "job-name")
 REFUSALS = (400, 403, 422)
+# Threads that post events, apart from the reconciles.
+EVENT_POSTERS = 4
 # Actions on an object that is gone (404): a delete is done; a patch is moot, and the next pass,
 # which sees it gone (the cache may have shown it a moment longer), plans from that.
 VANISHED_IS_DONE = (
@@ -245,13 +248,20 @@ def _service_wakes(s: Any) -> cache.Key | None:
     return (s.metadata.namespace or "", model) if model else None
 
 
+def _model_body(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """A ClefModel as the cache keeps it: without managedFields (which grow with every writer and
+    field, and which nothing here reads)."""
+    meta = {k: v for k, v in obj.get("metadata", {}).items() if k != "managedFields"}
+    return {**obj, "metadata": meta}
+
+
 def _version_number(version: str) -> int:
     return int(version) if version.isdigit() else 0
 
 
 # Every kind clef plans from: its key in the cache, its snapshot, whom a change to it wakes.
 KINDS: dict[str, cache.Kind] = {
-    "clefmodels": cache.Kind("clefmodels", _by_name, lambda o: o, _by_name),
+    "clefmodels": cache.Kind("clefmodels", _by_name, _model_body, _by_name),
     "deployments": cache.Kind("deployments", _by_model, lambda d: (_owners(d), _deployment(d)), _by_model),
     "jobs": cache.Kind("jobs", _by_model, lambda j: (_owners(j), _job(j)), _by_model),
     # Node fields are filled in when observed (Kube._on_node), from the node cache.
@@ -289,6 +299,7 @@ class Kube:
     def __init__(self, api: client.ApiClient, store: cache.Cache | None = None) -> None:
         self.api = api
         self.cache = store if store is not None else cache.Cache(KINDS)
+        self._events = ThreadPoolExecutor(max_workers=EVENT_POSTERS, thread_name_prefix="events")
         self.core = client.CoreV1Api(api)
         self.apps = client.AppsV1Api(api)
         self.batch = client.BatchV1Api(api)
@@ -543,10 +554,18 @@ class Kube:
             namespace=model.namespace,
             uid=model.uid,
         )
-        self._post(model.namespace, reference, event)
+        # Off the reconcile's path: an event is a record of a decision already carried out, and
+        # waiting for it would hold the next action (and the next model's pass) back.
+        self._events.submit(self._post, model.namespace, reference, event, datetime.now(UTC))
 
-    def _post(self, namespace: str, involved: client.V1ObjectReference, event: act.Event) -> None:
-        now = datetime.now(UTC)
+    def _post(
+        self,
+        namespace: str,
+        involved: client.V1ObjectReference,
+        event: act.Event,
+        now: datetime | None = None,
+    ) -> None:
+        now = now or datetime.now(UTC)
         body = client.CoreV1Event(
             metadata=client.V1ObjectMeta(generate_name=f"{involved.name}.", namespace=namespace),
             involved_object=involved,
@@ -563,10 +582,12 @@ class Kube:
         )
         try:
             self.core.create_namespaced_event(namespace, body)
-        except ApiException as e:
-            # An event is a courtesy; losing one must not stop a rollout.
+        except Exception as e:
+            # An event is a courtesy; losing one must not stop a rollout (nor, posted from its
+            # own thread, go unnoticed).
+            reason = e.reason if isinstance(e, ApiException) else e
             log.warning(
-                "could not post event %s for %s/%s: %s", event.reason, namespace, involved.name, e.reason
+                "could not post event %s for %s/%s: %s", event.reason, namespace, involved.name, reason
             )
 
     def write_status(self, model: ModelRef, status: ClefModelStatus) -> None:
