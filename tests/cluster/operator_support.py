@@ -20,7 +20,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from clef_devcluster.host_operator import spawn_operator
+from clef_devcluster.host_operator import clef_flash, spawn_operator
 from clef_operator.api import GROUP, PLURAL, VERSION
 
 from .conftest import Cluster, wait_for
@@ -86,12 +86,7 @@ class OperatorProcess:
 def clefmodel(name: str, image: str = IMAGE_10, **spec: Any) -> dict[str, Any]:
     """clef-flash as in DESIGN: 1 GPU, f16, kvFraction 0.30, Service clef-serve."""
     body: dict[str, Any] = {
-        "engine": "candle-vllm",
-        "image": image,
-        "model": {"name": "clef-flash", "path": "/models/clef-flash", "weightsMiB": 9426},
-        "dtype": "f16",
-        "kvFraction": 0.30,
-        "gpus": 1,
+        **clef_flash(image),
         "nodeSelector": {"nvidia.com/gpu.product": V100},
         "service": {"name": "clef-serve"},
         "verification": {"timeoutSeconds": int(VERIFY_SECONDS)},

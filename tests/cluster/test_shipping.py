@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import signal
 import subprocess
 import urllib.request
 import uuid
@@ -37,6 +35,7 @@ from clef_devcluster.host_operator import (
     OPERATOR_SA,
     service_account_kubeconfig,
     spawn_operator,
+    stop_operator,
 )
 from clef_devcluster.kustomize import BASE, HOMELAB, find, kustomize_build
 from clef_devcluster.procs import free_port
@@ -141,13 +140,7 @@ class SAOperator:
             return False
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
+        stop_operator(self.proc)
 
     def tail(self) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-30:])

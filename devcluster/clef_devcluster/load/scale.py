@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import time
 import urllib.request
@@ -33,8 +32,10 @@ from ..host_operator import (
     OPERATOR_NAMESPACE,
     OPERATOR_SA,
     OPERATOR_USER,
+    clef_flash,
     service_account_kubeconfig,
     spawn_operator,
+    stop_operator,
 )
 from ..kustomize import BASE, kustomize_build
 from ..procs import free_port
@@ -102,12 +103,7 @@ def kubectl_objects(kubeconfig: Path, kubectl: str, verb: str, objects: list[dic
 def clefmodel(name: str, **spec: Any) -> dict[str, Any]:
     """A model that needs no verification, on the scale node, behind a Service of its own."""
     body: dict[str, Any] = {
-        "engine": "candle-vllm",
-        "image": IMAGE,
-        "model": {"name": "clef-flash", "path": "/models/clef-flash", "weightsMiB": 9426},
-        "dtype": "f16",
-        "kvFraction": 0.30,
-        "gpus": 1,
+        **clef_flash(IMAGE),
         "nodeSelector": {"nvidia.com/gpu.product": SCALE_PRODUCT},
         "tolerations": [{"key": SCALE_TAINT, "operator": "Exists", "effect": "NoSchedule"}],
         "service": {"name": name},
@@ -297,13 +293,7 @@ class Operator:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
+        stop_operator(self.proc)
 
 
 # ------------------------------------------------------------------------------ the audit log
