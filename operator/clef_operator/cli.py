@@ -70,6 +70,13 @@ def _positive(text: str) -> float:
     return value
 
 
+def _at_least_one(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line (tests check kustomize/base's Deployment args against it)."""
     parser = argparse.ArgumentParser(prog="clef-operator", description="clef's Kubernetes operator")
@@ -84,10 +91,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--resync-seconds",
         type=_positive,
-        default=300.0,
+        default=300.0,  # handlers.RESYNC_SECONDS (not imported here: it would load kopf)
         help="re-plan every model this often with no event, from the cache (default 300)",
     )
-    run.add_argument("--workers", type=int, default=24, help="reconciles running at once (default 24)")
+    run.add_argument(
+        "--workers", type=_at_least_one, default=24, help="reconciles running at once (default 24)"
+    )
     run.add_argument("--verbose", "-v", action="store_true")
     run.set_defaults(func=_run)
     crd = sub.add_parser("crd", help="print the ClefModel CustomResourceDefinition")

@@ -15,7 +15,6 @@ same pass.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -44,7 +43,7 @@ WORKERS = 24
 MAX_BACKOFF_SECONDS = 60.0
 # Memory is handed back this long after the last pass (`memory.trim`).
 TRIM_AFTER_SECONDS = 5.0
-TRIM_EVERY_SECONDS = 60.0
+TRIM_EVERY_SECONDS = 30.0
 
 
 def api_client(pool: int | None = None) -> client.ApiClient:
@@ -178,7 +177,7 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
     settings.watching.client_timeout = 150
     # Before the first thread (the reconcile pool, the watches) allocates.
     memory.limit_arenas()
-    memo.trim, memo.trim_since = None, 0.0
+    memo.trim, memo.trimmed_at, memo.trimmer = None, 0.0, None
     tuning: Tuning = memo.get("tuning") or Tuning()
     memo.tuning = tuning
     memo.pool = ThreadPoolExecutor(max_workers=tuning.workers, thread_name_prefix="reconcile")
@@ -250,23 +249,18 @@ async def run_model(
 
 def _trim_soon(memo: Any, loop: asyncio.AbstractEventLoop) -> None:
     """After a burst of passes (a rollout of many models, their deletion), hand the memory the
-    burst used back (`memory.trim`) once it has been quiet for a few seconds, or at most every
-    TRIM_EVERY_SECONDS while passes keep coming (a resync of many models never goes quiet)."""
-    now = loop.time()
+    burst used back (`memory.trim`) once no pass has ended for TRIM_AFTER_SECONDS; at most one
+    trim every TRIM_EVERY_SECONDS, and never two at once."""
     if memo.trim is not None:
-        if now - memo.trim_since < TRIM_EVERY_SECONDS:
-            memo.trim.cancel()
-        else:
-            return  # one is due soon: let it run
-    else:
-        memo.trim_since = now
-    memo.trim = loop.call_later(TRIM_AFTER_SECONDS, _trim, memo, loop)
+        memo.trim.cancel()
+    earliest = memo.trimmed_at + TRIM_EVERY_SECONDS
+    memo.trim = loop.call_at(max(loop.time() + TRIM_AFTER_SECONDS, earliest), _trim, memo, loop)
 
 
 def _trim(memo: Any, loop: asyncio.AbstractEventLoop) -> None:
-    memo.trim = None
-    with contextlib.suppress(RuntimeError):  # the pool is shut down: the operator is stopping
-        loop.run_in_executor(memo.pool, memory.trim)
+    memo.trim, memo.trimmed_at = None, loop.time()
+    if memo.trimmer is None or memo.trimmer.done():
+        memo.trimmer = loop.run_in_executor(None, memory.trim)
 
 
 def _next_look(requeue: float | None, resync: float) -> float:

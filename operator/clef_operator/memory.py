@@ -5,15 +5,15 @@ on any other C library).
   keeps the high-water mark of what its thread once used.  The operator's threads (reconciles,
   watches, event posters) allocate briefly and often, so a few shared arenas are enough.  Called at
   start-up, before any thread starts.
-* `trim`: after models are deleted, a collection and `malloc_trim` hand the freed pages back to
-  the system, so RSS falls with the number of models instead of staying at its peak.
+* `trim`: after a burst of work (models rolled out, models deleted) `malloc_trim` hands the freed
+  pages back to the system, so RSS falls with the number of models instead of staying at its
+  peak.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import gc
 import logging
 
 log = logging.getLogger("clef.memory")
@@ -22,8 +22,8 @@ M_ARENA_MAX = -8  # mallopt's parameter number, from glibc's malloc.h
 ARENAS = 2
 
 
-def _libc() -> ctypes.CDLL | None:
-    name = ctypes.util.find_library("c")
+def _find_libc() -> ctypes.CDLL | None:
+    name = ctypes.util.find_library("c")  # runs ldconfig: once, at import
     if not name:
         return None
     try:
@@ -33,15 +33,17 @@ def _libc() -> ctypes.CDLL | None:
     return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
 
 
+_LIBC = _find_libc()
+
+
 def limit_arenas(arenas: int = ARENAS) -> bool:
     """At most `arenas` malloc arenas for the process; whether the C library took it."""
-    libc = _libc()
-    return bool(libc is not None and libc.mallopt(M_ARENA_MAX, arenas) == 1)
+    return bool(_LIBC is not None and _LIBC.mallopt(M_ARENA_MAX, arenas) == 1)
 
 
 def trim() -> None:
-    """Collect cycles, then return free heap pages to the system."""
-    gc.collect()
-    libc = _libc()
-    if libc is not None:
-        libc.malloc_trim(0)
+    """Return free heap pages to the system.  No collection is forced: a full one holds the
+    interpreter for as long as it walks every object, and Python's own collector runs anyway.
+    ctypes lets go of the interpreter lock during the call, so nothing else waits for it."""
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)

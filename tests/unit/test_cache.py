@@ -118,3 +118,17 @@ def test_custom_objects_are_stored_by_namespace_and_name() -> None:
     t.put(newer)
     t.put(body)
     assert t.get(("ns", "m")) == [newer]
+
+
+def test_resync_and_workers_are_command_line_knobs() -> None:
+    from clef_operator.cli import build_parser
+    from clef_operator.handlers import RESYNC_SECONDS, WORKERS, _next_look
+
+    args = build_parser().parse_args(["run"])
+    assert (args.resync_seconds, args.workers) == (RESYNC_SECONDS, WORKERS)
+    args = build_parser().parse_args(["run", "--resync-seconds", "60", "--workers", "4"])
+    assert (args.resync_seconds, args.workers) == (60.0, 4)
+    # The planner's requeue wins when sooner (never below 0.2 s); with none, the resync.
+    assert _next_look(None, 60.0) == 60.0
+    assert _next_look(0.0, 60.0) == 0.2
+    assert _next_look(5.0, 60.0) == 5.0 and _next_look(500.0, 60.0) == 60.0
