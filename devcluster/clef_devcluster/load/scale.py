@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -156,12 +157,27 @@ def wait_until(probe: Callable[[], bool], timeout: float, what: str, every: floa
     return time.monotonic() - start
 
 
+def _patiently(call: Callable[[], Any], tries: int = 10) -> Any:
+    """`call`, again after a pause when an overloaded API server answers 429 or 5xx (a list
+    that asked for a page while it lagged its own store says 504 "Too large resource
+    version"): the load test measures the operator, and must not stop at the server's hiccup."""
+    for attempt in range(tries):
+        try:
+            return call()
+        except ApiException as e:
+            if attempt == tries - 1 or not (e.status == 429 or (e.status or 0) >= 500):
+                raise
+            time.sleep(1 + attempt)
+    raise AssertionError("unreachable")
+
+
 def list_all(fn: Callable[..., Any], *args: Any, **kw: Any) -> list[Any]:
     """Every item of a list call, page by page (a large list in one response is slow)."""
     items: list[Any] = []
     token: str | None = None
     while True:
-        page: Any = fn(*args, limit=PAGE, _continue=token, **kw) if token else fn(*args, limit=PAGE, **kw)
+        more: dict[str, Any] = {"_continue": token} if token else {}
+        page: Any = _patiently(partial(fn, *args, limit=PAGE, **more, **kw))
         if isinstance(page, dict):
             items.extend(page["items"])
             token = page["metadata"].get("continue")
