@@ -188,7 +188,8 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
     loop = asyncio.get_running_loop()
 
     def wake(namespace: str, model: str) -> None:  # called from the watch threads
-        loop.call_soon_threadsafe(_wake, memo, namespace, model)
+        if not loop.is_closed():  # the operator is stopping: there is nobody to wake
+            loop.call_soon_threadsafe(_wake, memo, namespace, model)
 
     # Children, Services, nodes and the ClefModels themselves come from these watches; kopf
     # watches ClefModels only to run one daemon per model and its deletion handler.
