@@ -177,7 +177,7 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
     settings.watching.client_timeout = 150
     # Before the first thread (the reconcile pool, the watches) allocates.
     memory.limit_arenas()
-    memo.trim, memo.trimmed_at, memo.trimmer = None, 0.0, None
+    memo.trim, memo.trimmed_at, memo.trimmer, memo.deleted = None, 0.0, None, False
     tuning: Tuning = memo.get("tuning") or Tuning()
     memo.tuning = tuning
     memo.pool = ThreadPoolExecutor(max_workers=tuning.workers, thread_name_prefix="reconcile")
@@ -245,6 +245,7 @@ async def run_model(
     finally:
         if memo.wakers.get((namespace, name)) is wake:
             del memo.wakers[(namespace, name)]
+        memo.deleted = True
         _trim_soon(memo, loop)
 
 
@@ -261,7 +262,8 @@ def _trim_soon(memo: Any, loop: asyncio.AbstractEventLoop) -> None:
 def _trim(memo: Any, loop: asyncio.AbstractEventLoop) -> None:
     memo.trim, memo.trimmed_at = None, loop.time()
     if memo.trimmer is None or memo.trimmer.done():
-        memo.trimmer = loop.run_in_executor(None, memory.trim)
+        memo.trimmer = loop.run_in_executor(None, memory.trim, memo.deleted)
+        memo.deleted = False
 
 
 def _next_look(requeue: float | None, resync: float) -> float:

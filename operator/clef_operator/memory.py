@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
 import logging
 
 log = logging.getLogger("clef.memory")
@@ -41,9 +42,13 @@ def limit_arenas(arenas: int = ARENAS) -> bool:
     return bool(_LIBC is not None and _LIBC.mallopt(M_ARENA_MAX, arenas) == 1)
 
 
-def trim() -> None:
-    """Return free heap pages to the system.  No collection is forced: a full one holds the
-    interpreter for as long as it walks every object, and Python's own collector runs anyway.
-    ctypes lets go of the interpreter lock during the call, so nothing else waits for it."""
+def trim(collect: bool = False) -> None:
+    """Return free heap pages to the system; with `collect`, first free the cycles a deleted
+    model left (kopf's per-object tasks and loggers hold some), which the collector's oldest
+    generation would otherwise keep for long.  A full collection holds the interpreter while it
+    walks every object, so it is asked for only after deletions; ctypes lets go of the lock
+    during malloc_trim, so nothing waits for that."""
+    if collect:
+        gc.collect()
     if _LIBC is not None:
         _LIBC.malloc_trim(0)
