@@ -21,7 +21,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from clef_devcluster.host_operator import OPERATOR_NAMESPACE, spawn_operator
+from clef_devcluster.host_operator import OPERATOR_NAMESPACE, clef_flash, spawn_operator, stop_operator
 from clef_devcluster.procs import free_port
 from clef_operator.api import GROUP, PLURAL, VERSION
 from clef_operator.leader import LEASE_NAME
@@ -128,13 +128,8 @@ class ElectedOperator:
     def stop(self) -> None:
         """SIGTERM (a clean stop hands the Lease back), SIGKILL if it does not go."""
         if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGCONT)
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
+            os.killpg(self.proc.pid, signal.SIGCONT)  # a paused one could not act on SIGTERM
+        stop_operator(self.proc)
 
     def tail(self, lines: int = 30) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
@@ -166,12 +161,7 @@ def delete_lease(cluster: Cluster) -> None:
 def clefmodel(name: str, image: str = IMAGE_10, **spec: Any) -> dict[str, Any]:
     """clef-flash as in DESIGN: 1 GPU, f16, kvFraction 0.30, Service clef-serve."""
     body: dict[str, Any] = {
-        "engine": "candle-vllm",
-        "image": image,
-        "model": {"name": "clef-flash", "path": "/models/clef-flash", "weightsMiB": 9426},
-        "dtype": "f16",
-        "kvFraction": 0.30,
-        "gpus": 1,
+        **clef_flash(image),
         "nodeSelector": {"nvidia.com/gpu.product": V100},
         "service": {"name": "clef-serve"},
         "verification": {"timeoutSeconds": int(VERIFY_SECONDS)},
