@@ -132,3 +132,65 @@ def test_resync_and_workers_are_command_line_knobs() -> None:
     assert _next_look(None, 60.0) == 60.0
     assert _next_look(0.0, 60.0) == 0.2
     assert _next_look(5.0, 60.0) == 5.0 and _next_look(500.0, 60.0) == 60.0
+
+
+def config_map(name: str, model: str, owner: str, rv: str = "1") -> client.V1ConfigMap:
+    return client.V1ConfigMap(
+        metadata=client.V1ObjectMeta(
+            name=name,
+            namespace="ns",
+            uid=f"uid-{name}",
+            resource_version=rv,
+            labels={labels.MODEL: model, labels.COMPONENT: labels.COMPONENT_GOLDENS},
+            owner_references=[
+                client.V1OwnerReference(api_version="v1", kind="ClefModel", name=model, uid=owner)
+            ],
+        ),
+        binary_data={"goldens.json.gz": "aGk="},
+    )
+
+
+def test_goldens_config_maps_are_watched_by_label_and_observed_by_owner() -> None:
+    from clef_operator.kube import Kube
+    from clef_operator.observed import ModelRef
+
+    kind = KINDS["configmaps"]
+    # Only the goldens are listed and watched, never every ConfigMap of a namespace.
+    assert kind.selector == f"{labels.COMPONENT}={labels.COMPONENT_GOLDENS}"
+    informer = cache.Informer(table("configmaps"), lambda *a, **kw: None, "ns", lambda ns, m: None)
+    assert informer._filter() == {"label_selector": kind.selector}
+    assert cache.Informer(table(), lambda *a, **kw: None, "ns", lambda ns, m: None)._filter() == {}
+    # Stored by model, observed (no request: nothing else in the cache asks for one) only when the
+    # model owns it, with binaryData decoded.
+    kube = Kube(client.ApiClient())
+    kube.cache["configmaps"].put(config_map("m-goldens-a", "m", "model-uid"))
+    kube.cache["configmaps"].put(config_map("m-goldens-b", "m", "someone-else"))
+    observed = kube.observe(ModelRef("m", "ns", "model-uid", 1), "svc")
+    assert [c.name for c in observed.config_maps] == ["m-goldens-a"]
+    assert observed.config_maps[0].binary_data == {"goldens.json.gz": b"hi"}
+    # A delete this operator made is not seen by the next pass.
+    kube._forget("configmaps", ModelRef("m", "ns", "model-uid", 1), "m-goldens-a")
+    assert kube.observe(ModelRef("m", "ns", "model-uid", 1), "svc").config_maps == ()
+
+
+def test_a_watch_wakes_a_model_loop_only_once_kopf_runs() -> None:
+    import asyncio
+
+    from clef_operator.handlers import Watching
+    from clef_operator.kube import Kube
+
+    async def scenario() -> tuple[bool, bool]:
+        watching = Watching(Kube(client.ApiClient()))
+        event = asyncio.Event()
+        watching.wakers[("ns", "m")] = event
+        # A standby's cache: its watch threads wake nobody (there are no loops yet).
+        watching.wake("ns", "m")
+        await asyncio.sleep(0)
+        before = event.is_set()
+        watching.attach(asyncio.get_running_loop())
+        watching.wake("ns", "m")
+        watching.wake("ns", "unknown")  # no loop for it: nothing happens
+        await asyncio.sleep(0)
+        return before, event.is_set()
+
+    assert asyncio.run(scenario()) == (False, True)
