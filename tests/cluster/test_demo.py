@@ -34,6 +34,7 @@ def test_make_demo_tells_the_story_and_exits_zero(tmp_path: Path) -> None:
     try:
         run = subprocess.run(demo, cwd=REPO, capture_output=True, text=True, timeout=840)
         out = run.stdout
+        (tmp_path / "demo-output.txt").write_text(out)  # kept by pytest with tmp_path, for a look
         assert run.returncode == 0, f"make demo exited {run.returncode}\n{out[-6000:]}\n{run.stderr[-3000:]}"
         # Progress with timestamps: goldens made once, a preview Ready, a comparison verdict.
         for pattern in (

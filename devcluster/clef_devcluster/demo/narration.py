@@ -90,16 +90,18 @@ class Narrator:
                     f"on {node}, no GPU" if step == "endpoint" else f"on {node}{', ' + gpu if gpu else ''}"
                 )
                 say(
-                    f"{who} waiting for {_JOBS.get(step, 'verification Job')} {job} ({_RUNS.get(step, step)} {where})…"
+                    f"{who} waiting for {_JOBS.get(step, 'verification Job')} {job} (running {_RUNS.get(step, step)} {where})…"
                 )
             elif phase == "Pending" and node:
                 say(f"{who} verification pod {pod} scheduled on {node}, starting")
         old_deps = before.deployments if before else {}
+        # A preview loses its annotations when it goes to 0 or is promoted: still a preview here.
+        previews = snap.previews | (before.previews if before else set())
         for dep, (replicas, available) in snap.deployments.items():
-            if dep in snap.previews and old_deps.get(dep) != (replicas, available):
+            if dep in previews and old_deps.get(dep) != (replicas, available):
                 if available and replicas:
                     say(f"{who} preview {dep} Ready ({available}/{replicas}; no Service selects it)")
-                elif dep not in old_deps:
+                elif dep not in old_deps and replicas:
                     say(
                         f"{who} preview {dep} created: the candidate's engine, {replicas} replica, no Service"
                     )
