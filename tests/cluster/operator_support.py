@@ -269,6 +269,22 @@ class Models:
     def event_reasons(self, model: str) -> list[str]:
         return [e.reason for e in self.events(model)]
 
+    def wait_events(self, model: str, *reasons: str, timeout: float = 30) -> list[str]:
+        """Wait until every reason has an event, and return all reasons seen.
+
+        The operator posts events after the change they describe (kopf queues them), so a test
+        that has just seen the change must wait for its event rather than read the list once.
+        """
+        wanted = set(reasons)
+        seen: list[str] = []
+
+        def posted() -> bool:
+            seen[:] = self.event_reasons(model)
+            return wanted <= set(seen)
+
+        wait_for(posted, timeout, f"events {sorted(wanted)} on {model}", lambda: seen)
+        return seen
+
 
 def image_of(deployment: client.V1Deployment) -> str:
     return deployment.spec.template.spec.containers[0].image  # type: ignore[union-attr,index]

@@ -179,15 +179,9 @@ def test_a_correct_candle_vllm_candidate_is_promoted(story: Story) -> None:
     assert [d.metadata.name for d in models.deployments(NAME)] == [active.metadata.name]
     assert "clef.riotpiao.com/preview-for" not in (active.metadata.annotations or {})
     assert active.metadata.annotations["clef.riotpiao.com/verification-step"] == "endpoint"
-    reasons = models.event_reasons(NAME)
-    for reason in (
-        "GoldensStarted",
-        "GoldensStored",
-        "PreviewStarted",
-        "ComparisonStarted",
-        "PreviewPromoted",
-    ):
-        assert reason in reasons, reasons
+    models.wait_events(
+        NAME, "GoldensStarted", "GoldensStored", "PreviewStarted", "ComparisonStarted", "PreviewPromoted"
+    )
 
 
 def test_the_key_band_fault_in_the_serving_engine_is_an_endpoint_mismatch(story: Story) -> None:

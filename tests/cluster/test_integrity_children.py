@@ -162,7 +162,7 @@ def test_hand_edits_of_any_clef_deployment_are_reverted(
         first, pinned = f"{NAME}-{status['activeRevision']}", status["activeImage"]
 
         _set_image_is_reverted(models, first, pinned, "kubectl set image to be reverted")
-        assert "DriftReverted" in models.event_reasons(NAME)
+        models.wait_events(NAME, "DriftReverted")
 
         _kubectl(cluster, namespace, "set", "env", f"deployment/{first}", "CLEF_SHAPES=reduced")
         extra = {"name": "sidecar", "image": IMAGE_11, "command": ["true"]}
@@ -214,7 +214,7 @@ def test_a_child_the_api_server_refuses_is_in_degraded_within_one_reconcile(
         models.create(clefmodel(NAME))
         degraded = models.wait_condition(NAME, "Degraded", "True", "ChildRejected", timeout=30)
         assert "exceeded quota" in degraded["message"] and "Job" in degraded["message"]
-        assert "ChildRejected" in models.event_reasons(NAME)
+        models.wait_events(NAME, "ChildRejected")
         cluster.core.delete_namespaced_resource_quota("no-jobs", namespace)
         models.wait_condition(NAME, "Verified", "True", timeout=VERIFY_SECONDS + 60)
         assert models.condition(NAME, "Degraded")["reason"] != "ChildRejected"
@@ -262,7 +262,7 @@ def test_service_ports_follow_the_spec(cluster: Cluster, namespace: str, tmp_pat
             return [(p.name, p.port, p.target_port) for p in svc.spec.ports]
 
         wait_for(lambda: ports() == [("http", 9000, 9000)], 30, "the Service's port 9000->9000", ports)
-        assert "ServiceRepaired" in models.event_reasons(NAME)
+        models.wait_events(NAME, "ServiceRepaired")
         status = models.wait_status(
             NAME,
             lambda s: s.get("activeRevision") not in (None, first),
@@ -324,13 +324,17 @@ def test_adoption_is_opt_in_and_a_released_service_gets_its_selector_back(
         after = cluster.core.read_namespaced_service(SERVICE, namespace)
         assert after.metadata.uid == before.metadata.uid and after.spec.cluster_ip == before.spec.cluster_ip
         assert after.metadata.annotations == {"gateway.example/route": "clef"}
-        reasons = [
-            e.reason
-            for e in cluster.core.list_namespaced_event(
-                namespace, field_selector=f"involvedObject.name={SERVICE},involvedObject.kind=Service"
-            ).items
-        ]
-        assert "ServiceReleased" in reasons
+
+        def service_reasons() -> list[str]:
+            selector = f"involvedObject.name={SERVICE},involvedObject.kind=Service"
+            return [
+                e.reason for e in cluster.core.list_namespaced_event(namespace, field_selector=selector).items
+            ]
+
+        # The event is posted after the release it describes: wait for it, do not read once.
+        wait_for(
+            lambda: "ServiceReleased" in service_reasons(), 30, "the ServiceReleased event", service_reasons
+        )
 
         # A successor may adopt it: nothing of the first model blocks it.
         models.create(clefmodel("clef-next", service={"name": SERVICE, "adopt": True}))

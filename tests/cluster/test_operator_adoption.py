@@ -43,7 +43,7 @@ def test_existing_service_is_adopted_selector_only_and_survives_the_model(
         assert svc.metadata.annotations["gateway.example/route"] == "clef"
         assert not svc.metadata.owner_references, "an adopted Service is not owned"
         wait_for(lambda: ready_endpoints(cluster, namespace, "clef-serve") == 1, 30, "an endpoint behind it")
-        assert "ServiceAdopted" in models.event_reasons("clef-flash")
+        models.wait_events("clef-flash", "ServiceAdopted")
 
         models.delete("clef-flash")
         wait_for(

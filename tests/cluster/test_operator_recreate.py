@@ -136,5 +136,4 @@ def test_recreate_verifies_then_stops_old_then_starts_new(
         assert list(order.values()) == sorted(order.values()) and len(set(order.values())) == len(order), (
             f"out of order (resourceVersions): {order}"
         )
-        reasons = models.event_reasons("coder")
-        assert {"VerificationPassed", "RevisionScaledDown", "RevisionCreated"} <= set(reasons), reasons
+        models.wait_events("coder", "VerificationPassed", "RevisionScaledDown", "RevisionCreated")

@@ -100,9 +100,7 @@ def test_1_first_deploy_verifies_for_real_and_serves(story: Models, cluster: Clu
     )
     # V100-16GB from the node label, weights 9426 MiB, f16, kvFraction 0.30: about 66.8K tokens.
     assert 66_000 < status["kvCacheTokens"] < 67_500, status["kvCacheTokens"]
-    assert {"VerificationStarted", "VerificationPassed", "RevisionCreated", "ServiceSwitched"} <= set(
-        story.event_reasons(NAME)
-    )
+    story.wait_events(NAME, "VerificationStarted", "VerificationPassed", "RevisionCreated", "ServiceSwitched")
 
     assert cluster.kubectl, "kubectl is needed to show the printer columns"
     out = subprocess.run(
@@ -146,7 +144,7 @@ def test_2_new_good_image_swaps_with_endpoints_never_empty(story: Models, cluste
     )
     svc = cluster.core.read_namespaced_service(SERVICE, story.ns)
     assert (svc.metadata.uid, svc.spec.cluster_ip) == MEMO["svc"], "the Service was recreated or moved"
-    assert "RevisionScaledDown" in story.event_reasons(NAME)
+    story.wait_events(NAME, "RevisionScaledDown")
     MEMO["second"] = _active(story)
 
 
@@ -175,7 +173,7 @@ def test_3_key_band_fault_is_caught_and_held(story: Models, cluster: Cluster) ->
     svc = cluster.core.read_namespaced_service(SERVICE, story.ns)
     assert svc.spec.selector["clef.riotpiao.com/revision"] == second
     assert ready_endpoints(cluster, story.ns, SERVICE) == 1
-    assert "VerificationFailed" in story.event_reasons(NAME)
+    story.wait_events(NAME, "VerificationFailed")
 
 
 def test_4_hand_edits_and_deleted_children_are_put_back(story: Models, cluster: Cluster) -> None:
@@ -194,7 +192,7 @@ def test_4_hand_edits_and_deleted_children_are_put_back(story: Models, cluster: 
         "the selector to be put back",
         lambda: story.describe(NAME),
     )
-    assert "SelectorRestored" in story.event_reasons(NAME)
+    story.wait_events(NAME, "SelectorRestored")
 
     cluster.apps.delete_namespaced_deployment(f"{NAME}-{second}", story.ns)
     wait_for(
@@ -203,7 +201,7 @@ def test_4_hand_edits_and_deleted_children_are_put_back(story: Models, cluster: 
         "the deleted active Deployment to come back",
         lambda: story.describe(NAME),
     )
-    assert "RevisionRecreated" in story.event_reasons(NAME)
+    story.wait_events(NAME, "RevisionRecreated")
     story.wait_condition(NAME, "Ready", "True", "Available", timeout=30)
 
 

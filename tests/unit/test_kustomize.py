@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from clef_devcluster.host_operator import OPERATOR_NAMESPACE, OPERATOR_SA
-from clef_devcluster.images import fault_image, seed_table
+from clef_devcluster.images import seed_table
 from clef_devcluster.kustomize import BASE, DEMO, HOMELAB, find, find_kubectl, kustomize_build
 from clef_devcluster.rbac_audit import granted_to, rule_permissions
 from clef_operator.api import ClefModelSpec
@@ -328,27 +328,45 @@ def test_homelab_uses_the_namespaced_rbac_variant(homelab: Objects, base: Object
 # ------------------------------------------------------------------------------------ demo
 
 
-def test_demo_is_homelab_with_table_images_and_no_in_cluster_operator(
+def test_demo_is_homelab_with_served_engines_verified_by_endpoint_and_no_in_cluster_operator(
     homelab: Objects, demo: Objects
 ) -> None:
     assert set(kinds(homelab)) - set(kinds(demo)) == {("Deployment", "clef-operator")}
     table = seed_table()
-    flash = models(demo)["clef-flash"]["spec"]["image"]
-    entry = table.lookup(flash)
-    assert entry is not None and entry.kind == "good", f"{flash} must be a good image in the harness table"
-    # Nothing else differs from what the user's Git holds.
-    assert models(demo)["clef-flash"]["spec"] == {**models(homelab)["clef-flash"]["spec"], "image": flash}
-    assert models(demo)["coder"] == models(homelab)["coder"]
+    for name in ("clef-flash", "coder"):
+        spec, user = models(demo)[name]["spec"], models(homelab)[name]["spec"]
+        entry = table.lookup(spec["image"])
+        assert entry is not None and entry.kind == "serve", (
+            f"{spec['image']} must be a serve image in the table"
+        )
+        assert (entry.dialect, entry.fault, entry.failure) == (spec["engine"], None, None), entry
+        verification = spec["verification"]
+        assert verification["mode"] == "endpoint", verification
+        endpoint = verification["endpoint"]
+        # Small enough for the CPU: one short prompt, a few tokens, no built-in prompt set.
+        assert endpoint["builtinPrompts"] == "none" and len(endpoint["prompts"]) == 1, endpoint
+        assert endpoint["maxNewTokens"] <= 8, endpoint
+        # Nothing else differs from what the user's Git holds (the demo sets the hostPaths on top).
+        assert {**spec, "image": user["image"], "verification": user["verification"]} == user
 
 
 def test_demo_upgrade_images_mean_what_the_demo_says() -> None:
     from clef_devcluster.demo import story
 
     table = seed_table()
-    bad = table.lookup(fault_image(story.KEY_BAND_FAULT))
+    bad = table.lookup(story.BROKEN_IMAGE)
     fixed = table.lookup(story.FIXED_IMAGE)
-    assert bad is not None and (bad.kind, bad.fault) == ("fault", "conv_key_band_zero")
-    assert fixed is not None and fixed.kind == "good"
+    assert bad is not None and (bad.kind, bad.dialect, bad.fault) == (
+        "serve",
+        "candle-vllm",
+        "conv_key_band_zero",
+    )
+    assert fixed is not None and (fixed.kind, fixed.dialect, fixed.fault, fixed.failure) == (
+        "serve",
+        "candle-vllm",
+        None,
+        None,
+    )
 
 
 def test_kustomize_files_have_no_floating_image_tags() -> None:

@@ -5,14 +5,20 @@
 
 It starts its own local cluster from `.demo/cluster` (separate from `.cluster`, which the test
 tier uses, so `make test` is unaffected by a demo left running), applies
-`kustomize/overlays/demo` (the homelab overlay with images the local cluster knows, minus the
-in-cluster operator), runs the operator on this host as the ServiceAccount
+`kustomize/overlays/demo` (the homelab overlay with engine images the local cluster serves and
+endpoint verification, minus the in-cluster operator; the checkpoints' hostPaths set by a small
+overlay it writes on top), runs the operator on this host as the ServiceAccount
 clef-system/clef-operator with the RBAC the overlay installed, and then plays three steps:
 
-1. clef-flash is verified (a real `clef-runtime verify` run) and serves behind clef-serve;
-2. an upgrade to an image carrying the key-band fault is rejected with the failing check, the
-   old revision still serving and the Service's ClusterIP unchanged;
-3. an upgrade to a fixed image is verified and swapped in.
+1. clef-flash (candle-vllm 0.8.4) and the coder (vLLM 0.11.0) are verified by endpoint (goldens
+   made once from a small real checkpoint the demo writes into its state directory, a preview
+   replica that no Service selects, a comparison Job) and serve behind clef-serve and
+   coder-predictor;
+2. an upgrade to candle-vllm 0.9.0, whose engine carries the key-band fault, is rejected with
+   EndpointMismatch naming prompt and position, before any traffic: the old revision still
+   serving, the Service's ClusterIP unchanged;
+3. an upgrade to the fixed candle-vllm 0.9.1 is verified against the same goldens (one goldens
+   Job in all) and swapped in.
 
 Every step checks what it claims; any deviation ends the demo with exit status 1 and the
 ClefModel's conditions and the operator's log.  The cluster and the operator are left running

@@ -43,6 +43,13 @@ def short(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+_JOBS = {"goldens": "goldens Job", "endpoint": "comparison Job", "verify": "verification Job"}
+_RUNS = {
+    "goldens": "clef-runtime goldens from the checkpoint",
+    "endpoint": "clef-runtime endpoint-check against the preview",
+    "verify": "clef-runtime verify",
+}
+
 _TOLD_ELSEWHERE: dict[str, set[tuple[str, str]]] = {
     "Verified": {("Unknown", "VerificationPending"), ("Unknown", "VerificationRunning")},
     "Progressing": {
@@ -67,25 +74,40 @@ class Narrator:
         who = f"{name}:"
         old_jobs = before.jobs if before else {}
         for job, state in snap.jobs.items():
+            what = _JOBS.get(snap.job_steps.get(job, ""), "verification Job")
             if job not in old_jobs:
-                say(f"{who} verification Job {job} created for {snap.job_images.get(job, '?')}")
+                say(f"{who} {what} {job} created ({snap.job_images.get(job, '?')})")
             elif old_jobs[job] != state and state in ("Complete", "Failed"):
-                say(f"{who} verification Job {job} finished: {state}")
+                say(f"{who} {what} {job} finished: {state}")
         old_pods = before.pods if before else {}
         for pod, (job, phase, node) in snap.pods.items():
             if old_pods.get(pod, ("", "", ""))[1:] == (phase, node):
                 continue
             if phase == "Running":
                 gpu = self.node_gpus.get(node, "")
+                step = snap.job_steps.get(job, "verify")
+                where = (
+                    f"on {node}, no GPU" if step == "endpoint" else f"on {node}{', ' + gpu if gpu else ''}"
+                )
                 say(
-                    f"{who} waiting for verification Job {job} "
-                    f"(running clef-runtime verify on {node}{', ' + gpu if gpu else ''})…"
+                    f"{who} waiting for {_JOBS.get(step, 'verification Job')} {job} (running {_RUNS.get(step, step)} {where})…"
                 )
             elif phase == "Pending" and node:
                 say(f"{who} verification pod {pod} scheduled on {node}, starting")
         old_deps = before.deployments if before else {}
+        # A preview loses its annotations when it goes to 0 or is promoted: still a preview here.
+        previews = snap.previews | (before.previews if before else set())
         for dep, (replicas, available) in snap.deployments.items():
-            if dep not in old_deps:
+            if dep in previews and old_deps.get(dep) != (replicas, available):
+                if available and replicas:
+                    say(f"{who} preview {dep} Ready ({available}/{replicas}; no Service selects it)")
+                elif dep not in old_deps and replicas:
+                    say(
+                        f"{who} preview {dep} created: the candidate's engine, {replicas} replica, no Service"
+                    )
+                elif replicas != old_deps[dep][0]:
+                    say(f"{who} preview {dep} scaled to {replicas}")
+            elif dep not in old_deps:
                 ready = f", {available}/{replicas} available" if available else ""
                 say(
                     f"{who} Deployment {dep} created ({replicas} replica{'s' if replicas != 1 else ''}{ready})"

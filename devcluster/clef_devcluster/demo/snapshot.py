@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from typing import Any
 
 GROUP, VERSION, PLURAL = "clef.riotpiao.com", "v1alpha1", "clefmodels"
+STEP_LABEL = f"{GROUP}/verification-step"
+PREVIEW_SINCE = f"{GROUP}/preview-since"
 
 
 @dataclass
@@ -15,9 +17,11 @@ class Snapshot:
     model: dict[str, Any]
     jobs: dict[str, str]  # name -> Pending | Running | Complete | Failed
     job_images: dict[str, str]
+    job_steps: dict[str, str]  # name -> verify | goldens | endpoint (the Job's verification step)
     pods: dict[str, tuple[str, str, str]]  # verification pod -> (job, phase, node)
     deployments: dict[str, tuple[int, int]]  # name -> (replicas, available)
     service: tuple[str, str] | None  # (selected revision, ClusterIP)
+    previews: set[str]  # Deployments running a candidate as a preview (no Service selects them)
 
     @property
     def status(self) -> dict[str, Any]:
@@ -46,6 +50,7 @@ def read_snapshot(api: Any, namespace: str, name: str, service: str) -> Snapshot
     selector = f"clef.riotpiao.com/model={name}"
     jobs: dict[str, str] = {}
     job_images: dict[str, str] = {}
+    job_steps: dict[str, str] = {}
     # The client's models type every field Optional; what the API server returns for these has them.
     job_list: list[Any] = client.BatchV1Api(api).list_namespaced_job(namespace, label_selector=selector).items
     for j in job_list:
@@ -61,6 +66,7 @@ def read_snapshot(api: Any, namespace: str, name: str, service: str) -> Snapshot
         )
         jobs[j.metadata.name] = state
         job_images[j.metadata.name] = j.spec.template.spec.containers[0].image
+        job_steps[j.metadata.name] = (j.metadata.labels or {}).get(STEP_LABEL, "verify")
     pods: dict[str, tuple[str, str, str]] = {}
     core = client.CoreV1Api(api)
     pod_list: list[Any] = core.list_namespaced_pod(
@@ -77,6 +83,7 @@ def read_snapshot(api: Any, namespace: str, name: str, service: str) -> Snapshot
         d.metadata.name: (d.spec.replicas or 0, (d.status.available_replicas or 0) if d.status else 0)
         for d in deployment_list
     }
+    previews = {d.metadata.name for d in deployment_list if PREVIEW_SINCE in (d.metadata.annotations or {})}
     svc: tuple[str, str] | None = None
     try:
         s: Any = core.read_namespaced_service(service, namespace)
@@ -85,4 +92,4 @@ def read_snapshot(api: Any, namespace: str, name: str, service: str) -> Snapshot
     except ApiException as e:
         if e.status != 404:
             raise
-    return Snapshot(dict(model), jobs, job_images, pods, deployments, svc)
+    return Snapshot(dict(model), jobs, job_images, job_steps, pods, deployments, svc, previews)

@@ -15,7 +15,6 @@ from typing import Any
 from ..cluster import ClusterError, LocalCluster, build
 from ..config import REPO_ROOT, default_binaries, missing_prerequisites
 from ..host_operator import OPERATOR_NAMESPACE, OPERATOR_SA, service_account_kubeconfig, spawn_operator
-from ..images import fault_image
 from ..kustomize import DEMO, HOMELAB, find, kustomize_build
 from ..procs import ProcessRecord, is_alive, record, stop
 from .narration import Narrator, detail, heading, rel, say, short
@@ -27,10 +26,14 @@ MODEL = "clef-flash"
 SERVICE = "clef-serve"
 CODER = "coder"
 CODER_SERVICE = "coder-predictor"
-KEY_BAND_FAULT = "conv_key_band_zero"
-FIXED_IMAGE = "registry.clef.test/clef-runtime:1.1"
+ENGINES = "registry.clef.test/engines"
+# candle-vllm 0.9.0 carries the key-band fault (conv_key_band_zero) in the serving engine; 0.9.1 fixed it.
+BROKEN_IMAGE = f"{ENGINES}/candle-vllm:0.9.0"
+FIXED_IMAGE = f"{ENGINES}/candle-vllm:0.9.1"
+STEP_LABEL = "clef.riotpiao.com/verification-step"
 OPERATOR = "clef-operator"
-# A real verify on this host's CPU takes seconds to a minute; a step also waits for the rollout.
+# Goldens, a preview engine and a comparison on this host's CPU take a minute or two; a step also
+# waits for the rollout.
 STEP_TIMEOUT = float(os.environ.get("CLEF_DEMO_STEP_TIMEOUT", "420"))
 HEARTBEAT_SECONDS = 15.0
 
@@ -199,49 +202,84 @@ class Demo:
         )
 
     def install(self) -> None:
-        self.run_kubectl("apply", "--server-side", "-k", rel(DEMO))
+        overlay = self.write_overlay()
+        self.run_kubectl("apply", "--server-side", "-k", rel(overlay))
         # Before clef sees it: an adopted Service must keep its ClusterIP and ports.
         svc = self.service(CODER_SERVICE)
         self.coder_service = (svc.spec.cluster_ip, sorted(p.port for p in svc.spec.ports))
 
+    def write_overlay(self) -> Path:
+        """A small real checkpoint per model (a real tokenizer and chat template, tiny hybrid
+        weights) in the state directory, and an overlay over `kustomize/overlays/demo` that points
+        the models' hostPaths at them: the goldens Job and the engines read what a node would mount."""
+        from ..checkpoints import write_chat_checkpoint
+
+        models = self.state_dir / "models"
+        paths: dict[str, Path] = {}
+        for name, seed in ((MODEL, 0), (CODER, 1)):
+            paths[name] = models / name
+            if not (paths[name] / "model.safetensors").exists():
+                write_chat_checkpoint(paths[name], seed=seed)
+        say(f"checkpoints: {', '.join(rel(p) for p in paths.values())} (a real tokenizer, tiny weights)")
+        overlay = self.state_dir / "overlay"
+        overlay.mkdir(parents=True, exist_ok=True)
+        patches = [
+            {
+                "target": {"kind": "ClefModel", "name": name},
+                "patch": json.dumps(
+                    [{"op": "replace", "path": "/spec/model/volume/hostPath/path", "value": str(path)}]
+                ),
+            }
+            for name, path in paths.items()
+        ]
+        kustomization = {
+            "apiVersion": "kustomize.config.k8s.io/v1beta1",
+            "kind": "Kustomization",
+            "resources": [os.path.relpath(DEMO, overlay)],
+            "patches": patches,
+        }
+        (overlay / "kustomization.yaml").write_text(
+            "# Written by `make demo`: kustomize/overlays/demo with the checkpoints of this state directory.\n"
+            + json.dumps(kustomization, indent=2)
+            + "\n"
+        )
+        return overlay
+
+    def goldens_jobs(self, model: str) -> list[str]:
+        from kubernetes import client
+
+        jobs: list[Any] = (
+            client.BatchV1Api(self.api)
+            .list_namespaced_job(
+                NAMESPACE, label_selector=f"clef.riotpiao.com/model={model},{STEP_LABEL}=goldens"
+            )
+            .items
+        )
+        return [j.metadata.name for j in jobs]
+
     def step1(self) -> Snapshot:
-        heading("step 1: clef-flash verified and serving behind clef-serve")
+        heading("step 1: clef-flash (candle-vllm) verified by endpoint and serving behind clef-serve")
         narrator = Narrator(self.node_gpus)
 
-        def done(s: dict[str, Snapshot]) -> bool:
-            flash, coder = s[MODEL], s[CODER]
+        def serving(snap: Snapshot) -> bool:
             return (
-                flash.current()
-                and flash.condition("Ready").get("status") == "True"
-                and flash.condition("Verified").get("status") == "True"
-                and flash.service is not None
-                and coder.current()
-                and coder.condition("Ready").get("status") == "True"
+                snap.current()
+                and snap.condition("Ready").get("status") == "True"
+                and snap.condition("Verified").get("status") == "True"
+                and snap.service is not None
             )
 
         snaps = self.wait(
-            "clef-flash and coder to serve", {MODEL: SERVICE, CODER: CODER_SERVICE}, done, narrator
+            "clef-flash and coder to be verified and serve",
+            {MODEL: SERVICE, CODER: CODER_SERVICE},
+            lambda s: serving(s[MODEL]) and serving(s[CODER]),
+            narrator,
         )
         flash, coder = snaps[MODEL], snaps[CODER]
-        status = flash.status
-        active = str(status.get("activeRevision", ""))
-        record_ = (status.get("verifications") or [{}])[0]
-        self.expect(record_.get("verdict") == "Passed", f"clef-flash's verdict is {record_.get('verdict')}")
+        active = self.check_serving(flash, f"{ENGINES}/candle-vllm@sha256:")
+        self.check_serving(coder, f"{ENGINES}/vllm@sha256:")
         self.expect(
-            str(status.get("activeImage", "")).startswith("registry.clef.test/clef-runtime@sha256:"),
-            f"serving is pinned to the verified digest, not {status.get('activeImage')}",
-        )
-        self.expect(
-            flash.service is not None and flash.service[0] == active, "clef-serve selects the active revision"
-        )
-        self.expect(
-            flash.deployments.get(f"{MODEL}-{active}") == (1, 1),
-            f"Deployment {MODEL}-{active} has 1/1 available",
-        )
-        verified = coder.condition("Verified")
-        self.expect(
-            (verified.get("status"), verified.get("reason")) == ("Unknown", "VerificationNotRequired"),
-            f"coder says it is not verified (Verified={verified.get('status')} {verified.get('reason')})",
+            len(self.goldens_jobs(MODEL)) == 1, f"one goldens Job for clef-flash: {self.goldens_jobs(MODEL)}"
         )
         svc = self.service(CODER_SERVICE)
         ports = sorted(p.port for p in svc.spec.ports)
@@ -250,74 +288,108 @@ class Demo:
             f"coder-predictor kept its ClusterIP and ports {self.coder_service} (now {svc.spec.cluster_ip}, {ports})",
         )
         print()
-        detail(f"clef-flash: verified: {record_.get('summary', '')}")
-        detail(f"            digest {record_.get('digest')} on {record_.get('gpuClass')}")
+        self.tell_verdict(flash)
         detail(
-            f"            KV cache ≈ {status.get('kvCacheTokens', 0):,} tokens (V100-16GB, f16, kvFraction 0.30)"
+            f"            KV cache ≈ {flash.status.get('kvCacheTokens', 0):,} tokens (V100-16GB, f16, kvFraction 0.30)"
         )
         self.show_service(SERVICE)
-        detail(
-            f"coder:      Ready, Verified={verified['status']} ({verified['reason']}): not a GDN model; "
-            "rolled out unverified, and says so"
-        )
+        self.tell_verdict(coder)
         self.show_service(CODER_SERVICE, note="adopted: ClusterIP and ports 80, 8080 kept")
-        self.passed(1, f"clef-flash verified and serving revision {active} behind clef-serve")
+        self.passed(1, f"clef-flash verified by endpoint and serving revision {active} behind clef-serve")
         return flash
 
+    def check_serving(self, snap: Snapshot, pinned: str, goldens_made: bool = True) -> str:
+        """`snap`'s model passed endpoint verification (goldens made for it, or reused) and serves
+        the verified digest; its active revision."""
+        name = snap.model["metadata"]["name"]
+        status = snap.status
+        active = str(status.get("activeRevision", ""))
+        records = status.get("verifications") or []
+        steps = [r.get("step") for r in records[:3]]
+        expected = ["endpoint", "preview", "goldens"] if goldens_made else ["endpoint", "preview"]
+        self.expect(
+            steps[: len(expected)] == expected and (goldens_made or "goldens" not in steps),
+            f"{name}: {'goldens, ' if goldens_made else '(goldens reused) '}preview, comparison: {steps}",
+        )
+        final = records[0]
+        self.expect(final.get("verdict") == "Passed", f"{name}'s verdict is {final.get('verdict')}")
+        self.expect(
+            str(status.get("activeImage", "")).startswith(pinned),
+            f"{name} serves the verified digest ({pinned}…), not {status.get('activeImage')}",
+        )
+        self.expect(
+            snap.service is not None and snap.service[0] == active, f"{name}'s Service selects {active}"
+        )
+        self.expect(snap.deployments.get(f"{name}-{active}") == (1, 1), f"{name}-{active} has 1/1 available")
+        return active
+
+    def tell_verdict(self, snap: Snapshot) -> None:
+        name = snap.model["metadata"]["name"]
+        status = snap.status
+        final = (status.get("verifications") or [{}])[0]
+        detail(f"{name + ':':<11} verified by endpoint: {short(str(final.get('summary', '')), 160)}")
+        detail(f"            digest {final.get('digest')} on {final.get('gpuClass')}")
+
     def step2(self, step1: Snapshot) -> Snapshot:
-        bad = fault_image(KEY_BAND_FAULT)
-        heading("step 2: upgrade to an image carrying the key-band fault")
+        heading("step 2: upgrade to candle-vllm 0.9.0, whose engine zeroes the key channel band")
         active = str(step1.status["activeRevision"])
         ip = step1.service[1] if step1.service else ""
-        self.patch_image(bad)
+        self.patch_image(BROKEN_IMAGE)
         narrator = Narrator(self.node_gpus, {MODEL: step1})
 
         def done(s: dict[str, Snapshot]) -> bool:
             snap = s[MODEL]
-            verified = snap.condition("Verified")
-            return snap.current() and verified.get("status") == "False"
+            return (
+                snap.current()
+                and snap.condition("Verified").get("status") == "False"
+                # The preview goes back to 0 once the verdict is in.
+                and all(r == 0 for d, (r, _) in snap.deployments.items() if d != f"{MODEL}-{active}")
+            )
 
-        snap = self.wait("the verdict on the faulty image", {MODEL: SERVICE}, done, narrator)[MODEL]
+        snap = self.wait("the verdict on candle-vllm 0.9.0", {MODEL: SERVICE}, done, narrator)[MODEL]
         status = snap.status
         verified, degraded = snap.condition("Verified"), snap.condition("Degraded")
         record_ = (status.get("verifications") or [{}])[0]
-        failing = record_.get("failing") or []
+        message = str(verified.get("message", ""))
         self.expect(
-            verified.get("reason") == "KernelMismatch",
-            f"Verified=False for KernelMismatch, not {verified.get('reason')}",
+            verified.get("reason") == "EndpointMismatch",
+            f"Verified=False for EndpointMismatch, not {verified.get('reason')}: {message}",
         )
-        self.expect(record_.get("image") == bad, f"the newest verdict is for {bad}")
         self.expect(
-            any("key channel band" in str(f.get("detail", "")) for f in failing),
-            f"a failing check names the zeroed key channel band: {failing}",
+            str(record_.get("summary", "")).startswith("prompt capital, token "),
+            f"the mismatch names prompt and position: {record_.get('summary')}",
         )
-        self.expect(degraded.get("status") == "True", "Degraded=True while the faulty image is held back")
+        self.expect(
+            str(record_.get("image", "")).startswith(f"{ENGINES}/candle-vllm"),
+            f"the newest verdict is for 0.9.0: {record_}",
+        )
+        self.expect(degraded.get("status") == "True", "Degraded=True while 0.9.0 is held back")
         self.expect(
             snap.condition("Ready").get("status") == "True", "Ready stays True: the old revision serves"
         )
         self.expect(status.get("activeRevision") == active, f"revision {active} is still active")
-        self.expect(
-            set(snap.deployments) == {f"{MODEL}-{active}"},
-            f"no Deployment exists for the faulty image: {snap.deployments}",
-        )
         self.expect(
             snap.deployments[f"{MODEL}-{active}"] == (1, 1), "the old revision still has 1/1 available"
         )
         self.expect(
             snap.service == (active, ip), f"clef-serve still selects {active} at {ip}: {snap.service}"
         )
-        first = next(f for f in failing if "key channel band" in str(f.get("detail", "")))
+        goldens = self.goldens_jobs(MODEL)
+        self.expect(len(goldens) == 1, f"the same goldens answered (one goldens Job): {goldens}")
         print()
-        detail(f"clef-flash: REJECTED {bad}")
-        detail(f"            failing check: {first.get('name')}: {first.get('detail')}")
-        detail(f"            summary: {short(str(record_.get('summary', '')).split(' — ')[0], 120)}")
+        detail(f"clef-flash: REJECTED {BROKEN_IMAGE} before any traffic")
+        detail(f"            first divergence: {short(str(record_.get('summary', '')), 240)}")
+        detail(f"            goldens reused: {len(goldens)} goldens Job in all ({goldens[0]})")
         detail(f"            still serving revision {active} ({status.get('activeImage')}), 1/1 available")
         self.show_service(SERVICE, note="unchanged")
-        self.passed(2, "the key-band fault was caught; the old revision still serves; ClusterIP unchanged")
+        self.passed(
+            2,
+            "the key-band fault in the serving engine was caught; the old revision still serves; ClusterIP unchanged",
+        )
         return snap
 
     def step3(self, step1: Snapshot, step2: Snapshot) -> None:
-        heading("step 3: upgrade to a fixed image")
+        heading("step 3: upgrade to candle-vllm 0.9.1, the fix")
         old = str(step1.status["activeRevision"])
         ip = step1.service[1] if step1.service else ""
         self.patch_image(FIXED_IMAGE)
@@ -335,23 +407,20 @@ class Demo:
                 and snap.service[0] == status.get("activeRevision")
             )
 
-        snap = self.wait("the fixed image to be verified and swapped in", {MODEL: SERVICE}, done, narrator)[
+        snap = self.wait("candle-vllm 0.9.1 to be verified and swapped in", {MODEL: SERVICE}, done, narrator)[
             MODEL
         ]
         status = snap.status
-        new = str(status["activeRevision"])
-        record_ = (status.get("verifications") or [{}])[0]
-        self.expect(
-            record_.get("image") == FIXED_IMAGE and record_.get("verdict") == "Passed",
-            f"{FIXED_IMAGE} passed",
-        )
+        new = self.check_serving(snap, f"{ENGINES}/candle-vllm@sha256:", goldens_made=False)
+        goldens = self.goldens_jobs(MODEL)
+        self.expect(len(goldens) == 1, f"the goldens were reused (one goldens Job in all): {goldens}")
         self.expect(snap.condition("Degraded").get("status") == "False", "Degraded=False again")
         self.expect(
             snap.service == (new, ip), f"clef-serve selects {new} at the same ClusterIP {ip}: {snap.service}"
         )
-        self.expect(snap.deployments.get(f"{MODEL}-{new}") == (1, 1), f"revision {new} has 1/1 available")
         print()
-        detail(f"clef-flash: verified {FIXED_IMAGE}: {record_.get('summary', '')}")
+        self.tell_verdict(snap)
+        detail(f"            goldens reused: {len(goldens)} goldens Job in all, made once in step 1")
         detail(f"            swapped: revision {old} → {new} ({status.get('activeImage')})")
         delay = self.custom().get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, MODEL)["spec"][
             "rollout"
@@ -360,7 +429,10 @@ class Demo:
             f"            revision {old} goes to 0 replicas {delay}s after the switch (rollout.scaleDownDelaySeconds)"
         )
         self.show_service(SERVICE, note="unchanged")
-        self.passed(3, f"the fixed image was verified and swapped in; ClusterIP {ip} unchanged")
+        self.passed(
+            3,
+            f"candle-vllm 0.9.1 was verified against the same goldens and swapped in; ClusterIP {ip} unchanged",
+        )
 
     def finish(self) -> None:
         self.run_kubectl("get", "clefmodels", "-n", NAMESPACE)
@@ -377,7 +449,7 @@ Look around (the cluster and the operator keep running):
   kubectl -n {NAMESPACE} get deployments,jobs,pods,services
   kubectl -n {NAMESPACE} annotate clefmodel {MODEL} clef.riotpiao.com/reverify="$(date +%s)" --overwrite
   less {rel(self.operator_log)}     # what the operator did
-  ls {rel(self.cluster.logs / "verify")}/                   # one log per verification run
+  ls {rel(self.cluster.logs)}/                   # the runner's logs: engines, goldens, comparisons
 
 Tear down:
   make demo-down        # stops the operator and the demo cluster (make test never needs it)
