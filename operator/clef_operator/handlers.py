@@ -44,6 +44,10 @@ log = logging.getLogger("clef.operator")
 RESYNC_SECONDS = 300.0
 WORKERS = 24
 MAX_BACKOFF_SECONDS = 60.0
+# A pass whose action the API server refused looks again this soon: what lifts a refusal (a quota
+# raised or deleted, an admission policy or RuntimeClass changed) is nothing clef watches, so no
+# event would wake the model before the resync.
+REFUSED_RETRY_SECONDS = 30.0
 # Memory is handed back this long after the last pass (`memory.trim`).
 TRIM_AFTER_SECONDS = 5.0
 TRIM_EVERY_SECONDS = 30.0
@@ -124,6 +128,8 @@ def _carry_out(
         metrics.derive_pass(status, after, plan.actions, observed, datetime.now(UTC), bool(refused))
     )
     metrics.record_model(model.namespace, model.name, after)
+    if refused:
+        return min(plan.requeue_after or REFUSED_RETRY_SECONDS, REFUSED_RETRY_SECONDS)
     return plan.requeue_after
 
 
