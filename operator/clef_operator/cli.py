@@ -24,6 +24,7 @@ def _run(args: argparse.Namespace) -> int:
 
     # Before the first thread (metrics, election, watches, reconciles) allocates.
     memory.limit_arenas()
+    memory.install_report()
     import kopf
 
     import clef_operator.handlers  # noqa: F401  (registers the handlers)

@@ -219,7 +219,11 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
     # Read (or created: a write) only now that this replica leads.
     memo.kube.load_verdict_key(operator_namespace())
     # From here on a watch event wakes the model's loop.
-    watching.attach(asyncio.get_running_loop())
+    loop = asyncio.get_running_loop()
+    watching.attach(loop)
+    # Start-up (discovery, the first lists, kopf's own) leaves tens of MiB freed but not handed
+    # back (docs/performance.md): trim once the cache has synced, even if no model ever passes.
+    loop.run_in_executor(None, _trim_when_synced, memo, loop)
 
 
 @dataclass
@@ -354,6 +358,18 @@ def _trim_soon(memo: Any, loop: asyncio.AbstractEventLoop) -> None:
         memo.trim.cancel()
     earliest = memo.trimmed_at + TRIM_EVERY_SECONDS
     memo.trim = loop.call_at(max(loop.time() + TRIM_AFTER_SECONDS, earliest), _trim, memo, loop)
+
+
+def _trim_when_synced(memo: Any, loop: asyncio.AbstractEventLoop) -> None:
+    """(In a thread.)  A trim, with a collection for start-up's cycles, once the cache synced."""
+    memo.kube.cache.wait_synced()
+
+    def trim_soon() -> None:
+        memo.deleted = True
+        _trim_soon(memo, loop)
+
+    with contextlib.suppress(RuntimeError):  # the loop closed (stopped before the sync)
+        loop.call_soon_threadsafe(trim_soon)
 
 
 def _trim(memo: Any, loop: asyncio.AbstractEventLoop) -> None:

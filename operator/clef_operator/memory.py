@@ -16,6 +16,9 @@ import ctypes
 import ctypes.util
 import gc
 import logging
+import os
+import time
+from typing import Any
 
 log = logging.getLogger("clef.memory")
 
@@ -52,3 +55,117 @@ def trim(collect: bool = False) -> None:
         gc.collect()
     if _LIBC is not None:
         _LIBC.malloc_trim(0)
+
+
+# ------------------------------------------------------------------------------ measuring
+# `CLEF_MEMORY_REPORT=FILE clef-operator run ...`: each SIGUSR1 appends a breakdown of the
+# process's memory to FILE (docs/performance.md, "Where the memory is").  With CLEF_MEMORY_TRACE=N
+# as well (tracemalloc from start-up on, N frames), the Python allocations by package and line (tracing costs memory and time: measure RSS
+# without it).  Off by default: nothing is installed unless the variable is set.
+REPORT_ENV = "CLEF_MEMORY_REPORT"
+TRACE_ENV = "CLEF_MEMORY_TRACE"
+
+
+def _smaps() -> dict[str, int]:
+    """Resident KiB by mapping class: heap (brk), anonymous (mmap'd: malloc arenas, big blocks,
+    thread stacks' touched pages), stacks (the main one), files (shared libraries, by name)."""
+    sizes: dict[str, int] = {}
+    name = "?"
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split(None, 1)[0]
+            if "-" in head and not head.endswith(":"):
+                parts = line.split()
+                path = parts[5] if len(parts) > 5 else ""
+                name = (
+                    path
+                    if path.startswith("[")
+                    else ("anonymous" if not path else "file " + path.rsplit("/", 1)[-1])
+                )
+            elif head == "Rss:":
+                sizes[name] = sizes.get(name, 0) + int(line.split()[1])
+    return sizes
+
+
+def report() -> str:
+    import sys
+    import threading
+    import tracemalloc
+    from collections import Counter
+
+    lines = [f"--- memory report, pid {os.getpid()}, {time.strftime('%H:%M:%S')}"]
+    with open("/proc/self/smaps_rollup") as f:
+        lines += [
+            ln.rstrip()
+            for ln in f
+            if ln.split()[0] in ("Rss:", "Anonymous:", "Private_Dirty:", "Shared_Clean:", "Private_Clean:")
+        ]
+    sizes = _smaps()
+    files = sum(v for k, v in sizes.items() if k.startswith("file "))
+    lines.append(
+        f"smaps Rss KiB: heap {sizes.get('[heap]', 0)} anonymous {sizes.get('anonymous', 0)} "
+        f"stack {sizes.get('[stack]', 0)} files {files}"
+    )
+    lines += [f"  {k}: {v}" for k, v in sorted(sizes.items(), key=lambda kv: -kv[1])[:15]]
+    threads = threading.enumerate()
+    lines.append(
+        f"threads: {len(threads)} (os: {len(os.listdir('/proc/self/task'))}): "
+        + repr(Counter(t.name.rstrip("0123456789_-") for t in threads).most_common())
+    )
+    lines.append(f"allocated blocks: {sys.getallocatedblocks()}; gc counts {gc.get_count()}")
+    objects = gc.get_objects()
+    lines.append(f"gc-tracked objects: {len(objects)}")
+    lines += [f"  {n:8d} {t}" for t, n in Counter(type(o).__qualname__ for o in objects).most_common(25)]
+    del objects
+    if tracemalloc.is_tracing():
+        # Read before the snapshot, whose copy of every trace is itself tens of MiB.
+        current, peak = tracemalloc.get_traced_memory()
+        snap = tracemalloc.take_snapshot()
+        tracemalloc.reset_peak()  # the next report's peak: since this one
+        lines.append(f"tracemalloc: current {current / 2**20:.1f} MiB, peak {peak / 2**20:.1f} MiB")
+        by_package: Counter[str] = Counter()
+        for stat in snap.statistics("filename"):
+            path = stat.traceback[0].filename
+            marker = "site-packages/"
+            package = (
+                path.split(marker, 1)[1].split("/", 1)[0]
+                if marker in path
+                else (os.path.dirname(path) or path)
+            )
+            by_package[package] += stat.size
+        lines += [f"  {size / 2**20:7.2f} MiB {p}" for p, size in by_package.most_common(15)]
+        lines += [
+            f"  {s.size / 2**20:7.2f} MiB {s.count:7d} {s.traceback[0]}"
+            for s in snap.statistics("lineno")[:30]
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def install_report() -> None:
+    """With CLEF_MEMORY_REPORT set, SIGUSR1 appends `report()` to that file."""
+    import signal
+    import threading
+
+    path = os.environ.get(REPORT_ENV)
+    if not path:
+        return
+
+    busy = threading.Lock()
+
+    def on_signal(*_: Any) -> None:
+        if not busy.acquire(blocking=False):  # a signal during a report: that report will do
+            return
+        try:
+            text = report()
+        except Exception as e:  # a measurement must never end the operator
+            text = f"--- memory report failed: {e!r}\n"
+        finally:
+            busy.release()
+        with open(path, "a") as f:
+            f.write(text)
+
+    signal.signal(signal.SIGUSR1, on_signal)
+    if os.environ.get(TRACE_ENV):
+        import tracemalloc
+
+        tracemalloc.start(int(os.environ[TRACE_ENV]))

@@ -119,6 +119,7 @@ def idle(operator: scale.Operator, audit: Path, settle: float, window: float) ->
         "requests_by_kind": rate.by_kind,
         "cpu_percent_of_a_core": round(100 * (cpu1 - cpu0) / (t1 - t0), 2),
         "rss_mib": round(operator.rss_mib(), 1),
+        "memory": operator.memory(),
     }
 
 
@@ -147,8 +148,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             print(f"load: floor {result['floor']}", flush=True)
         operator = scale.Operator(cluster.kubeconfig, cluster.dir / "load", args.operator_arg or ())
         scale.wait_until(operator.synced, 120, "the operator's cache synced")
-        time.sleep(5)
+        # At rest: the operator hands start-up's memory back a few seconds after its cache synced.
+        time.sleep(args.settle)
         result["rss_mib_no_models"] = round(operator.rss_mib(), 1)
+        result["memory_no_models"] = operator.memory()
         result["ready"] = models_ready(api, args.models, args.timeout)
         print(f"load: models {result['ready']}", flush=True)
         result["idle"] = idle(operator, cluster.audit_log, args.settle, args.idle_seconds)
@@ -166,6 +169,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
         time.sleep(args.settle)
         result["rss_mib_after_delete"] = round(operator.rss_mib(), 1)
+        result["memory_after_delete"] = operator.memory()
         result["held_after_delete"] = operator.held()
         result["loadavg_end"] = os.getloadavg()
     except BaseException:
@@ -181,7 +185,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _held_models(operator: scale.Operator) -> int:
-    held = operator.held()
+    """What the operator still holds per model; -1 (not done) while its probe does not answer."""
+    held = operator.state()
+    if held is None:
+        return -1
+    held = held.get("clef-state") or {}
     return sum(held.get(k, 0) for k in ("clefmodels", "deployments", "jobs", "pods", "loops"))
 
 

@@ -298,6 +298,21 @@ class Operator:
                 return int(line.split()[1]) / 1024
         raise RuntimeError("no VmRSS")
 
+    def memory(self) -> dict[str, float]:
+        """RSS and where it is, MiB (smaps_rollup: anonymous = heap, malloc arenas, Python's
+        object arenas, thread stacks; file = the interpreter and the extension modules mapped),
+        and the thread count."""
+        rollup = Path(f"/proc/{self.proc.pid}/smaps_rollup").read_text().splitlines()
+        kib = {line.split()[0].rstrip(":"): int(line.split()[1]) for line in rollup[1:]}
+        status = Path(f"/proc/{self.proc.pid}/status").read_text()
+        threads = int(status.split("Threads:", 1)[1].split()[0])
+        return {
+            "rss_mib": round(kib["Rss"] / 1024, 1),
+            "anonymous_mib": round(kib["Anonymous"] / 1024, 1),
+            "file_mib": round((kib["Rss"] - kib["Anonymous"]) / 1024, 1),
+            "threads": threads,
+        }
+
     def cpu_seconds(self) -> float:
         fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
