@@ -35,6 +35,8 @@ from typing import Any
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
+from clef_operator import memory
+
 log = logging.getLogger("clef.cache")
 
 # A watch request is renewed after about this long (the server ends it; jitter spreads renewals).
@@ -231,6 +233,7 @@ class Informer(threading.Thread):
             for key in before | set(self.table.keys()):
                 self._wake_key(key)
         self.listed.set()
+        memory.touched()  # a list's response (and a re-list's dropped objects) are freed now
         meta = result["metadata"] if isinstance(result, Mapping) else result.metadata
         return str(
             (meta.get("resourceVersion") if isinstance(meta, Mapping) else meta.resource_version) or ""
@@ -261,6 +264,7 @@ class Informer(threading.Thread):
         woken = self.table.kind.wakes(obj)
         if kind == "DELETED":
             self.table.delete(obj)
+            memory.touched()  # the children of deleted models go after the models' loops ended
         else:
             self.table.put(obj)
         if woken is not None:

@@ -48,9 +48,6 @@ MAX_BACKOFF_SECONDS = 60.0
 # raised or deleted, an admission policy or RuntimeClass changed) is nothing clef watches, so no
 # event would wake the model before the resync.
 REFUSED_RETRY_SECONDS = 30.0
-# Memory is handed back this long after the last pass (`memory.trim`).
-TRIM_AFTER_SECONDS = 5.0
-TRIM_EVERY_SECONDS = 30.0
 
 
 def api_client(fenced: bool = True, pool: int | None = None) -> client.ApiClient:
@@ -206,7 +203,6 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
     # Before the first thread allocates (`clef-operator run` did it before its own threads
     # started; again is harmless).
     memory.limit_arenas()
-    memo.trim, memo.trimmed_at, memo.trimmer, memo.deleted = None, 0.0, None, False
     tuning: Tuning = memo.get("tuning") or Tuning()
     memo.tuning = tuning
     memo.pool = ThreadPoolExecutor(max_workers=tuning.workers, thread_name_prefix="reconcile")
@@ -219,11 +215,9 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
     # Read (or created: a write) only now that this replica leads.
     memo.kube.load_verdict_key(operator_namespace())
     # From here on a watch event wakes the model's loop.
-    loop = asyncio.get_running_loop()
-    watching.attach(loop)
-    # Start-up (discovery, the first lists, kopf's own) leaves tens of MiB freed but not handed
-    # back (docs/performance.md): trim once the cache has synced, even if no model ever passes.
-    loop.run_in_executor(None, _trim_when_synced, memo, loop)
+    watching.attach(asyncio.get_running_loop())
+    # kopf's start-up leaves memory free too (docs/performance.md, "Where the memory is").
+    memory.touched(collect=True)
 
 
 @dataclass
@@ -329,7 +323,7 @@ async def run_model(
             try:
                 requeue = await loop.run_in_executor(memo.pool, queued)
                 backoff = 1.0
-                _trim_soon(memo, loop)
+                memory.touched()
             except leader.Fenced as e:
                 metrics.RECONCILE_ERRORS.labels(kind="fenced").inc()
                 log.warning("%s/%s: %s", namespace, name, e)
@@ -346,37 +340,8 @@ async def run_model(
         metrics.record_model(namespace, name, None)
         if memo.wakers.get((namespace, name)) is wake:
             del memo.wakers[(namespace, name)]
-        memo.deleted = True
-        _trim_soon(memo, loop)
-
-
-def _trim_soon(memo: Any, loop: asyncio.AbstractEventLoop) -> None:
-    """After a burst of passes (a rollout of many models, their deletion), hand the memory the
-    burst used back (`memory.trim`) once no pass has ended for TRIM_AFTER_SECONDS; at most one
-    trim every TRIM_EVERY_SECONDS, and never two at once."""
-    if memo.trim is not None:
-        memo.trim.cancel()
-    earliest = memo.trimmed_at + TRIM_EVERY_SECONDS
-    memo.trim = loop.call_at(max(loop.time() + TRIM_AFTER_SECONDS, earliest), _trim, memo, loop)
-
-
-def _trim_when_synced(memo: Any, loop: asyncio.AbstractEventLoop) -> None:
-    """(In a thread.)  A trim, with a collection for start-up's cycles, once the cache synced."""
-    memo.kube.cache.wait_synced()
-
-    def trim_soon() -> None:
-        memo.deleted = True
-        _trim_soon(memo, loop)
-
-    with contextlib.suppress(RuntimeError):  # the loop closed (stopped before the sync)
-        loop.call_soon_threadsafe(trim_soon)
-
-
-def _trim(memo: Any, loop: asyncio.AbstractEventLoop) -> None:
-    memo.trim, memo.trimmed_at = None, loop.time()
-    if memo.trimmer is None or memo.trimmer.done():
-        memo.trimmer = loop.run_in_executor(None, memory.trim, memo.deleted)
-        memo.deleted = False
+        # The cycles a deleted model leaves (kopf's per-object tasks and loggers) are collected.
+        memory.touched(collect=True)
 
 
 def _next_look(requeue: float | None, resync: float) -> float:

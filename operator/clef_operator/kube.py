@@ -40,6 +40,7 @@ from clef_operator.observed import (
     JobState,
     ModelRef,
     Observed,
+    Packed,
     PodState,
     ServiceState,
 )
@@ -124,7 +125,7 @@ def _deployment(d: Any) -> DeploymentState:
         updated_replicas=(status.updated_replicas or 0) if status else 0,
         created_at=meta.creation_timestamp,
         deleting=meta.deletion_timestamp is not None,
-        template=_wire(d.spec.template) if d.spec.template is not None else None,
+        template=Packed(_wire(d.spec.template)) if d.spec.template is not None else None,
         replica_failure=_replica_failure(status),
         available_at=_available_at(status),
     )
@@ -321,11 +322,25 @@ def _service_wakes(s: Any) -> cache.Key | None:
     return (s.metadata.namespace or "", model) if model else None
 
 
+# What a pass reads of a ClefModel's metadata (`handlers.reconcile`, the cache's keys and versions).
+MODEL_METADATA = (
+    "name",
+    "namespace",
+    "uid",
+    "generation",
+    "resourceVersion",
+    "annotations",
+    "deletionTimestamp",
+)
+
+
 def _model_body(obj: Mapping[str, Any]) -> dict[str, Any]:
-    """A ClefModel as the cache keeps it: without managedFields (which grow with every writer and
-    field, and which nothing here reads)."""
-    meta = {k: v for k, v in obj.get("metadata", {}).items() if k != "managedFields"}
-    return {**obj, "metadata": meta}
+    """A ClefModel as the cache keeps it: spec, status and the metadata a pass reads; not
+    managedFields (which grow with every writer and field, ~21 KB of a model's 37), labels,
+    finalizers or owner references, which nothing here reads."""
+    meta = obj.get("metadata", {})
+    kept = {k: obj[k] for k in ("spec", "status") if k in obj}
+    return {"metadata": {k: meta[k] for k in MODEL_METADATA if k in meta}, **kept}
 
 
 def _version_number(version: str) -> int:

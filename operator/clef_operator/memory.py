@@ -5,9 +5,9 @@ on any other C library).
   keeps the high-water mark of what its thread once used.  The operator's threads (reconciles,
   watches, event posters) allocate briefly and often, so a few shared arenas are enough.  Called at
   start-up, before any thread starts.
-* `trim`: after a burst of work (models rolled out, models deleted) `malloc_trim` hands the freed
-  pages back to the system, so RSS falls with the number of models instead of staying at its
-  peak.
+* `trim`: after a burst of work (start-up, models rolled out, models deleted) `malloc_trim`
+  hands the freed pages back to the system, so RSS falls with the number of models instead of
+  staying at its peak; `touched` marks the work and a `Trimmer` thread trims once it is quiet.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import ctypes.util
 import gc
 import logging
 import os
+import threading
 import time
 from typing import Any
 
@@ -43,6 +44,65 @@ _LIBC = _find_libc()
 def limit_arenas(arenas: int = ARENAS) -> bool:
     """At most `arenas` malloc arenas for the process; whether the C library took it."""
     return bool(_LIBC is not None and _LIBC.mallopt(M_ARENA_MAX, arenas) == 1)
+
+
+# Memory is handed back this long after the last sign of work, at most once per TRIM_EVERY_SECONDS.
+TRIM_AFTER_SECONDS = 5.0
+TRIM_EVERY_SECONDS = 30.0
+
+
+class Trimmer(threading.Thread):
+    """Hands freed memory back after a burst of work (`trim`), from a thread of its own: `touched`
+    marks work done (a pass ended, a model's loop ended, the cache dropped objects or listed);
+    once nothing was touched for `quiet` seconds, and at most every `every` seconds, it trims,
+    with a collection first if any touch asked for one.  So RSS falls after a rollout of many
+    models, after their deletion (the children the cache drops after the models' loops ended
+    too), and after start-up, not only after passes."""
+
+    def __init__(self, quiet: float = TRIM_AFTER_SECONDS, every: float = TRIM_EVERY_SECONDS) -> None:
+        super().__init__(name="memory-trim", daemon=True)
+        self.quiet, self.every = quiet, every
+        self._lock = threading.Lock()
+        self._touched = threading.Event()
+        self._last = 0.0
+        self._collect = False
+        self.trims = 0
+
+    def touched(self, collect: bool = False) -> None:
+        with self._lock:
+            self._last = time.monotonic()
+            self._collect = self._collect or collect
+            self._touched.set()
+
+    def run(self) -> None:
+        trimmed_at = -self.every
+        while True:
+            self._touched.wait()
+            while True:
+                with self._lock:
+                    due = max(self._last + self.quiet, trimmed_at + self.every)
+                    if time.monotonic() >= due:
+                        collect, self._collect = self._collect, False
+                        self._touched.clear()
+                        break
+                time.sleep(max(due - time.monotonic(), 0.05))
+            trim(collect)
+            trimmed_at = time.monotonic()
+            self.trims += 1
+
+
+_TRIMMER: Trimmer | None = None
+_TRIMMER_LOCK = threading.Lock()
+
+
+def touched(collect: bool = False) -> None:
+    """Work was done that left memory free (see `Trimmer`); starts the trimmer on first use."""
+    global _TRIMMER
+    with _TRIMMER_LOCK:
+        if _TRIMMER is None:
+            _TRIMMER = Trimmer()
+            _TRIMMER.start()
+    _TRIMMER.touched(collect)
 
 
 def trim(collect: bool = False) -> None:
@@ -89,7 +149,6 @@ def _smaps() -> dict[str, int]:
 
 def report() -> str:
     import sys
-    import threading
     import tracemalloc
     from collections import Counter
 
@@ -144,7 +203,6 @@ def report() -> str:
 def install_report() -> None:
     """With CLEF_MEMORY_REPORT set, SIGUSR1 appends `report()` to that file."""
     import signal
-    import threading
 
     path = os.environ.get(REPORT_ENV)
     if not path:

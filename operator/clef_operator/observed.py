@@ -6,7 +6,8 @@ decision needs, so the planner never touches a raw API object.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -17,6 +18,44 @@ from clef_operator.conditions import Why
 # Waiting reasons of a container (the kubelet's words) that mean it will not start by itself.
 IMAGE_PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"})
 CONFIG_REASONS = frozenset({"CreateContainerConfigError", "CreateContainerError", "RunContainerError"})
+
+
+class Packed(Mapping[str, Any]):
+    """A wire dict held as its compact JSON text, decoded when read: a serving Deployment's pod
+    template is ~1.8 KB as text and ~8.6 KB as nested dicts, and the cache holds one per model
+    (docs/performance.md, "Where the memory is").  Read rarely (drift, once per pass)."""
+
+    __slots__ = ("_text",)
+
+    def __init__(self, value: Mapping[str, Any]) -> None:
+        self._text = json.dumps(value, separators=(",", ":"))
+
+    def _decoded(self) -> dict[str, Any]:
+        value: dict[str, Any] = json.loads(self._text)
+        return value
+
+    def __getitem__(self, key: str) -> Any:
+        return self._decoded()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._decoded())
+
+    def __len__(self) -> int:
+        return len(self._decoded())
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._decoded().get(key, default)
+
+    def items(self) -> Any:
+        return self._decoded().items()
+
+    def __eq__(self, other: object) -> bool:
+        return self._decoded() == (dict(other) if isinstance(other, Mapping) else other)
+
+    __hash__ = None  # type: ignore[assignment]  # like the dict it stands for
+
+    def __repr__(self) -> str:
+        return f"Packed({self._text})"
 
 
 @dataclass(frozen=True)

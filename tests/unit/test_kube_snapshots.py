@@ -7,7 +7,9 @@ from datetime import UTC, datetime
 from kubernetes import client
 
 from clef_operator import labels
+from clef_operator.drift import template_drift
 from clef_operator.kube import _config_map, _deployment, _job, _pod
+from clef_operator.observed import Packed
 
 T = datetime(2026, 3, 1, tzinfo=UTC)
 
@@ -206,3 +208,27 @@ def test_goldens_configmap_binary_data_is_decoded_and_bad_base64_dropped():
     state = _config_map(cm)
     assert state.binary_data == {"goldens.json.gz": b"hello"}
     assert state.data_keys == ("x",)
+
+
+def test_a_deployments_pod_template_is_kept_packed_and_reads_as_the_wire_dict():
+    """The cache keeps the template as compact JSON (memory); drift reads the same wire dict."""
+    template = client.V1PodTemplateSpec(
+        metadata=client.V1ObjectMeta(labels={"a": "b"}),
+        spec=client.V1PodSpec(containers=[client.V1Container(name="engine", image="img:1", args=["--x"])]),
+    )
+    d = client.V1Deployment(
+        metadata=meta("m-r1", labels={labels.REVISION: "r1"}),
+        spec=client.V1DeploymentSpec(replicas=1, selector=client.V1LabelSelector(), template=template),
+    )
+    state = _deployment(d)
+    wire = {
+        "metadata": {"labels": {"a": "b"}},
+        "spec": {"containers": [{"name": "engine", "image": "img:1", "args": ["--x"]}]},
+    }
+    assert isinstance(state.template, Packed)
+    assert state.template == wire and dict(state.template) == wire
+    assert state.template.get("spec") == wire["spec"] and state.template.get("status") is None
+    assert template_drift(wire, state.template) == []
+    changed = {**wire, "spec": {"containers": [{"name": "engine", "image": "img:2", "args": ["--x"]}]}}
+    assert template_drift(changed, state.template) == ["spec.containers[0].image"]
+    assert state.template != changed

@@ -1,0 +1,51 @@
+"""memory.Trimmer: freed memory is handed back once work has gone quiet, never during a burst."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from clef_operator import memory
+
+
+def _wait(probe, seconds: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if probe():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def test_a_trim_follows_the_last_touch_once_quiet_and_collects_when_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[tuple[float, bool]] = []
+    monkeypatch.setattr(memory, "trim", lambda collect=False: calls.append((time.monotonic(), collect)))
+    trimmer = memory.Trimmer(quiet=0.3, every=0.0)
+    trimmer.start()
+    trimmer.touched(collect=True)
+    for _ in range(5):  # a burst: each touch pushes the trim back
+        time.sleep(0.1)
+        last = time.monotonic()  # (before the touch: the trim is due 0.3 s after the touch)
+        trimmer.touched()
+    assert _wait(lambda: len(calls) == 1), "no trim after the burst"
+    at, collect = calls[0]
+    assert at >= last + 0.3, "trimmed during the burst"
+    assert collect, "a touch in the burst asked for a collection"
+    trimmer.touched()
+    assert _wait(lambda: len(calls) == 2)
+    assert calls[1][1] is False, "the collection was asked for once, not for ever"
+
+
+def test_trims_are_spaced_by_every(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[float] = []
+    monkeypatch.setattr(memory, "trim", lambda collect=False: calls.append(time.monotonic()))
+    trimmer = memory.Trimmer(quiet=0.0, every=0.5)
+    trimmer.start()
+    trimmer.touched()
+    assert _wait(lambda: len(calls) == 1)
+    trimmer.touched()
+    assert _wait(lambda: len(calls) == 2)
+    assert calls[1] - calls[0] >= 0.5
