@@ -171,7 +171,8 @@ def report() -> str:
         f"threads: {len(threads)} (os: {len(os.listdir('/proc/self/task'))}): "
         + repr(Counter(t.name.rstrip("0123456789_-") for t in threads).most_common())
     )
-    lines.append(f"allocated blocks: {sys.getallocatedblocks()}; gc counts {gc.get_count()}")
+    trims = _TRIMMER.trims if _TRIMMER is not None else 0
+    lines.append(f"allocated blocks: {sys.getallocatedblocks()}; gc counts {gc.get_count()}; trims {trims}")
     objects = gc.get_objects()
     lines.append(f"gc-tracked objects: {len(objects)}")
     lines += [f"  {n:8d} {t}" for t, n in Counter(type(o).__qualname__ for o in objects).most_common(25)]
@@ -197,6 +198,8 @@ def report() -> str:
             f"  {s.size / 2**20:7.2f} MiB {s.count:7d} {s.traceback[0]}"
             for s in snap.statistics("lineno")[:30]
         ]
+        del snap
+    touched()  # what this report allocated (MiB, with tracing) is handed back like any work's
     return "\n".join(lines) + "\n"
 
 

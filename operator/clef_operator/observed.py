@@ -21,36 +21,37 @@ CONFIG_REASONS = frozenset({"CreateContainerConfigError", "CreateContainerError"
 
 
 class Packed(Mapping[str, Any]):
-    """A wire dict held as its compact JSON text, decoded when read: a serving Deployment's pod
-    template is ~1.8 KB as text and ~8.6 KB as nested dicts, and the cache holds one per model
-    (docs/performance.md, "Where the memory is").  Read rarely (drift, once per pass)."""
+    """A wire dict held as its compact JSON text, decoded when read: the cache holds a ClefModel
+    and a serving Deployment's pod template per model, each about a third of its size as nested
+    dicts (docs/performance.md, "Where the memory is"), and reads them once per pass."""
 
     __slots__ = ("_text",)
 
     def __init__(self, value: Mapping[str, Any]) -> None:
         self._text = json.dumps(value, separators=(",", ":"))
 
-    def _decoded(self) -> dict[str, Any]:
+    def decoded(self) -> dict[str, Any]:
+        """A fresh copy of the dict (the caller may change it)."""
         value: dict[str, Any] = json.loads(self._text)
         return value
 
     def __getitem__(self, key: str) -> Any:
-        return self._decoded()[key]
+        return self.decoded()[key]
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._decoded())
+        return iter(self.decoded())
 
     def __len__(self) -> int:
-        return len(self._decoded())
+        return len(self.decoded())
 
     def get(self, key: str, default: Any = None) -> Any:
-        return self._decoded().get(key, default)
+        return self.decoded().get(key, default)
 
     def items(self) -> Any:
-        return self._decoded().items()
+        return self.decoded().items()
 
     def __eq__(self, other: object) -> bool:
-        return self._decoded() == (dict(other) if isinstance(other, Mapping) else other)
+        return self.decoded() == (dict(other) if isinstance(other, Mapping) else other)
 
     __hash__ = None  # type: ignore[assignment]  # like the dict it stands for
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import pytest
 
 from clef_operator import memory
 
 
-def _wait(probe, seconds: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
+def _wait(probe: Callable[[], bool], seconds: float = 10.0) -> bool:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if probe():
