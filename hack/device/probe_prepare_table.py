@@ -53,35 +53,22 @@ VARIANTS = {
 # dots: no [64, 128] float32 copies of k and v (launch 1's register peak is the w/u pass:
 # 245 registers, 174 without it, sm_90 ptxas).  bf16 only as written: in f16, T's columns
 # times 1/|k| could overflow for a near-zero key.
-_WU_OLD_START = "    # the WY products run on tensor cores: T rounded to the dot dtype\n"
-_WU_END = "# ---------------------------------------------------------------------------------------------\n# launch 2"
-_WU_COLSCALE = """    # w = T diag(β e^{G} / |k|) K and u = T diag(β) V: the factors scale T's columns
-    cw = bv * tl.exp(G) * rk
-    Tw = (Tm * cw[None, :]).to(CHUNK_DT)
-    Tu = (Tm * bv[None, :]).to(CHUNK_DT)
-    if ROUND_BF16:
-        Tw = rne_bf16(Tw)
-        Tu = rne_bf16(Tu)
-    for c0 in tl.static_range(0, BK, KS):
-        cols = c0 + tl.arange(0, KS)
-        m = live[:, None] & (cols < K)[None, :]
-        kb = tl.load(k + r[:, None] * skt + cols[None, :], mask=m, other=0.0).to(CHUNK_DT)
-        ws = tl.dot(Tw, kb, input_precision="ieee")
-        if ROUND_BF16:
-            ws = rne_bf16(ws)
-        tl.store(w + r[:, None] * (HV * K) + cols[None, :], ws.to(w.dtype.element_ty), mask=m)
-    for c0 in tl.static_range(0, BVF, VS):
-        cols = c0 + tl.arange(0, VS)
-        m = live[:, None] & (cols < V)[None, :]
-        vb = tl.load(v + r[:, None] * svt + cols[None, :], mask=m, other=0.0).to(CHUNK_DT)
-        us = tl.dot(Tu, vb, input_precision="ieee")
-        if ROUND_BF16:
-            us = rne_bf16(us)
-        tl.store(u + r[:, None] * (HV * V) + cols[None, :], us.to(u.dtype.element_ty), mask=m)
-
-
-"""
-VARIANTS["colscale"] = [("__REGION__", _WU_OLD_START, _WU_END, _WU_COLSCALE)]
+_CW = "    cw = bv * tl.exp(G) * rk\n"
+_TM_ROUND = "    Tm = Tm.to(CHUNK_DT)\n    if ROUND_BF16:\n        Tm = rne_bf16(Tm)\n"
+_KB = "tl.load(k + r[:, None] * skt + cols[None, :], mask=m, other=0.0).to(tl.float32) * cw[:, None]"
+_VB = "tl.load(v + r[:, None] * svt + cols[None, :], mask=m, other=0.0).to(tl.float32) * bv[:, None]"
+VARIANTS["colscale"] = [
+    (_TM_ROUND, ""),
+    (
+        _CW,
+        _CW + "    Tw = (Tm * cw[None, :]).to(CHUNK_DT)\n    Tu = (Tm * bv[None, :]).to(CHUNK_DT)\n"
+        "    if ROUND_BF16:\n        Tw = rne_bf16(Tw)\n        Tu = rne_bf16(Tu)\n",
+    ),
+    (_KB, _KB.replace(".to(tl.float32) * cw[:, None]", "")),
+    (_VB, _VB.replace(".to(tl.float32) * bv[:, None]", "")),
+    ("ws = tl.dot(Tm, kb,", "ws = tl.dot(Tw, kb,"),
+    ("us = tl.dot(Tm, vb,", "us = tl.dot(Tu, vb,"),
+]
 VARIANTS["colscale_r168"] = VARIANTS["colscale"] + [
     (_LAUNCH, "            num_warps=cfg.warps1, maxnreg=168,\n")
 ]
