@@ -74,6 +74,25 @@ VARIANTS["colscale_r168"] = VARIANTS["colscale"] + [
 ]
 
 
+# v loaded at the start, beside g and beta, so its DRAM round trip overlaps the Gram matrices and
+# the solve instead of following them (valid while VS == BVF: one V slice)
+_V_PRE = (
+    "    v_pre = tl.load(v + r[:, None] * svt + tl.arange(0, BVF)[None, :],"
+    " mask=live[:, None] & (tl.arange(0, BVF) < V)[None, :], other=0.0)\n"
+)
+VARIANTS["early_v"] = [
+    ("    G = tl.cumsum(gv, 0)", _V_PRE + "    G = tl.cumsum(gv, 0)"),
+    ("tl.load(v + r[:, None] * svt + cols[None, :], mask=m, other=0.0)", "v_pre"),
+]
+
+
+# the diagonal blocks' doubling on tensor cores: 3xTF32 (split-float32, close to IEEE float32)
+# instead of IEEE FMA loops for the six batched [4, 16, 16] dots (768 of the 880 FFMA per thread)
+_DOUBLING = 'X = X - tl.dot(tl.dot(X, Lb, input_precision="ieee"), X, input_precision="ieee")'
+VARIANTS["doubling_tf32x3"] = [(_DOUBLING, _DOUBLING.replace('"ieee"', '"tf32x3"'))]
+VARIANTS["doubling_tf32"] = [(_DOUBLING, _DOUBLING.replace('"ieee"', '"tf32"'))]
+
+
 # A persistent launch 1: a grid of at most PROGRAMS programs, each walking (chunk slot, value
 # head) items in a `tl.range` loop with num_stages, so Triton's pipeliner can issue the next
 # item's q/k/v loads while this one's solve runs (launch 1 has no loop today: each program's
