@@ -7,6 +7,11 @@ markers, applied by probe_variants.load_variant).
 
 Inputs are B × T tokens at the Qwen3.5 shapes, bf16; at B1 T32768 they are ~0.55 GB, far past
 the L2, so every call reads DRAM.  With FULL=1 the whole call (every launch) is timed as well.
+With REF=1 each variant's whole call is also checked against the float64 token-by-token
+reference on the GPU (relative L2 error of o and the final state), at B1 T1024 with random
+inputs and with the solve's worst case (runs of equal keys, β = 1, g = 0): the accuracy of a
+variant on the GPU's own arithmetic (TF32, 3xTF32), which the CPU interpreter cannot show.
+ONLY=base,a,b runs those variants alone (errors compare to the first one named).
 """
 
 from __future__ import annotations
@@ -48,6 +53,34 @@ def events_median(fn, n: int) -> float:
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)) * 1e3
 
 
+def reference_cases() -> list[tuple[str, tuple]]:
+    """(name, (q, k, v, g, beta)) at B1 T1024, Qwen shapes: random, and runs of equal keys."""
+    from probe_variants import HV, H, K, V
+
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    n = 1024
+    q = torch.randn(1, n, H, K, device="cuda", generator=gen).to(torch.bfloat16)
+    k = torch.randn(1, n, H, K, device="cuda", generator=gen).to(torch.bfloat16)
+    v = torch.randn(1, n, HV, V, device="cuda", generator=gen).to(torch.bfloat16)
+    g = torch.nn.functional.logsigmoid(torch.randn(1, n, HV, device="cuda", generator=gen) + 3)
+    beta = torch.rand(1, n, HV, device="cuda", generator=gen)
+    base = torch.randn(2, H, K, device="cuda", generator=gen)
+    which = (torch.arange(n, device="cuda") // 40) % 2
+    kr = (base[which] + 1e-3 * torch.randn(n, H, K, device="cuda", generator=gen))[None].to(torch.bfloat16)
+    ones, zeros = torch.ones_like(beta), torch.zeros_like(g)
+    return [("rand", (q, k, v, g, beta)), ("repeat", (q, kr, v, zeros, ones))]
+
+
+def reference_errors(mod, cases, refs) -> str:
+    out = []
+    for (name, args), (ro, rh) in zip(cases, refs, strict=True):
+        o, h = mod.chunk_gated_delta_rule(*args, output_final_state=True, use_qk_l2norm=True)
+        eo = ((o.double() - ro).norm() / ro.norm()).item()
+        eh = ((h.double() - rh).norm() / rh.norm()).item()
+        out.append(f"{name}: o {eo:.2e} h {eh:.2e}")
+    return "ref[" + ", ".join(out) + "]"
+
+
 def compiled_meta(kernel) -> str:
     try:
         for cache in kernel.device_caches.values():
@@ -62,11 +95,21 @@ def main() -> None:
     ns: dict = {}
     exec(TABLE.read_text(), ns)
     variants = ns["VARIANTS"]
+    if os.environ.get("ONLY"):  # ONLY=base,name,...: these variants, in this order
+        variants = {n: variants[n] for n in os.environ["ONLY"].split(",")}
     q, k, v, g, beta = pv.inputs()
     scale = q.shape[-1] ** -0.5
     print(f"B={B} T={T} bf16 module={MODULE} {torch.cuda.get_device_name()}", flush=True)
     ref = None
     rows = []
+    cases = refs = None
+    if os.environ.get("REF"):
+        from clef_runtime.reference import delta_rule as reference
+
+        cases = reference_cases()
+        kw = dict(output_final_state=True, use_qk_l2norm=True)
+        refs = [reference.chunk_gated_delta_rule(*(t.double() for t in a), **kw) for _, a in cases]
+        refs = [(o.double(), h.double()) for o, h in refs]
     for name, edits in variants.items():
         mod = pv.load_variant(name, edits) if edits else __import__(MODULE, fromlist=["x"])
         if mod is None:
@@ -93,6 +136,8 @@ def main() -> None:
 
                 fus = events_median(call, 10)
                 full = f" full={fus:8.1f}"
+            if cases is not None:
+                full += " " + reference_errors(mod, cases, refs)
         except Exception as exc:  # a variant may not compile; say so and go on
             print(f"{name:24s} ERROR {type(exc).__name__}: {str(exc)[:300]}", flush=True)
             continue

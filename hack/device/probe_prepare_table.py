@@ -146,3 +146,24 @@ VARIANTS.update(
         "persist_264_s2_solve3": _persistent(264, 2, body_edits=((_SOLVE_OLD, _SOLVE_3),)),
     }
 )
+
+# combinations of the single changes most likely to pay
+_TF32X3 = [(_DOUBLING, _DOUBLING.replace('"ieee"', '"tf32x3"'))]
+VARIANTS.update(
+    {
+        "tf32x3_r168": _TF32X3 + VARIANTS["maxnreg168"],
+        "tf32x3_colscale": _TF32X3 + VARIANTS["colscale"],
+        "tf32x3_solve3": _TF32X3 + VARIANTS["solve3"],
+        "tf32x3_persist_264_s2": _persistent(264, 2, body_edits=tuple(_TF32X3)),
+    }
+)
+
+# the most informative first: a call cut short by its time limit still answers the main question
+_ORDER = [
+    "base", "doubling_tf32x3", "maxnreg168", "persist_264_s2", "colscale", "solve3", "early_v",
+    "tf32x3_r168", "tf32x3_colscale", "tf32x3_solve3", "tf32x3_persist_264_s2",
+    "abl_nosolve", "abl_noaqk", "abl_nowu",
+    "doubling_tf32", "maxnreg128", "warps8", "reuse_k", "colscale_r168",
+    "persist_264_s1", "persist_132_s3", "persist_264_s2_solve3",
+]  # fmt: skip
+VARIANTS = {name: VARIANTS[name] for name in _ORDER + [n for n in VARIANTS if n not in _ORDER]}
