@@ -93,6 +93,23 @@ VARIANTS["doubling_tf32x3"] = [(_DOUBLING, _DOUBLING.replace('"ieee"', '"tf32x3"
 VARIANTS["doubling_tf32"] = [(_DOUBLING, _DOUBLING.replace('"ieee"', '"tf32"'))]
 
 
+# the diagonal blocks' inverse by doubling on whole 64×64 tiles (block-masked, 3xTF32 on the
+# warpgroup MMA): no [4, 16, 16] reshapes, 4× the multiply-adds of the batched form
+_DOUBLING64 = """    X = (r[:, None] == r[None, :]).to(tl.float32) - tl.where((r // 2)[:, None] == (r // 2)[None, :], A, 0.0)
+    for lvl in tl.static_range(1, LOG_BC):
+        joins = ((r >> (lvl + 1))[:, None] == (r >> (lvl + 1))[None, :]) & (
+            (r >> lvl)[:, None] != (r >> lvl)[None, :]
+        )
+        X = X - tl.dot(
+            tl.dot(X, tl.where(joins, A, 0.0), input_precision="tf32x3"), X, input_precision="tf32x3"
+        )
+    Dinv = X
+"""
+VARIANTS["doubling64_tf32x3"] = [
+    ("__REGION__", "    Nd = tl.sum(", "    eye = (r[:, None] == r[None, :]).to(tl.float32)", _DOUBLING64)
+]
+
+
 # A persistent launch 1: a grid of at most PROGRAMS programs, each walking (chunk slot, value
 # head) items in a `tl.range` loop with num_stages, so Triton's pipeliner can issue the next
 # item's q/k/v loads while this one's solve runs (launch 1 has no loop today: each program's
@@ -163,7 +180,7 @@ _ORDER = [
     "base", "doubling_tf32x3", "maxnreg168", "persist_264_s2", "colscale", "solve3", "early_v",
     "tf32x3_r168", "tf32x3_colscale", "tf32x3_solve3", "tf32x3_persist_264_s2",
     "abl_nosolve", "abl_noaqk", "abl_nowu",
-    "doubling_tf32", "maxnreg128", "warps8", "reuse_k", "colscale_r168",
+    "doubling64_tf32x3", "doubling_tf32", "maxnreg128", "warps8", "reuse_k", "colscale_r168",
     "persist_264_s1", "persist_132_s3", "persist_264_s2_solve3",
 ]  # fmt: skip
 VARIANTS = {name: VARIANTS[name] for name in _ORDER + [n for n in VARIANTS if n not in _ORDER]}
