@@ -213,7 +213,7 @@ def test_chunk_delta_rule_kernels_compile_for_sm90_and_sm70() -> None:
     assert len(results) == 9, results
 
     def allowed(key: str) -> int:
-        return 64 if key.endswith("chunk prepare") else 0
+        return 64 if key.endswith("bf16 chunk prepare") else 0
 
     hopper_spills = {
         k: r
