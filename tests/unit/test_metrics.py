@@ -188,18 +188,21 @@ def _sample(metric: str, **labels_: str) -> float:
 
 
 def test_record_pass_moves_the_counters():
-    before = (
-        _sample("clef_rollouts_started_total"),
-        _sample("clef_rollouts_rejected_total", reason="VerificationTimeout"),
-        _sample(
-            "clef_verification_duration_seconds_count",
-            suite="kernels",
-            step="kernels",
-            gpu_class="X",
-            outcome="Failed",
-        ),
-        _sample("clef_candidate_available_to_switch_seconds_sum"),
-    )
+    def read() -> tuple[float, ...]:
+        return (
+            _sample("clef_rollouts_started_total"),
+            _sample("clef_rollouts_rejected_total", reason="VerificationTimeout"),
+            _sample(
+                "clef_verification_duration_seconds_count",
+                suite="kernels",
+                step="kernels",
+                gpu_class="X",
+                outcome="Failed",
+            ),
+            _sample("clef_candidate_available_to_switch_seconds_sum"),
+        )
+
+    before = read()
     metrics.record_pass(
         PassFacts(
             started=True,
@@ -208,18 +211,7 @@ def test_record_pass_moves_the_counters():
             switch_seconds=2.5,
         )
     )
-    after = (
-        _sample("clef_rollouts_started_total"),
-        _sample("clef_rollouts_rejected_total", reason="VerificationTimeout"),
-        _sample(
-            "clef_verification_duration_seconds_count",
-            suite="kernels",
-            step="kernels",
-            gpu_class="X",
-            outcome="Failed",
-        ),
-        _sample("clef_candidate_available_to_switch_seconds_sum"),
-    )
+    after = read()
     assert [b - a for a, b in zip(before, after, strict=True)] == [1, 1, 1, 2.5]
 
 
