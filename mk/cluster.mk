@@ -47,3 +47,11 @@ kind-up: $(STAMP)
 kind-down: $(STAMP)
 	$(CLUSTER) --state-dir .cluster/kind down
 	$(KIND) delete cluster --name clef
+
+# The operator at scale on a control plane of its own (.load/cluster): the plain-Deployment floor,
+# LOAD_MODELS ClefModels to Ready, idle request rate from the audit log, RSS, CPU, events; a table
+# and .load/result.json (docs/performance.md, "Operator at scale").
+LOAD_MODELS ?= 1000
+.PHONY: load-test
+load-test: $(STAMP)
+	CLEF_CACHE=$(CLEF_CACHE) $(VPY) -m clef_devcluster.load --models $(LOAD_MODELS)

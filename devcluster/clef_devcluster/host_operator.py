@@ -4,6 +4,7 @@ exactly the rights its in-cluster ServiceAccount would have."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -31,6 +32,29 @@ def spawn_operator(args: Sequence[str], kubeconfig: Path, log: IO[bytes]) -> sub
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
+
+
+def stop_operator(proc: subprocess.Popen[bytes], grace: float = 30) -> None:
+    """SIGTERM to its process group, SIGKILL after `grace` seconds."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
+def clef_flash(image: str) -> dict[str, Any]:
+    """clef-flash as in DESIGN: 1 GPU, f16, kvFraction 0.30 (a ClefModel spec's core)."""
+    return {
+        "engine": "candle-vllm",
+        "image": image,
+        "model": {"name": "clef-flash", "path": "/models/clef-flash", "weightsMiB": 9426},
+        "dtype": "f16",
+        "kvFraction": 0.30,
+        "gpus": 1,
+    }
 
 
 def service_account_kubeconfig(

@@ -2,6 +2,7 @@
 
 clef-operator run [--namespace NS ... | --all-namespaces] [--kubeconfig FILE] [--liveness URL]
                   [--leader-elect [--leader-elect-lease-duration S ...]] [--metrics-bind-address HOST:PORT]
+                  [--resync-seconds S] [--workers N]
 clef-operator crd            print the ClefModel CRD (the same as crds/clefmodel.yaml)
 """
 
@@ -19,6 +20,10 @@ from clef_operator import __version__
 def _run(args: argparse.Namespace) -> int:
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig
+    from clef_operator import memory
+
+    # Before the first thread (metrics, election, watches, reconciles) allocates.
+    memory.limit_arenas()
     import kopf
 
     import clef_operator.handlers  # noqa: F401  (registers the handlers)
@@ -47,14 +52,21 @@ def _run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 3
-    elector = _elect(args) if args.leader_elect else None
+    from clef_operator.handlers import Tuning, start_watching
+
     namespaces = args.namespace or None
+    tuning = Tuning(tuple(namespaces or ()), args.resync_seconds, args.workers)
+    # The cache lists and watches from now on, also while this replica stands by (reads pass the
+    # fence): when it takes over, its cache is synced and only kopf has to start.
+    watching = start_watching(tuning)
+    elector = _elect(args) if args.leader_elect else None
     try:
         kopf.run(
             standalone=True,
             clusterwide=namespaces is None,
             namespaces=namespaces or (),
             liveness_endpoint=args.liveness,
+            memo=kopf.Memo(tuning=tuning, watching=watching),
         )
     finally:
         if elector is not None:
@@ -140,6 +152,20 @@ def _election_flags(run: argparse.ArgumentParser) -> None:
                          metavar="SECONDS", help=f"{what} (default {default:.0f}; env {name})")  # fmt: skip
 
 
+def _positive(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text}")
+    return value
+
+
+def _at_least_one(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line (tests check kustomize/base's Deployment args against it)."""
     parser = argparse.ArgumentParser(prog="clef-operator", description="clef's Kubernetes operator")
@@ -151,6 +177,15 @@ def build_parser() -> argparse.ArgumentParser:
     scope.add_argument("--all-namespaces", "-A", action="store_true", help="watch every namespace (default)")
     run.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
     run.add_argument("--liveness", help="serve a liveness probe, e.g. http://0.0.0.0:8080/healthz")
+    run.add_argument(
+        "--resync-seconds",
+        type=_positive,
+        default=300.0,  # handlers.RESYNC_SECONDS (not imported here: it would load kopf)
+        help="re-plan every model this often with no event, from the cache (default 300)",
+    )
+    run.add_argument(
+        "--workers", type=_at_least_one, default=24, help="reconciles running at once (default 24)"
+    )
     run.add_argument("--verbose", "-v", action="store_true")
     _election_flags(run)
     run.add_argument(

@@ -3,11 +3,15 @@ its children, and a periodic resync.  A deleted ClefModel hands back a Service i
 (`release`).
 
 The loop is a kopf daemon, so each ClefModel has exactly one reconciler at a time (no two plans
-for one model ever race).  Watches on the children only *wake* the loop; the loop re-reads the
-world (`kube.observe`), asks the planner, and applies its answer.  Status is written before the
-actions, so verdicts and re-verify bookkeeping are never lost to a crash between the two; an
-action the API server refuses stops the rest and is reported in Degraded (ChildRejected) in the
-same pass.
+for one model ever race).  The informer cache (`cache`, started by `start_watching`) watches the
+ClefModels and their children; a change wakes the model's loop, which reads the world from the
+cache (`kube.read_model`, `kube.observe`: no request), asks the planner, and applies its answer
+through the API server.  With no event a model is re-planned every `resync_seconds`, from the
+cache.  With leader election (`clef-operator run --leader-elect`) the cache runs on a standby too
+(reads pass the write fence), while kopf and so the loops start only once the replica leads.
+Status is written before the actions, so verdicts and re-verify bookkeeping are never lost to a
+crash between the two; an action the API server refuses stops the rest and is reported in
+Degraded (ChildRejected) in the same pass.
 """
 
 from __future__ import annotations
@@ -15,8 +19,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -24,7 +29,7 @@ import kopf
 from kubernetes import client, config
 from pydantic import ValidationError
 
-from clef_operator import labels, leader, metrics
+from clef_operator import labels, leader, memory, metrics
 from clef_operator.actions import Action, Event
 from clef_operator.api import GROUP, PLURAL, VERSION, ClefModelSpec, ClefModelStatus
 from clef_operator.conditions import Stamp, carried_rejection, child_rejected, invalid_spec
@@ -34,18 +39,32 @@ from clef_operator.rollout import Plan, plan_rollout
 
 log = logging.getLogger("clef.operator")
 
-RESYNC_SECONDS = 30.0
+# Every model is re-planned this often with no event (from the cache: no request); `clef-operator
+# run --resync-seconds`.
+RESYNC_SECONDS = 300.0
+WORKERS = 24
 MAX_BACKOFF_SECONDS = 60.0
+# A pass whose action the API server refused looks again this soon: what lifts a refusal (a quota
+# raised or deleted, an admission policy or RuntimeClass changed) is nothing clef watches, so no
+# event would wake the model before the resync.
+REFUSED_RETRY_SECONDS = 30.0
+# Memory is handed back this long after the last pass (`memory.trim`).
+TRIM_AFTER_SECONDS = 5.0
+TRIM_EVERY_SECONDS = 30.0
 
 
-def api_client(fenced: bool = True) -> client.ApiClient:
+def api_client(fenced: bool = True, pool: int | None = None) -> client.ApiClient:
     """In-cluster credentials when running in a pod, else the kubeconfig (KUBECONFIG).  Fenced:
-    every write refused while this replica cannot prove it holds the Lease (`leader`)."""
+    every write refused while this replica cannot prove it holds the Lease (`leader`); reads and
+    watches pass.  `pool`: connections kept open (one per reconcile worker and watch)."""
     try:
         config.load_incluster_config()
     except config.ConfigException:
         config.load_kube_config()
-    api = leader.FencedApiClient() if fenced else client.ApiClient()
+    configuration = client.Configuration.get_default_copy()
+    if pool is not None:
+        configuration.connection_pool_maxsize = pool
+    api = leader.FencedApiClient(configuration=configuration) if fenced else client.ApiClient(configuration)
     api.user_agent = leader.user_agent()
     return api
 
@@ -96,11 +115,11 @@ def _carry_out(
     refused = _apply_all(kube, model, plan.actions)
     after = plan.status
     if refused:
-        after = after.model_copy(
-            update={
-                "conditions": child_rejected(plan.status.conditions, refused, Stamp(now, model.generation))
-            }
-        )
+        # Against `before`, which carries a refusal already reported: the same refusal again keeps
+        # its lastTransitionTime, so nothing is written, and the write's own watch event does not
+        # wake the model into the same refusal at once, over and over.
+        rejected = child_rejected(before.conditions, refused, Stamp(now, model.generation))
+        after = after.model_copy(update={"conditions": rejected})
     if after != before:
         kube.write_status(model, after)
     if refused:
@@ -109,6 +128,8 @@ def _carry_out(
         metrics.derive_pass(status, after, plan.actions, observed, datetime.now(UTC), bool(refused))
     )
     metrics.record_model(model.namespace, model.name, after)
+    if refused:
+        return min(plan.requeue_after or REFUSED_RETRY_SECONDS, REFUSED_RETRY_SECONDS)
     return plan.requeue_after
 
 
@@ -142,15 +163,37 @@ def _describe(action: Any) -> str:
 # ------------------------------------------------------------------------------- kopf
 
 
+class NoDiffBase(kopf.DiffBaseStorage):
+    """No diff base: every event looks like a creation to kopf, which has no handler for it."""
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        return None
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """`clef-operator run`'s knobs (cli), handed to kopf's start-up through its memo."""
+
+    namespaces: tuple[str, ...] = ()
+    # The safety net: every model is re-planned this often (from the cache) even with no event.
+    resync_seconds: float = RESYNC_SECONDS
+    # Reconciles running at once: a pass mostly waits on the API server, so more than the CPUs.
+    workers: int = WORKERS
+
+
 @kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
+async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     # Keep kopf's own bookkeeping in our annotation namespace and out of status (which the CRD's
     # schema would prune anyway).
     settings.persistence.finalizer = f"{labels.PREFIX}/finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=labels.PREFIX)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=labels.PREFIX, key="last-handled-configuration"
-    )
+    # kopf keeps a copy of the spec ("diff base") to tell creations and updates apart; clef has
+    # no create or update handler (the daemon is level-triggered), so none is kept: that saves a
+    # patch of every new ClefModel before its daemon can start.
+    settings.persistence.diffbase_storage = NoDiffBase()
     # clef posts its own events, one per decision; kopf's per-handler chatter would drown them.
     settings.posting.level = logging.WARNING
     # No dynamic scanning of CRDs and namespaces: kopf would list and watch both cluster-wide,
@@ -160,11 +203,65 @@ def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     settings.scanning.disabled = True
     settings.watching.server_timeout = 120
     settings.watching.client_timeout = 150
-    memo.kube = Kube(api_client())
-    memo.kube.instance = leader.identity() or memo.kube.instance
+    # Before the first thread allocates (`clef-operator run` did it before its own threads
+    # started; again is harmless).
+    memory.limit_arenas()
+    memo.trim, memo.trimmed_at, memo.trimmer, memo.deleted = None, 0.0, None, False
+    tuning: Tuning = memo.get("tuning") or Tuning()
+    memo.tuning = tuning
+    memo.pool = ThreadPoolExecutor(max_workers=tuning.workers, thread_name_prefix="reconcile")
+    # The cache `clef-operator run` started before the election (warm on a standby), else one
+    # started now (kopf run directly, no election).
+    watching: Watching = memo.get("watching") or start_watching(tuning)
+    memo.kube = watching.kube
+    memo.wakers = watching.wakers
     # Verdicts are signed with this key; without it nothing may be promoted, so start-up fails.
+    # Read (or created: a write) only now that this replica leads.
     memo.kube.load_verdict_key(operator_namespace())
-    memo.wakers = {}
+    # From here on a watch event wakes the model's loop.
+    watching.attach(asyncio.get_running_loop())
+
+
+@dataclass
+class Watching:
+    """The informer cache (in `kube`) and the model loops its watch threads wake.  Until a loop
+    is attached (kopf has started, after the election) a wake-up goes nowhere: there are no model
+    loops yet, and each makes a first pass when it starts."""
+
+    kube: Kube
+    wakers: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
+    loop: asyncio.AbstractEventLoop | None = None
+
+    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+
+    def wake(self, namespace: str, model: str) -> None:
+        """Called from the watch threads."""
+        loop = self.loop
+        if loop is None or loop.is_closed():  # not started, or stopping: there is nobody to wake
+            return
+        with contextlib.suppress(RuntimeError):  # the loop closed since the line above
+            loop.call_soon_threadsafe(self._set, namespace, model)
+
+    def _set(self, namespace: str, model: str) -> None:
+        event = self.wakers.get((namespace, model))
+        if event is not None:
+            event.set()
+
+
+def start_watching(tuning: Tuning) -> Watching:
+    """Start the informer cache: every kind clef plans from, listed and then watched through the
+    fenced client (reads and watches pass the fence, so a standby may run it; its writes would
+    not).  `clef-operator run` calls it before campaigning for the Lease, so that a standby's
+    cache is synced when it takes over: failover then costs kopf's start-up, not a list of every
+    child of every model."""
+    kube = Kube(api_client(pool=tuning.workers + 16))
+    kube.instance = leader.identity() or kube.instance
+    watching = Watching(kube)
+    # Children, Services, goldens ConfigMaps, nodes and the ClefModels themselves come from these
+    # watches; kopf watches ClefModels only to run one daemon per model and its deletion handler.
+    kube.start_cache(tuning.namespaces, watching.wake)
+    return watching
 
 
 @kopf.on.login()
@@ -191,11 +288,21 @@ async def login(logger: Any, settings: kopf.OperatorSettings, **_: Any) -> kopf.
     )
 
 
-def _wake(memo: Any, namespace: str | None, model: str | None) -> None:
-    if namespace and model:
-        event = memo.wakers.get((namespace, model))
-        if event is not None:
-            event.set()
+@kopf.on.cleanup()
+async def stop_cache(memo: Any, **_: Any) -> None:
+    memo.kube.cache.stop()
+    memo.pool.shutdown(wait=False, cancel_futures=True)
+
+
+@kopf.on.probe(id="clef-state")
+def held_state(memo: Any, **_: Any) -> dict[str, int]:
+    """What the operator holds, on its liveness endpoint: objects per kind in the cache, models
+    with a running loop, whether the cache has synced.  After the last model is deleted every
+    count but nodes and Services (which are not per model) falls back to where it started."""
+    kube: Kube | None = getattr(memo, "kube", None)
+    if kube is None:
+        return {}
+    return {**kube.cache.sizes(), "loops": len(memo.wakers), "synced": int(kube.cache.synced())}
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
@@ -206,14 +313,19 @@ async def run_model(
     wake = asyncio.Event()
     memo.wakers[(namespace, name)] = wake
     metrics.MODELS.inc()
+    loop = asyncio.get_running_loop()
     backoff = 1.0
     try:
+        # Never plan from a half-filled cache: wait until every kind has been listed once.
+        while not stopped and not memo.kube.cache.synced():
+            await asyncio.sleep(0.2)
         while not stopped:
             wake.clear()
             queued = metrics.Queued(lambda: reconcile(memo.kube, namespace, name))
             try:
-                requeue = await asyncio.to_thread(queued)
+                requeue = await loop.run_in_executor(memo.pool, queued)
                 backoff = 1.0
+                _trim_soon(memo, loop)
             except leader.Fenced as e:
                 metrics.RECONCILE_ERRORS.labels(kind="fenced").inc()
                 log.warning("%s/%s: %s", namespace, name, e)
@@ -224,18 +336,47 @@ async def run_model(
                 requeue, backoff = backoff, min(backoff * 2, MAX_BACKOFF_SECONDS)
             finally:
                 queued.cancelled()
-            timeout = RESYNC_SECONDS if requeue is None else min(max(requeue, 0.2), RESYNC_SECONDS)
-            deadline = time.monotonic() + timeout
-            while not stopped and not wake.is_set() and time.monotonic() < deadline:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(
-                        wake.wait(), timeout=min(1.0, max(deadline - time.monotonic(), 0.01))
-                    )
+            await _sleep(wake, stopped, _next_look(requeue, memo.tuning.resync_seconds))
     finally:
         metrics.MODELS.dec()
         metrics.record_model(namespace, name, None)
         if memo.wakers.get((namespace, name)) is wake:
             del memo.wakers[(namespace, name)]
+        memo.deleted = True
+        _trim_soon(memo, loop)
+
+
+def _trim_soon(memo: Any, loop: asyncio.AbstractEventLoop) -> None:
+    """After a burst of passes (a rollout of many models, their deletion), hand the memory the
+    burst used back (`memory.trim`) once no pass has ended for TRIM_AFTER_SECONDS; at most one
+    trim every TRIM_EVERY_SECONDS, and never two at once."""
+    if memo.trim is not None:
+        memo.trim.cancel()
+    earliest = memo.trimmed_at + TRIM_EVERY_SECONDS
+    memo.trim = loop.call_at(max(loop.time() + TRIM_AFTER_SECONDS, earliest), _trim, memo, loop)
+
+
+def _trim(memo: Any, loop: asyncio.AbstractEventLoop) -> None:
+    memo.trim, memo.trimmed_at = None, loop.time()
+    if memo.trimmer is None or memo.trimmer.done():
+        memo.trimmer = loop.run_in_executor(None, memory.trim, memo.deleted)
+        memo.deleted = False
+
+
+def _next_look(requeue: float | None, resync: float) -> float:
+    """Seconds until the next pass with no event: what the planner asked for, else the resync."""
+    return resync if requeue is None else min(max(requeue, 0.2), resync)
+
+
+async def _sleep(wake: asyncio.Event, stopped: kopf.DaemonStopped, seconds: float) -> None:
+    """Until woken, stopped or `seconds` passed, with no timer in between (a thousand idle
+    models cost nothing until their resync)."""
+    waits = [asyncio.ensure_future(wake.wait()), asyncio.ensure_future(stopped.wait())]
+    try:
+        await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)
@@ -245,33 +386,3 @@ def release(name: str, namespace: str | None, spec: Mapping[str, Any], memo: Any
     service = (spec.get("service") or {}).get("name")
     if namespace and service and memo.kube.release_service(namespace, name, service):
         log.info("%s/%s: released Service %s", namespace, name, service)
-
-
-@kopf.on.event(GROUP, VERSION, PLURAL)
-def model_changed(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
-    _wake(memo, namespace, name)
-
-
-@kopf.on.event("apps", "v1", "deployments", labels={labels.MANAGED_BY: labels.MANAGED_BY_VALUE})
-def deployment_changed(namespace: str | None, labels: Mapping[str, str], memo: Any, **_: Any) -> None:
-    _wake(memo, namespace, labels.get(_MODEL))
-
-
-@kopf.on.event("batch", "v1", "jobs", labels={labels.MANAGED_BY: labels.MANAGED_BY_VALUE})
-def job_changed(namespace: str | None, labels: Mapping[str, str], memo: Any, **_: Any) -> None:
-    _wake(memo, namespace, labels.get(_MODEL))
-
-
-@kopf.on.event("v1", "pods", labels={labels.MODEL: kopf.PRESENT})
-def pod_changed(namespace: str | None, labels: Mapping[str, str], memo: Any, **_: Any) -> None:
-    _wake(memo, namespace, labels.get(_MODEL))
-
-
-@kopf.on.event("v1", "services", annotations={labels.SERVICE_MODEL: kopf.PRESENT})
-def service_changed(namespace: str | None, annotations: Mapping[str, str], memo: Any, **_: Any) -> None:
-    _wake(memo, namespace, annotations.get(_SERVICE_MODEL))
-
-
-# The handlers' `labels` parameter (kopf passes it by that name) shadows the module.
-_MODEL = labels.MODEL
-_SERVICE_MODEL = labels.SERVICE_MODEL

@@ -1,10 +1,13 @@
 """The only module that talks to the API server.
 
-`observe` turns the ClefModel's children into the planner's snapshots; `apply` carries out the
-planner's actions, one API call each; `write_status` publishes the planner's status.  Conflicts
-that a level-triggered loop resolves by itself (AlreadyExists on create, NotFound on delete, a
-Service changed between read and patch) are not errors: the next reconcile observes the truth and
-plans again.  A refusal (400, 403, 422: the object is invalid or not allowed) is returned, with the
+`observe` turns the ClefModel's children into the planner's snapshots, read from the informer
+cache (`cache`: list + watch per kind, `KINDS` says how each is stored); `apply` carries out the
+planner's actions, one API call each; `write_status` publishes the planner's status.  Reads come
+from the cache, writes go to the API server, and a write's response goes back into the cache.
+A cache read can still lag the world (another writer, a watch event on its way): conflicts that a
+level-triggered loop resolves by itself (AlreadyExists on create, NotFound on delete, a Service
+changed between read and patch) are not errors: the next reconcile observes the truth and plans
+again.  A refusal (400, 403, 422: the object is invalid or not allowed) is returned, with the
 API server's message, for the ClefModel's status; anything else raises.
 """
 
@@ -16,8 +19,9 @@ import logging
 import os
 import secrets
 import socket
-from collections.abc import Iterable, Mapping
-from dataclasses import replace
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,7 +29,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from clef_operator import actions as act
-from clef_operator import labels
+from clef_operator import cache, labels
 from clef_operator.api import GROUP, KIND, PLURAL, VERSION, ClefModelStatus, Step
 from clef_operator.children import release_ops
 from clef_operator.endpoint import CHECK_CONTAINER
@@ -61,6 +65,23 @@ CONTAINER_OF = {
 }
 GPU_CLASS_COMPONENTS = (labels.COMPONENT_VERIFICATION, labels.COMPONENT_SERVING)
 LOG_SLACK_BYTES = 64 * 1024
+# The goldens ConfigMaps are the only ConfigMaps clef reads: its cache lists and watches just
+# these (by label), never every ConfigMap in the namespace.
+GOLDENS_SELECTOR = f"{labels.COMPONENT}={labels.COMPONENT_GOLDENS}"
+# Threads that post events, apart from the reconciles.
+EVENT_POSTERS = 4
+# Actions on an object that is gone (404): a delete is done; a patch is moot, and the next pass,
+# which sees it gone (the cache may have shown it a moment longer), plans from that.
+VANISHED_IS_DONE = (
+    act.DeleteJob,
+    act.DeleteDeployment,
+    act.DeleteConfigMap,
+    act.ScaleDeployment,
+    act.AnnotateDeployment,
+    act.ReplaceTemplate,
+    act.PatchServiceSelector,
+    act.PatchServicePorts,
+)
 # The client's serializer (model objects -> wire dicts); it holds no connection state.
 _WIRE = client.ApiClient()
 
@@ -73,17 +94,6 @@ def _escape(key: str) -> str:
 def _body(manifest: Mapping[str, Any]) -> Any:
     """The client accepts plain dicts where its signatures name model classes."""
     return dict(manifest)
-
-
-def _owned_by(meta: Any, uid: str) -> bool:
-    return any(ref.uid == uid for ref in (meta.owner_references or []))
-
-
-def _other_controller(meta: Any, uid: str) -> str:
-    for ref in meta.owner_references or []:
-        if ref.controller and ref.uid != uid:
-            return f"{ref.kind}/{ref.name}"
-    return ""
 
 
 def _wire(obj: Any) -> Any:
@@ -252,6 +262,92 @@ def _b64(text: str) -> bytes | None:
         return None
 
 
+@dataclass(frozen=True)
+class ServiceRecord:
+    """What clef reads of a Service, for any model that names it."""
+
+    name: str
+    selector: Mapping[str, str]
+    annotations: Mapping[str, str]
+    # (uid, "Kind/name", controller) of each ownerReference.
+    owners: tuple[tuple[str, str, bool], ...]
+    cluster_ip: str
+    ports: tuple[Mapping[str, Any], ...]
+
+    def state(self, model_uid: str) -> ServiceState:
+        return ServiceState(
+            name=self.name,
+            selector=self.selector,
+            annotations=self.annotations,
+            owned=any(uid == model_uid for uid, _, _ in self.owners),
+            cluster_ip=self.cluster_ip,
+            ports=self.ports,
+            controller=next((who for uid, who, c in self.owners if c and uid != model_uid), ""),
+        )
+
+
+def _service(s: Any) -> ServiceRecord:
+    return ServiceRecord(
+        name=s.metadata.name,
+        selector=dict(s.spec.selector or {}),
+        annotations=dict(s.metadata.annotations or {}),
+        owners=tuple(
+            (ref.uid, f"{ref.kind}/{ref.name}", bool(ref.controller))
+            for ref in s.metadata.owner_references or []
+        ),
+        cluster_ip=s.spec.cluster_ip or "",
+        ports=tuple(_wire(p) for p in s.spec.ports or []),
+    )
+
+
+def _owners(obj: Any) -> frozenset[str]:
+    return frozenset(ref.uid for ref in (obj.metadata.owner_references or []) if ref.uid)
+
+
+def _by_model(obj: Any) -> cache.Key | None:
+    model = (obj.metadata.labels or {}).get(labels.MODEL)
+    return (obj.metadata.namespace or "", model) if model else None
+
+
+def _by_name(obj: Any) -> cache.Key:
+    meta = obj["metadata"] if isinstance(obj, Mapping) else obj.metadata
+    if isinstance(meta, Mapping):
+        return (meta.get("namespace") or "", meta["name"])
+    return (meta.namespace or "", meta.name)
+
+
+def _service_wakes(s: Any) -> cache.Key | None:
+    model = (s.metadata.annotations or {}).get(labels.SERVICE_MODEL)
+    return (s.metadata.namespace or "", model) if model else None
+
+
+def _model_body(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """A ClefModel as the cache keeps it: without managedFields (which grow with every writer and
+    field, and which nothing here reads)."""
+    meta = {k: v for k, v in obj.get("metadata", {}).items() if k != "managedFields"}
+    return {**obj, "metadata": meta}
+
+
+def _version_number(version: str) -> int:
+    return int(version) if version.isdigit() else 0
+
+
+# Every kind clef plans from: its key in the cache, its snapshot, whom a change to it wakes.
+KINDS: dict[str, cache.Kind] = {
+    "clefmodels": cache.Kind("clefmodels", _by_name, _model_body, _by_name),
+    "deployments": cache.Kind("deployments", _by_model, lambda d: (_owners(d), _deployment(d)), _by_model),
+    "jobs": cache.Kind("jobs", _by_model, lambda j: (_owners(j), _job(j)), _by_model),
+    # Node fields are filled in when observed (Kube._on_node), from the node cache.
+    "pods": cache.Kind("pods", _by_model, lambda p: _pod(p, {}), _by_model),
+    "services": cache.Kind("services", _by_name, _service, _service_wakes),
+    "nodes": cache.Kind("nodes", _by_name, lambda n: dict(n.metadata.labels or {}), lambda n: None),
+    # Goldens ConfigMaps only (GOLDENS_SELECTOR), with their signed goldens.
+    "configmaps": cache.Kind(
+        "configmaps", _by_model, lambda c: (_owners(c), _config_map(c)), _by_model, GOLDENS_SELECTOR
+    ),
+}
+
+
 def serves(api: client.ApiClient, group: str, version: str, plural: str) -> bool:
     """Whether the API server serves `plural` in `group/version` (discovery: no RBAC needed)."""
     try:
@@ -277,14 +373,45 @@ def operator_namespace() -> str:
 
 
 class Kube:
-    def __init__(self, api: client.ApiClient) -> None:
+    def __init__(self, api: client.ApiClient, store: cache.Cache | None = None) -> None:
         self.api = api
+        self.cache = store if store is not None else cache.Cache(KINDS)
+        self._events = ThreadPoolExecutor(max_workers=EVENT_POSTERS, thread_name_prefix="events")
         self.core = client.CoreV1Api(api)
         self.apps = client.AppsV1Api(api)
         self.batch = client.BatchV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self.instance = socket.gethostname()
         self._verdict_key: bytes | None = None
+
+    def start_cache(self, namespaces: tuple[str, ...], wake: cache.Wake) -> None:
+        """List and watch every kind clef plans from, in `namespaces` (empty: all); nodes are
+        cluster-scoped.  `wake(namespace, model)` is called from the watch threads."""
+        listers: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {
+            "deployments": (
+                self.apps.list_namespaced_deployment,
+                self.apps.list_deployment_for_all_namespaces,
+            ),
+            "jobs": (self.batch.list_namespaced_job, self.batch.list_job_for_all_namespaces),
+            "pods": (self.core.list_namespaced_pod, self.core.list_pod_for_all_namespaces),
+            "services": (self.core.list_namespaced_service, self.core.list_service_for_all_namespaces),
+            "configmaps": (
+                self.core.list_namespaced_config_map,
+                self.core.list_config_map_for_all_namespaces,
+            ),
+            "clefmodels": (
+                cache.custom_lister(self.custom, GROUP, VERSION, PLURAL, all_namespaces=False),
+                cache.custom_lister(self.custom, GROUP, VERSION, PLURAL, all_namespaces=True),
+            ),
+        }
+        for kind, (namespaced, everywhere) in listers.items():
+            if namespaces:
+                for ns in namespaces:
+                    self.cache.add(kind, namespaced, ns, wake)
+            else:
+                self.cache.add(kind, everywhere, None, wake)
+        self.cache.add("nodes", self.core.list_node, None, wake)
+        self.cache.start()
 
     # -------------------------------------------------------------------------- the verdict key
     @property
@@ -330,73 +457,63 @@ class Kube:
 
     # -------------------------------------------------------------------------- reading
     def read_model(self, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            obj: Any = self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise
-        return dict(obj)
-
-    def _node_labels(self, names: Iterable[str]) -> dict[str, dict[str, str]]:
-        out: dict[str, dict[str, str]] = {}
-        for name in set(names) - {""}:
-            try:
-                node: Any = self.core.read_node(name)
-                out[name] = dict(node.metadata.labels or {})
-            except ApiException as e:
-                # Without read access to nodes the GPU class is simply unknown.
-                log.debug("cannot read node %s: %s", name, e.reason)
-                out[name] = {}
-        return out
+        """The ClefModel as the cache holds it (its watch, or this operator's last status write,
+        whichever is newer); None when it is gone."""
+        found = self.cache["clefmodels"].get((namespace, name))
+        if not found:
+            return None
+        newest: dict[str, Any] = max(found, key=lambda o: _version_number(cache.resource_version(o)))
+        return dict(newest)
 
     def observe(self, model: ModelRef, service_name: str) -> Observed:
-        ns = model.namespace
-        selector = f"{labels.MODEL}={model.name}"
-        raw_deployments: list[Any] = self.apps.list_namespaced_deployment(ns, label_selector=selector).items
-        deployments = [_deployment(d) for d in raw_deployments if _owned_by(d.metadata, model.uid)]
-        raw_jobs: list[Any] = self.batch.list_namespaced_job(ns, label_selector=selector).items
-        jobs = [_job(j) for j in raw_jobs if _owned_by(j.metadata, model.uid)]
-        raw_pods: list[Any] = self.core.list_namespaced_pod(ns, label_selector=selector).items
-        # Verification pods and previews (serving pods) say which GPU class a verdict is for.
-        gpu_pods = [
-            p.spec.node_name
-            for p in raw_pods
-            if (p.metadata.labels or {}).get(labels.COMPONENT) in GPU_CLASS_COMPONENTS and p.spec
-        ]
-        node_labels = self._node_labels(n or "" for n in gpu_pods)
-        pods = [_pod(p, node_labels) for p in raw_pods]
-        jobs = [self._with_pod_refusal(ns, j, pods) for j in jobs]
-        config_maps = self._goldens_config_maps(model)
+        """The model's children from the cache (a dictionary lookup); requests only for what no
+        watch holds: the log of a completed goldens pod whose goldens are not stored yet, and the
+        FailedCreate events of an active verification Job that has no pod."""
+        key = (model.namespace, model.name)
+        deployments = [d for owners, d in self.cache["deployments"].get(key) if model.uid in owners]
+        jobs = [j for owners, j in self.cache["jobs"].get(key) if model.uid in owners]
+        pods = sorted((self._on_node(p) for p in self.cache["pods"].get(key)), key=lambda p: p.name)
+        jobs = [self._with_pod_refusal(model.namespace, j, pods) for j in sorted(jobs, key=lambda j: j.name)]
+        config_maps = sorted(
+            (c for owners, c in self.cache["configmaps"].get(key) if model.uid in owners),
+            key=lambda c: c.name,
+        )
         logs = self._goldens_logs(model, jobs, pods, config_maps)
-        service = None
-        try:
-            s: Any = self.core.read_namespaced_service(service_name, ns)
-            service = ServiceState(
-                name=s.metadata.name,
-                selector=dict(s.spec.selector or {}),
-                annotations=dict(s.metadata.annotations or {}),
-                owned=_owned_by(s.metadata, model.uid),
-                cluster_ip=s.spec.cluster_ip or "",
-                ports=tuple(_wire(p) for p in s.spec.ports or []),
-                controller=_other_controller(s.metadata, model.uid),
-            )
-        except ApiException as e:
-            if e.status != 404:
-                raise
-        return Observed(tuple(deployments), tuple(jobs), tuple(pods), service, tuple(config_maps), logs)
+        records = self.cache["services"].get((model.namespace, service_name))
+        service = records[0].state(model.uid) if records else None
+        return Observed(
+            tuple(sorted(deployments, key=lambda d: d.name)),
+            tuple(jobs),
+            tuple(pods),
+            service,
+            tuple(config_maps),
+            logs,
+        )
 
-    def _goldens_config_maps(self, model: ModelRef) -> list[ConfigMapState]:
-        selector = f"{labels.MODEL}={model.name},{labels.COMPONENT}={labels.COMPONENT_GOLDENS}"
-        raw: list[Any] = self.core.list_namespaced_config_map(model.namespace, label_selector=selector).items
-        return [_config_map(c) for c in raw if _owned_by(c.metadata, model.uid)]
+    def _on_node(self, pod: PodState) -> PodState:
+        """The GPU class and memory of the node a verification or serving pod runs on (its labels,
+        from the node cache): they say which GPU class a verdict is for."""
+        if pod.component not in GPU_CLASS_COMPONENTS or not pod.node_name:
+            return pod
+        found = self.cache["nodes"].get(("", pod.node_name))
+        if not found:
+            return pod
+        node: Mapping[str, str] = found[0]
+        memory = node.get(labels.NODE_GPU_MEMORY, "")
+        return replace(
+            pod,
+            node_gpu_product=node.get(labels.NODE_GPU_PRODUCT, ""),
+            node_gpu_memory_mib=int(memory) if memory.isdigit() else None,
+        )
 
     def _goldens_logs(
         self, model: ModelRef, jobs: list[JobState], pods: list[PodState], stored: list[ConfigMapState]
     ) -> dict[str, bytes]:
         """The log of each goldens pod whose Job completed and whose goldens are not stored yet:
         only the pod that belongs to the Job's UID, at most MAX_GOLDENS_BYTES and a little more
-        (what is cut off then fails the sha256 check)."""
+        (what is cut off then fails the sha256 check).  No watch carries a log, so this is a
+        request, made once per goldens Job: the ConfigMap written from it (remembered in the
+        cache) ends the reads."""
         names = {c.name for c in stored}
         out: dict[str, bytes] = {}
         for job in jobs:
@@ -422,7 +539,8 @@ class Kube:
 
     def _with_pod_refusal(self, ns: str, job: JobState, pods: list[PodState]) -> JobState:
         """`job` with `pods_refused` read from its FailedCreate events: only while it is active
-        and has no pod (one field-selected list for that Job alone; none in the steady state)."""
+        and has no pod (one field-selected list for that Job alone; none in the steady state).
+        Events are not cached: they are many, and this read is rare."""
         if job.finished or job.deleting or not job.uid or any(job.uid in p.owner_uids for p in pods):
             return job
         selector = f"involvedObject.uid={job.uid},reason=FailedCreate"
@@ -443,10 +561,7 @@ class Kube:
                         action, (act.CreateJob, act.CreateDeployment, act.CreateService, act.CreateConfigMap)
                     )
                 )
-                or (
-                    e.status == 404
-                    and isinstance(action, (act.DeleteJob, act.DeleteDeployment, act.DeleteConfigMap))
-                )
+                or (e.status == 404 and isinstance(action, VANISHED_IS_DONE))
                 or (_lost_race(e) and isinstance(action, (act.PatchServiceSelector, act.PatchServicePorts)))
             )
             if benign:
@@ -459,27 +574,29 @@ class Kube:
 
     def _apply(self, ns: str, model: ModelRef, action: act.Action) -> None:
         if isinstance(action, act.CreateJob):
-            self.batch.create_namespaced_job(ns, _body(action.manifest))
+            self._remember("jobs", self.batch.create_namespaced_job(ns, _body(action.manifest)))
         elif isinstance(action, act.DeleteJob):
             self.batch.delete_namespaced_job(action.name, ns, propagation_policy="Background")
+            self._forget("jobs", model, action.name)
         elif isinstance(action, act.CreateDeployment):
-            self.apps.create_namespaced_deployment(ns, _body(action.manifest))
+            self._remember("deployments", self.apps.create_namespaced_deployment(ns, _body(action.manifest)))
         elif isinstance(action, act.ScaleDeployment):
             body = {
                 "metadata": {"annotations": dict(action.annotations)},
                 "spec": {"replicas": action.replicas},
             }
-            self.apps.patch_namespaced_deployment(action.name, ns, body, _content_type=MERGE_PATCH)
+            self._patch_deployment(ns, action.name, body, MERGE_PATCH)
         elif isinstance(action, act.AnnotateDeployment):
             body = {"metadata": {"annotations": dict(action.annotations)}}
-            self.apps.patch_namespaced_deployment(action.name, ns, body, _content_type=MERGE_PATCH)
+            self._patch_deployment(ns, action.name, body, MERGE_PATCH)
         elif isinstance(action, act.ReplaceTemplate):
-            replace = [{"op": "replace", "path": "/spec/template", "value": dict(action.template)}]
-            self.apps.patch_namespaced_deployment(action.name, ns, replace, _content_type=JSON_PATCH)
+            template = [{"op": "replace", "path": "/spec/template", "value": dict(action.template)}]
+            self._patch_deployment(ns, action.name, template, JSON_PATCH)
         elif isinstance(action, act.DeleteDeployment):
             self.apps.delete_namespaced_deployment(action.name, ns, propagation_policy="Background")
+            self._forget("deployments", model, action.name)
         elif isinstance(action, act.CreateService):
-            self.core.create_namespaced_service(ns, _body(action.manifest))
+            self._remember("services", self.core.create_namespaced_service(ns, _body(action.manifest)))
         elif isinstance(action, act.PatchServiceSelector):
             self._patch_selector(ns, action)
         elif isinstance(action, act.PatchServicePorts):
@@ -492,11 +609,14 @@ class Kube:
                 },
                 {"op": "replace", "path": "/spec/ports", "value": [dict(p) for p in action.ports]},
             ]
-            self.core.patch_namespaced_service(action.name, ns, ops, _content_type=JSON_PATCH)
+            self._remember(
+                "services", self.core.patch_namespaced_service(action.name, ns, ops, _content_type=JSON_PATCH)
+            )
         elif isinstance(action, act.CreateConfigMap):
-            self.core.create_namespaced_config_map(ns, _body(action.manifest))
+            self._remember("configmaps", self.core.create_namespaced_config_map(ns, _body(action.manifest)))
         elif isinstance(action, act.DeleteConfigMap):
             self.core.delete_namespaced_config_map(action.name, ns)
+            self._forget("configmaps", model, action.name)
         elif isinstance(action, act.Event):
             self.post_event(model, action)
         else:  # pragma: no cover - every action type is handled above
@@ -516,7 +636,23 @@ class Kube:
             {"op": "test", "path": "/metadata/resourceVersion", "value": current.metadata.resource_version}
         )
         ops.append({"op": "add", "path": "/spec/selector", "value": dict(action.selector)})
-        self.core.patch_namespaced_service(action.name, ns, ops, _content_type=JSON_PATCH)
+        self._remember(
+            "services", self.core.patch_namespaced_service(action.name, ns, ops, _content_type=JSON_PATCH)
+        )
+
+    def _patch_deployment(self, ns: str, name: str, body: Any, content_type: str) -> None:
+        self._remember(
+            "deployments", self.apps.patch_namespaced_deployment(name, ns, body, _content_type=content_type)
+        )
+
+    def _forget(self, kind: str, model: ModelRef, name: str) -> None:
+        """A delete went through: the next pass does not see the object (nor delete it again)."""
+        self.cache[kind].forget((model.namespace, model.name), lambda value: value[1].name == name)
+
+    def _remember(self, kind: str, response: Any) -> None:
+        """A write's response is the object as it is now: the next pass reads it (not the state
+        before the write) even before the watch delivers it."""
+        self.cache[kind].put(response)
 
     def release_service(self, namespace: str, model: str, service: str) -> bool:
         """Hand back a Service `model` adopted (`children.release_ops`), when the model is deleted;
@@ -560,10 +696,18 @@ class Kube:
             namespace=model.namespace,
             uid=model.uid,
         )
-        self._post(model.namespace, reference, event)
+        # Off the reconcile's path: an event is a record of a decision already carried out, and
+        # waiting for it would hold the next action (and the next model's pass) back.
+        self._events.submit(self._post, model.namespace, reference, event, datetime.now(UTC))
 
-    def _post(self, namespace: str, involved: client.V1ObjectReference, event: act.Event) -> None:
-        now = datetime.now(UTC)
+    def _post(
+        self,
+        namespace: str,
+        involved: client.V1ObjectReference,
+        event: act.Event,
+        now: datetime | None = None,
+    ) -> None:
+        now = now or datetime.now(UTC)
         body = client.CoreV1Event(
             metadata=client.V1ObjectMeta(generate_name=f"{involved.name}.", namespace=namespace),
             involved_object=involved,
@@ -580,10 +724,12 @@ class Kube:
         )
         try:
             self.core.create_namespaced_event(namespace, body)
-        except ApiException as e:
-            # An event is a courtesy; losing one must not stop a rollout.
+        except Exception as e:
+            # An event is a courtesy; losing one must not stop a rollout (nor, posted from its
+            # own thread, go unnoticed).
+            reason = e.reason if isinstance(e, ApiException) else e
             log.warning(
-                "could not post event %s for %s/%s: %s", event.reason, namespace, involved.name, e.reason
+                "could not post event %s for %s/%s: %s", event.reason, namespace, involved.name, reason
             )
 
     def write_status(self, model: ModelRef, status: ClefModelStatus) -> None:
@@ -591,9 +737,12 @@ class Kube:
         # Merge patch: a field the planner cleared must be sent as null to be removed.
         for name, field in ClefModelStatus.model_fields.items():
             body.setdefault(field.alias or name, None)
-        self.custom.patch_namespaced_custom_object_status(
+        written = self.custom.patch_namespaced_custom_object_status(
             GROUP, VERSION, model.namespace, PLURAL, model.name, {"status": body}, _content_type=MERGE_PATCH
         )
+        # The status the next pass plans from is this one (re-verify runs and verdicts are counted
+        # from it), never an older one that a lagging watch still holds.
+        self._remember("clefmodels", written)
 
 
 def _lost_race(e: ApiException) -> bool:

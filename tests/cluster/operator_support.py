@@ -21,7 +21,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from clef_devcluster.host_operator import OPERATOR_NAMESPACE, spawn_operator
+from clef_devcluster.host_operator import OPERATOR_NAMESPACE, clef_flash, spawn_operator, stop_operator
 from clef_devcluster.procs import free_port
 from clef_operator.api import GROUP, PLURAL, VERSION
 from clef_operator.leader import LEASE_NAME
@@ -46,10 +46,11 @@ VERIFY_SECONDS = float(os.environ.get("CLEF_TEST_VERIFY_TIMEOUT", "600"))
 class OperatorProcess:
     """`clef-operator run` for one namespace, as a subprocess with its log in a file."""
 
-    def __init__(self, kubeconfig: Path, namespace: str, log_path: Path) -> None:
+    def __init__(self, kubeconfig: Path, namespace: str, log_path: Path, args: Sequence[str] = ()) -> None:
         self.kubeconfig = kubeconfig
         self.namespace = namespace
         self.log_path = log_path
+        self.args = tuple(args)  # more `clef-operator run` flags
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
@@ -59,7 +60,7 @@ class OperatorProcess:
         log = self.log_path.open("ab")
         log.write(f"\n===== start {self.starts} =====\n".encode())
         log.flush()
-        self.proc = spawn_operator(["run", "--namespace", self.namespace], self.kubeconfig, log)
+        self.proc = spawn_operator(["run", "--namespace", self.namespace, *self.args], self.kubeconfig, log)
         log.close()
 
     def kill(self) -> None:
@@ -128,13 +129,8 @@ class ElectedOperator:
     def stop(self) -> None:
         """SIGTERM (a clean stop hands the Lease back), SIGKILL if it does not go."""
         if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGCONT)
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
+            os.killpg(self.proc.pid, signal.SIGCONT)  # a paused one could not act on SIGTERM
+        stop_operator(self.proc)
 
     def tail(self, lines: int = 30) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
@@ -166,12 +162,7 @@ def delete_lease(cluster: Cluster) -> None:
 def clefmodel(name: str, image: str = IMAGE_10, **spec: Any) -> dict[str, Any]:
     """clef-flash as in DESIGN: 1 GPU, f16, kvFraction 0.30, Service clef-serve."""
     body: dict[str, Any] = {
-        "engine": "candle-vllm",
-        "image": image,
-        "model": {"name": "clef-flash", "path": "/models/clef-flash", "weightsMiB": 9426},
-        "dtype": "f16",
-        "kvFraction": 0.30,
-        "gpus": 1,
+        **clef_flash(image),
         "nodeSelector": {"nvidia.com/gpu.product": V100},
         "service": {"name": "clef-serve"},
         "verification": {"timeoutSeconds": int(VERIFY_SECONDS)},
@@ -369,8 +360,10 @@ def delete_models(cluster: Cluster, namespace: str, timeout: float = 30) -> None
 
 
 @contextmanager
-def operator_running(cluster: Cluster, namespace: str, log_dir: Path) -> Iterator[OperatorProcess]:
-    op = OperatorProcess(cluster.kubeconfig, namespace, log_dir / f"operator-{namespace}.log")
+def operator_running(
+    cluster: Cluster, namespace: str, log_dir: Path, args: Sequence[str] = ()
+) -> Iterator[OperatorProcess]:
+    op = OperatorProcess(cluster.kubeconfig, namespace, log_dir / f"operator-{namespace}.log", args)
     op.start()
     try:
         yield op

@@ -332,6 +332,11 @@ def _drive_goldens(models: Models, operator: ElectedOperator, tmp: Path) -> None
         return list(core.list_namespaced_config_map(models.ns, label_selector=selector).items)
 
     wait_for(lambda: stored(), VERIFY_SECONDS, "the goldens stored", operator.tail)
+    # The forgery goes in after the run that made the goldens has concluded: the operator watches
+    # the goldens ConfigMaps, so an edit during that run fails it at once (without the re-verify
+    # below), and the re-verify would then start a new run that makes new goldens and passes.
+    # With the verdict standing, the edit changes nothing until the re-verify reads the goldens.
+    models.wait_condition(name, "Verified", "True", "Verified", timeout=VERIFY_SECONDS)
     (cm,) = stored()
     forged = {
         "clef.riotpiao.com/goldens": cm.metadata.annotations["clef.riotpiao.com/goldens"].replace("1", "2")

@@ -202,9 +202,10 @@ def test_rbac_is_least_privilege(base: Objects) -> None:
     granted = granted_to(base, OPERATOR_NAMESPACE, OPERATOR_SA)  # refuses wildcards
     resources = {resource for _, resource, _ in granted}
     assert not resources & {"serviceaccounts", "serviceaccounts/token"}
-    # ConfigMaps: the goldens only (listed, created, deleted when untrusted); never read one by name
-    # nor patched; logs only read (endpoint verification: docs/operations.md, "Security").
-    assert {v for _, r, v in granted if r == "configmaps"} == {"list", "create", "delete"}
+    # ConfigMaps: the goldens only (listed and watched into the cache, created, deleted when
+    # untrusted); never read one by name nor patched; logs only read (endpoint verification:
+    # docs/operations.md, "Security").
+    assert {v for _, r, v in granted if r == "configmaps"} == {"list", "watch", "create", "delete"}
     assert {v for _, r, v in granted if r == "pods/log"} == {"get"}
     # Secrets: only the operator's verdict key, read by name, and created on the first start, in
     # the operator's own namespace (issue 13: docs/operations.md, "What clef trusts").
@@ -226,9 +227,9 @@ def test_rbac_is_least_privilege(base: Objects) -> None:
         ("clef.riotpiao.com", "clefmodels/finalizers"),
         ("coordination.k8s.io", "leases"),  # the Lease, by name (test_lease_rbac_is_the_one_lease_by_name)
     }
-    # Cluster-scoped access is read-only and limited to nodes.
+    # Cluster-scoped access is read-only and limited to nodes (listed and watched into the cache).
     nodes = find(base, "ClusterRole", "clef-operator-nodes")
-    assert rule_permissions(nodes["rules"]) == {("", "nodes", "get")}
+    assert rule_permissions(nodes["rules"]) == {("", "nodes", "list"), ("", "nodes", "watch")}
     for binding in (o for o in base if o["kind"] == "ClusterRoleBinding"):
         assert binding["subjects"] == [
             {"kind": "ServiceAccount", "name": OPERATOR_SA, "namespace": OPERATOR_NAMESPACE}

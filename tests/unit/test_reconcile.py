@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -9,7 +10,7 @@ from clef_builders import T0, base_spec_dict
 
 from clef_operator.actions import Action, CreateJob
 from clef_operator.api import ClefModelStatus
-from clef_operator.handlers import reconcile
+from clef_operator.handlers import REFUSED_RETRY_SECONDS, reconcile
 from clef_operator.observed import ModelRef, Observed
 
 
@@ -94,6 +95,25 @@ def test_a_refused_child_is_in_degraded_in_the_same_pass_and_stops_the_rest():
     state, reason, message = degraded(kube.status)
     assert (state, reason) == ("True", "ChildRejected")
     assert "exceeded quota" in message and "Job" in message
+
+
+def test_a_refused_pass_looks_again_before_the_resync():
+    """Nothing clef watches lifts a refusal (a quota deleted): the loop must not wait for the resync."""
+    kube = RecordingKube(body(), refuse_on=CreateJob)
+    assert reconcile(kube, "ns", "m", now=T0) == REFUSED_RETRY_SECONDS  # type: ignore[arg-type]
+    kube.refuse_on = None
+    kube.calls.clear()
+    assert reconcile(kube, "ns", "m", now=T0) is None, "then only events and the resync"  # type: ignore[arg-type]
+
+
+def test_the_same_refusal_again_writes_nothing():
+    """Each write wakes the model (its watch event): a refusal restamped on every pass was a loop
+    of refused creates, events and status writes as fast as the API server answered."""
+    kube = RecordingKube(body(), refuse_on=CreateJob)
+    reconcile(kube, "ns", "m", now=T0)  # type: ignore[arg-type]
+    kube.statuses.clear()
+    reconcile(kube, "ns", "m", now=T0 + timedelta(seconds=1))  # type: ignore[arg-type]
+    assert kube.statuses == [], "the status of the first refusal still says it all"
 
 
 def test_a_refusal_stays_in_degraded_until_a_pass_goes_through():

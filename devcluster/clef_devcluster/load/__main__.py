@@ -1,0 +1,233 @@
+"""`make load-test` (`python -m clef_devcluster.load`): the operator at scale on a local control
+plane of its own.  docs/performance.md ("Operator at scale") has the numbers and how to read them.
+
+1. a fresh control plane (`.load/cluster`), kustomize/base's ServiceAccount and RBAC, a fake node
+   with room for every pod (`scale.gpu_node`);
+2. the floor: N plain Deployments shaped like a model's, created at once; seconds until all are
+   Available (what the control plane alone needs);
+3. the operator from this checkout, as its ServiceAccount; N ClefModels (verification not
+   required) created at once; seconds until all are Ready;
+4. idle: the operator's API requests per second over a window, from the audit log (watches
+   aside), its CPU, its RSS; the events it posted;
+5. every model deleted: RSS again, and what the operator still holds (its `clef-state` probe).
+
+Prints a table and writes JSON (`--json`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, config
+
+from ..cluster import LocalCluster, build
+from ..config import REPO_ROOT, missing_prerequisites
+from ..kustomize import find_kubectl
+from . import scale
+
+FLOOR_NS, MODELS_NS = "scale-floor", "scale-models"
+
+
+def _stamp(text: str) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def floor(api: client.ApiClient, n: int, timeout: float) -> dict[str, float]:
+    """N plain Deployments at once: seconds until the last is Available (by the Available
+    condition's transition time, and as polled)."""
+    apps = client.AppsV1Api(api)
+    scale.ensure_namespace(api, FLOOR_NS)
+    bodies = [scale.plain_deployment(f"plain-{i:04d}") for i in range(n)]
+    started = time.time()
+    scale.create_all(lambda b: apps.create_namespaced_deployment(FLOOR_NS, b), bodies)  # type: ignore[arg-type]
+    created = time.time() - started
+    polled = scale.wait_until(
+        lambda: scale.available_deployments(api, FLOOR_NS, "clef-scale/floor=true") >= n,
+        timeout,
+        f"{n} plain Deployments Available",
+        every=1.0,
+    )
+    items = scale.list_all(apps.list_namespaced_deployment, FLOOR_NS)
+    first = min(d.metadata.creation_timestamp.timestamp() for d in items)
+    last = max(
+        c.last_transition_time.timestamp()
+        for d in items
+        for c in d.status.conditions or []
+        if c.type == "Available" and c.status == "True"
+    )
+    client.CoreV1Api(api).delete_namespace(FLOOR_NS)
+    scale.wait_until(lambda: _gone(api, FLOOR_NS), timeout, f"namespace {FLOOR_NS} deleted", every=1.0)
+    return {"create_seconds": created, "available_seconds": last - first, "polled_seconds": polled + created}
+
+
+def _gone(api: client.ApiClient, namespace: str) -> bool:
+    try:
+        client.CoreV1Api(api).read_namespace(namespace)
+    except client.exceptions.ApiException as e:
+        return e.status == 404
+    return False
+
+
+def models_ready(api: client.ApiClient, n: int, timeout: float) -> dict[str, float]:
+    custom = client.CustomObjectsApi(api)
+    scale.ensure_namespace(api, MODELS_NS)
+    bodies = [scale.clefmodel(f"m-{i:04d}") for i in range(n)]
+    started = time.time()
+    scale.create_all(
+        lambda b: custom.create_namespaced_custom_object(
+            scale.GROUP, scale.VERSION, MODELS_NS, scale.PLURAL, b
+        ),
+        bodies,
+    )
+    created = time.time() - started
+    polled = scale.wait_until(
+        lambda: scale.ready_models(api, MODELS_NS) >= n, timeout, f"{n} ClefModels Ready", every=2.0
+    )
+    models = scale.list_all(
+        custom.list_namespaced_custom_object, scale.GROUP, scale.VERSION, MODELS_NS, scale.PLURAL
+    )
+    first = min(_stamp(m["metadata"]["creationTimestamp"]) for m in models)
+    last = max(
+        _stamp(c["lastTransitionTime"])
+        for m in models
+        for c in m["status"]["conditions"]
+        if c["type"] == "Ready" and c["status"] == "True"
+    )
+    return {"create_seconds": created, "ready_seconds": last - first, "polled_seconds": polled + created}
+
+
+def idle(operator: scale.Operator, audit: Path, settle: float, window: float) -> dict[str, Any]:
+    time.sleep(settle)
+    offset = 0
+    cpu0, t0 = operator.cpu_seconds(), time.time()
+    time.sleep(window)
+    cpu1, t1 = operator.cpu_seconds(), time.time()
+    # Requests are logged when they complete: give the last ones a moment to reach the log.
+    time.sleep(2)
+    rate = scale.request_rate(audit, offset, t0, t1)
+    return {
+        "window_seconds": round(t1 - t0, 1),
+        "requests": rate.requests,
+        "requests_per_second": round(rate.per_second, 3),
+        "requests_by_kind": rate.by_kind,
+        "cpu_percent_of_a_core": round(100 * (cpu1 - cpu0) / (t1 - t0), 2),
+        "rss_mib": round(operator.rss_mib(), 1),
+    }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    kubectl = find_kubectl()
+    assert kubectl, "no kubectl"
+    build(log=print)
+    cluster = LocalCluster(Path(args.state_dir))
+    if cluster.running():
+        cluster.down()
+    print(f"load: control plane up in {cluster.up():.1f}s ({cluster.dir})", flush=True)
+    result: dict[str, Any] = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "models": args.models,
+        "cpus": os.cpu_count(),
+        "loadavg_start": os.getloadavg(),
+    }
+    operator: scale.Operator | None = None
+    try:
+        api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
+        api.configuration.connection_pool_maxsize = 32
+        scale.kubectl_objects(cluster.kubeconfig, kubectl, "apply", scale.operator_identity(kubectl))
+        scale.add_gpu_node(cluster.kubeconfig, "scale-1", args.models + 10)
+        if not args.no_floor:
+            result["floor"] = floor(api, args.models, args.timeout)
+            print(f"load: floor {result['floor']}", flush=True)
+        operator = scale.Operator(cluster.kubeconfig, cluster.dir / "load", args.operator_arg or ())
+        scale.wait_until(operator.synced, 120, "the operator's cache synced")
+        time.sleep(5)
+        result["rss_mib_no_models"] = round(operator.rss_mib(), 1)
+        result["ready"] = models_ready(api, args.models, args.timeout)
+        print(f"load: models {result['ready']}", flush=True)
+        result["idle"] = idle(operator, cluster.audit_log, args.settle, args.idle_seconds)
+        result["events"] = scale.count(api, MODELS_NS, "events")
+        result["held_with_models"] = operator.held()
+        scale.delete_namespace_objects(api, MODELS_NS)
+        result["delete_seconds"] = round(
+            scale.wait_until(
+                lambda: scale.count(api, MODELS_NS, "models") == 0 and not _held_models(operator),
+                args.timeout,
+                "every model deleted and forgotten",
+                every=1.0,
+            ),
+            1,
+        )
+        time.sleep(args.settle)
+        result["rss_mib_after_delete"] = round(operator.rss_mib(), 1)
+        result["held_after_delete"] = operator.held()
+        result["loadavg_end"] = os.getloadavg()
+    except BaseException:
+        if operator is not None:
+            print("--- operator log ---\n" + operator.tail(), file=sys.stderr)
+        raise
+    finally:
+        if operator is not None:
+            operator.stop()
+        if not args.keep_cluster:
+            cluster.down()
+    return result
+
+
+def _held_models(operator: scale.Operator) -> int:
+    held = operator.held()
+    return sum(held.get(k, 0) for k in ("clefmodels", "deployments", "jobs", "pods", "loops"))
+
+
+def table(r: dict[str, Any]) -> str:
+    rows = [("models", r["models"]), ("cpus / load average at start", f"{r['cpus']} / {r['loadavg_start']}")]
+    if "floor" in r:
+        rows.append(("plain Deployments all Available (floor), s", round(r["floor"]["available_seconds"], 1)))
+    rows += [
+        ("ClefModels all Ready, s", round(r["ready"]["ready_seconds"], 1)),
+        ("idle API requests/s (watches aside)", r["idle"]["requests_per_second"]),
+        ("idle CPU, % of a core", r["idle"]["cpu_percent_of_a_core"]),
+        ("RSS with no models, MiB", r["rss_mib_no_models"]),
+        ("RSS at idle with the models, MiB", r["idle"]["rss_mib"]),
+        ("RSS after deleting them, MiB", r["rss_mib_after_delete"]),
+        ("events posted", r["events"]),
+        ("held after deletion", r["held_after_delete"]),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m clef_devcluster.load", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--models", type=int, default=1000)
+    parser.add_argument("--idle-seconds", type=float, default=120.0, help="the idle window")
+    parser.add_argument("--settle", type=float, default=20.0, help="seconds before each measurement")
+    parser.add_argument("--timeout", type=float, default=900.0)
+    parser.add_argument("--state-dir", default=str(REPO_ROOT / ".load" / "cluster"))
+    parser.add_argument("--json", default=str(REPO_ROOT / ".load" / "result.json"))
+    parser.add_argument("--no-floor", action="store_true", help="skip the plain-Deployment floor")
+    parser.add_argument("--keep-cluster", action="store_true")
+    parser.add_argument("--operator-arg", action="append", help="passed to clef-operator run (repeatable)")
+    args = parser.parse_args(argv)
+    missing = missing_prerequisites()
+    if missing:
+        print(f"load test: cannot run here: {missing}", file=sys.stderr)
+        return 2
+    result = run(args)
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(result, indent=1, default=str))
+    print(table(result))
+    print(f"load: JSON in {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,196 @@
+"""The informer cache's store (cache.Table): what a watch event, a write's response, a re-list and
+a delete do to it.  The watches themselves run in the cluster tier (test_scale, and every
+operator test, which now reads only from this cache)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from kubernetes import client
+
+from clef_operator import cache, labels
+from clef_operator.kube import KINDS
+
+
+def deployment(
+    name: str, model: str, rv: str, uid: str = "", replicas: int = 1, ns: str = "ns"
+) -> client.V1Deployment:
+    return client.V1Deployment(
+        metadata=client.V1ObjectMeta(
+            name=name,
+            namespace=ns,
+            uid=uid or f"uid-{name}",
+            resource_version=rv,
+            labels={labels.MODEL: model},
+            owner_references=[
+                client.V1OwnerReference(api_version="v1", kind="ClefModel", name=model, uid=f"model-{model}")
+            ],
+        ),
+        spec=client.V1DeploymentSpec(
+            replicas=replicas, selector=client.V1LabelSelector(), template=client.V1PodTemplateSpec()
+        ),
+    )
+
+
+def table(kind: str = "deployments") -> cache.Table:
+    return cache.Table(KINDS[kind], threading.RLock())
+
+
+def replicas(t: cache.Table, model: str = "m") -> list[int]:
+    return [state.replicas for _, state in t.get(("ns", model))]
+
+
+def test_a_newer_version_replaces_an_older_one_and_never_the_reverse() -> None:
+    t = table()
+    t.put(deployment("m-a", "m", "10", replicas=1))
+    t.put(deployment("m-a", "m", "12", replicas=2))  # e.g. this operator's write, its response
+    t.put(deployment("m-a", "m", "11", replicas=3))  # a watch event from before that write
+    assert replicas(t) == [2]
+    t.put(deployment("m-a", "m", "13", replicas=0))
+    assert replicas(t) == [0]
+
+
+def test_versions_that_are_not_integers_go_by_arrival() -> None:
+    assert cache.newer_or_same("b", "a") and cache.newer_or_same("a", "b")
+    assert cache.newer_or_same("7", "7") and not cache.newer_or_same("6", "7")
+
+
+def test_a_deleted_object_and_its_models_key_are_gone_and_stay_gone() -> None:
+    t = table()
+    d = deployment("m-a", "m", "10")
+    t.put(d)
+    t.delete(d)
+    assert t.get(("ns", "m")) == [] and t.keys() == [] and len(t) == 0
+    # A write's response or an event older than the delete does not bring it back ...
+    assert t.put(deployment("m-a", "m", "11")) is None
+    assert len(t) == 0
+    # ... a list (the truth) does.
+    t.replace("ns", [deployment("m-a", "m", "20")])
+    assert replicas(t) == [1]
+
+
+def test_a_relist_drops_what_was_deleted_while_the_watch_was_down_in_its_namespace_only() -> None:
+    t = table()
+    t.put(deployment("m-a", "m", "10"))
+    t.put(deployment("m-b", "m", "11"))
+    t.put(deployment("x-a", "x", "12", ns="other"))
+    t.replace("ns", [deployment("m-b", "m", "15")])
+    assert [s.name for _, s in t.get(("ns", "m"))] == ["m-b"]
+    assert [s.name for _, s in t.get(("other", "x"))] == ["x-a"]
+    t.replace(None, [])
+    assert len(t) == 0 and t.keys() == []
+
+
+def test_an_object_whose_model_label_changed_moves_to_the_new_key() -> None:
+    t = table()
+    t.put(deployment("d", "m", "10", uid="u"))
+    t.put(deployment("d", "n", "11", uid="u"))
+    assert t.get(("ns", "m")) == [] and len(t.get(("ns", "n"))) == 1
+    # Without clef's model label it is not stored at all.
+    unlabelled = deployment("d", "n", "12", uid="u")
+    unlabelled.metadata.labels = {}
+    t.put(unlabelled)
+    assert len(t) == 0 and t.keys() == []
+
+
+def test_forget_removes_what_this_operator_deleted() -> None:
+    t = table()
+    t.put(deployment("m-a", "m", "10"))
+    t.put(deployment("m-b", "m", "11"))
+    t.forget(("ns", "m"), lambda value: value[1].name == "m-a")
+    assert [s.name for _, s in t.get(("ns", "m"))] == ["m-b"]
+    assert t.put(deployment("m-a", "m", "12")) is None
+
+
+def test_the_gone_set_is_bounded() -> None:
+    t = table()
+    for i in range(cache.GONE_REMEMBERED + 10):
+        t.delete(deployment(f"d{i}", "m", "1"))
+    assert len(t.gone) == cache.GONE_REMEMBERED
+
+
+def test_custom_objects_are_stored_by_namespace_and_name() -> None:
+    t = table("clefmodels")
+    body: dict[str, Any] = {"metadata": {"name": "m", "namespace": "ns", "uid": "u", "resourceVersion": "5"}}
+    assert t.put(body) == ("ns", "m")
+    newer = {**body, "metadata": {**body["metadata"], "resourceVersion": "6"}, "status": {"x": 1}}
+    t.put(newer)
+    t.put(body)
+    assert t.get(("ns", "m")) == [newer]
+
+
+def test_resync_and_workers_are_command_line_knobs() -> None:
+    from clef_operator.cli import build_parser
+    from clef_operator.handlers import RESYNC_SECONDS, WORKERS, _next_look
+
+    args = build_parser().parse_args(["run"])
+    assert (args.resync_seconds, args.workers) == (RESYNC_SECONDS, WORKERS)
+    args = build_parser().parse_args(["run", "--resync-seconds", "60", "--workers", "4"])
+    assert (args.resync_seconds, args.workers) == (60.0, 4)
+    # The planner's requeue wins when sooner (never below 0.2 s); with none, the resync.
+    assert _next_look(None, 60.0) == 60.0
+    assert _next_look(0.0, 60.0) == 0.2
+    assert _next_look(5.0, 60.0) == 5.0 and _next_look(500.0, 60.0) == 60.0
+
+
+def config_map(name: str, model: str, owner: str, rv: str = "1") -> client.V1ConfigMap:
+    return client.V1ConfigMap(
+        metadata=client.V1ObjectMeta(
+            name=name,
+            namespace="ns",
+            uid=f"uid-{name}",
+            resource_version=rv,
+            labels={labels.MODEL: model, labels.COMPONENT: labels.COMPONENT_GOLDENS},
+            owner_references=[
+                client.V1OwnerReference(api_version="v1", kind="ClefModel", name=model, uid=owner)
+            ],
+        ),
+        binary_data={"goldens.json.gz": "aGk="},
+    )
+
+
+def test_goldens_config_maps_are_watched_by_label_and_observed_by_owner() -> None:
+    from clef_operator.kube import Kube
+    from clef_operator.observed import ModelRef
+
+    kind = KINDS["configmaps"]
+    # Only the goldens are listed and watched, never every ConfigMap of a namespace.
+    assert kind.selector == f"{labels.COMPONENT}={labels.COMPONENT_GOLDENS}"
+    informer = cache.Informer(table("configmaps"), lambda *a, **kw: None, "ns", lambda ns, m: None)
+    assert informer._filter() == {"label_selector": kind.selector}
+    assert cache.Informer(table(), lambda *a, **kw: None, "ns", lambda ns, m: None)._filter() == {}
+    # Stored by model, observed (no request: nothing else in the cache asks for one) only when the
+    # model owns it, with binaryData decoded.
+    kube = Kube(client.ApiClient())
+    kube.cache["configmaps"].put(config_map("m-goldens-a", "m", "model-uid"))
+    kube.cache["configmaps"].put(config_map("m-goldens-b", "m", "someone-else"))
+    observed = kube.observe(ModelRef("m", "ns", "model-uid", 1), "svc")
+    assert [c.name for c in observed.config_maps] == ["m-goldens-a"]
+    assert observed.config_maps[0].binary_data == {"goldens.json.gz": b"hi"}
+    # A delete this operator made is not seen by the next pass.
+    kube._forget("configmaps", ModelRef("m", "ns", "model-uid", 1), "m-goldens-a")
+    assert kube.observe(ModelRef("m", "ns", "model-uid", 1), "svc").config_maps == ()
+
+
+def test_a_watch_wakes_a_model_loop_only_once_kopf_runs() -> None:
+    import asyncio
+
+    from clef_operator.handlers import Watching
+    from clef_operator.kube import Kube
+
+    async def scenario() -> tuple[bool, bool]:
+        watching = Watching(Kube(client.ApiClient()))
+        event = asyncio.Event()
+        watching.wakers[("ns", "m")] = event
+        # A standby's cache: its watch threads wake nobody (there are no loops yet).
+        watching.wake("ns", "m")
+        await asyncio.sleep(0)
+        before = event.is_set()
+        watching.attach(asyncio.get_running_loop())
+        watching.wake("ns", "m")
+        watching.wake("ns", "unknown")  # no loop for it: nothing happens
+        await asyncio.sleep(0)
+        return before, event.is_set()
+
+    assert asyncio.run(scenario()) == (False, True)
