@@ -112,11 +112,11 @@ def _carry_out(
     refused = _apply_all(kube, model, plan.actions)
     after = plan.status
     if refused:
-        after = after.model_copy(
-            update={
-                "conditions": child_rejected(plan.status.conditions, refused, Stamp(now, model.generation))
-            }
-        )
+        # Against `before`, which carries a refusal already reported: the same refusal again keeps
+        # its lastTransitionTime, so nothing is written, and the write's own watch event does not
+        # wake the model into the same refusal at once, over and over.
+        rejected = child_rejected(before.conditions, refused, Stamp(now, model.generation))
+        after = after.model_copy(update={"conditions": rejected})
     if after != before:
         kube.write_status(model, after)
     if refused:

@@ -38,13 +38,14 @@ ROLLOUTS_REJECTED = Counter(
 )
 VERIFICATIONS = Counter(
     "clef_verifications",
-    "Finished verifications, by suite, GPU class, outcome (Passed|Failed) and reason.",
-    ["suite", "gpu_class", "outcome", "reason"],
+    "Finished verification steps, by suite, step (kernels|goldens|preview|endpoint), GPU class,"
+    " outcome (Passed|Failed) and reason.",
+    ["suite", "step", "gpu_class", "outcome", "reason"],
 )
 VERIFICATION_SECONDS = Histogram(
     "clef_verification_duration_seconds",
-    "From the verification Job's creation to its verdict.",
-    ["suite", "gpu_class", "outcome"],
+    "From the verification step's Job creation to its verdict.",
+    ["suite", "step", "gpu_class", "outcome"],
     buckets=(5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200),
 )
 SWITCH_SECONDS = Histogram(
@@ -85,6 +86,9 @@ class VerificationDone:
     outcome: str
     reason: str
     seconds: float | None
+    # kernels (the verify Job) or, in endpoint mode, goldens, preview or endpoint: each step writes
+    # its own record, and a dashboard must not count a goldens record as a verified rollout.
+    step: str = "kernels"
 
 
 @dataclass(frozen=True)
@@ -148,6 +152,7 @@ def new_verifications(
                 outcome=r.verdict.value,
                 reason=r.reason,
                 seconds=_seconds(job.created_at if job else None, r.finished_at),
+                step=r.step.value,
             )
         )
     return tuple(out)
@@ -231,11 +236,10 @@ def record_pass(facts: PassFacts) -> None:
     if facts.rejected:
         ROLLOUTS_REJECTED.labels(reason=facts.rejected).inc()
     for v in facts.verifications:
-        VERIFICATIONS.labels(suite=v.suite, gpu_class=v.gpu_class, outcome=v.outcome, reason=v.reason).inc()
+        common = {"suite": v.suite, "step": v.step, "gpu_class": v.gpu_class, "outcome": v.outcome}
+        VERIFICATIONS.labels(**common, reason=v.reason).inc()
         if v.seconds is not None:
-            VERIFICATION_SECONDS.labels(suite=v.suite, gpu_class=v.gpu_class, outcome=v.outcome).observe(
-                v.seconds
-            )
+            VERIFICATION_SECONDS.labels(**common).observe(v.seconds)
     if facts.switch_seconds is not None:
         SWITCH_SECONDS.observe(facts.switch_seconds)
 

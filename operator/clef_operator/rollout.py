@@ -610,7 +610,15 @@ def _roll_out(
     """One step of moving the Service from the active revision to the candidate."""
     assert desired.manifest is not None and desired.image is not None
     candidate, image, replicas = desired.revision, desired.image, spec.replicas
-    starting = Progress(Why.CANDIDATE_STARTING, f"starting revision {candidate} ({image})")
+
+    def starting(available: int) -> Progress:
+        # One wording from the pass that starts the candidate to the one that sees it available:
+        # the message changes only with the count, so starting costs no extra status write.
+        count = f"{available}/{replicas} replicas available"
+        return Progress(
+            Why.CANDIDATE_STARTING, f"waiting for revision {candidate} to become available ({count})"
+        )
+
     hold = Move(active.revision, active.deployment, candidate)
     old = active.deployment
     if spec.rollout.strategy is Strategy.RECREATE and old is not None and not old.drained:
@@ -634,7 +642,7 @@ def _roll_out(
             "RevisionCreated",
             f"created Deployment {deployment_name(owner.name, candidate)} ({replicas} replicas) running {image}",
         )
-        return replace(hold, stage=starting, actions=(CreateDeployment(desired.manifest), created))
+        return replace(hold, stage=starting(0), actions=(CreateDeployment(desired.manifest), created))
     if labels.PREVIEW_FOR in dep.annotations:
         # The preview passed and is the revision to serve: it keeps its replica, gets the rest,
         # and carries its verdict from now on (rollback without a Job).
@@ -648,13 +656,17 @@ def _roll_out(
             **verdict,
         }
         said = _event("PreviewPromoted", f"the preview {dep.name} passed: scaled to {replicas} replicas")
-        return replace(hold, stage=starting, actions=(ScaleDeployment(dep.name, replicas, promote), said))
+        return replace(
+            hold,
+            stage=starting(dep.available_replicas),
+            actions=(ScaleDeployment(dep.name, replicas, promote), said),
+        )
     if dep.replicas != replicas or labels.SCALE_DOWN_AT in dep.annotations:
         scale_up = (
             ScaleDeployment(dep.name, replicas, {labels.SCALE_DOWN_AT: None}),
             _event("RevisionScaledUp", f"scaled {dep.name} to {replicas} replicas (revision {candidate})"),
         )
-        return replace(hold, stage=starting, actions=scale_up)
+        return replace(hold, stage=starting(dep.available_replicas), actions=scale_up)
     if dep.is_available() and not dep.deleting and not active.conflict:
         switching = Progress(
             Why.SWITCHING, f"switching Service {spec.service.name} to revision {candidate} ({image})"
@@ -665,13 +677,7 @@ def _roll_out(
             actions=_switch_service(owner, spec, active, candidate, image),
             switching=True,
         )
-    count = f"{dep.available_replicas}/{replicas} replicas available"
-    return replace(
-        hold,
-        stage=Progress(
-            Why.CANDIDATE_STARTING, f"waiting for revision {candidate} to become available ({count})"
-        ),
-    )
+    return replace(hold, stage=starting(dep.available_replicas))
 
 
 def _switch_service(

@@ -46,10 +46,11 @@ VERIFY_SECONDS = float(os.environ.get("CLEF_TEST_VERIFY_TIMEOUT", "600"))
 class OperatorProcess:
     """`clef-operator run` for one namespace, as a subprocess with its log in a file."""
 
-    def __init__(self, kubeconfig: Path, namespace: str, log_path: Path) -> None:
+    def __init__(self, kubeconfig: Path, namespace: str, log_path: Path, args: Sequence[str] = ()) -> None:
         self.kubeconfig = kubeconfig
         self.namespace = namespace
         self.log_path = log_path
+        self.args = tuple(args)  # more `clef-operator run` flags
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
@@ -59,7 +60,7 @@ class OperatorProcess:
         log = self.log_path.open("ab")
         log.write(f"\n===== start {self.starts} =====\n".encode())
         log.flush()
-        self.proc = spawn_operator(["run", "--namespace", self.namespace], self.kubeconfig, log)
+        self.proc = spawn_operator(["run", "--namespace", self.namespace, *self.args], self.kubeconfig, log)
         log.close()
 
     def kill(self) -> None:
@@ -359,8 +360,10 @@ def delete_models(cluster: Cluster, namespace: str, timeout: float = 30) -> None
 
 
 @contextmanager
-def operator_running(cluster: Cluster, namespace: str, log_dir: Path) -> Iterator[OperatorProcess]:
-    op = OperatorProcess(cluster.kubeconfig, namespace, log_dir / f"operator-{namespace}.log")
+def operator_running(
+    cluster: Cluster, namespace: str, log_dir: Path, args: Sequence[str] = ()
+) -> Iterator[OperatorProcess]:
+    op = OperatorProcess(cluster.kubeconfig, namespace, log_dir / f"operator-{namespace}.log", args)
     op.start()
     try:
         yield op

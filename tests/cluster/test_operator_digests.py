@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from clef_devcluster.images import put_image
-from clef_operator.handlers import RESYNC_SECONDS
 
 from .conftest import Cluster, wait_for
 from .operator_support import VERIFY_SECONDS, Models, clefmodel, image_of, operator_running
@@ -18,12 +17,16 @@ from .watches import GaplessWatch
 
 pytestmark = pytest.mark.cluster
 
+# The operator's resync, shortened for this test (300 s by default): the quiet window below
+# outlasts one, so a resync that re-verified a moved tag would be seen.
+RESYNC_SECONDS = 20
+
 
 def test_moving_tag_serves_only_verified_digests(cluster: Cluster, namespace: str, tmp_path: Path) -> None:
     cluster.image_table()
     tag = f"registry.clef.test/clef-runtime:ci-{uuid.uuid4().hex[:8]}"
     first = put_image(cluster.core, tag, "good")
-    with operator_running(cluster, namespace, tmp_path) as op:
+    with operator_running(cluster, namespace, tmp_path, ["--resync-seconds", str(RESYNC_SECONDS)]) as op:
         models = Models(cluster, namespace, op)
         models.create(clefmodel("flash", tag))
         models.wait_condition("flash", "Ready", "True", "Available", timeout=VERIFY_SECONDS + 120)

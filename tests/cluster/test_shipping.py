@@ -200,13 +200,19 @@ def _rollout_counts(samples: Samples) -> dict[str, float]:
         ),
         "rejected (all)": metric(samples, "clef_rollouts_rejected_total"),
         "passed": metric(
-            samples, "clef_verifications_total", outcome="Passed", suite="kernels", gpu_class=V100
+            samples,
+            "clef_verifications_total",
+            outcome="Passed",
+            suite="kernels",
+            step="kernels",
+            gpu_class=V100,
         ),
         "pass timed": metric(
             samples,
             "clef_verification_duration_seconds_count",
             outcome="Passed",
             suite="kernels",
+            step="kernels",
             gpu_class=V100,
         ),
         "failed": metric(samples, "clef_verifications_total", outcome="Failed", reason="ImagePullFailed"),

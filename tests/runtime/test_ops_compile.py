@@ -34,12 +34,14 @@ CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia",
 # types: pointer and float arguments (the rest are i32); div16: integer arguments the wrappers
 # pass with 16-divisible values at the real shapes (Triton specialises those, and alignment
 # decides vectorisation and so register use)
-def compile_variant(kernel, types, consts, arch, num_warps, num_stages, div16):
+def compile_variant(kernel, types, consts, arch, num_warps, num_stages, div16, maxnreg=None):
     signature = {n: ("constexpr" if n in consts else types.get(n, "i32")) for n in kernel.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
              if n not in consts and (signature[n].startswith("*") or n in div16)}
     src = ASTSource(fn=kernel, signature=signature, constexprs=consts, attrs=attrs)
     opts = {"num_warps": num_warps, "num_stages": num_stages}
+    if maxnreg:
+        opts["maxnreg"] = maxnreg
     k = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=opts)
     usage = {}
     if os.path.exists(CUOBJDUMP):
@@ -177,21 +179,22 @@ for arch, dtype, tc in ((90, torch.bfloat16, True), (90, torch.float16, True), (
               cu_seqlens="*i32", scale="fp32"),
          dict(common, L2NORM=True, BVF=cfg.BVF, KS=cfg.KS, VS=cfg.VS, BC=dc.BC, LOG_BC=dc.BC.bit_length() - 1,
               SOLVE_BY_DOUBLING=cfg.solve_by_doubling, CHUNK_DT=pol.chunk_dtype,
-              SOLVE_PRECISION=pol.solve_precision), cfg.warps1, 3),
+              SOLVE_PRECISION=pol.solve_precision), cfg.warps1, 3, cfg.regs1),
         ("recurrence", dc._chunk_recurrence_kernel,
          dict(k=p, w=p, u=p, gc="*fp32", kf="*fp32", hs=sp, vn=sp, h0="*fp32", ht="*fp32", cu_seqlens="*i32"),
          dict(common, BV=cfg.BV, HAS_H0=True, STORE_FINAL=True,
               STATE_IN_IO_DTYPE=False, STATE_DT=pol.state_dtype, STATE_PRECISION=pol.state_precision,
-              INTERPRETED=False), cfg.warps2, cfg.stages2),
+              INTERPRETED=False), cfg.warps2, cfg.stages2, None),
         ("output", dc._chunk_output_kernel,
          dict(q=p, aqk=p, qf="*fp32", hs=sp, vn=sp, o=p, cu_seqlens="*i32"),
          dict(common, BV=cfg.BVO, STATE_DT=pol.state_dtype, STATE_PRECISION=pol.state_precision),
-         cfg.warps3, 3),
+         cfg.warps3, 3, None),
     ]
-    for launch, kernel, types, consts, warps, stages in launches:
+    for launch, kernel, types, consts, warps, stages, regs in launches:
         key = f"sm_{arch} {name} chunk {launch}"
         try:
-            results[key] = {"ok": True, **compile_variant(kernel, types, consts, arch, warps, stages, DIV16)}
+            usage = compile_variant(kernel, types, consts, arch, warps, stages, DIV16, regs)
+            results[key] = {"ok": True, **usage}
         except Exception as e:
             results[key] = {"ok": False, "error": f"{type(e).__name__}: {e}"[-2000:]}
 print("RESULTS " + json.dumps(results))
@@ -202,12 +205,20 @@ CHUNK_SCRIPT = PRELUDE + _CHUNK_BODY
 @pytest.mark.slow
 def test_chunk_delta_rule_kernels_compile_for_sm90_and_sm70() -> None:
     """The three chunked delta-rule launches with the tiles `launch_config` picks at the real
-    head dims: they compile for sm_90 (bf16, f16) without spills and for sm_70 (f16, the V100
-    that verification Jobs may get) with at most 1 KB of stack per thread."""
+    head dims: they compile for sm_90 (bf16, f16) without spills, except launch 1 under its
+    register cap (168, three programs per SM: measured faster with a few spilled bytes, bounded
+    at 64 here), and for sm_70 (f16, the V100 that verification Jobs may get) with at most 1 KB
+    of stack per thread."""
     results = _compile_all(CHUNK_SCRIPT, 900)
     assert len(results) == 9, results
+
+    def allowed(key: str) -> int:
+        return 64 if key.endswith("bf16 chunk prepare") else 0
+
     hopper_spills = {
-        k: r for k, r in results.items() if k.startswith("sm_90") and (r.get("STACK") or r.get("LOCAL"))
+        k: r
+        for k, r in results.items()
+        if k.startswith("sm_90") and r.get("STACK", 0) + r.get("LOCAL", 0) > allowed(k)
     }
     assert not hopper_spills, f"sm_90 kernels that spill registers: {hopper_spills}"
     volta = {

@@ -14,6 +14,7 @@ from datetime import timedelta
 
 import pytest
 from clef_builders import FAULTY, GOOD2, KEY_BAND_FAILURE, World, make_spec, report
+from test_endpoint_flow import RUNTIME, check_job, endpoint_message, endpoint_spec, to_comparison
 
 from clef_operator import labels, metrics
 from clef_operator.metrics import PassFacts, derive_pass
@@ -189,12 +190,21 @@ def _sample(metric: str, **labels_: str) -> float:
 
 
 def test_record_pass_moves_the_counters():
-    before = (
-        _sample("clef_rollouts_started_total"),
-        _sample("clef_rollouts_rejected_total", reason="VerificationTimeout"),
-        _sample("clef_verification_duration_seconds_count", suite="kernels", gpu_class="X", outcome="Failed"),
-        _sample("clef_candidate_available_to_switch_seconds_sum"),
-    )
+    def read() -> tuple[float, ...]:
+        return (
+            _sample("clef_rollouts_started_total"),
+            _sample("clef_rollouts_rejected_total", reason="VerificationTimeout"),
+            _sample(
+                "clef_verification_duration_seconds_count",
+                suite="kernels",
+                step="kernels",
+                gpu_class="X",
+                outcome="Failed",
+            ),
+            _sample("clef_candidate_available_to_switch_seconds_sum"),
+        )
+
+    before = read()
     metrics.record_pass(
         PassFacts(
             started=True,
@@ -203,12 +213,7 @@ def test_record_pass_moves_the_counters():
             switch_seconds=2.5,
         )
     )
-    after = (
-        _sample("clef_rollouts_started_total"),
-        _sample("clef_rollouts_rejected_total", reason="VerificationTimeout"),
-        _sample("clef_verification_duration_seconds_count", suite="kernels", gpu_class="X", outcome="Failed"),
-        _sample("clef_candidate_available_to_switch_seconds_sum"),
-    )
+    after = read()
     assert [b - a for a, b in zip(before, after, strict=True)] == [1, 1, 1, 2.5]
 
 
@@ -307,3 +312,20 @@ def test_a_progressing_model_has_a_since_series_until_it_settles_or_goes():
         is None
     )
     metrics.record_model("ns", "gone", None)  # a model never seen: nothing to remove, no error
+
+
+def test_an_endpoint_rollout_counts_each_step_under_its_own_label_and_starts_once():
+    w = MeteredWorld(endpoint_spec())
+    to_comparison(w)
+    w.finish_job(check_job(w), message=endpoint_message(), image=RUNTIME)
+    w.step()
+    for _ in range(4):
+        w.settle()
+        w.step()
+    assert w.condition("Ready")[0] == "True"
+    assert [(v.step, v.outcome) for v in w.verifications] == [
+        ("goldens", "Passed"),
+        ("preview", "Passed"),
+        ("endpoint", "Passed"),
+    ]
+    assert (w.started, w.completed) == (1, 1), "three step records, one rollout"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -103,6 +104,16 @@ def test_a_refused_pass_looks_again_before_the_resync():
     kube.refuse_on = None
     kube.calls.clear()
     assert reconcile(kube, "ns", "m", now=T0) is None, "then only events and the resync"  # type: ignore[arg-type]
+
+
+def test_the_same_refusal_again_writes_nothing():
+    """Each write wakes the model (its watch event): a refusal restamped on every pass was a loop
+    of refused creates, events and status writes as fast as the API server answered."""
+    kube = RecordingKube(body(), refuse_on=CreateJob)
+    reconcile(kube, "ns", "m", now=T0)  # type: ignore[arg-type]
+    kube.statuses.clear()
+    reconcile(kube, "ns", "m", now=T0 + timedelta(seconds=1))  # type: ignore[arg-type]
+    assert kube.statuses == [], "the status of the first refusal still says it all"
 
 
 def test_a_refusal_stays_in_degraded_until_a_pass_goes_through():

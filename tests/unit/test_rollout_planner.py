@@ -12,6 +12,7 @@ from clef_builders import (
     GOOD2,
     KEY_BAND_FAILURE,
     World,
+    base_spec_dict,
     digest_for,
     kinds,
     make_spec,
@@ -20,7 +21,7 @@ from clef_builders import (
 
 from clef_operator import labels
 from clef_operator.actions import CreateJob, DeleteJob, Event, PatchServiceSelector, ScaleDeployment
-from clef_operator.api import ClefModelStatus
+from clef_operator.api import ClefModelSpec, ClefModelStatus
 from clef_operator.observed import PodState, ServiceState
 
 
@@ -597,3 +598,24 @@ def test_deleted_active_deployment_is_recreated_while_a_failed_candidate_is_held
     assert w.active_deployment().name == active.name
     assert w.condition("Ready")[:2] == ("True", "Available")
     assert w.condition("Verified")[:2] == ("False", "KernelMismatch")
+
+
+def test_an_unverified_first_deploy_writes_its_status_three_times():
+    """Each status write is a custom-resource write the API server validates; at 1,000 models
+    they are what the operator adds to the control plane's own work (issue 19's load test).  One
+    pass per event the operator's watches deliver: the model, its Deployment created, the
+    Deployment available, the Service created, then resyncs."""
+    body = base_spec_dict()
+    body["verification"] = {"required": False, "mode": "kernels"}
+    w = World(ClefModelSpec.model_validate(body))
+    writes = []
+    for settle_after in (False, True, False, False, False):
+        before = w.status
+        w.step()
+        writes.append(w.status != before)
+        if settle_after:
+            w.settle()
+    assert w.condition("Ready")[:2] == ("True", "Available")
+    # created (waiting 0/1), Service switching, Ready: the pass that sees the new Deployment
+    # says the same as the one that made it
+    assert writes == [True, False, True, True, False]

@@ -284,7 +284,10 @@ def _chunk_prepare_kernel(
                 (ri >> lvl)[:, None] != (ri >> lvl)[None, :]
             )
             Lb = tl.where(joins[None, :, :], Nd, 0.0)
-            X = X - tl.dot(tl.dot(X, Lb, input_precision="ieee"), X, input_precision="ieee")
+            # 3xTF32 (split-float32 on the tensor cores) keeps float32 accuracy here (the
+            # inverse's error ≤ 2.7e-8, hack/solve_precision_emulation.py) and replaces 768 of
+            # the 880 FMAs per thread of the IEEE form: launch 1 went 902 → 813 µs on the H200.
+            X = X - tl.dot(tl.dot(X, Lb, input_precision="tf32x3"), X, input_precision="tf32x3")
     else:
         X = tl.zeros([NB, BC, BC], dtype=tl.float32) + eye_c[None, :, :]
         for i in range(1, BC):
@@ -604,6 +607,7 @@ class LaunchConfig:
     stages2: int
     warps3: int
     solve_by_doubling: bool  # launch 1: how the 16×16 diagonal blocks are inverted
+    regs1: int | None  # launch 1: register cap per thread (None: the compiler's choice)
 
 
 def launch_config(K: int, V: int, dtype: torch.dtype, tensor_cores: bool) -> LaunchConfig:
@@ -631,10 +635,14 @@ def launch_config(K: int, V: int, dtype: torch.dtype, tensor_cores: bool) -> Lau
             BVO=min(OUT_BV if dtype == torch.bfloat16 else 64, BVF),
             warps1=4 if small else 8, warps2=4 if dtype == torch.bfloat16 and small else 8, stages2=3,
             warps3=OUT_WARPS, solve_by_doubling=True,
+            # 168 registers let three 4-warp programs share an SM instead of two (it spills a few
+            # bytes): launch 1 at B1 T32768 went 813 → 690 µs on the H200 with the 3xTF32 solve,
+            # in bf16; f16 was not timed with the cap, so it keeps the compiler's choice.
+            regs1=168 if small and dtype == torch.bfloat16 else None,
         )  # fmt: skip
     return LaunchConfig(
         BK=BK, BVF=BVF, KS=min(16, BK), VS=min(16, BVF), BV=min(16, BVF), BVO=min(16, BVF),
-        warps1=8, warps2=8, stages2=1, warps3=8, solve_by_doubling=False,
+        warps1=8, warps2=8, stages2=1, warps3=8, solve_by_doubling=False, regs1=None,
     )  # fmt: skip
 
 
@@ -723,7 +731,7 @@ def prepare(
             IS_VARLEN=cu_seqlens is not None, L2NORM=use_qk_l2norm,
             CHUNK_DT=policy.chunk_dtype, SOLVE_PRECISION=policy.solve_precision,
             ROUND_BF16=policy.round_bf16,
-            num_warps=cfg.warps1,
+            num_warps=cfg.warps1, maxnreg=cfg.regs1,
         )  # fmt: skip
     return Prepared(o, final, w, u, aqk, gc, kf, qf, cu, NT, slots, policy, cfg)
 

@@ -172,6 +172,36 @@ def _split_step(
     return S * tl.exp(gl) + tl.dot(tl.trans(kc), vk, input_precision=STATE_PRECISION)
 
 
+# fmt: off
+@triton.jit
+def _walk(
+    S, t_lo, t_hi, eos, k_p, w_p, u_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, use_u, skt, sqt,
+    HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
+    OUTPUT: tl.constexpr, STATE_DT: tl.constexpr, STATE_PRECISION: tl.constexpr, ROUND_BF16: tl.constexpr,
+    INTERPRETED: tl.constexpr,
+):
+    """`_split_step` over the chunks of tokens [t_lo, t_hi) from state S; returns the state at
+    t_hi.  Both launches walk through here (inlined on a GPU: the same machine code as the walk
+    written out in each kernel, compared with cuobjdump for sm_90)."""
+    if INTERPRETED:  # Triton 3.6's interpreter cannot take a runtime range bound (numpy ≥ 2)
+        t0 = t_lo
+        while t0 < t_hi:
+            S = _split_step(
+                S, t0, eos, k_p, w_p, u_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, use_u, skt, sqt,
+                HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16,
+            )  # fmt: skip
+            t0 += BT
+    else:
+        # a for loop, so the compiler can pipeline the next chunk's loads behind this one's dots
+        for c in range(0, tl.cdiv(t_hi - t_lo, BT)):
+            S = _split_step(
+                S, t_lo + c * BT, eos, k_p, w_p, u_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, use_u, skt, sqt,
+                HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16,
+            )  # fmt: skip
+    return S
+# fmt: on
+
+
 @triton.jit(do_not_specialize=["T", "P"])
 def _segment_map_kernel(
     k,
@@ -222,22 +252,11 @@ def _segment_map_kernel(
     seg = tl.cdiv(tl.cdiv(eos - bos, BT), P)  # chunks per segment
     t_lo = tl.minimum(bos + s * seg * BT, eos)
     t_hi = tl.minimum(bos + (s + 1) * seg * BT, eos)
-    if INTERPRETED:  # Triton 3.6's interpreter cannot take a runtime range bound (numpy ≥ 2)
-        t0 = t_lo
-        while t0 < t_hi:
-            S = _split_step(
-                S, t0, eos, k_p, w + tok * K, u + tok * V + c0, gc + hd, kf + hd, k_p, gc, gc, gc,
-                ncols, is_l, skt, skt,
-                HV, K, V, BK, BV, BT, False, STATE_DT, STATE_PRECISION, ROUND_BF16,
-            )  # fmt: skip
-            t0 += BT
-    else:
-        for c in range(0, tl.cdiv(t_hi - t_lo, BT)):
-            S = _split_step(
-                S, t_lo + c * BT, eos, k_p, w + tok * K, u + tok * V + c0, gc + hd, kf + hd, k_p, gc, gc, gc,
-                ncols, is_l, skt, skt,
-                HV, K, V, BK, BV, BT, False, STATE_DT, STATE_PRECISION, ROUND_BF16,
-            )  # fmt: skip
+    S = _walk(
+        S, t_lo, t_hi, eos, k_p, w + tok * K, u + tok * V + c0, gc + hd, kf + hd, k_p, gc, gc, gc,
+        ncols, is_l, skt, skt,
+        HV, K, V, BK, BV, BT, False, STATE_DT, STATE_PRECISION, ROUND_BF16, INTERPRETED,
+    )  # fmt: skip
     e_p = emap + ((n * (P - 1) + s) * HV + hv) * (K * CW) + j * BV
     tl.store(e_p + rk[:, None] * CW + rv[None, :], S, mask=(rk < K)[:, None] & (rv < ncols)[None, :])
 
@@ -323,22 +342,11 @@ def _segment_output_kernel(
     seg = tl.cdiv(tl.cdiv(eos - bos, BT), P)
     t_lo = tl.minimum(bos + s * seg * BT, eos)
     t_hi = tl.minimum(bos + (s + 1) * seg * BT, eos)
-    if INTERPRETED:
-        t0 = t_lo
-        while t0 < t_hi:
-            S = _split_step(
-                S, t0, eos, k_p, w_p, u_p, gc + hd, kf + hd, q_p, qf + hd, aqk_p, o_p,
-                ncols, True, skt, sqt,
-                HV, K, V, BK, BV, BT, True, STATE_DT, STATE_PRECISION, ROUND_BF16,
-            )  # fmt: skip
-            t0 += BT
-    else:
-        for c in range(0, tl.cdiv(t_hi - t_lo, BT)):
-            S = _split_step(
-                S, t_lo + c * BT, eos, k_p, w_p, u_p, gc + hd, kf + hd, q_p, qf + hd, aqk_p, o_p,
-                ncols, True, skt, sqt,
-                HV, K, V, BK, BV, BT, True, STATE_DT, STATE_PRECISION, ROUND_BF16,
-            )  # fmt: skip
+    S = _walk(
+        S, t_lo, t_hi, eos, k_p, w_p, u_p, gc + hd, kf + hd, q_p, qf + hd, aqk_p, o_p,
+        ncols, True, skt, sqt,
+        HV, K, V, BK, BV, BT, True, STATE_DT, STATE_PRECISION, ROUND_BF16, INTERPRETED,
+    )  # fmt: skip
     if STORE_FINAL:
         tl.store(ht + s_off, S, mask=s_mask & (s == P - 1))
 
