@@ -5,8 +5,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-import pytest
-
 from clef_operator import memory
 
 
@@ -19,31 +17,31 @@ def _wait(probe: Callable[[], bool], seconds: float = 10.0) -> bool:
     return False
 
 
-def test_a_trim_follows_the_last_touch_once_quiet_and_collects_when_asked(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_a_trim_follows_the_last_touch_once_quiet_and_collects_when_asked() -> None:
     calls: list[tuple[float, bool]] = []
-    monkeypatch.setattr(memory, "trim", lambda collect=False: calls.append((time.monotonic(), collect)))
-    trimmer = memory.Trimmer(quiet=0.3, every=0.0)
+    trimmer = memory.Trimmer(
+        quiet=1.0, every=0.0, trims=lambda collect: calls.append((time.monotonic(), collect))
+    )
     trimmer.start()
     trimmer.touched(collect=True)
     for _ in range(5):  # a burst: each touch pushes the trim back
         time.sleep(0.1)
-        last = time.monotonic()  # (before the touch: the trim is due 0.3 s after the touch)
+        last = (
+            time.monotonic()
+        )  # (before the touch: the trim is due 1 s after the touch; a wide margin over the 0.1 s gaps)
         trimmer.touched()
     assert _wait(lambda: len(calls) == 1), "no trim after the burst"
     at, collect = calls[0]
-    assert at >= last + 0.3, "trimmed during the burst"
+    assert at >= last + 1.0, "trimmed during the burst"
     assert collect, "a touch in the burst asked for a collection"
     trimmer.touched()
     assert _wait(lambda: len(calls) == 2)
     assert calls[1][1] is False, "the collection was asked for once, not for ever"
 
 
-def test_trims_are_spaced_by_every(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_trims_are_spaced_by_every() -> None:
     calls: list[float] = []
-    monkeypatch.setattr(memory, "trim", lambda collect=False: calls.append(time.monotonic()))
-    trimmer = memory.Trimmer(quiet=0.0, every=0.5)
+    trimmer = memory.Trimmer(quiet=0.0, every=0.5, trims=lambda collect: calls.append(time.monotonic()))
     trimmer.start()
     trimmer.touched()
     assert _wait(lambda: len(calls) == 1)
