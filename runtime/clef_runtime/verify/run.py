@@ -19,13 +19,24 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
+    import torch
+
     from clef_runtime.model.config import ModelConfig
+    from clef_runtime.opset import OpSet
+    from clef_runtime.verify.kernels import GdnShape, Sizes
+    from clef_runtime.verify.model_suite import Workload
 
 from clef_contract.command import SHAPE_FLAG, SHAPE_KEYS, SUITES, ShapeError, parse_shape
 from clef_runtime import __version__
 from clef_runtime.dtypes import NAMES, torch_dtype
 from clef_runtime.faults import UnknownFaultError, active_fault
-from clef_runtime.verify.environment import CannotRun, check_device, ran_kernel_config, resolve_placement
+from clef_runtime.verify.environment import (
+    CannotRun,
+    Placement,
+    check_device,
+    ran_kernel_config,
+    resolve_placement,
+)
 from clef_runtime.verify.report import Report
 
 # What `verify` generates when no checkpoint is mounted, per shape profile.  "model" keeps the
@@ -101,12 +112,7 @@ def run_verify(args: VerifyArgs) -> Report:
 
 
 def _run(args: VerifyArgs, report: Report) -> None:
-    if args.suite not in SUITES:
-        raise CannotRun(f"--suite {args.suite!r} is not one of {', '.join(SUITES)}")
-    if args.dtype not in NAMES:
-        raise CannotRun(f"--dtype {args.dtype!r} is not one of {', '.join(NAMES)}")
-    if not 0.1 <= args.tolerance_scale <= 100:
-        raise CannotRun(f"--tolerance-scale {args.tolerance_scale} must be within [0.1, 100]")
+    _check_args(args)
     placement = resolve_placement(args.device, args.shapes, args.termination_log, args.kernel_config)
     report.shapes = placement.shapes
     report.fault = active_fault()  # raises on an unknown name before anything runs
@@ -114,12 +120,7 @@ def _run(args: VerifyArgs, report: Report) -> None:
     # Imported only now: TRITON_INTERPRET must be settled before the first `import triton`.
     import torch
 
-    from clef_runtime.model.checkpoint import random_weights
-    from clef_runtime.model.config import ConfigError, ModelConfig, preset
-    from clef_runtime.model.weights import WeightsError, load_weights
     from clef_runtime.opset import get_opset
-    from clef_runtime.verify import kernels as ksuite
-    from clef_runtime.verify import model_suite as msuite
 
     report.device = check_device(placement)
     device = torch.device(placement.device)
@@ -127,6 +128,34 @@ def _run(args: VerifyArgs, report: Report) -> None:
     report.summary_parts.append(f"kernel config {report.kernel_config}")
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
+
+    config = _model_config(args)
+    profile = _Profile.of(config, placement.shapes)
+    report.model_shape = profile.described()
+    ref = get_opset("reference")
+    if args.suite in ("kernels", "full"):
+        _kernels_step(args, report, profile, placement, ref, device)
+    if args.suite in ("model", "full"):
+        # a mounted checkpoint runs as it is, whatever the profile
+        model_config = config if args.checkpoint else profile.config
+        _model_step(args, report, model_config, profile.workload, placement, ref, device)
+    if device.type == "cuda":
+        report.peak_gpu_memory_bytes = int(torch.cuda.max_memory_allocated())
+
+
+def _check_args(args: VerifyArgs) -> None:
+    if args.suite not in SUITES:
+        raise CannotRun(f"--suite {args.suite!r} is not one of {', '.join(SUITES)}")
+    if args.dtype not in NAMES:
+        raise CannotRun(f"--dtype {args.dtype!r} is not one of {', '.join(NAMES)}")
+    if not 0.1 <= args.tolerance_scale <= 100:
+        raise CannotRun(f"--tolerance-scale {args.tolerance_scale} must be within [0.1, 100]")
+
+
+def _model_config(args: VerifyArgs) -> ModelConfig:
+    """The architecture under test: the mounted checkpoint's, a config file's or a preset's, with
+    the `--shape` overrides (which must agree with a mounted checkpoint)."""
+    from clef_runtime.model.config import ConfigError, ModelConfig, preset
 
     try:
         if args.checkpoint is not None:
@@ -153,84 +182,122 @@ def _run(args: VerifyArgs, report: Report) -> None:
             config = wanted
     except ConfigError as exc:
         raise CannotRun(f"bad model config: {exc}") from exc
+    return config
 
-    checkpoint_config = config  # a mounted checkpoint runs as it is, whatever the profile
-    if placement.shapes == "reduced":
-        config = config.replace(**REDUCED_HEADS, **REDUCED_WIDTH, layer_types=config.layer_types[:4])
-        sizes, workload = ksuite.REDUCED_SIZES, msuite.REDUCED_WORKLOAD
-    else:
-        sizes, workload = ksuite.MODEL_SIZES, msuite.MODEL_WORKLOAD
-    shape = ksuite.GdnShape(
-        key_heads=config.linear_num_key_heads,
-        value_heads=config.linear_num_value_heads,
-        key_dim=config.linear_key_head_dim,
-        value_dim=config.linear_value_head_dim,
-        conv_width=config.linear_conv_kernel_dim,
+
+@dataclass(frozen=True)
+class _Profile:
+    """What the suites run at: the architecture as the shape profile shrinks it, the GDN shape
+    and sizes of the kernel cases, and the model suite's workload."""
+
+    config: ModelConfig
+    shape: GdnShape
+    sizes: Sizes
+    workload: Workload
+
+    @classmethod
+    def of(cls, config: ModelConfig, shapes: str) -> _Profile:
+        from clef_runtime.verify import kernels as ksuite
+        from clef_runtime.verify import model_suite as msuite
+
+        reduced = shapes == "reduced"
+        if reduced:
+            config = config.replace(**REDUCED_HEADS, **REDUCED_WIDTH, layer_types=config.layer_types[:4])
+        shape = ksuite.GdnShape(
+            key_heads=config.linear_num_key_heads,
+            value_heads=config.linear_num_value_heads,
+            key_dim=config.linear_key_head_dim,
+            value_dim=config.linear_value_head_dim,
+            conv_width=config.linear_conv_kernel_dim,
+        )
+        if reduced:
+            return cls(config, shape, ksuite.REDUCED_SIZES, msuite.REDUCED_WORKLOAD)
+        return cls(config, shape, ksuite.MODEL_SIZES, msuite.MODEL_WORKLOAD)
+
+    def described(self) -> dict[str, object]:
+        return {
+            "layers": self.config.num_hidden_layers,
+            "gdn_layers": len(self.config.linear_layers),
+            "attention_layers": len(self.config.full_layers),
+            "linear_key_heads": self.shape.key_heads,
+            "linear_value_heads": self.shape.value_heads,
+            "key_dim": self.shape.key_dim,
+            "value_dim": self.shape.value_dim,
+            "conv_width": self.shape.conv_width,
+        }
+
+
+def _kernels_step(
+    args: VerifyArgs,
+    report: Report,
+    profile: _Profile,
+    placement: Placement,
+    ref: OpSet,
+    device: torch.device,
+) -> None:
+    from clef_runtime.opset import get_opset
+    from clef_runtime.verify import kernels as ksuite
+
+    # the key-band fault needs the conv bands under test: the kernel cases' here, the model's in
+    # the model step
+    fast = get_opset("triton", qkv_split=profile.shape.qkv_split, kernel_config=placement.kernel_config)
+    t0 = time.perf_counter()
+    checks = ksuite.run_kernels_suite(
+        fast,
+        ref,
+        profile.shape,
+        profile.sizes,
+        args.dtype,
+        device,
+        seed=args.seed,
+        tolerance_scale=args.tolerance_scale,
     )
-    report.model_shape = {
-        "layers": config.num_hidden_layers,
-        "gdn_layers": len(config.linear_layers),
-        "attention_layers": len(config.full_layers),
-        "linear_key_heads": shape.key_heads,
-        "linear_value_heads": shape.value_heads,
-        "key_dim": shape.key_dim,
-        "value_dim": shape.value_dim,
-        "conv_width": shape.conv_width,
-    }
+    report.checks.extend(checks)
+    report.durations["kernels"] = round(time.perf_counter() - t0, 3)
+    report.summary_parts.append(f"kernel checks {sum(c.passed for c in checks)}/{len(checks)}")
 
-    # the key-band fault needs the conv bands under test: the kernel cases' here, the model's below
-    kconfig = placement.kernel_config
-    fast = get_opset("triton", qkv_split=shape.qkv_split, kernel_config=kconfig)
-    ref = get_opset("reference")
-    scale = args.tolerance_scale
-    if args.suite in ("kernels", "full"):
-        t0 = time.perf_counter()
-        report.checks.extend(
-            ksuite.run_kernels_suite(
-                fast, ref, shape, sizes, args.dtype, device, seed=args.seed, tolerance_scale=scale
-            )
-        )
-        report.durations["kernels"] = round(time.perf_counter() - t0, 3)
-        k = [c for c in report.checks if c.suite == "kernels"]
-        report.summary_parts.append(f"kernel checks {sum(c.passed for c in k)}/{len(k)}")
-    if args.suite in ("model", "full"):
-        t0 = time.perf_counter()
-        if args.checkpoint is not None:
-            model_config = checkpoint_config
-            try:
-                weights = load_weights(args.checkpoint, model_config, device=device)
-            except (WeightsError, OSError) as exc:
-                raise CannotRun(f"--checkpoint {args.checkpoint}: cannot load the weights: {exc}") from exc
-            report.model_shape["weights"] = f"checkpoint {args.checkpoint}"
-        else:
-            # Generated weights are untied whatever the architecture says: a tied random table makes
-            # every token predict itself, and tying does not touch the GDN kernels under test.
-            model_config = config.replace(tie_word_embeddings=False)
-            if placement.shapes != "reduced":
-                model_config = model_config.replace(**MODEL_PROFILE_WIDTH)
-            weights = random_weights(model_config, seed=args.seed)
-            report.model_shape["weights"] = f"generated from seed {args.seed}"
-        report.model_shape["model_hidden_size"] = model_config.hidden_size
-        report.model_shape["model_vocab_size"] = model_config.vocab_size
-        outcome = msuite.run_model_suite(
-            model_config,
-            weights,
-            get_opset("triton", qkv_split=model_config.qkv_split, kernel_config=kconfig),  # own bands
-            ref,
-            args.dtype,
-            torch_dtype(args.dtype),
-            device,
-            workload,
-            seed=args.seed,
-            tolerance_scale=scale,
-        )
-        del weights
-        report.checks.extend(outcome.checks)
-        report.layer_stats = outcome.layer_stats
-        report.summary_parts.extend(outcome.summary_parts)
-        report.durations["model"] = round(time.perf_counter() - t0, 3)
-    if device.type == "cuda":
-        report.peak_gpu_memory_bytes = int(torch.cuda.max_memory_allocated())
+
+def _model_step(
+    args: VerifyArgs,
+    report: Report,
+    config: ModelConfig,
+    workload: Workload,
+    placement: Placement,
+    ref: OpSet,
+    device: torch.device,
+) -> None:
+    from clef_runtime.model.checkpoint import random_weights
+    from clef_runtime.model.weights import WeightsError, load_weights
+    from clef_runtime.opset import get_opset
+    from clef_runtime.verify import model_suite as msuite
+
+    t0 = time.perf_counter()
+    if args.checkpoint is not None:
+        try:
+            weights = load_weights(args.checkpoint, config, device=device)
+        except (WeightsError, OSError) as exc:
+            raise CannotRun(f"--checkpoint {args.checkpoint}: cannot load the weights: {exc}") from exc
+        report.model_shape["weights"] = f"checkpoint {args.checkpoint}"
+    else:
+        # Generated weights are untied whatever the architecture says: a tied random table makes
+        # every token predict itself, and tying does not touch the GDN kernels under test.
+        config = config.replace(tie_word_embeddings=False)
+        if placement.shapes != "reduced":
+            config = config.replace(**MODEL_PROFILE_WIDTH)
+        weights = random_weights(config, seed=args.seed)
+        report.model_shape["weights"] = f"generated from seed {args.seed}"
+    report.model_shape["model_hidden_size"] = config.hidden_size
+    report.model_shape["model_vocab_size"] = config.vocab_size
+    fast = get_opset("triton", qkv_split=config.qkv_split, kernel_config=placement.kernel_config)  # own bands
+    outcome = msuite.run_model_suite(
+        config, weights, fast, ref, args.dtype, torch_dtype(args.dtype), device, workload,
+        seed=args.seed, tolerance_scale=args.tolerance_scale,
+    )  # fmt: skip
+    del weights
+    report.checks.extend(outcome.checks)
+    report.layer_stats = outcome.layer_stats
+    report.summary_parts.extend(outcome.summary_parts)
+    report.durations["model"] = round(time.perf_counter() - t0, 3)
 
 
 def _apply_shape(config: ModelConfig, overrides: dict[str, int]) -> ModelConfig:
