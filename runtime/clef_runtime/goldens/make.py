@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from clef_contract.command import ExitCode
 from clef_contract.goldens import PROVENANCE_KEYS, STDOUT, GoldensReport, build_goldens_report
@@ -40,6 +40,9 @@ from clef_runtime.goldens.schema import (
     prompt_set_digest,
     write_goldens,
 )
+
+if TYPE_CHECKING:
+    from clef_runtime.model import HybridModel
 
 _HASH_BLOCK = 16 * 1024 * 1024
 
@@ -143,22 +146,15 @@ def _versions() -> tuple[str, str]:
 
 def make_goldens(args: GoldensArgs, summary: dict[str, Any]) -> Goldens:
     """Build the goldens (raising CannotRun, GoldensError, ChatError or GoldensFailed)."""
-    from clef_runtime.verify.environment import CannotRun, check_device, resolve_placement
+    from clef_runtime.verify.environment import check_device, resolve_placement
 
-    for flag, value, allowed in (("--dtype", args.dtype, NAMES), ("--ops", args.ops, OPSETS)):
-        if value not in allowed:
-            raise CannotRun(f"{flag} {value!r} is not one of {', '.join(allowed)}")
-    if not 5 <= args.top_k <= 20:
-        raise CannotRun(f"--top-k {args.top_k} must be within [5, 20]")
+    _check_args(args)
     ckpt = Path(args.checkpoint)
-    if not (ckpt / "config.json").is_file():
-        raise CannotRun(f"--checkpoint {ckpt}: no config.json there")
     placement = resolve_placement(args.device, "model", None)  # settles TRITON_INTERPRET first
 
     import torch
 
     from clef_runtime.dtypes import torch_dtype
-    from clef_runtime.generation import greedy
     from clef_runtime.model import HybridModel, ModelConfig
     from clef_runtime.opset import get_opset
 
@@ -190,14 +186,40 @@ def make_goldens(args: GoldensArgs, summary: dict[str, Any]) -> Goldens:
     )
     durations["load"] = round(time.perf_counter() - t0, 3)
 
-    prompts = []
-    per_prompt: dict[str, float] = {}
     t0 = time.perf_counter()
+    prompts, per_prompt = _generate(model, specs, tok, args.top_k)
+    durations["generate"] = round(time.perf_counter() - t0, 3)
+    summary["perPrompt"] = per_prompt
+    summary["promptTokens"] = {s.name: len(s.prompt_ids) for s in specs}
+    if device.type == "cuda":
+        summary["peakGpuMemoryBytes"] = int(torch.cuda.max_memory_allocated())
+    provenance = _provenance(args, digest, specs, gpu_class, kernel_checks)
+    return Goldens(provenance, cache_key(provenance), tok.stop_ids, tuple(prompts))
+
+
+def _check_args(args: GoldensArgs) -> None:
+    from clef_runtime.verify.environment import CannotRun
+
+    for flag, value, allowed in (("--dtype", args.dtype, NAMES), ("--ops", args.ops, OPSETS)):
+        if value not in allowed:
+            raise CannotRun(f"{flag} {value!r} is not one of {', '.join(allowed)}")
+    if not 5 <= args.top_k <= 20:
+        raise CannotRun(f"--top-k {args.top_k} must be within [5, 20]")
+    if not (Path(args.checkpoint) / "config.json").is_file():
+        raise CannotRun(f"--checkpoint {args.checkpoint}: no config.json there")
+
+
+def _generate(
+    model: HybridModel, specs: list[PromptSpec], tok: ChatTokenizer, top_k: int
+) -> tuple[list[GoldenPrompt], dict[str, float]]:
+    """Every prompt's greedy continuation with its top-k, and the seconds each took."""
+    from clef_runtime.generation import greedy
+
+    prompts, seconds = [], {}
     for spec in specs:
         started = time.perf_counter()
-        gen = greedy(model, spec.prompt_ids, spec.max_new_tokens, top_k=args.top_k, stop_ids=tok.stop_ids)
-        per_prompt[spec.name] = round(time.perf_counter() - started, 3)
-        pieces = tuple(tuple(tok.piece(i) for i in top) for top in gen.top_ids)
+        gen = greedy(model, spec.prompt_ids, spec.max_new_tokens, top_k=top_k, stop_ids=tok.stop_ids)
+        seconds[spec.name] = round(time.perf_counter() - started, 3)
         prompts.append(
             GoldenPrompt(
                 spec=spec,
@@ -205,17 +227,18 @@ def make_goldens(args: GoldensArgs, summary: dict[str, Any]) -> Goldens:
                 logprobs=tuple(gen.logprobs),
                 top_ids=tuple(tuple(t) for t in gen.top_ids),
                 top_logprobs=tuple(tuple(t) for t in gen.top_logprobs),
-                top_pieces=pieces,
+                top_pieces=tuple(tuple(tok.piece(i) for i in top) for top in gen.top_ids),
                 finish_reason=gen.finish_reason,
             )
         )
-    durations["generate"] = round(time.perf_counter() - t0, 3)
-    summary["perPrompt"] = per_prompt
-    summary["promptTokens"] = {s.name: len(s.prompt_ids) for s in specs}
-    if device.type == "cuda":
-        summary["peakGpuMemoryBytes"] = int(torch.cuda.max_memory_allocated())
+    return prompts, seconds
+
+
+def _provenance(
+    args: GoldensArgs, digest: str, specs: list[PromptSpec], gpu_class: str, kernel_checks: str
+) -> dict[str, Any]:
     torch_version, triton_version = _versions()
-    provenance = {
+    return {
         "checkpointDigest": digest,
         "dtype": args.dtype,
         "runtimeVersion": __version__,
@@ -228,7 +251,6 @@ def make_goldens(args: GoldensArgs, summary: dict[str, Any]) -> Goldens:
         "torch": torch_version,
         "triton": triton_version,
     }
-    return Goldens(provenance, cache_key(provenance), tok.stop_ids, tuple(prompts))
 
 
 def run_goldens(args: GoldensArgs, out: TextIO = sys.stdout) -> int:

@@ -99,31 +99,76 @@ def run_model_suite(
     ref = HybridModel(config, weights, opset=ref_ops, dtype=dtype, device=device)
     gen = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, config.vocab_size, (workload.batch, workload.prompt), generator=gen).to(device)
+    run = _generate(fast, ref, prompt, workload.new_tokens)
+    dur = time.perf_counter() - start
 
+    tokens, ties = _token_check(run, tol, dur)
+    e = errors(run.fast_logits, run.ref_logits)
+    logits = _check(
+        "model: logits rel_rms",
+        e.finite and e.rel_rms <= tol.logits_rel_rms,
+        "rel_rms",
+        e.rel_rms,
+        tol.logits_rel_rms,
+        f"model: teacher-forced logits rel_rms {e.rel_rms:.3g} > {tol.logits_rel_rms:g}"
+        + ("" if e.finite else " (non-finite)"),
+        dur,
+    )
+    layer_rows, stat_checks = _compare_stats(
+        {"prefill": (run.fast_prefill, run.ref_prefill), "decode": (run.fast_decode, run.ref_decode)},
+        tol,
+        dur,
+    )
+    summary = [f"token ids {tokens.value}" + (f" ({ties} near-ties)" if ties else "")]
+    summary.append(f"logits rel_rms {e.rel_rms:.2g}")
+    return ModelOutcome(checks=[tokens, logits, *stat_checks], layer_stats=layer_rows, summary_parts=summary)
+
+
+@dataclass
+class _Generation:
+    """Both models' logits at every new token ([B, N, vocab], float32, the reference fed the
+    candidate's tokens), the tokens the candidate chose, and the GDN statistics per phase."""
+
+    fast_logits: torch.Tensor
+    ref_logits: torch.Tensor
+    chosen: torch.Tensor  # [B, N]
+    fast_prefill: GDNStats
+    ref_prefill: GDNStats
+    fast_decode: GDNStats
+    ref_decode: GDNStats
+
+
+def _generate(fast: HybridModel, ref: HybridModel, prompt: torch.Tensor, new_tokens: int) -> _Generation:
     # Prefill and decode run different kernels (chunked vs recurrent, conv vs conv update): keep
     # their statistics apart so one phase's healthy numbers cannot mask the other's dead ones.
-    fast_stats, ref_stats = GDNStats(), GDNStats()
-    fast_dec, ref_dec = GDNStats(), GDNStats()
-    fast_logits: list[torch.Tensor] = []
-    ref_logits: list[torch.Tensor] = []
-
-    with fast.recording(fast_stats), ref.recording(ref_stats):
+    fast_pre, ref_pre, fast_dec, ref_dec = GDNStats(), GDNStats(), GDNStats(), GDNStats()
+    with fast.recording(fast_pre), ref.recording(ref_pre):
         logits, fcache = fast.prefill(prompt, last_only=True)
         rlogits, rcache = ref.prefill(prompt, last_only=True)
-    fast_logits.append(logits[:, -1])
-    ref_logits.append(rlogits[:, -1])
+    fast_logits, ref_logits = [logits[:, -1]], [rlogits[:, -1]]
     tokens = [logits[:, -1].argmax(-1)]
     with fast.recording(fast_dec), ref.recording(ref_dec):
-        for _ in range(workload.new_tokens - 1):
+        for _ in range(new_tokens - 1):
             step = fast.decode_step(tokens[-1], fcache)
-            rstep = ref.decode_step(tokens[-1], rcache)
+            ref_logits.append(ref.decode_step(tokens[-1], rcache))
             fast_logits.append(step)
-            ref_logits.append(rstep)
             tokens.append(step.argmax(-1))
+    return _Generation(
+        fast_logits=torch.stack(fast_logits, 1).float(),
+        ref_logits=torch.stack(ref_logits, 1).float(),
+        chosen=torch.stack(tokens, 1),
+        fast_prefill=fast_pre,
+        ref_prefill=ref_pre,
+        fast_decode=fast_dec,
+        ref_decode=ref_dec,
+    )
 
-    fl = torch.stack(fast_logits, 1).float()  # [B, N, vocab]
-    rl = torch.stack(ref_logits, 1).float()
-    chosen = torch.stack(tokens, 1)  # what the fast model generated
+
+def _token_check(run: _Generation, tol: ModelTolerance, dur: float) -> tuple[Check, int]:
+    """The candidate's greedy tokens against the reference's choice at the same place: a
+    difference within the reference's own near-tie margin is not a mismatch.  Also returns how
+    many near-ties there were."""
+    chosen, rl = run.chosen, run.ref_logits
     ref_choice = rl.argmax(-1)
     scale = float(rl.pow(2).mean().sqrt())
     gap = rl.gather(-1, ref_choice[..., None]).squeeze(-1) - rl.gather(-1, chosen[..., None]).squeeze(-1)
@@ -132,9 +177,6 @@ def run_model_suite(
     mismatches = differ & ~ties
     total = chosen.numel()
     equal = total - int(differ.sum())
-    dur = time.perf_counter() - start
-
-    checks: list[Check] = []
     detail = ""
     if bool(mismatches.any()):
         b, t = (int(i) for i in mismatches.nonzero()[0])
@@ -142,38 +184,16 @@ def run_model_suite(
             f"model: greedy token ids {equal}/{total} equal; first mismatch at sequence {b} new token {t}: "
             f"candidate {int(chosen[b, t])}, reference {int(ref_choice[b, t])} (reference margin {float(gap[b, t]):.3g})"
         )
-    checks.append(
-        _check(
-            "model: greedy token ids",
-            not bool(mismatches.any()),
-            "token_ids_equal",
-            f"{equal}/{total}",
-            f"{total}/{total}",
-            detail,
-            dur,
-        )
+    check = _check(
+        "model: greedy token ids",
+        not bool(mismatches.any()),
+        "token_ids_equal",
+        f"{equal}/{total}",
+        f"{total}/{total}",
+        detail,
+        dur,
     )
-    e = errors(fl, rl)
-    checks.append(
-        _check(
-            "model: logits rel_rms",
-            e.finite and e.rel_rms <= tol.logits_rel_rms,
-            "rel_rms",
-            e.rel_rms,
-            tol.logits_rel_rms,
-            f"model: teacher-forced logits rel_rms {e.rel_rms:.3g} > {tol.logits_rel_rms:g}"
-            + ("" if e.finite else " (non-finite)"),
-            dur,
-        )
-    )
-
-    layer_rows, stat_checks = _compare_stats(
-        {"prefill": (fast_stats, ref_stats), "decode": (fast_dec, ref_dec)}, tol, dur
-    )
-    checks.extend(stat_checks)
-    summary = [f"token ids {equal}/{total}" + (f" ({int(ties.sum())} near-ties)" if bool(ties.any()) else "")]
-    summary.append(f"logits rel_rms {e.rel_rms:.2g}")
-    return ModelOutcome(checks=checks, layer_stats=layer_rows, summary_parts=summary)
+    return check, int(ties.sum())
 
 
 _STATS = (
