@@ -244,8 +244,9 @@ types = dict(q=p, k=p, w=p, u=p, gc=f32, kf=f32, qf=f32, aqk=p, o=p, cw="*i32", 
 launches = [
     ("walk", ds._segment_output_kernel, types, dict(consts, WARMUP=False), ds.SPLIT_WARPS),
     ("walk with warm-up", ds._segment_output_kernel, types, dict(consts, WARMUP=True), ds.SPLIT_WARPS),
-    ("warm-up plan", ds._warmup_plan_kernel, dict(lb=f32, cw="*i32", cu_seqlens="*i32", warmup_log_bound="fp32"),
-     dict(HV=32, BT=dc.BT, WB=ds.WARMUP_BLOCK, IS_VARLEN=True), 1),
+    ("warm-up plan", ds._warmup_plan_kernel,
+     dict(lb=f32, gc=f32, beta=f32, cw="*i32", cu_seqlens="*i32", warmup_log_bound="fp32"),
+     dict(HV=32, BT=dc.BT, WB=ds.WARMUP_BLOCK, IS_VARLEN=True, FROM_GATES=True), 4),
 ]
 results = {}
 for launch, kernel, types, c, warps in launches:

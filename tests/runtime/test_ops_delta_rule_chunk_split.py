@@ -53,12 +53,13 @@ def test_split_matches_reference(case: str, rng: torch.Generator, device: torch.
 
 
 def chunk_log_bounds(k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, l2norm: bool) -> torch.Tensor:
-    """[B, chunks, HV]: each chunk's Σ (g + log max(1, |1 - β |k̂|²|)), as launch 1 stores it."""
+    """[B, chunks, HV]: each chunk's Σ (g + log max(1, |1 - β |k̂|²|)) as the kernels bound it
+    (normalised keys: |k̂|² ≤ 1 gives max(1, |1 - β|))."""
     B, T, H, _ = k.shape
     HV = g.shape[2]
     nk2 = k.double().pow(2).sum(-1).repeat_interleave(HV // H, dim=2)
     if l2norm:
-        nk2 = nk2 / (nk2 + 1e-6)
+        nk2 = torch.ones_like(nk2)
     per_token = g.double() + torch.log(torch.clamp((1 - beta.double() * nk2).abs(), min=1.0))
     pad = -T % BT
     return torch.nn.functional.pad(per_token, (0, 0, 0, pad)).view(B, -1, BT, HV).sum(2)
@@ -185,7 +186,9 @@ def test_default_segments() -> None:
 def test_default_path_takes_the_split_design_only_where_it_was_measured_faster() -> None:
     bf16, f16 = torch.bfloat16, torch.float16
     assert takes_default_path(bf16, True, 4, 32, 128, 128)  # B4 T8192, 8 packed sequences
-    assert not takes_default_path(bf16, True, 1, 32, 128, 128)  # B1: three launches
+    assert not takes_default_path(bf16, True, 1, 32, 128, 128, 8192)  # B1 T8192: three launches
+    assert takes_default_path(bf16, True, 1, 32, 128, 128, 32768)  # B1 T32768: split, warm-ups
+    assert not takes_default_path(f16, True, 1, 32, 128, 128, 32768)
     assert not takes_default_path(f16, True, 8, 32, 128, 128)  # f16 would spill
     assert not takes_default_path(bf16, False, 8, 32, 128, 128)  # FMA path (sm70)
     assert not takes_default_path(bf16, True, 8, 32, 256, 128)  # wider than one tile

@@ -40,10 +40,11 @@ repeated in memory):
 3. `_chunk_output_kernel`, grid ``(chunk slots · HV, V / BVO)``: the output of every chunk in
    parallel, ``o = qf ⊙ (q S_c) + Aqk v_new`` (raw q into the dot, the factor on the product).
 
-bf16 on tensor cores with at least 128 (sequence, value head) chains is handed to
-`clef_runtime.ops.delta_rule_chunk_split` instead (launch 1, then the output fused into one
-whole-V walk per chain, no chunk states stored: faster there, slower at B1; docs/performance.md,
-"fourth pass").
+bf16 on tensor cores with at least 128 (sequence, value head) chains, or with sequences of
+32768 tokens or more on average, is handed to `clef_runtime.ops.delta_rule_chunk_split` instead
+(launch 1, then the output fused into one whole-V walk per chain, long sequences cut into
+segments that start from a warm-up walk; no chunk states stored: faster there, slower for short
+B1 prompts; docs/performance.md, "fourth pass" and "sixth pass").
 
 Launch 3 costs storing the chunk states (``[chunks, HV, K, V]``) but keeps the output's dots off
 the sequential chain; docs/performance.md has the measurements behind this split and behind the
@@ -775,12 +776,13 @@ def chunk_gated_delta_rule(
     tc = tensor_core_dots(q.dtype, q.device, tensor_cores)
     from clef_runtime.ops.delta_rule_chunk_split import chunk_gated_delta_rule_split, takes_default_path
 
-    if not fault_state_in_io_dtype and takes_default_path(q.dtype, tc, N, HV, K, V):
-        # enough (sequence, value head) chains to fill the GPU unsplit: the output fused into
-        # the walk, no chunk states stored (`delta_rule_chunk_split`; measured faster there)
+    if not fault_state_in_io_dtype and takes_default_path(q.dtype, tc, N, HV, K, V, T):
+        # enough (sequence, value head) chains to fill the GPU unsplit, or long sequences split
+        # into segments with warm-ups: the output fused into the walk, no chunk states stored
+        # (`delta_rule_chunk_split`; measured faster there)
         return chunk_gated_delta_rule_split(
             q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
-            cu_seqlens=cu_seqlens, use_qk_l2norm=use_qk_l2norm, segments=1,
+            cu_seqlens=cu_seqlens, use_qk_l2norm=use_qk_l2norm,
         )  # fmt: skip
     device = q.device
     p = prepare(q, k, v, g, beta, N, scale, cu_seqlens, use_qk_l2norm, output_final_state, tc)

@@ -1,5 +1,6 @@
 """Chunked gated delta rule with the output fused into the recurrence and the sequence split
-across programs ("split" design; not the default path, see docs/performance.md).
+across programs ("split" design; the default path for bf16 with many chains or long sequences:
+`delta_rule_chunk_split.takes_default_path`, docs/performance.md).
 
 Launch 1 is the three-launch design's `_chunk_prepare_kernel` (w, u, Aqk and the per-token
 factors; `clef_runtime.ops.delta_rule_chunk` has the algebra).  What differs is the rest: the
@@ -9,12 +10,14 @@ chunk states and the v_new round trip of the three-launch design (B1 T32768 bf16
 
 Walking a whole sequence in one program leaves too few programs at B1 (32 value heads × V
 blocks) and a long chain, so each sequence can be cut into ``P`` segments of whole chunks, one
-program each (launch 2, `_segment_output_kernel`, grid ``(N·HV, V / BV, P)``).  A segment needs
+program each (launch 3, `_segment_output_kernel`, grid ``(N·HV, V / BV, P)``; launch 2,
+`_warmup_plan_kernel`, finds where each segment's warm-up starts).  A segment needs
 its true start state; it gets it from a *warm-up walk* over the chunks before it.  Each token
 maps the state by ``S ← e^{g} (I - β k̂ k̂ᵀ) S + …``, whose linear part has spectral norm
 ``e^{g} max(1, |1 - β |k̂|²|)``, so the map of chunks ``c_w .. c_lo - 1`` onto the segment start
 has norm at most ``e^{Σ b_c}`` with ``b_c`` the chunk's sum of ``g + log max(1, |1 - β |k̂|²|)``
-(launch 1 stores it per chunk and value head when asked: ``chunk_bound``).  A segment starting at
+(with L2-normalised keys ``|k̂|² ≤ 1``, so the gates alone give it: ``max(1, |1 - β|)``;
+otherwise launch 1 stores it per chunk and value head: ``chunk_bound``).  A segment starting at
 chunk ``c_lo`` walks back until that sum falls below ``WARMUP_LOG_BOUND = ln 2⁻²⁴``, walks those
 chunks from a zero state without writing outputs, then its own chunks with the output.  Starting
 from zero instead of the true state there leaves an error of at most ``2⁻²⁴`` times that state's
@@ -62,10 +65,13 @@ MAX_SEGMENTS = 16
 # the start-state error is then at most 2⁻²⁴ (float32's unit roundoff) times the true state there.
 WARMUP_LOG_BOUND = -24 * math.log(2)
 WARMUP_BLOCK = 64  # chunk bounds read per step of the walk back
-# The default path takes this design (segments = 1) for bf16 on tensor cores from this many
-# (sequence, value head) chains: measured faster there (B4 T8192, 8 packed × 4096); at B1 the
-# three-launch design stays faster at any segment count.
+# The default path takes this design for bf16 on tensor cores from this many (sequence, value
+# head) chains, unsplit: measured faster there (B4 T8192, 8 packed × 4096) ...
 DEFAULT_MIN_CHAINS = 128
+# ... and, split into segments with warm-ups, for fewer chains whose sequences average at least
+# this many tokens: measured faster at B1 T32768 and T131072 (docs/performance.md, "sixth pass");
+# at T8192 even, at T2048 slower.
+DEFAULT_MIN_SPLIT_TOKENS = 32768
 
 
 def default_segments(N: int, HV: int, V: int, T: int, block_v: int = SPLIT_BV) -> int:
@@ -81,11 +87,17 @@ def default_segments(N: int, HV: int, V: int, T: int, block_v: int = SPLIT_BV) -
     return int(max(1, min(want, room, MAX_SEGMENTS)))
 
 
-def takes_default_path(dtype: torch.dtype, tensor_cores: bool, N: int, HV: int, K: int, V: int) -> bool:
-    """Whether `chunk_gated_delta_rule` hands a call to this design (unsplit): bf16 on tensor
-    cores, head dims ≤ 128 (one 128-wide tile), at least DEFAULT_MIN_CHAINS chains.  f16 keeps
-    the three-launch design (its float32 state operands would spill at these tiles)."""
-    return dtype == torch.bfloat16 and tensor_cores and max(K, V) <= 128 and N * HV >= DEFAULT_MIN_CHAINS
+def takes_default_path(
+    dtype: torch.dtype, tensor_cores: bool, N: int, HV: int, K: int, V: int, T: int = 0
+) -> bool:
+    """Whether `chunk_gated_delta_rule` hands a call to this design (at `default_segments`):
+    bf16 on tensor cores, head dims ≤ 128 (one 128-wide tile), and either at least
+    DEFAULT_MIN_CHAINS chains or sequences of DEFAULT_MIN_SPLIT_TOKENS tokens on average (T is
+    the padded total for varlen).  f16 keeps the three-launch design (its float32 state operands
+    would spill at these tiles)."""
+    if not (dtype == torch.bfloat16 and tensor_cores and max(K, V) <= 128):
+        return False
+    return N * HV >= DEFAULT_MIN_CHAINS or T // max(1, N) >= DEFAULT_MIN_SPLIT_TOKENS
 
 
 @triton.jit
@@ -212,9 +224,32 @@ def _walk(
 
 
 @triton.jit
-def _warmup_start(lb_p, c_lo, log_bound, HV: tl.constexpr, WB: tl.constexpr):
+def _chunk_bounds(
+    idx, lb_p, gc_p, beta_p, bos, eos, HV: tl.constexpr, BT: tl.constexpr, FROM_GATES: tl.constexpr
+):
+    """The log bounds of chunks `idx` (< 0: none, 0) of one sequence and value head.  With
+    L2-normalised keys (FROM_GATES) |k̂|² ≤ 1, so |1 - β |k̂|²| ≤ max(1, |1 - β|): the bound is the
+    chunk's Σ g (its cumulative decay at the chunk end, `gc_p`) plus Σ log max(1, |1 - β|), from
+    the gates alone.  Otherwise launch 1 stored it with the keys' norms (`lb_p`, stride HV)."""
+    live = idx >= 0
+    if FROM_GATES:
+        t0 = bos + idx * BT
+        gl = tl.load(gc_p + tl.minimum(t0 + BT, eos) - 1, mask=live, other=0.0)
+        t = t0[:, None] + tl.arange(0, BT)[None, :]
+        bt = tl.load(beta_p + t * HV, mask=live[:, None] & (t < eos), other=0.0)
+        return gl + tl.sum(tl.log(tl.maximum(tl.abs(1.0 - bt), 1.0)), 1)
+    else:
+        return tl.load(lb_p + idx * HV, mask=live, other=0.0)
+
+
+# fmt: off
+@triton.jit
+def _warmup_start(
+    lb_p, gc_p, beta_p, c_lo, bos, eos, log_bound,
+    HV: tl.constexpr, BT: tl.constexpr, WB: tl.constexpr, FROM_GATES: tl.constexpr,
+):
     """The chunk a segment starting at chunk ``c_lo`` warms up from: the largest ``c_w < c_lo``
-    whose chunks ``c_w .. c_lo - 1`` have log bounds (`lb_p`, stride HV) summing below
+    whose chunks ``c_w .. c_lo - 1`` have log bounds (`_chunk_bounds`) summing below
     ``log_bound``, so that their map carries a start-state error of at most ``e^{log_bound}``
     times the true state at ``c_w`` to ``c_lo``; -1 when no such chunk exists (walk from the
     sequence start and its initial state: exact).  WB bounds a step, read backwards from c_lo."""
@@ -224,18 +259,21 @@ def _warmup_start(lb_p, c_lo, log_bound, HV: tl.constexpr, WB: tl.constexpr):
     hi = c_lo
     while hi > 0:  # (a while loop: the interpreter cannot take a runtime range bound)
         idx = hi - 1 - i
-        vals = tl.load(lb_p + idx * HV, mask=idx >= 0, other=0.0)
+        vals = _chunk_bounds(idx, lb_p, gc_p, beta_p, bos, eos, HV, BT, FROM_GATES)
         cs = acc + tl.cumsum(vals, 0)  # cs[i]: the log bound of chunks idx[i] .. c_lo - 1
         first = tl.min(tl.where((cs < log_bound) & (idx >= 0), i, WB), 0)
         c_w = tl.where(first < WB, hi - 1 - first, c_w)
         acc += tl.sum(vals, 0)
         hi = tl.where(first < WB, 0, hi - WB)
     return c_w
+# fmt: on
 
 
 @triton.jit(do_not_specialize=["T", "P"])
 def _warmup_plan_kernel(
     lb,
+    gc,
+    beta,
     cw,
     cu_seqlens,
     warmup_log_bound,
@@ -246,6 +284,7 @@ def _warmup_plan_kernel(
     BT: tl.constexpr,
     WB: tl.constexpr,
     IS_VARLEN: tl.constexpr,
+    FROM_GATES: tl.constexpr,
 ):
     """Launch 2, grid ``(N·HV, P)``: where segment s of one sequence and value head warms up from
     (`_warmup_start`), into ``cw``.  A launch of its own: the walk back's loop inside the walk
@@ -254,13 +293,15 @@ def _warmup_plan_kernel(
     s = tl.program_id(1).to(tl.int64)
     n = i_nh // HV
     hv = i_nh % HV
-    _, bos, eos = _seq_bounds(n, cu_seqlens, T, IS_VARLEN)
+    b, bos, eos = _seq_bounds(n, cu_seqlens, T, IS_VARLEN)
     seg = tl.cdiv(tl.cdiv(eos - bos, BT), P)
     c_lo = tl.minimum(s * seg, tl.cdiv(eos - bos, BT))
     slot0 = bos // BT + n if IS_VARLEN else n * NT  # the sequence's first chunk slot
-    tl.store(
-        cw + i_nh * P + s, _warmup_start(lb + slot0 * HV + hv, c_lo, warmup_log_bound, HV, WB).to(tl.int32)
-    )
+    c_w = _warmup_start(
+        lb + slot0 * HV + hv, gc + (b * HV + hv) * T, beta + b * T * HV + hv, c_lo, bos, eos, warmup_log_bound,
+        HV, BT, WB, FROM_GATES,
+    )  # fmt: skip
+    tl.store(cw + i_nh * P + s, c_w.to(tl.int32))
 
 
 @triton.jit(do_not_specialize=["T", "P"])
@@ -379,16 +420,31 @@ def chunk_gated_delta_rule_split(
     P = default_segments(N, HV, V, T, block_v) if segments is None else int(segments)
     if P < 1:
         raise ValueError(f"{OP}: segments must be ≥ 1, got {P}")
-    p = prepare(q, k, v, g, beta, N, scale, cu_seqlens, use_qk_l2norm, output_final_state, True, P > 1)
+    # launch 1 stores the chunk bounds only for keys it does not normalise (with normalised keys
+    # the gates give them: `_chunk_bounds`); they cost it 14% at B1 T32768 on the H200
+    p = prepare(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        N,
+        scale,
+        cu_seqlens,
+        use_qk_l2norm,
+        output_final_state,
+        True,
+        P > 1 and not use_qk_l2norm,
+    )
     policy, cfg = p.policy, p.cfg
     BV = min(block_v, cfg.BVF)
     varlen = cu_seqlens is not None
     cw = p.gc  # an unused pointer with one segment
-    if P > 1 and p.lb is not None:
+    if P > 1:
         cw = torch.empty(N * HV * P, dtype=torch.int32, device=q.device)
         _warmup_plan_kernel[(N * HV, P)](
-            p.lb, cw, p.cu, WARMUP_LOG_BOUND, T, p.NT, P, HV=HV, BT=BT, WB=WARMUP_BLOCK, IS_VARLEN=varlen,
-            num_warps=1,
+            p.lb if p.lb is not None else p.gc, p.gc, beta, cw, p.cu, WARMUP_LOG_BOUND, T, p.NT, P,
+            HV=HV, BT=BT, WB=WARMUP_BLOCK, IS_VARLEN=varlen, FROM_GATES=use_qk_l2norm, num_warps=4,
         )  # fmt: skip
     _segment_output_kernel[(N * HV, triton.cdiv(V, BV), P)](
         q, k, p.w, p.u, p.gc, p.kf, p.qf, p.aqk, p.o, cw,
