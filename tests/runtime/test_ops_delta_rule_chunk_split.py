@@ -90,7 +90,7 @@ def check_split(
     *,
     T: int = 0,
     lens: list[int] | None = None,
-    HV: int = 2,
+    HV: int = 1,
     l2norm: bool = True,
     k_norm: float | None = None,
 ) -> list[int]:
