@@ -27,6 +27,8 @@ import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, "runtime")
+from probe_timing import rel, time_it  # hack/device, the script's folder
+
 from clef_runtime.ops import delta_rule_chunk_split as ds
 from clef_runtime.ops.delta_rule_chunk import BT, chunk_gated_delta_rule
 from clef_runtime.ops.delta_rule_chunk_split import (
@@ -103,23 +105,6 @@ def warmups(s: dict[str, torch.Tensor], P: int) -> tuple[float, int]:
             c_w = int(hit.max()) if hit.numel() else -1
             lens.append(c_lo - c_w if c_w >= 0 else c_lo)
     return (statistics.mean(lens), max(lens)) if lens else (0.0, 0)
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.float() - b.float()).norm() / b.float().norm())
-
-
-def time_it(fn, sets, reps: int = 7) -> float:  # type: ignore[no-untyped-def]
-    samples = []
-    for _ in range(reps):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        for s in sets:
-            fn(s)
-        e1.record()
-        torch.cuda.synchronize()
-        samples.append(e0.elapsed_time(e1) / 1e3 / len(sets))
-    return statistics.median(samples)
 
 
 table = []
