@@ -137,10 +137,10 @@ def _persistent(programs: int, stages: int, maxnreg: int | None = None, body_edi
         + "".join(("    " + ln if ln.strip() else ln) for ln in body.splitlines(keepends=True))
         + "\n\n"
     )
-    launch_old = "        _chunk_prepare_kernel[(slots * HV,)](\n            q, k, v, g, beta, w, u, aqk, gc, kf, qf, cu,\n            scale, T, NT, N,\n"
+    launch_old = "        _chunk_prepare_kernel[(slots * HV,)](\n            q, k, v, g, beta, w, u, aqk, gc, kf, qf, lb if lb is not None else gc, cu,\n            scale, T, NT, N,\n"
     launch_new = (
         f"        _chunk_prepare_kernel[(min(slots * HV, {programs}),)](\n"
-        "            q, k, v, g, beta, w, u, aqk, gc, kf, qf, cu,\n            scale, slots * HV, T, NT, N,\n"
+        "            q, k, v, g, beta, w, u, aqk, gc, kf, qf, lb if lb is not None else gc, cu,\n            scale, slots * HV, T, NT, N,\n"
     )
     edits = [
         ("__REGION__", start, end, loop),

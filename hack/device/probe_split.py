@@ -12,13 +12,14 @@ table last.
 
 from __future__ import annotations
 
-import statistics
 import sys
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, "runtime")
+from probe_timing import rel, time_it  # hack/device, the script's folder
+
 from clef_runtime.ops.delta_rule_chunk import chunk_gated_delta_rule
 from clef_runtime.ops.delta_rule_chunk_split import chunk_gated_delta_rule_split, default_segments
 
@@ -59,23 +60,6 @@ def split(P, BV, W, S=3):  # type: ignore[no-untyped-def]
         s["q"], s["k"], s["v"], s["g"], s["beta"], output_final_state=True, use_qk_l2norm=True,
         cu_seqlens=s["cu"], segments=P, block_v=BV, warps=W, stages=S,
     )  # fmt: skip
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.float() - b.float()).norm() / b.float().norm())
-
-
-def time_it(fn, sets, reps: int = 7) -> float:  # type: ignore[no-untyped-def]
-    samples = []
-    for _ in range(reps):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        for s in sets:
-            fn(s)
-        e1.record()
-        torch.cuda.synchronize()
-        samples.append(e0.elapsed_time(e1) / 1e3 / len(sets))
-    return statistics.median(samples)
 
 
 table = []

@@ -176,8 +176,8 @@ for arch, dtype, tc in ((90, torch.bfloat16, True), (90, torch.float16, True), (
     launches = [
         ("prepare", dc._chunk_prepare_kernel,
          dict(q=p, k=p, v=p, g="*fp32", beta="*fp32", w=p, u=p, aqk=p, gc="*fp32", kf="*fp32", qf="*fp32",
-              cu_seqlens="*i32", scale="fp32"),
-         dict(common, L2NORM=True, BVF=cfg.BVF, KS=cfg.KS, VS=cfg.VS, BC=dc.BC, LOG_BC=dc.BC.bit_length() - 1,
+              lb="*fp32", cu_seqlens="*i32", scale="fp32"),
+         dict(common, L2NORM=True, CHUNK_BOUND=tc, BVF=cfg.BVF, KS=cfg.KS, VS=cfg.VS, BC=dc.BC, LOG_BC=dc.BC.bit_length() - 1,
               SOLVE_BY_DOUBLING=cfg.solve_by_doubling, CHUNK_DT=pol.chunk_dtype,
               SOLVE_PRECISION=pol.solve_precision), cfg.warps1, 3, cfg.regs1),
         ("recurrence", dc._chunk_recurrence_kernel,
@@ -236,21 +236,23 @@ from clef_runtime.ops.delta_rule_common import dot_policy
 DIV16 = {"sqb", "sqt", "skb", "skt"}
 pol = dot_policy(torch.bfloat16, dc._chunk_prepare_kernel, True)
 p = "*bf16"
-consts = dict(H=16, HV=32, K=128, V=128, BK=128, BV=ds.SPLIT_BV, BT=dc.BT, CW=256, IS_VARLEN=True,
-              STATE_DT=pol.state_dtype, STATE_PRECISION=pol.state_precision, ROUND_BF16=False, INTERPRETED=False)
+consts = dict(H=16, HV=32, K=128, V=128, BK=128, BV=ds.SPLIT_BV, BT=dc.BT, IS_VARLEN=True,
+              HAS_H0=True, STORE_FINAL=True, STATE_DT=pol.state_dtype, STATE_PRECISION=pol.state_precision,
+              ROUND_BF16=False, INTERPRETED=False)
 f32 = "*fp32"
+types = dict(q=p, k=p, w=p, u=p, gc=f32, kf=f32, qf=f32, aqk=p, o=p, cw="*i32", h0=f32, ht=f32, cu_seqlens="*i32")
 launches = [
-    ("map", ds._segment_map_kernel,
-     dict(k=p, w=p, u=p, gc=f32, kf=f32, emap=f32, cu_seqlens="*i32"), consts),
-    ("walk", ds._segment_output_kernel,
-     dict(q=p, k=p, w=p, u=p, gc=f32, kf=f32, qf=f32, aqk=p, o=p, emap=f32, h0=f32, ht=f32, cu_seqlens="*i32"),
-     dict(consts, VP=128, HAS_H0=True, STORE_FINAL=True, FOLD_PRECISION="tf32", FOLD=False)),
+    ("walk", ds._segment_output_kernel, types, dict(consts, WARMUP=False), ds.SPLIT_WARPS),
+    ("walk with warm-up", ds._segment_output_kernel, types, dict(consts, WARMUP=True), ds.SPLIT_WARPS),
+    ("warm-up plan", ds._warmup_plan_kernel,
+     dict(lb=f32, gc=f32, beta=f32, cw="*i32", cu_seqlens="*i32", warmup_log_bound="fp32"),
+     dict(HV=32, BT=dc.BT, WB=ds.WARMUP_BLOCK, IS_VARLEN=True, FROM_GATES=True), 4),
 ]
 results = {}
-for launch, kernel, types, c in launches:
+for launch, kernel, types, c, warps in launches:
     key = f"sm_90 bf16 split {launch}"
     try:
-        results[key] = {"ok": True, **compile_variant(kernel, types, c, 90, ds.SPLIT_WARPS, ds.SPLIT_STAGES, DIV16)}
+        results[key] = {"ok": True, **compile_variant(kernel, types, c, 90, warps, ds.SPLIT_STAGES, DIV16)}
     except Exception as e:
         results[key] = {"ok": False, "error": f"{type(e).__name__}: {e}"[-2000:]}
 print("RESULTS " + json.dumps(results))
@@ -260,12 +262,13 @@ SPLIT_SCRIPT = PRELUDE + _SPLIT_BODY
 
 @pytest.mark.slow
 def test_split_chunk_kernels_compile_for_sm90() -> None:
-    """The split design's two launches (`delta_rule_chunk_split`, bf16 on tensor cores only: the
-    default path for ≥ 128 sequence × value-head chains) at their kept tiles (whole V, 8 warps,
-    2 stages) compile for sm_90.  The walk spills 64 bytes per thread there (255 registers):
-    measured faster anyway (docs/performance.md, "Chunked prefill, fourth pass"); the bound
-    catches a change that makes it spill for real."""
+    """The split design's walk (`delta_rule_chunk_split`, bf16 on tensor cores only: the
+    default path for ≥ 128 sequence × value-head chains), unsplit and with the segments'
+    warm-up, at its kept tiles (whole V, 8 warps, 2 stages) compiles for sm_90.  The walk spills
+    64 bytes per thread there (255 registers): measured faster anyway (docs/performance.md,
+    "Chunked prefill, fourth pass"); the bound catches a change that makes it spill for real.
+    (Launch 1 with the chunk bounds is the bf16 and f16 "prepare" of the test above.)"""
     results = _compile_all(SPLIT_SCRIPT, 900)
-    assert len(results) == 2, results
+    assert len(results) == 3, results
     heavy = {k: r for k, r in results.items() if int(r.get("STACK", 0)) + int(r.get("LOCAL", 0)) > 128}  # type: ignore[call-overload]
     assert not heavy, f"split kernels that spill more than 128 bytes per thread on sm_90: {heavy}"

@@ -1,23 +1,28 @@
 """The split design of the chunked delta rule (`clef_runtime.ops.delta_rule_chunk_split`: the
-output fused into the recurrence, sequences cut into segments joined by their affine maps)
+output fused into the recurrence, sequences cut into segments that start from a warm-up walk)
 against the float64 reference, as the three-launch design is tested.
 
 CPU tier: small shapes under ``TRITON_INTERPRET=1``, with more segments than a sequence has
 chunks (empty segments), uneven segments, varlen with empty sequences, an initial state, and
-one segment (the plain fused recurrence).  GPU tier: the Qwen3.5 shapes.
+one segment (the plain fused recurrence); warm-ups cut short by fast decay, warm-ups that must
+reach the sequence start (no decay; keys with β|k|² > 2), and a decay slow enough that a
+warm-up cut too early fails.  GPU tier: the Qwen3.5 shapes.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 
 import pytest
 import torch
-from tests.runtime.test_ops_delta_rule_chunk import OP, QWEN, check_against_reference
+from tests.runtime.test_ops_delta_rule_chunk import OP, QWEN, check_against_reference, packed_cu_seqlens
 
 from clef_runtime.compare import assert_close
 from clef_runtime.inputs import gdn_inputs
+from clef_runtime.ops.delta_rule_chunk import BT
 from clef_runtime.ops.delta_rule_chunk_split import (
+    WARMUP_LOG_BOUND,
     chunk_gated_delta_rule_split,
     default_segments,
     takes_default_path,
@@ -47,22 +52,118 @@ def test_split_matches_reference(case: str, rng: torch.Generator, device: torch.
     check_against_reference(rng, device, dtype, op=split_op(P), **kw)  # type: ignore[arg-type]
 
 
-def test_segment_maps_carry_a_slowly_decaying_state(rng: torch.Generator, device: torch.device) -> None:
-    """With the model's decays (g ≈ -0.05 per token) a segment forgets its start state within a
-    few chunks, so a wrong map M would hide; here g ∈ (-0.004, 0], so most of each segment's start
-    state survives it and the outputs depend on M (dropping M from the fold fails this test)."""
-    B, T, H, HV, K, V = 1, 320, 1, 2, 32, 32
-    q, k, v, g, beta = gdn_inputs(
-        rng, device, torch.bfloat16, B=B, T=T, H=H, HV=HV, K=K, V=V, normalise_qk=False
-    )
-    g = -0.004 * torch.rand(B, T, HV, generator=rng).to(device)
-    kw = dict(output_final_state=True, use_qk_l2norm=True)
-    o, ht = chunk_gated_delta_rule_split(q, k, v, g, beta, segments=3, **kw)  # type: ignore[arg-type]
+def chunk_log_bounds(k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, l2norm: bool) -> torch.Tensor:
+    """[B, chunks, HV]: each chunk's Σ (g + log max(1, |1 - β |k̂|²|)) as the kernels bound it
+    (normalised keys: |k̂|² ≤ 1 gives max(1, |1 - β|))."""
+    B, T, H, _ = k.shape
+    HV = g.shape[2]
+    nk2 = k.double().pow(2).sum(-1).repeat_interleave(HV // H, dim=2)
+    if l2norm:
+        nk2 = torch.ones_like(nk2)
+    per_token = g.double() + torch.log(torch.clamp((1 - beta.double() * nk2).abs(), min=1.0))
+    pad = -T % BT
+    return torch.nn.functional.pad(per_token, (0, 0, 0, pad)).view(B, -1, BT, HV).sum(2)
+
+
+def warmup_starts(bounds: torch.Tensor, P: int) -> list[int]:
+    """Per segment of one sequence and head (`bounds`: [chunks]): the chunk its warm-up starts
+    from, -1 where it reaches the sequence start (the kernel's rule, in float64)."""
+    chunks = bounds.shape[0]
+    seg = -(-chunks // P)
+    starts = []
+    for s in range(1, P):
+        c_lo, acc, start = min(s * seg, chunks), 0.0, -1
+        for c in range(c_lo - 1, -1, -1):
+            acc += float(bounds[c])
+            if acc < WARMUP_LOG_BOUND:
+                start = c
+                break
+        starts.append(start)
+    return starts
+
+
+def check_split(
+    rng: torch.Generator,
+    device: torch.device,
+    g_of: object,
+    P: int,
+    *,
+    T: int = 0,
+    lens: list[int] | None = None,
+    HV: int = 1,
+    l2norm: bool = True,
+    k_norm: float | None = None,
+) -> list[int]:
+    """The split at P segments against the float64 reference (bf16, initial and final states),
+    g drawn by `g_of(shape)`; returns the warm-up starts of sequence 0, head 0 (`warmup_starts`)."""
+    cu = packed_cu_seqlens(lens, device) if lens is not None else None
+    T = sum(lens) if lens is not None else T
+    N = len(lens) if lens is not None else 1
+    q, k, v, _, beta = gdn_inputs(rng, device, torch.bfloat16, B=1, T=T, H=1, HV=HV, K=32, V=32)
+    if k_norm is not None:  # one un-normalised key for every token, |k|² = k_norm², and β = 1
+        k = (k_norm * torch.nn.functional.normalize(k[:, :1].float(), dim=-1)).expand(1, T, 1, 32)
+        k = k.to(torch.bfloat16).contiguous()
+        beta = torch.ones_like(beta)
+    g = g_of((1, T, HV)).to(device)  # type: ignore[operator]
+    h0 = 0.1 * torch.randn(N, HV, 32, 32, generator=rng).to(device)
+    kw = dict(initial_state=h0, output_final_state=True, cu_seqlens=cu, use_qk_l2norm=l2norm)
+    o, ht = chunk_gated_delta_rule_split(q, k, v, g, beta, segments=P, **kw)  # type: ignore[arg-type]
     ro, rht = ref.chunk_gated_delta_rule(q, k, v, g, beta, **kw)  # type: ignore[arg-type]
     tol = tolerance(OP, "bf16")
-    assert_close(o, ro, tol, "split output, slow decay")
+    assert torch.isfinite(ro).all() and torch.isfinite(rht).all()  # type: ignore[arg-type]
+    assert_close(o, ro, tol, "split output")
     assert ht is not None and rht is not None
-    assert_close(ht, rht, tol, "split final state, slow decay")
+    assert_close(ht, rht, tol, "split final state")
+    n0 = lens[0] if lens is not None else T
+    return warmup_starts(chunk_log_bounds(k[:, :n0], g[:, :n0], beta[:, :n0], l2norm)[0, :, 0], P)
+
+
+def uniform(lo: float, hi: float, rng: torch.Generator) -> object:
+    return lambda shape: lo + (hi - lo) * torch.rand(*shape, generator=rng)
+
+
+def test_warmup_cut_short_by_fast_decay(rng: torch.Generator, device: torch.device) -> None:
+    """g ∈ (-0.5, -0.2): one chunk's bound is below 2⁻²⁴, so every warm-up is one chunk."""
+    starts = check_split(rng, device, uniform(-0.5, -0.2, rng), 4, T=512)
+    assert starts == [1, 3, 5]  # segments of 2 chunks, each warmed up from the chunk before it
+
+
+def test_warmup_cut_by_a_decay_that_needs_it(rng: torch.Generator, device: torch.device) -> None:
+    """g ∈ (-0.05, -0.03): the bound needs ~7 chunks, so the third and fourth segments' warm-ups
+    are cut 7 chunks back while the second's reaches the sequence start; a warm-up cut after one
+    chunk leaves ~8% of the start state out and fails this test (checked by forcing
+    WARMUP_LOG_BOUND to 0)."""
+    starts = check_split(rng, device, uniform(-0.05, -0.03, rng), 4, T=1024)
+    assert starts[0] == -1 and 0 < starts[1] < 8 and 4 < starts[2] < 12
+
+
+def test_warmup_reaches_the_start_without_decay(rng: torch.Generator, device: torch.device) -> None:
+    """g = 0: no chunk's map shrinks, so every warm-up walks back to the initial state."""
+    starts = check_split(rng, device, lambda shape: torch.zeros(*shape), 3, T=320)
+    assert starts == [-1, -1]
+
+
+def test_warmup_counts_keys_that_grow_the_state(rng: torch.Generator, device: torch.device) -> None:
+    """One un-normalised key for every token, β |k|² = 3: each token's map doubles the state's
+    part along k (|1 - 3| = 2), which g ∈ (-0.72, -0.68) barely outweighs, so every warm-up must
+    reach the sequence start.  A bound that counted g alone would cut each after one chunk and
+    fail this test (checked by dropping the |1 - β |k|²| term from launch 1)."""
+    starts = check_split(rng, device, uniform(-0.72, -0.68, rng), 4, T=512, l2norm=False, k_norm=3**0.5)
+    assert starts == [-1, -1, -1]
+
+
+def test_warmup_varlen_with_empty_and_short_sequences(rng: torch.Generator, device: torch.device) -> None:
+    """Per-sequence segments and warm-ups, g from the model's gating: sequences of 0 and 5 tokens
+    (empty segments whose last one warms up to the sequence end to store the final state)."""
+    q_lens = [300, 0, 5, 200, 64]
+
+    def model_g(shape: tuple[int, ...]) -> torch.Tensor:
+        return gdn_inputs(
+            rng, torch.device("cpu"), torch.float32, B=1, T=shape[1], H=1, HV=shape[2], K=1, V=1
+        )[3]
+
+    check_split(rng, device, model_g, 3, lens=q_lens)
+    assert math.isfinite(WARMUP_LOG_BOUND)
 
 
 def test_split_refuses_the_fma_configuration(device: torch.device) -> None:
@@ -74,18 +175,20 @@ def test_split_refuses_the_fma_configuration(device: torch.device) -> None:
 
 
 def test_default_segments() -> None:
-    # B1 T32768 at the model's heads: 32 whole-V programs, 512 chunks -> 8 segments
-    assert default_segments(1, 32, 128, 32768) == 8
+    # B1 at the model's heads: 32 whole-V programs -> 4 segments, one program per SM
+    assert default_segments(1, 32, 128, 32768) == 4
     assert default_segments(4, 32, 128, 8192) == 1  # 128 programs: unsplit
-    assert default_segments(1, 32, 128, 1024) == 1  # 16 chunks: too short to split
-    assert default_segments(1, 32, 128, 2048) == 2
+    assert default_segments(1, 32, 128, 512) == 2  # 8 chunks: segments of at least 4
+    assert default_segments(1, 32, 128, 192) == 1
     assert default_segments(1, 1, 16, 1 << 20) == 16  # capped
 
 
 def test_default_path_takes_the_split_design_only_where_it_was_measured_faster() -> None:
     bf16, f16 = torch.bfloat16, torch.float16
     assert takes_default_path(bf16, True, 4, 32, 128, 128)  # B4 T8192, 8 packed sequences
-    assert not takes_default_path(bf16, True, 1, 32, 128, 128)  # B1: three launches
+    assert not takes_default_path(bf16, True, 1, 32, 128, 128, 8192)  # B1 T8192: three launches
+    assert takes_default_path(bf16, True, 1, 32, 128, 128, 32768)  # B1 T32768: split, warm-ups
+    assert not takes_default_path(f16, True, 1, 32, 128, 128, 32768)
     assert not takes_default_path(f16, True, 8, 32, 128, 128)  # f16 would spill
     assert not takes_default_path(bf16, False, 8, 32, 128, 128)  # FMA path (sm70)
     assert not takes_default_path(bf16, True, 8, 32, 256, 128)  # wider than one tile

@@ -40,10 +40,11 @@ repeated in memory):
 3. `_chunk_output_kernel`, grid ``(chunk slots · HV, V / BVO)``: the output of every chunk in
    parallel, ``o = qf ⊙ (q S_c) + Aqk v_new`` (raw q into the dot, the factor on the product).
 
-bf16 on tensor cores with at least 128 (sequence, value head) chains is handed to
-`clef_runtime.ops.delta_rule_chunk_split` instead (launch 1, then the output fused into one
-whole-V walk per chain, no chunk states stored: faster there, slower at B1; docs/performance.md,
-"fourth pass").
+bf16 on tensor cores with at least 128 (sequence, value head) chains, or with sequences of
+32768 tokens or more on average, is handed to `clef_runtime.ops.delta_rule_chunk_split` instead
+(launch 1, then the output fused into one whole-V walk per chain, long sequences cut into
+segments that start from a warm-up walk; no chunk states stored: faster there, slower for short
+B1 prompts; docs/performance.md, "fourth pass" and "sixth pass").
 
 Launch 3 costs storing the chunk states (``[chunks, HV, K, V]``) but keeps the output's dots off
 the sequential chain; docs/performance.md has the measurements behind this split and behind the
@@ -147,6 +148,7 @@ def _chunk_prepare_kernel(
     gc,
     kf,
     qf,
+    lb,
     cu_seqlens,
     scale,
     T,
@@ -172,6 +174,7 @@ def _chunk_prepare_kernel(
     SOLVE_BY_DOUBLING: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     L2NORM: tl.constexpr,
+    CHUNK_BOUND: tl.constexpr,
     CHUNK_DT: tl.constexpr,
     SOLVE_PRECISION: tl.constexpr,
     ROUND_BF16: tl.constexpr,
@@ -224,10 +227,11 @@ def _chunk_prepare_kernel(
         m = live[:, None] & (cols < K)[None, :]
         ks = tl.load(k + r[:, None] * skt + cols[None, :], mask=m, other=0.0)
         qs = tl.load(q + r[:, None] * sqt + cols[None, :], mask=m, other=0.0)
-        if L2NORM:
+        if L2NORM or CHUNK_BOUND:
             k32 = ks.to(tl.float32)
-            q32 = qs.to(tl.float32)
             ssk += tl.sum(k32 * k32, 1)
+        if L2NORM:
+            q32 = qs.to(tl.float32)
             ssq += tl.sum(q32 * q32, 1)
         kst = tl.trans(ks.to(CHUNK_DT))
         KK = tl.dot(ks.to(CHUNK_DT), kst, KK, input_precision="ieee")
@@ -243,6 +247,14 @@ def _chunk_prepare_kernel(
     # ≤ 0) or from the chunk start (q, with the scale)
     tl.store(kf + r, rk * tl.exp(gl - G), mask=live)
     tl.store(qf + r, (scale * rq) * tl.exp(G), mask=live)
+    if CHUNK_BOUND:
+        # log of a bound on the norm of the chunk's state map, for the split design's warm-up
+        # walks: each token maps S to e^{g} (I - β k̂ k̂ᵀ) S, whose spectral norm is
+        # e^{g} max(1, |1 - β |k̂|²|); the chunk's map is their product.  One float per chunk
+        # and value head, at this program's index.
+        nk2 = ssk * rk * rk
+        grow = tl.log(tl.maximum(tl.abs(1.0 - bv * nk2), 1.0))
+        tl.store(lb + pid, gl + tl.sum(tl.where(live, grow, 0.0), 0))
 
     causal = r[:, None] >= r[None, :]
     # e^{G_t - G_j} for j ≤ t (exponent ≤ 0); the upper triangle is zeroed before exp
@@ -680,6 +692,7 @@ class Prepared:
     gc: torch.Tensor
     kf: torch.Tensor
     qf: torch.Tensor
+    lb: torch.Tensor | None  # per chunk slot and value head: log of a bound on the chunk's state map
     cu: torch.Tensor  # cu_seqlens, or an unused pointer when not varlen
     NT: int
     slots: int
@@ -699,9 +712,11 @@ def prepare(
     use_qk_l2norm: bool,
     output_final_state: bool,
     tc: bool,
+    chunk_bound: bool = False,
 ) -> Prepared:
     """Allocate the outputs and launch 1's intermediates, and run launch 1 (shared with
-    `clef_runtime.ops.delta_rule_chunk_split`)."""
+    `clef_runtime.ops.delta_rule_chunk_split`; ``chunk_bound``: also the per-chunk log bounds
+    `Prepared.lb` its warm-up walks read)."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     device = q.device
@@ -719,21 +734,22 @@ def prepare(
     NT = triton.cdiv(T, BT)
     slots = B * NT if cu_seqlens is None else NT + N  # varlen: an upper bound, see the kernel
     cu = cu_seqlens if cu_seqlens is not None else gc  # an unused pointer when not varlen
+    lb = torch.empty(slots, HV, dtype=torch.float32, device=device) if chunk_bound else None
     policy = dot_policy(q.dtype, _chunk_prepare_kernel, tc)
     cfg = launch_config(K, V, q.dtype, tc)
     if T > 0:
         _chunk_prepare_kernel[(slots * HV,)](
-            q, k, v, g, beta, w, u, aqk, gc, kf, qf, cu,
+            q, k, v, g, beta, w, u, aqk, gc, kf, qf, lb if lb is not None else gc, cu,
             scale, T, NT, N,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             H=H, HV=HV, K=K, V=V, BK=cfg.BK, BVF=cfg.BVF, KS=cfg.KS, VS=cfg.VS,
             BT=BT, BC=BC, LOG_BC=BC.bit_length() - 1, SOLVE_BY_DOUBLING=cfg.solve_by_doubling,
-            IS_VARLEN=cu_seqlens is not None, L2NORM=use_qk_l2norm,
+            IS_VARLEN=cu_seqlens is not None, L2NORM=use_qk_l2norm, CHUNK_BOUND=chunk_bound,
             CHUNK_DT=policy.chunk_dtype, SOLVE_PRECISION=policy.solve_precision,
             ROUND_BF16=policy.round_bf16,
             num_warps=cfg.warps1, maxnreg=cfg.regs1,
         )  # fmt: skip
-    return Prepared(o, final, w, u, aqk, gc, kf, qf, cu, NT, slots, policy, cfg)
+    return Prepared(o, final, w, u, aqk, gc, kf, qf, lb, cu, NT, slots, policy, cfg)
 
 
 def chunk_gated_delta_rule(
@@ -760,12 +776,13 @@ def chunk_gated_delta_rule(
     tc = tensor_core_dots(q.dtype, q.device, tensor_cores)
     from clef_runtime.ops.delta_rule_chunk_split import chunk_gated_delta_rule_split, takes_default_path
 
-    if not fault_state_in_io_dtype and takes_default_path(q.dtype, tc, N, HV, K, V):
-        # enough (sequence, value head) chains to fill the GPU unsplit: the output fused into
-        # the walk, no chunk states stored (`delta_rule_chunk_split`; measured faster there)
+    if not fault_state_in_io_dtype and takes_default_path(q.dtype, tc, N, HV, K, V, T):
+        # enough (sequence, value head) chains to fill the GPU unsplit, or long sequences split
+        # into segments with warm-ups: the output fused into the walk, no chunk states stored
+        # (`delta_rule_chunk_split`; measured faster there)
         return chunk_gated_delta_rule_split(
             q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
-            cu_seqlens=cu_seqlens, use_qk_l2norm=use_qk_l2norm, segments=1,
+            cu_seqlens=cu_seqlens, use_qk_l2norm=use_qk_l2norm,
         )  # fmt: skip
     device = q.device
     p = prepare(q, k, v, g, beta, N, scale, cu_seqlens, use_qk_l2norm, output_final_state, tc)

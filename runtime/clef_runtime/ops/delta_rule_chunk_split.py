@@ -1,5 +1,6 @@
 """Chunked gated delta rule with the output fused into the recurrence and the sequence split
-across programs ("split" design; not the default path, see docs/performance.md).
+across programs ("split" design; the default path for bf16 with many chains or long sequences:
+`delta_rule_chunk_split.takes_default_path`, docs/performance.md).
 
 Launch 1 is the three-launch design's `_chunk_prepare_kernel` (w, u, Aqk and the per-token
 factors; `clef_runtime.ops.delta_rule_chunk` has the algebra).  What differs is the rest: the
@@ -8,34 +9,36 @@ and writes each chunk's output as it goes (``o = qf ⊙ (q S_c) + Aqk v_new``), 
 chunk states and the v_new round trip of the three-launch design (B1 T32768 bf16) are gone.
 
 Walking a whole sequence in one program leaves too few programs at B1 (32 value heads × V
-blocks) and a long chain, so each sequence is cut into ``P`` segments of whole chunks.  The
-chunk step is affine in the state:
+blocks) and a long chain, so each sequence can be cut into ``P`` segments of whole chunks, one
+program each (launch 3, `_segment_output_kernel`, grid ``(N·HV, V / BV, P)``; launch 2,
+`_warmup_plan_kernel`, finds where each segment's warm-up starts).  A segment needs
+its true start state; it gets it from a *warm-up walk* over the chunks before it.  Each token
+maps the state by ``S ← e^{g} (I - β k̂ k̂ᵀ) S + …``, whose linear part has spectral norm
+``e^{g} max(1, |1 - β |k̂|²|)``, so the map of chunks ``c_w .. c_lo - 1`` onto the segment start
+has norm at most ``e^{Σ b_c}`` with ``b_c`` the chunk's sum of ``g + log max(1, |1 - β |k̂|²|)``
+(with L2-normalised keys ``|k̂|² ≤ 1``, so the gates alone give it: ``max(1, |1 - β|)``;
+otherwise launch 1 stores it per chunk and value head: ``chunk_bound``).  A segment starting at
+chunk ``c_lo`` walks back until that sum falls below ``WARMUP_LOG_BOUND = ln 2⁻²⁴``, walks those
+chunks from a zero state without writing outputs, then its own chunks with the output.  Starting
+from zero instead of the true state there leaves an error of at most ``2⁻²⁴`` times that state's
+norm: float32 rounding.  If the sum never falls that low (a head with no decay, or keys whose
+``β |k̂|²`` exceeds 2), the warm-up reaches the sequence start and begins from the initial state:
+the exact walk, only longer.  So the split is never wrong, only slower when a head barely
+decays.  (An earlier form joined the segments by their affine maps ``S_end = M_s S + L_s``, K×K
+``M_s``; the maps cost as much as the walk itself: docs/performance.md, "fourth pass".)
 
-    S_end = e^{G_L} S + kᵀ (kf ⊙ (u - w S)) = M_c S + kᵀ (kf ⊙ u),   M_c = e^{G_L} I - kᵀ diag(kf) w
-
-so a segment maps its start state by ``S_end = M_s S_start + L_s``, with ``M_s`` the product of
-its chunks' ``M_c`` (K×K) and ``L_s`` the segment's end state from a zero start.  Both come from
-the same chunk step: ``L_s`` by stepping [u] from 0, ``M_s`` by stepping 0 (no u) from I.  Hence:
-
-2. `_segment_map_kernel`, grid ``(N·HV, (V + K) / BV, P - 1)``: for every segment but the last,
-   ``[L_s | M_s]`` (``V + K`` columns, BV at a time: a column block is a V block of L or a K
-   block of M) into a float32 buffer.
-3. `_segment_output_kernel`, grid ``(N·HV, V / BV, P)``: a program first folds the maps of the
-   segments before its own onto the initial state (``S ← M_s S + L_s``: at most P - 1 dots of
-   K×K by K×BV, float32 at TF32 for 16-bit inputs, IEEE for float32), then walks its segment's
-   chunks as the three-launch design's recurrence does, with the output fused; the last
-   segment's program stores the final state.
-
-Exact, not an approximation: the segments differ from a single walk only in the rounding of the
-state (bf16 state dots round ``S`` per step either way).  With ``P = 1`` launch 2 is skipped and
-launch 3 is the plain fused recurrence.  Segments hold ``ceil(chunks / P)`` chunks of their
-sequence (varlen: per sequence; an empty segment maps by ``[0 | I]``).
+The segments differ from a single walk only in rounding.  With ``P = 1`` there is no warm-up
+and the kernel is the plain fused recurrence.  Segments hold ``ceil(chunks / P)`` chunks of their
+sequence (varlen: per sequence); the last segment's program stores the final state (an empty
+last segment warms up to the sequence end and stores it).
 
 Tensor-core configuration only: the FMA path (float32, the V100's f16) keeps the three-launch
 design, whose FMA tiles were sized for sm70's registers.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import triton
@@ -55,13 +58,20 @@ SPLIT_STAGES = 2
 # With whole-V programs one program fills an SM's registers: at ≥ 128 (sequence, value head)
 # chains the unsplit walk already occupies the GPU, and splitting only adds the maps' work.
 UNSPLIT_PROGRAMS = 128
-TARGET_PROGRAMS = 256  # below that, segments enough for this many programs (two per SM)
-MIN_SEGMENT_CHUNKS = 16  # below this a segment's map costs more than its walk saves
+TARGET_PROGRAMS = 128  # below that, segments enough for this many programs (one per SM)
+MIN_SEGMENT_CHUNKS = 4  # shorter segments would spend more on their warm-up than they save
 MAX_SEGMENTS = 16
-# The default path takes this design (segments = 1) for bf16 on tensor cores from this many
-# (sequence, value head) chains: measured faster there (B4 T8192, 8 packed × 4096); at B1 the
-# three-launch design stays faster at any segment count.
+# A segment's warm-up ends where the log bound of the chunk maps onto its start falls below this:
+# the start-state error is then at most 2⁻²⁴ (float32's unit roundoff) times the true state there.
+WARMUP_LOG_BOUND = -24 * math.log(2)
+WARMUP_BLOCK = 64  # chunk bounds read per step of the walk back
+# The default path takes this design for bf16 on tensor cores from this many (sequence, value
+# head) chains, unsplit: measured faster there (B4 T8192, 8 packed × 4096) ...
 DEFAULT_MIN_CHAINS = 128
+# ... and, split into segments with warm-ups, for fewer chains whose sequences average at least
+# this many tokens: measured faster at B1 T32768 and T131072 (docs/performance.md, "sixth pass");
+# at T8192 even, at T2048 slower.
+DEFAULT_MIN_SPLIT_TOKENS = 32768
 
 
 def default_segments(N: int, HV: int, V: int, T: int, block_v: int = SPLIT_BV) -> int:
@@ -77,11 +87,17 @@ def default_segments(N: int, HV: int, V: int, T: int, block_v: int = SPLIT_BV) -
     return int(max(1, min(want, room, MAX_SEGMENTS)))
 
 
-def takes_default_path(dtype: torch.dtype, tensor_cores: bool, N: int, HV: int, K: int, V: int) -> bool:
-    """Whether `chunk_gated_delta_rule` hands a call to this design (unsplit): bf16 on tensor
-    cores, head dims ≤ 128 (one 128-wide tile), at least DEFAULT_MIN_CHAINS chains.  f16 keeps
-    the three-launch design (its float32 state operands would spill at these tiles)."""
-    return dtype == torch.bfloat16 and tensor_cores and max(K, V) <= 128 and N * HV >= DEFAULT_MIN_CHAINS
+def takes_default_path(
+    dtype: torch.dtype, tensor_cores: bool, N: int, HV: int, K: int, V: int, T: int = 0
+) -> bool:
+    """Whether `chunk_gated_delta_rule` hands a call to this design (at `default_segments`):
+    bf16 on tensor cores, head dims ≤ 128 (one 128-wide tile), and either at least
+    DEFAULT_MIN_CHAINS chains or sequences of DEFAULT_MIN_SPLIT_TOKENS tokens on average (T is
+    the padded total for varlen).  f16 keeps the three-launch design (its float32 state operands
+    would spill at these tiles)."""
+    if not (dtype == torch.bfloat16 and tensor_cores and max(K, V) <= 128):
+        return False
+    return N * HV >= DEFAULT_MIN_CHAINS or T // max(1, N) >= DEFAULT_MIN_SPLIT_TOKENS
 
 
 @triton.jit
@@ -103,6 +119,7 @@ def _seq_bounds(n, cu_seqlens, T, IS_VARLEN: tl.constexpr):
 def _split_step(
     S,
     t0,
+    t_out,
     eos,
     k_p,
     w_p,
@@ -129,7 +146,9 @@ def _split_step(
     ROUND_BF16: tl.constexpr,
 ):
     """One chunk from its start state S (columns of one block); with OUTPUT, the chunk's output
-    rows for these columns are stored.  Returns the state at the chunk end."""
+    rows for these columns are stored if the chunk starts at or after t_out (a warm-up chunk's
+    output is computed and dropped: one loop keeps the walk's registers as they were).  Returns
+    the state at the chunk end."""
     n_live = eos - t0
     r = tl.arange(0, BT)
     live = r < n_live
@@ -167,7 +186,9 @@ def _split_step(
         if ROUND_BF16:
             oc = rne_bf16(oc)
         tl.store(
-            o_p + t0 * (HV * V) + r[:, None] * (HV * V) + rv[None, :], oc.to(o_p.dtype.element_ty), mask=vmask
+            o_p + t0 * (HV * V) + r[:, None] * (HV * V) + rv[None, :],
+            oc.to(o_p.dtype.element_ty),
+            mask=vmask & (t0 >= t_out),
         )
     return S * tl.exp(gl) + tl.dot(tl.trans(kc), vk, input_precision=STATE_PRECISION)
 
@@ -175,19 +196,19 @@ def _split_step(
 # fmt: off
 @triton.jit
 def _walk(
-    S, t_lo, t_hi, eos, k_p, w_p, u_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, use_u, skt, sqt,
+    S, t_lo, t_out, t_hi, eos, k_p, w_p, u_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, use_u, skt, sqt,
     HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
     OUTPUT: tl.constexpr, STATE_DT: tl.constexpr, STATE_PRECISION: tl.constexpr, ROUND_BF16: tl.constexpr,
     INTERPRETED: tl.constexpr,
 ):
-    """`_split_step` over the chunks of tokens [t_lo, t_hi) from state S; returns the state at
-    t_hi.  Both launches walk through here (inlined on a GPU: the same machine code as the walk
+    """`_split_step` over the chunks of tokens [t_lo, t_hi) from state S, outputs from t_out on;
+    returns the state at t_hi.  Both launches walk through here (inlined on a GPU: the same machine code as the walk
     written out in each kernel, compared with cuobjdump for sm_90)."""
     if INTERPRETED:  # Triton 3.6's interpreter cannot take a runtime range bound (numpy ≥ 2)
         t0 = t_lo
         while t0 < t_hi:
             S = _split_step(
-                S, t0, eos, k_p, w_p, u_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, use_u, skt, sqt,
+                S, t0, t_out, eos, k_p, w_p, u_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, use_u, skt, sqt,
                 HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16,
             )  # fmt: skip
             t0 += BT
@@ -195,70 +216,92 @@ def _walk(
         # a for loop, so the compiler can pipeline the next chunk's loads behind this one's dots
         for c in range(0, tl.cdiv(t_hi - t_lo, BT)):
             S = _split_step(
-                S, t_lo + c * BT, eos, k_p, w_p, u_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, use_u, skt, sqt,
+                S, t_lo + c * BT, t_out, eos, k_p, w_p, u_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, use_u, skt, sqt,
                 HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16,
             )  # fmt: skip
     return S
 # fmt: on
 
 
-@triton.jit(do_not_specialize=["T", "P"])
-def _segment_map_kernel(
-    k,
-    w,
-    u,
-    gc,
-    kf,
-    emap,
-    cu_seqlens,
-    T,
-    P,
-    skb,
-    skt,
-    H: tl.constexpr,
-    HV: tl.constexpr,
-    K: tl.constexpr,
-    V: tl.constexpr,
-    BK: tl.constexpr,
-    BV: tl.constexpr,
-    BT: tl.constexpr,
-    CW: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
-    STATE_DT: tl.constexpr,
-    STATE_PRECISION: tl.constexpr,
-    ROUND_BF16: tl.constexpr,
-    INTERPRETED: tl.constexpr,
+@triton.jit
+def _chunk_bounds(
+    idx, lb_p, gc_p, beta_p, bos, eos, HV: tl.constexpr, BT: tl.constexpr, FROM_GATES: tl.constexpr
 ):
-    """[L_s | M_s] of segment s (< P - 1) of one sequence and value head, one column block."""
+    """The log bounds of chunks `idx` (< 0: none, 0) of one sequence and value head.  With
+    L2-normalised keys (FROM_GATES) |k̂|² ≤ 1, so |1 - β |k̂|²| ≤ max(1, |1 - β|): the bound is the
+    chunk's Σ g (its cumulative decay at the chunk end, `gc_p`) plus Σ log max(1, |1 - β|), from
+    the gates alone.  Otherwise launch 1 stored it with the keys' norms (`lb_p`, stride HV)."""
+    live = idx >= 0
+    if FROM_GATES:
+        t0 = bos + idx * BT
+        gl = tl.load(gc_p + tl.minimum(t0 + BT, eos) - 1, mask=live, other=0.0)
+        t = t0[:, None] + tl.arange(0, BT)[None, :]
+        bt = tl.load(beta_p + t * HV, mask=live[:, None] & (t < eos), other=0.0)
+        return gl + tl.sum(tl.log(tl.maximum(tl.abs(1.0 - bt), 1.0)), 1)
+    else:
+        return tl.load(lb_p + idx * HV, mask=live, other=0.0)
+
+
+# fmt: off
+@triton.jit
+def _warmup_start(
+    lb_p, gc_p, beta_p, c_lo, bos, eos, log_bound,
+    HV: tl.constexpr, BT: tl.constexpr, WB: tl.constexpr, FROM_GATES: tl.constexpr,
+):
+    """The chunk a segment starting at chunk ``c_lo`` warms up from: the largest ``c_w < c_lo``
+    whose chunks ``c_w .. c_lo - 1`` have log bounds (`_chunk_bounds`) summing below
+    ``log_bound``, so that their map carries a start-state error of at most ``e^{log_bound}``
+    times the true state at ``c_w`` to ``c_lo``; -1 when no such chunk exists (walk from the
+    sequence start and its initial state: exact).  WB bounds a step, read backwards from c_lo."""
+    i = tl.arange(0, WB)
+    acc = log_bound * 0.0
+    c_w = c_lo * 0 - 1
+    hi = c_lo
+    while hi > 0:  # (a while loop: the interpreter cannot take a runtime range bound)
+        idx = hi - 1 - i
+        vals = _chunk_bounds(idx, lb_p, gc_p, beta_p, bos, eos, HV, BT, FROM_GATES)
+        cs = acc + tl.cumsum(vals, 0)  # cs[i]: the log bound of chunks idx[i] .. c_lo - 1
+        first = tl.min(tl.where((cs < log_bound) & (idx >= 0), i, WB), 0)
+        c_w = tl.where(first < WB, hi - 1 - first, c_w)
+        acc += tl.sum(vals, 0)
+        hi = tl.where(first < WB, 0, hi - WB)
+    return c_w
+# fmt: on
+
+
+@triton.jit(do_not_specialize=["T", "P"])
+def _warmup_plan_kernel(
+    lb,
+    gc,
+    beta,
+    cw,
+    cu_seqlens,
+    warmup_log_bound,
+    T,
+    NT,
+    P,
+    HV: tl.constexpr,
+    BT: tl.constexpr,
+    WB: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    FROM_GATES: tl.constexpr,
+):
+    """Launch 2, grid ``(N·HV, P)``: where segment s of one sequence and value head warms up from
+    (`_warmup_start`), into ``cw``.  A launch of its own: the walk back's loop inside the walk
+    kernel made the walk spill 130 more bytes per thread on sm_90."""
     i_nh = tl.program_id(0).to(tl.int64)
-    j = tl.program_id(1)
-    s = tl.program_id(2).to(tl.int64)
+    s = tl.program_id(1).to(tl.int64)
     n = i_nh // HV
     hv = i_nh % HV
-    h = hv // (HV // H)
     b, bos, eos = _seq_bounds(n, cu_seqlens, T, IS_VARLEN)
-    nvb = tl.cdiv(V, BV)
-    is_l = j < nvb  # a V block of L_s (steps u from 0), else a K block of M_s (steps 0 from I)
-    c0 = tl.where(is_l, j * BV, (j - nvb) * BV)
-    ncols = tl.where(is_l, V - c0, K - c0)
-
-    k_p = k + b * skb + h * K
-    tok = b * T * HV + hv
-    hd = (b * HV + hv) * T
-    rk = tl.arange(0, BK)
-    rv = tl.arange(0, BV)
-    S = tl.where((rk[:, None] == (c0 + rv)[None, :]) & (j >= nvb), 1.0, 0.0).to(tl.float32)
-
-    seg = tl.cdiv(tl.cdiv(eos - bos, BT), P)  # chunks per segment
-    t_lo = tl.minimum(bos + s * seg * BT, eos)
-    t_hi = tl.minimum(bos + (s + 1) * seg * BT, eos)
-    S = _walk(
-        S, t_lo, t_hi, eos, k_p, w + tok * K, u + tok * V + c0, gc + hd, kf + hd, k_p, gc, gc, gc,
-        ncols, is_l, skt, skt,
-        HV, K, V, BK, BV, BT, False, STATE_DT, STATE_PRECISION, ROUND_BF16, INTERPRETED,
+    seg = tl.cdiv(tl.cdiv(eos - bos, BT), P)
+    c_lo = tl.minimum(s * seg, tl.cdiv(eos - bos, BT))
+    slot0 = bos // BT + n if IS_VARLEN else n * NT  # the sequence's first chunk slot
+    c_w = _warmup_start(
+        lb + slot0 * HV + hv, gc + (b * HV + hv) * T, beta + b * T * HV + hv, c_lo, bos, eos, warmup_log_bound,
+        HV, BT, WB, FROM_GATES,
     )  # fmt: skip
-    e_p = emap + ((n * (P - 1) + s) * HV + hv) * (K * CW) + j * BV
-    tl.store(e_p + rk[:, None] * CW + rv[None, :], S, mask=(rk < K)[:, None] & (rv < ncols)[None, :])
+    tl.store(cw + i_nh * P + s, c_w.to(tl.int32))
 
 
 @triton.jit(do_not_specialize=["T", "P"])
@@ -272,7 +315,7 @@ def _segment_output_kernel(
     qf,
     aqk,
     o,
-    emap,
+    cw,
     h0,
     ht,
     cu_seqlens,
@@ -289,20 +332,17 @@ def _segment_output_kernel(
     BK: tl.constexpr,
     BV: tl.constexpr,
     BT: tl.constexpr,
-    CW: tl.constexpr,
-    VP: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     HAS_H0: tl.constexpr,
     STORE_FINAL: tl.constexpr,
     STATE_DT: tl.constexpr,
     STATE_PRECISION: tl.constexpr,
-    FOLD_PRECISION: tl.constexpr,
-    FOLD: tl.constexpr,
+    WARMUP: tl.constexpr,
     ROUND_BF16: tl.constexpr,
     INTERPRETED: tl.constexpr,
 ):
-    """Segment s of one sequence, value head and V block: its start state from the segment maps
-    before it, then its chunks with the output fused."""
+    """Segment s of one sequence, value head and V block: its start state from a warm-up walk
+    over the chunks before it, then its chunks with the output fused."""
     i_nh = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1)
     s = tl.program_id(2).to(tl.int64)
@@ -319,17 +359,20 @@ def _segment_output_kernel(
     s_mask = (rk < K)[:, None] & (rv < ncols)[None, :]
     h0 += i_nh * K * V + c0
     ht += i_nh * K * V + c0
-    S = tl.load(h0 + s_off, mask=s_mask, other=0.0) if HAS_H0 else tl.zeros([BK, BV], dtype=tl.float32)
-    if FOLD:  # fold the maps of the segments before this one: S ← M S + L
-        e_p = emap + (n * (P - 1) * HV + hv) * (K * CW)
-        m_mask = (rk < K)[:, None] & (rk < K)[None, :]
-        sp = s * 0
-        while sp < s:  # (a while loop: the interpreter cannot take a runtime range bound)
-            Mt = tl.load(e_p + rk[:, None] * CW + VP + rk[None, :], mask=m_mask, other=0.0)
-            Lt = tl.load(e_p + rk[:, None] * CW + c0 + rv[None, :], mask=s_mask, other=0.0)
-            S = tl.dot(Mt, S, input_precision=FOLD_PRECISION) + Lt
-            e_p += HV * (K * CW)
-            sp += 1
+    seg = tl.cdiv(tl.cdiv(eos - bos, BT), P)  # chunks per segment
+    t_lo = tl.minimum(bos + s * seg * BT, eos)
+    t_hi = tl.minimum(bos + (s + 1) * seg * BT, eos)
+    t_w = bos  # where the walk starts: from the initial state at the sequence start, or ...
+    if WARMUP:  # ... from zero at the first chunk whose map onto t_lo is below the bound
+        c_w = tl.load(cw + i_nh * P + s).to(tl.int64)  # launch 2's `_warmup_start`
+        t_w = tl.where(c_w < 0, bos, bos + c_w * BT)
+        from_start = c_w < 0
+    else:
+        from_start = s == s
+    if HAS_H0:
+        S = tl.load(h0 + s_off, mask=s_mask & from_start, other=0.0)
+    else:
+        S = tl.zeros([BK, BV], dtype=tl.float32)
 
     k_p = k + b * skb + h * K
     q_p = q + b * sqb + h * K
@@ -339,11 +382,9 @@ def _segment_output_kernel(
     u_p = u + tok * V + c0
     o_p = o + tok * V + c0
     aqk_p = aqk + tok * BT
-    seg = tl.cdiv(tl.cdiv(eos - bos, BT), P)
-    t_lo = tl.minimum(bos + s * seg * BT, eos)
-    t_hi = tl.minimum(bos + (s + 1) * seg * BT, eos)
+    # the warm-up chunks [t_w, t_lo) (their outputs dropped), then the segment's own
     S = _walk(
-        S, t_lo, t_hi, eos, k_p, w_p, u_p, gc + hd, kf + hd, q_p, qf + hd, aqk_p, o_p,
+        S, t_w, t_lo, t_hi, eos, k_p, w_p, u_p, gc + hd, kf + hd, q_p, qf + hd, aqk_p, o_p,
         ncols, True, skt, sqt,
         HV, K, V, BK, BV, BT, True, STATE_DT, STATE_PRECISION, ROUND_BF16, INTERPRETED,
     )  # fmt: skip
@@ -379,32 +420,41 @@ def chunk_gated_delta_rule_split(
     P = default_segments(N, HV, V, T, block_v) if segments is None else int(segments)
     if P < 1:
         raise ValueError(f"{OP}: segments must be ≥ 1, got {P}")
-    device = q.device
-    p = prepare(q, k, v, g, beta, N, scale, cu_seqlens, use_qk_l2norm, output_final_state, True)
+    # launch 1 stores the chunk bounds only for keys it does not normalise (with normalised keys
+    # the gates give them: `_chunk_bounds`); they cost it 14% at B1 T32768 on the H200
+    p = prepare(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        N,
+        scale,
+        cu_seqlens,
+        use_qk_l2norm,
+        output_final_state,
+        True,
+        P > 1 and not use_qk_l2norm,
+    )
     policy, cfg = p.policy, p.cfg
-    varlen = cu_seqlens is not None
     BV = min(block_v, cfg.BVF)
-    nvb, nkb = triton.cdiv(V, BV), triton.cdiv(K, BV)
-    VP, CW = nvb * BV, (nvb + nkb) * BV
-    emap = torch.empty(max(1, N * (P - 1)), HV, K, CW, dtype=torch.float32, device=device)
-    consts = dict(
-        H=H, HV=HV, K=K, V=V, BK=cfg.BK, BV=BV, BT=BT, CW=CW, IS_VARLEN=varlen,
-        STATE_DT=policy.state_dtype, STATE_PRECISION=policy.state_precision, ROUND_BF16=policy.round_bf16,
-    )  # fmt: skip
+    varlen = cu_seqlens is not None
+    cw = p.gc  # an unused pointer with one segment
     if P > 1:
-        _segment_map_kernel[(N * HV, nvb + nkb, P - 1)](
-            k, p.w, p.u, p.gc, p.kf, emap, p.cu, T, P, k.stride(0), k.stride(1),
-            **consts, INTERPRETED=interpreted(_segment_map_kernel),
-            num_warps=warps, num_stages=stages,
+        cw = torch.empty(N * HV * P, dtype=torch.int32, device=q.device)
+        _warmup_plan_kernel[(N * HV, P)](
+            p.lb if p.lb is not None else p.gc, p.gc, beta, cw, p.cu, WARMUP_LOG_BOUND, T, p.NT, P,
+            HV=HV, BT=BT, WB=WARMUP_BLOCK, IS_VARLEN=varlen, FROM_GATES=use_qk_l2norm, num_warps=4,
         )  # fmt: skip
-    fold = "ieee" if q.dtype == torch.float32 else "tf32"
-    _segment_output_kernel[(N * HV, nvb, P)](
-        q, k, p.w, p.u, p.gc, p.kf, p.qf, p.aqk, p.o, emap,
+    _segment_output_kernel[(N * HV, triton.cdiv(V, BV), P)](
+        q, k, p.w, p.u, p.gc, p.kf, p.qf, p.aqk, p.o, cw,
         initial_state if initial_state is not None else p.gc,
         p.final if p.final is not None else p.gc,
         p.cu, T, P, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
-        **consts, VP=VP, HAS_H0=initial_state is not None, STORE_FINAL=p.final is not None,
-        FOLD_PRECISION=fold, FOLD=P > 1, INTERPRETED=interpreted(_segment_output_kernel),
+        H=H, HV=HV, K=K, V=V, BK=cfg.BK, BV=BV, BT=BT, IS_VARLEN=varlen,
+        HAS_H0=initial_state is not None, STORE_FINAL=p.final is not None,
+        STATE_DT=policy.state_dtype, STATE_PRECISION=policy.state_precision, WARMUP=P > 1,
+        ROUND_BF16=policy.round_bf16, INTERPRETED=interpreted(_segment_output_kernel),
         num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return p.o, p.final
