@@ -51,20 +51,19 @@ Key = tuple[str, str]  # (namespace, model or object name)
 Wake = Callable[[str, str], None]
 
 
-def resource_version(obj: Any) -> str:
+def _meta(obj: Any, wire: str, attr: str) -> str:
+    """A metadata field of a wire dict (`wire`) or of the client's typed object (`attr`)."""
     meta = obj.get("metadata", {}) if isinstance(obj, Mapping) else obj.metadata
-    rv = meta.get("resourceVersion") if isinstance(meta, Mapping) else meta.resource_version
-    return str(rv or "")
+    value = meta.get(wire) if isinstance(meta, Mapping) else getattr(meta, attr)
+    return str(value or "")
+
+
+def resource_version(obj: Any) -> str:
+    return _meta(obj, "resourceVersion", "resource_version")
 
 
 def uid_of(obj: Any) -> str:
-    meta = obj.get("metadata", {}) if isinstance(obj, Mapping) else obj.metadata
-    return str((meta.get("uid") if isinstance(meta, Mapping) else meta.uid) or "")
-
-
-def namespace_of(obj: Any) -> str:
-    meta = obj.get("metadata", {}) if isinstance(obj, Mapping) else obj.metadata
-    return str((meta.get("namespace") if isinstance(meta, Mapping) else meta.namespace) or "")
+    return _meta(obj, "uid", "uid")
 
 
 def newer_or_same(candidate: str, held: str) -> bool:
@@ -91,8 +90,7 @@ class Kind:
 
 @dataclass
 class _Entry:
-    key: Key
-    namespace: str
+    key: Key  # (namespace, ...): a re-list of one namespace drops by key[0]
     version: str
     value: Any
 
@@ -126,13 +124,13 @@ class Table:
             held = self.by_uid.get(uid)
             if held is not None and not newer_or_same(resource_version(obj), held.version):
                 return None
+            self._drop(uid)
             key = self.kind.key(obj)
             if key is None:
-                self._drop(uid)
                 return None
-            self._drop(uid)
-            self.by_uid[uid] = _Entry(key, namespace_of(obj), resource_version(obj), self.kind.snapshot(obj))
-            self.by_key.setdefault(key, {})[uid] = self.by_uid[uid].value
+            entry = _Entry(key, resource_version(obj), self.kind.snapshot(obj))
+            self.by_uid[uid] = entry
+            self.by_key.setdefault(key, {})[uid] = entry.value
             self.gone.pop(uid, None)
             return key
 
@@ -172,7 +170,7 @@ class Table:
             stale = [
                 uid
                 for uid, entry in self.by_uid.items()
-                if (namespace is None or entry.namespace == namespace) and uid not in listed
+                if (namespace is None or entry.key[0] == namespace) and uid not in listed
             ]
             for uid in stale:
                 self._drop(uid)
@@ -235,10 +233,7 @@ class Informer(threading.Thread):
                 self._wake_key(key)
         self.listed.set()
         memory.touched()  # a list's response (and a re-list's dropped objects) are freed now
-        meta = result["metadata"] if isinstance(result, Mapping) else result.metadata
-        return str(
-            (meta.get("resourceVersion") if isinstance(meta, Mapping) else meta.resource_version) or ""
-        )
+        return resource_version(result)
 
     def _watch(self, version: str) -> None:
         self.version = version
