@@ -15,8 +15,9 @@ model is a dictionary lookup.  Nothing is polled; a periodic resync (handlers) r
   already holds a newer version of that object, so the next pass does not plan from the state
   before its own write; a stale event delivered after the response cannot move it back (versions
   are compared as the integers etcd makes them; a server whose versions are not integers gets the
-  watch's order).  An object deleted stays deleted (`gone`: a bounded set of recent UIDs), so a
-  late response or event does not bring it back; only a list does.
+  watch's order).  An object deleted stays deleted for GONE_SECONDS (`gone`: the UIDs deleted
+  since, at most GONE_REMEMBERED), so a late response or event does not bring it back; only a list
+  does.  A tombstone is per-model state too: it expires, and the `clef-state` probe counts them.
 
 The store holds the planner's snapshots (`observed`), not API objects: a few KiB per model.
 """
@@ -44,7 +45,10 @@ WATCH_SECONDS = 300
 # After an error, wait this long (doubling up to the cap) before listing again.
 RETRY_SECONDS = 1.0
 MAX_RETRY_SECONDS = 30.0
-# UIDs of recently deleted objects, so that a late write response cannot bring one back.
+# UIDs of recently deleted objects, so that a late write response cannot bring one back: a write
+# racing the delete answers within a request's time, so they are kept this long (and at most
+# this many per kind).
+GONE_SECONDS = 120.0
 GONE_REMEMBERED = 4096
 
 Key = tuple[str, str]  # (namespace, model or object name)
@@ -103,7 +107,9 @@ class Table:
     lock: threading.RLock
     by_uid: dict[str, _Entry] = field(default_factory=dict)
     by_key: dict[Key, dict[str, Any]] = field(default_factory=dict)
-    gone: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    # UID -> when it was deleted (monotonic), oldest first.
+    gone: OrderedDict[str, float] = field(default_factory=OrderedDict)
+    clock: Callable[[], float] = time.monotonic
 
     def get(self, key: Key) -> list[Any]:
         with self.lock:
@@ -149,9 +155,20 @@ class Table:
                     self._bury(uid)
 
     def _bury(self, uid: str) -> None:
-        self.gone[uid] = None
-        while len(self.gone) > GONE_REMEMBERED:
+        self.gone[uid] = self.clock()
+        self.gone.move_to_end(uid)
+        self._expire()
+
+    def _expire(self) -> None:
+        oldest = self.clock() - GONE_SECONDS
+        while self.gone and (len(self.gone) > GONE_REMEMBERED or next(iter(self.gone.values())) < oldest):
             self.gone.popitem(last=False)
+
+    def tombstones(self) -> int:
+        """Deleted UIDs still remembered (none GONE_SECONDS after the last delete)."""
+        with self.lock:
+            self._expire()
+            return len(self.gone)
 
     def _drop(self, uid: str) -> None:
         entry = self.by_uid.pop(uid, None)
@@ -313,6 +330,9 @@ class Cache:
 
     def sizes(self) -> dict[str, int]:
         return {name: len(t) for name, t in self.tables.items()}
+
+    def tombstones(self) -> int:
+        return sum(t.tombstones() for t in self.tables.values())
 
     def models(self) -> Iterator[Key]:
         yield from self.tables["clefmodels"].keys()

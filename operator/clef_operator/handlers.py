@@ -295,12 +295,19 @@ async def stop_cache(memo: Any, **_: Any) -> None:
 @kopf.on.probe(id="clef-state")
 def held_state(memo: Any, **_: Any) -> dict[str, int]:
     """What the operator holds, on its liveness endpoint: objects per kind in the cache, models
-    with a running loop, whether the cache has synced.  After the last model is deleted every
-    count but nodes and Services (which are not per model) falls back to where it started."""
+    with a running loop, the cache's tombstones of deleted objects, whether the cache has synced.
+    After the last model is deleted every count but nodes and Services (which are not per model)
+    falls back to where it started, tombstones within `cache.GONE_SECONDS`."""
     kube: Kube | None = getattr(memo, "kube", None)
     if kube is None:
         return {}
-    return {**kube.cache.sizes(), "loops": len(memo.wakers), "synced": int(kube.cache.synced())}
+    cache = kube.cache
+    return {
+        **cache.sizes(),
+        "loops": len(memo.wakers),
+        "tombstones": cache.tombstones(),
+        "synced": int(cache.synced()),
+    }
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
