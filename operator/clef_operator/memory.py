@@ -155,6 +155,59 @@ def _smaps() -> dict[str, int]:
     return sizes
 
 
+def pymalloc_stats() -> list[str]:
+    """Python's small-object allocator (`sys._debugmallocstats`, which writes to the C stderr):
+    arenas held against the bytes their live blocks use.  Arenas hold what pymalloc cannot hand
+    back (an arena with one live block stays)."""
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryFile(mode="w+") as out:
+        saved = os.dup(2)
+        try:
+            os.dup2(out.fileno(), 2)
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        out.seek(0)
+        text = out.read()
+    keep = ("# arenas", "arenas *", "# bytes in", "unused pools", "# bytes lost to quant")
+    return ["pymalloc: " + ln.strip() for ln in text.splitlines() if any(k in ln for k in keep)]
+
+
+def malloc_stats() -> list[str]:
+    """glibc's view (`malloc_info`): per arena, the bytes it holds from the system and the free
+    bytes in its bins (what a trim could return only where whole pages are free)."""
+    import re
+    import tempfile
+
+    if _LIBC is None or not hasattr(_LIBC, "malloc_info"):
+        return ["malloc_info: not glibc"]
+    libc = _LIBC
+    libc.fopen.restype = ctypes.c_void_p
+    libc.fopen.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+    libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    libc.fclose.argtypes = [ctypes.c_void_p]
+    with tempfile.NamedTemporaryFile(mode="r") as out:
+        fp = libc.fopen(out.name.encode(), b"w")
+        if not fp:
+            return ["malloc_info: fopen failed"]
+        libc.malloc_info(0, fp)
+        libc.fclose(fp)
+        xml = out.read()
+    lines = []
+    for nr, body in re.findall(r'<heap nr="(\d+)">(.*?)</heap>', xml, re.S):
+        system = re.search(r'<system type="current" size="(\d+)"', body)
+        free = sum(int(n) for n in re.findall(r'<total type="(?:fast|rest)" count="\d+" size="(\d+)"', body))
+        held = int(system.group(1)) if system else 0
+        lines.append(f"malloc arena {nr}: system {held / 2**20:.1f} MiB, free in bins {free / 2**20:.1f} MiB")
+    mmap = re.search(r'<total type="mmap" count="(\d+)" size="(\d+)"', xml[xml.rfind("</heap>") :])
+    if mmap:
+        lines.append(f"malloc mmap'd blocks: {mmap.group(1)}, {int(mmap.group(2)) / 2**20:.1f} MiB")
+    return lines
+
+
 def report() -> str:
     import sys
     import tracemalloc
@@ -179,6 +232,7 @@ def report() -> str:
         f"threads: {len(threads)} (os: {len(os.listdir('/proc/self/task'))}): "
         + repr(Counter(t.name.rstrip("0123456789_-") for t in threads).most_common())
     )
+    lines += pymalloc_stats() + malloc_stats()
     trims = _TRIMMER.trims if _TRIMMER is not None else 0
     lines.append(f"allocated blocks: {sys.getallocatedblocks()}; gc counts {gc.get_count()}; trims {trims}")
     objects = gc.get_objects()
@@ -191,6 +245,12 @@ def report() -> str:
         snap = tracemalloc.take_snapshot()
         tracemalloc.reset_peak()  # the next report's peak: since this one
         lines.append(f"tracemalloc: current {current / 2**20:.1f} MiB, peak {peak / 2**20:.1f} MiB")
+        report_path = os.environ.get(REPORT_ENV)
+        if report_path:
+            # Kept for `Snapshot.load(...).compare_to(...)`: what grew between two reports.
+            dumped = f"{report_path}.{time.strftime('%H%M%S')}.snap"
+            snap.dump(dumped)
+            lines.append(f"tracemalloc snapshot: {dumped}")
         by_package: Counter[str] = Counter()
         for stat in snap.statistics("filename"):
             path = stat.traceback[0].filename
