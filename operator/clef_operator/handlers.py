@@ -206,6 +206,8 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
     tuning: Tuning = memo.get("tuning") or Tuning()
     memo.tuning = tuning
     memo.pool = ThreadPoolExecutor(max_workers=tuning.workers, thread_name_prefix="reconcile")
+    # Born now, not in the first models' burst (memory.start_threads says why).
+    memory.start_threads(memo.pool, tuning.workers)
     # The cache `clef-operator run` started before the election (warm on a standby), else one
     # started now (kopf run directly, no election).
     watching: Watching = memo.get("watching") or start_watching(tuning)
@@ -259,6 +261,7 @@ def start_watching(tuning: Tuning) -> Watching:
     # Children, Services, goldens ConfigMaps, nodes and the ClefModels themselves come from these
     # watches; kopf watches ClefModels only to run one daemon per model and its deletion handler.
     kube.start_cache(tuning.namespaces, watching.wake)
+    kube.start_event_posters()
     return watching
 
 
@@ -292,8 +295,10 @@ async def stop_cache(memo: Any, **_: Any) -> None:
     memo.pool.shutdown(wait=False, cancel_futures=True)
 
 
+# Every kopf handler here is async: a sync one runs in kopf's own thread pool, whose threads would
+# be born at the first deletion (memory.start_threads says what that costs).
 @kopf.on.probe(id="clef-state")
-def held_state(memo: Any, **_: Any) -> dict[str, int]:
+async def held_state(memo: Any, **_: Any) -> dict[str, int]:
     """What the operator holds, on its liveness endpoint: objects per kind in the cache, models
     with a running loop, the cache's tombstones of deleted objects, whether the cache has synced.
     After the last model is deleted every count but nodes and Services (which are not per model)
@@ -368,9 +373,13 @@ async def _sleep(wake: asyncio.Event, stopped: kopf.DaemonStopped, seconds: floa
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)
-def release(name: str, namespace: str | None, spec: Mapping[str, Any], memo: Any, **_: Any) -> None:
+async def release(name: str, namespace: str | None, spec: Mapping[str, Any], memo: Any, **_: Any) -> None:
     """An adopted Service outlives its model: hand it back with the selector it had (its
-    Deployments and Jobs go with the model, by their owner references)."""
+    Deployments and Jobs go with the model, by their owner references).  On the reconcile pool,
+    not kopf's (see above)."""
     service = (spec.get("service") or {}).get("name")
-    if namespace and service and memo.kube.release_service(namespace, name, service):
+    if not namespace or not service:
+        return
+    loop = asyncio.get_running_loop()
+    if await loop.run_in_executor(memo.pool, memo.kube.release_service, namespace, name, service):
         log.info("%s/%s: released Service %s", namespace, name, service)
