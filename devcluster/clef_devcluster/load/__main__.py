@@ -27,12 +27,14 @@ from typing import Any
 
 from kubernetes import client, config
 
+from clef_operator import memory
+
 from ..cluster import LocalCluster, build
 from ..config import REPO_ROOT, missing_prerequisites
 from ..kustomize import find_kubectl
-from . import scale
+from . import scale, verified
 
-FLOOR_NS, MODELS_NS = "scale-floor", "scale-models"
+FLOOR_NS, MODELS_NS, VERIFIED_NS = "scale-floor", "scale-models", "scale-verified"
 
 
 def _stamp(text: str) -> float:
@@ -133,7 +135,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     print(f"load: control plane up in {cluster.up():.1f}s ({cluster.dir})", flush=True)
     result: dict[str, Any] = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "models": args.models,
+        "models": args.verified or args.models,
         "cpus": os.cpu_count(),
         "loadavg_start": os.getloadavg(),
         "cycles": [],
@@ -143,8 +145,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
         api.configuration.connection_pool_maxsize = 32
         scale.kubectl_objects(cluster.kubeconfig, kubectl, "apply", scale.operator_identity(kubectl))
-        scale.add_gpu_node(cluster.kubeconfig, "scale-1", args.models + 10)
-        if not args.no_floor:
+        gpus = args.verify_gpus if args.verified else args.models + 10
+        scale.add_gpu_node(cluster.kubeconfig, "scale-1", gpus)
+        if not args.no_floor and not args.verified:
             result["floor"] = floor(api, args.models, args.timeout)
             print(f"load: floor {result['floor']}", flush=True)
         operator = scale.Operator(cluster.kubeconfig, cluster.dir / "load", args.operator_arg or ())
@@ -154,7 +157,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         result["rss_mib_no_models"] = round(operator.rss_mib(), 1)
         result["memory_no_models"] = operator.memory()
         operator.report("no models")
-        for cycle in range(args.cycles):
+        if args.verified:
+            result["verified"] = verified.run_verified(api, args.verified, args.timeout, VERIFIED_NS)
+            result["verify_gpus"] = gpus
+            print(f"load: verified {result['verified']}", flush=True)
+        for cycle in range(0 if args.verified else args.cycles):
             result["cycles"].append(one_cycle(api, operator, cluster.audit_log, args, cycle))
         result["loadavg_end"] = os.getloadavg()
     except BaseException:
@@ -193,7 +200,9 @@ def one_cycle(
         ),
         1,
     )
-    time.sleep(args.settle)
+    # The operator hands freed memory back once deletions went quiet, at most every 30 s: wait
+    # for that trim, whatever --settle says.
+    time.sleep(max(args.settle, memory.TRIM_AFTER_SECONDS + memory.TRIM_EVERY_SECONDS + 2))
     out["rss_mib_after_delete"] = round(operator.rss_mib(), 1)
     out["memory_after_delete"] = operator.memory()
     out["held_after_delete"] = operator.held()
@@ -217,6 +226,14 @@ def table(r: dict[str, Any]) -> str:
     if "floor" in r:
         rows.append(("plain Deployments all Available (floor), s", round(r["floor"]["available_seconds"], 1)))
     rows.append(("RSS with no models, MiB", r["rss_mib_no_models"]))
+    if "verified" in r:
+        v = r["verified"]
+        rows += [
+            ("verified models / GPUs (Jobs at once)", f"{r['models']} / {r['verify_gpus']}"),
+            ("verified: all Ready after, s", v["ready_seconds"]),
+            ("verified: the Jobs' own span, s", v["jobs_span_seconds"]),
+        ]
+        rows += [(f"verified: {k} p50/p99/max, s", _pct(s)) for k, s in v["latency_seconds"].items()]
     for i, c in enumerate(r["cycles"]):
         rows += [
             (f"[{i}] load average at start", c["loadavg_start"]),
@@ -232,6 +249,10 @@ def table(r: dict[str, Any]) -> str:
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
 
+def _pct(s: dict[str, float]) -> str:
+    return f"{s['p50']:.0f} / {s['p99']:.0f} / {s['max']:.0f} (n={s['n']:.0f})" if s else "-"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m clef_devcluster.load", description=__doc__.split("\n")[0]
@@ -244,6 +265,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default=str(REPO_ROOT / ".load" / "result.json"))
     parser.add_argument(
         "--cycles", type=int, default=1, help="create, idle, delete this many times in one operator life"
+    )
+    parser.add_argument(
+        "--verified",
+        type=int,
+        default=0,
+        metavar="N",
+        help="instead: N parked models whose verification Jobs really run (clef-runtime verify on this host)",
+    )
+    parser.add_argument(
+        "--verify-gpus", type=int, default=2, help="with --verified: the node's GPUs, so Jobs at once"
     )
     parser.add_argument("--no-floor", action="store_true", help="skip the plain-Deployment floor")
     parser.add_argument("--keep-cluster", action="store_true")
