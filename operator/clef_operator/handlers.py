@@ -206,8 +206,6 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
     tuning: Tuning = memo.get("tuning") or Tuning()
     memo.tuning = tuning
     memo.pool = ThreadPoolExecutor(max_workers=tuning.workers, thread_name_prefix="reconcile")
-    # Born now, not in the first models' burst (memory.start_threads says why).
-    memory.start_threads(memo.pool, tuning.workers)
     # The cache `clef-operator run` started before the election (warm on a standby), else one
     # started now (kopf run directly, no election).
     watching: Watching = memo.get("watching") or start_watching(tuning)
@@ -261,7 +259,6 @@ def start_watching(tuning: Tuning) -> Watching:
     # Children, Services, goldens ConfigMaps, nodes and the ClefModels themselves come from these
     # watches; kopf watches ClefModels only to run one daemon per model and its deletion handler.
     kube.start_cache(tuning.namespaces, watching.wake)
-    kube.start_event_posters()
     return watching
 
 
@@ -295,8 +292,8 @@ async def stop_cache(memo: Any, **_: Any) -> None:
     memo.pool.shutdown(wait=False, cancel_futures=True)
 
 
-# Every kopf handler here is async: a sync one runs in kopf's own thread pool, whose threads would
-# be born at the first deletion (memory.start_threads says what that costs).
+# Every kopf handler here is async: a sync one runs in kopf's own thread pool, whose threads are
+# started by the first deletion and live on (5 threads after 300 models were deleted).
 @kopf.on.probe(id="clef-state")
 async def held_state(memo: Any, **_: Any) -> dict[str, int]:
     """What the operator holds, on its liveness endpoint: objects per kind in the cache, models

@@ -29,7 +29,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from clef_operator import actions as act
-from clef_operator import cache, labels, memory
+from clef_operator import cache, labels
 from clef_operator.api import GROUP, KIND, PLURAL, VERSION, ClefModelStatus, Step
 from clef_operator.children import release_ops
 from clef_operator.endpoint import CHECK_CONTAINER
@@ -398,10 +398,6 @@ class Kube:
         self.custom = client.CustomObjectsApi(api)
         self.instance = socket.gethostname()
         self._verdict_key: bytes | None = None
-
-    def start_event_posters(self) -> None:
-        """The event threads, started now rather than by the first event (memory.start_threads)."""
-        memory.start_threads(self._events, EVENT_POSTERS)
 
     def start_cache(self, namespaces: tuple[str, ...], wake: cache.Wake) -> None:
         """List and watch every kind clef plans from, in `namespaces` (empty: all); nodes are

@@ -20,7 +20,6 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 log = logging.getLogger("clef.memory")
@@ -46,21 +45,6 @@ _LIBC = _find_libc()
 def limit_arenas(arenas: int = ARENAS) -> bool:
     """At most `arenas` malloc arenas for the process; whether the C library took it."""
     return bool(_LIBC is not None and _LIBC.mallopt(M_ARENA_MAX, arenas) == 1)
-
-
-def start_threads(pool: ThreadPoolExecutor, threads: int, timeout: float = 30.0) -> None:
-    """Start every worker of `pool` now, at start-up.  A pool starts its threads on demand, so
-    they were born in the first burst of work (the first models' passes), and what a thread keeps
-    for life (its state, locks, conditions, weak references: ~3,400 small objects for the
-    operator's pools) landed among the burst's short-lived objects and kept their pymalloc pools
-    from being freed after the models were deleted."""
-    barrier = threading.Barrier(threads + 1)
-    for _ in range(threads):
-        pool.submit(barrier.wait, timeout)
-    try:
-        barrier.wait(timeout)
-    except threading.BrokenBarrierError:  # a slow start: the rest start on demand, as before
-        log.warning("started fewer than %d threads of a pool in %.0fs", threads, timeout)
 
 
 # Memory is handed back this long after the last sign of work, at most once per TRIM_EVERY_SECONDS.
