@@ -29,7 +29,7 @@ import random
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -210,7 +210,6 @@ class Informer(threading.Thread):
         self.wake = wake
         self.listed = threading.Event()
         self.stopping = threading.Event()
-        self.relists = 0
         self.version = ""  # the last resourceVersion seen (list or event)
 
     def _scope(self) -> tuple[Any, ...]:
@@ -245,7 +244,6 @@ class Informer(threading.Thread):
         if self.listed.is_set():
             # A re-list: whatever changed while the watch was down is unknown, so every model
             # the kind touched before or after it looks again.
-            self.relists += 1
             for key in before | set(self.table.keys()):
                 self._wake_key(key)
         self.listed.set()
@@ -317,14 +315,6 @@ class Cache:
     def synced(self) -> bool:
         return all(i.listed.is_set() for i in self.informers)
 
-    def wait_synced(self, timeout: float | None = None) -> bool:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        for informer in self.informers:
-            left = None if deadline is None else max(deadline - time.monotonic(), 0)
-            if not informer.listed.wait(left):
-                return False
-        return True
-
     def __getitem__(self, kind: str) -> Table:
         return self.tables[kind]
 
@@ -333,9 +323,6 @@ class Cache:
 
     def tombstones(self) -> int:
         return sum(t.tombstones() for t in self.tables.values())
-
-    def models(self) -> Iterator[Key]:
-        yield from self.tables["clefmodels"].keys()
 
 
 def custom_lister(
