@@ -208,65 +208,73 @@ def malloc_stats() -> list[str]:
     return lines
 
 
-def report() -> str:
-    import sys
-    import tracemalloc
-    from collections import Counter
-
-    lines = [f"--- memory report, pid {os.getpid()}, {time.strftime('%H:%M:%S')}"]
+def _mappings() -> list[str]:
+    """RSS by kind of mapping (smaps_rollup, then smaps by class and the largest files)."""
     with open("/proc/self/smaps_rollup") as f:
-        lines += [
-            ln.rstrip()
-            for ln in f
-            if ln.split()[0] in ("Rss:", "Anonymous:", "Private_Dirty:", "Shared_Clean:", "Private_Clean:")
-        ]
+        kept = ("Rss:", "Anonymous:", "Private_Dirty:", "Shared_Clean:", "Private_Clean:")
+        lines = [ln.rstrip() for ln in f if ln.split()[0] in kept]
     sizes = _smaps()
     files = sum(v for k, v in sizes.items() if k.startswith("file "))
     lines.append(
         f"smaps Rss KiB: heap {sizes.get('[heap]', 0)} anonymous {sizes.get('anonymous', 0)} "
         f"stack {sizes.get('[stack]', 0)} files {files}"
     )
-    lines += [f"  {k}: {v}" for k, v in sorted(sizes.items(), key=lambda kv: -kv[1])[:15]]
+    return lines + [f"  {k}: {v}" for k, v in sorted(sizes.items(), key=lambda kv: -kv[1])[:15]]
+
+
+def _objects() -> list[str]:
+    """Threads by name, the collector's view: gc-tracked objects by type."""
+    import sys
+    from collections import Counter
+
     threads = threading.enumerate()
-    lines.append(
-        f"threads: {len(threads)} (os: {len(os.listdir('/proc/self/task'))}): "
-        + repr(Counter(t.name.rstrip("0123456789_-") for t in threads).most_common())
-    )
-    lines += pymalloc_stats() + malloc_stats()
     trims = _TRIMMER.trims if _TRIMMER is not None else 0
-    lines.append(f"allocated blocks: {sys.getallocatedblocks()}; gc counts {gc.get_count()}; trims {trims}")
+    lines = [
+        f"threads: {len(threads)} (os: {len(os.listdir('/proc/self/task'))}): "
+        + repr(Counter(t.name.rstrip("0123456789_-") for t in threads).most_common()),
+        f"allocated blocks: {sys.getallocatedblocks()}; gc counts {gc.get_count()}; trims {trims}",
+    ]
     objects = gc.get_objects()
     lines.append(f"gc-tracked objects: {len(objects)}")
     lines += [f"  {n:8d} {t}" for t, n in Counter(type(o).__qualname__ for o in objects).most_common(25)]
-    del objects
-    if tracemalloc.is_tracing():
-        # Read before the snapshot, whose copy of every trace is itself tens of MiB.
-        current, peak = tracemalloc.get_traced_memory()
-        snap = tracemalloc.take_snapshot()
-        tracemalloc.reset_peak()  # the next report's peak: since this one
-        lines.append(f"tracemalloc: current {current / 2**20:.1f} MiB, peak {peak / 2**20:.1f} MiB")
-        report_path = os.environ.get(REPORT_ENV)
-        if report_path:
-            # Kept for `Snapshot.load(...).compare_to(...)`: what grew between two reports.
-            dumped = f"{report_path}.{time.strftime('%H%M%S')}.snap"
-            snap.dump(dumped)
-            lines.append(f"tracemalloc snapshot: {dumped}")
-        by_package: Counter[str] = Counter()
-        for stat in snap.statistics("filename"):
-            path = stat.traceback[0].filename
-            marker = "site-packages/"
-            package = (
-                path.split(marker, 1)[1].split("/", 1)[0]
-                if marker in path
-                else (os.path.dirname(path) or path)
-            )
-            by_package[package] += stat.size
-        lines += [f"  {size / 2**20:7.2f} MiB {p}" for p, size in by_package.most_common(15)]
-        lines += [
-            f"  {s.size / 2**20:7.2f} MiB {s.count:7d} {s.traceback[0]}"
-            for s in snap.statistics("lineno")[:30]
-        ]
-        del snap
+    return lines
+
+
+def _traced() -> list[str]:
+    """With tracemalloc on: the traced total, by package and by line, and the snapshot in a file
+    next to the report's (`Snapshot.load(a).compare_to(Snapshot.load(b), "lineno")`: what grew)."""
+    import tracemalloc
+    from collections import Counter
+
+    if not tracemalloc.is_tracing():
+        return []
+    # Read before the snapshot, whose copy of every trace is itself tens of MiB.
+    current, peak = tracemalloc.get_traced_memory()
+    snap = tracemalloc.take_snapshot()
+    tracemalloc.reset_peak()  # the next report's peak: since this one
+    lines = [f"tracemalloc: current {current / 2**20:.1f} MiB, peak {peak / 2**20:.1f} MiB"]
+    report_path = os.environ.get(REPORT_ENV)
+    if report_path:
+        dumped = f"{report_path}.{time.strftime('%H%M%S')}.snap"
+        snap.dump(dumped)
+        lines.append(f"tracemalloc snapshot: {dumped}")
+    by_package: Counter[str] = Counter()
+    marker = "site-packages/"
+    for stat in snap.statistics("filename"):
+        path = stat.traceback[0].filename
+        inside = path.split(marker, 1)[1].split("/", 1)[0] if marker in path else ""
+        by_package[inside or os.path.dirname(path) or path] += stat.size
+    lines += [f"  {size / 2**20:7.2f} MiB {p}" for p, size in by_package.most_common(15)]
+    return lines + [
+        f"  {s.size / 2**20:7.2f} MiB {s.count:7d} {s.traceback[0]}" for s in snap.statistics("lineno")[:30]
+    ]
+
+
+def report() -> str:
+    """Where the process's memory is: by mapping, by allocator, by object type, and (traced) by
+    line (docs/performance.md, "Where the memory is")."""
+    lines = [f"--- memory report, pid {os.getpid()}, {time.strftime('%H:%M:%S')}"]
+    lines += _mappings() + pymalloc_stats() + malloc_stats() + _objects() + _traced()
     touched()  # what this report allocated (MiB, with tracing) is handed back like any work's
     return "\n".join(lines) + "\n"
 
