@@ -152,8 +152,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             print(f"load: floor {result['floor']}", flush=True)
         operator = scale.Operator(cluster.kubeconfig, cluster.dir / "load", args.operator_arg or ())
         scale.wait_until(operator.synced, 120, "the operator's cache synced")
-        # At rest: the operator hands start-up's memory back a few seconds after its cache synced.
-        time.sleep(args.settle)
+        # At rest: the operator hands start-up's memory back after its cache synced and again
+        # after kopf's start (trims at most every 30 s): wait for both, whatever --settle says.
+        time.sleep(max(args.settle, memory.TRIM_AFTER_SECONDS + memory.TRIM_EVERY_SECONDS + 2))
         result["rss_mib_no_models"] = round(operator.rss_mib(), 1)
         result["memory_no_models"] = operator.memory()
         operator.report("no models")
