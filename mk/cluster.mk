@@ -50,8 +50,9 @@ kind-down: $(STAMP)
 
 # The operator at scale on a control plane of its own (.load/cluster): the plain-Deployment floor,
 # LOAD_MODELS ClefModels to Ready, idle request rate from the audit log, RSS, CPU, events; a table
-# and .load/result.json (docs/performance.md, "Operator at scale").
+# and .load/result.json (docs/performance.md, "Operator at scale").  LOAD_ARGS: more flags, e.g.
+# "--cycles 2" or "--verified 20 --verify-gpus 2".
 LOAD_MODELS ?= 1000
 .PHONY: load-test
 load-test: $(STAMP)
-	CLEF_CACHE=$(CLEF_CACHE) $(VPY) -m clef_devcluster.load --models $(LOAD_MODELS)
+	CLEF_CACHE=$(CLEF_CACHE) $(VPY) -m clef_devcluster.load --models $(LOAD_MODELS) $(LOAD_ARGS)

@@ -15,8 +15,9 @@ model is a dictionary lookup.  Nothing is polled; a periodic resync (handlers) r
   already holds a newer version of that object, so the next pass does not plan from the state
   before its own write; a stale event delivered after the response cannot move it back (versions
   are compared as the integers etcd makes them; a server whose versions are not integers gets the
-  watch's order).  An object deleted stays deleted (`gone`: a bounded set of recent UIDs), so a
-  late response or event does not bring it back; only a list does.
+  watch's order).  An object deleted stays deleted for GONE_SECONDS (`gone`: the UIDs deleted
+  since, at most GONE_REMEMBERED), so a late response or event does not bring it back; only a list
+  does.  A tombstone is per-model state too: it expires, and the `clef-state` probe counts them.
 
 The store holds the planner's snapshots (`observed`), not API objects: a few KiB per model.
 """
@@ -28,7 +29,7 @@ import random
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,27 +45,29 @@ WATCH_SECONDS = 300
 # After an error, wait this long (doubling up to the cap) before listing again.
 RETRY_SECONDS = 1.0
 MAX_RETRY_SECONDS = 30.0
-# UIDs of recently deleted objects, so that a late write response cannot bring one back.
+# UIDs of recently deleted objects, so that a late write response cannot bring one back: a write
+# racing the delete answers within a request's time, so they are kept this long (and at most
+# this many per kind).
+GONE_SECONDS = 120.0
 GONE_REMEMBERED = 4096
 
 Key = tuple[str, str]  # (namespace, model or object name)
 Wake = Callable[[str, str], None]
 
 
-def resource_version(obj: Any) -> str:
+def _meta(obj: Any, wire: str, attr: str) -> str:
+    """A metadata field of a wire dict (`wire`) or of the client's typed object (`attr`)."""
     meta = obj.get("metadata", {}) if isinstance(obj, Mapping) else obj.metadata
-    rv = meta.get("resourceVersion") if isinstance(meta, Mapping) else meta.resource_version
-    return str(rv or "")
+    value = meta.get(wire) if isinstance(meta, Mapping) else getattr(meta, attr)
+    return str(value or "")
+
+
+def resource_version(obj: Any) -> str:
+    return _meta(obj, "resourceVersion", "resource_version")
 
 
 def uid_of(obj: Any) -> str:
-    meta = obj.get("metadata", {}) if isinstance(obj, Mapping) else obj.metadata
-    return str((meta.get("uid") if isinstance(meta, Mapping) else meta.uid) or "")
-
-
-def namespace_of(obj: Any) -> str:
-    meta = obj.get("metadata", {}) if isinstance(obj, Mapping) else obj.metadata
-    return str((meta.get("namespace") if isinstance(meta, Mapping) else meta.namespace) or "")
+    return _meta(obj, "uid", "uid")
 
 
 def newer_or_same(candidate: str, held: str) -> bool:
@@ -91,8 +94,7 @@ class Kind:
 
 @dataclass
 class _Entry:
-    key: Key
-    namespace: str
+    key: Key  # (namespace, ...): a re-list of one namespace drops by key[0]
     version: str
     value: Any
 
@@ -105,7 +107,9 @@ class Table:
     lock: threading.RLock
     by_uid: dict[str, _Entry] = field(default_factory=dict)
     by_key: dict[Key, dict[str, Any]] = field(default_factory=dict)
-    gone: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    # UID -> when it was deleted (monotonic), oldest first.
+    gone: OrderedDict[str, float] = field(default_factory=OrderedDict)
+    clock: Callable[[], float] = time.monotonic
 
     def get(self, key: Key) -> list[Any]:
         with self.lock:
@@ -126,13 +130,13 @@ class Table:
             held = self.by_uid.get(uid)
             if held is not None and not newer_or_same(resource_version(obj), held.version):
                 return None
+            self._drop(uid)
             key = self.kind.key(obj)
             if key is None:
-                self._drop(uid)
                 return None
-            self._drop(uid)
-            self.by_uid[uid] = _Entry(key, namespace_of(obj), resource_version(obj), self.kind.snapshot(obj))
-            self.by_key.setdefault(key, {})[uid] = self.by_uid[uid].value
+            entry = _Entry(key, resource_version(obj), self.kind.snapshot(obj))
+            self.by_uid[uid] = entry
+            self.by_key.setdefault(key, {})[uid] = entry.value
             self.gone.pop(uid, None)
             return key
 
@@ -151,9 +155,20 @@ class Table:
                     self._bury(uid)
 
     def _bury(self, uid: str) -> None:
-        self.gone[uid] = None
-        while len(self.gone) > GONE_REMEMBERED:
+        self.gone[uid] = self.clock()
+        self.gone.move_to_end(uid)
+        self._expire()
+
+    def _expire(self) -> None:
+        oldest = self.clock() - GONE_SECONDS
+        while self.gone and (len(self.gone) > GONE_REMEMBERED or next(iter(self.gone.values())) < oldest):
             self.gone.popitem(last=False)
+
+    def tombstones(self) -> int:
+        """Deleted UIDs still remembered (none GONE_SECONDS after the last delete)."""
+        with self.lock:
+            self._expire()
+            return len(self.gone)
 
     def _drop(self, uid: str) -> None:
         entry = self.by_uid.pop(uid, None)
@@ -172,7 +187,7 @@ class Table:
             stale = [
                 uid
                 for uid, entry in self.by_uid.items()
-                if (namespace is None or entry.namespace == namespace) and uid not in listed
+                if (namespace is None or entry.key[0] == namespace) and uid not in listed
             ]
             for uid in stale:
                 self._drop(uid)
@@ -195,7 +210,6 @@ class Informer(threading.Thread):
         self.wake = wake
         self.listed = threading.Event()
         self.stopping = threading.Event()
-        self.relists = 0
         self.version = ""  # the last resourceVersion seen (list or event)
 
     def _scope(self) -> tuple[Any, ...]:
@@ -230,15 +244,11 @@ class Informer(threading.Thread):
         if self.listed.is_set():
             # A re-list: whatever changed while the watch was down is unknown, so every model
             # the kind touched before or after it looks again.
-            self.relists += 1
             for key in before | set(self.table.keys()):
                 self._wake_key(key)
         self.listed.set()
         memory.touched()  # a list's response (and a re-list's dropped objects) are freed now
-        meta = result["metadata"] if isinstance(result, Mapping) else result.metadata
-        return str(
-            (meta.get("resourceVersion") if isinstance(meta, Mapping) else meta.resource_version) or ""
-        )
+        return resource_version(result)
 
     def _watch(self, version: str) -> None:
         self.version = version
@@ -305,22 +315,14 @@ class Cache:
     def synced(self) -> bool:
         return all(i.listed.is_set() for i in self.informers)
 
-    def wait_synced(self, timeout: float | None = None) -> bool:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        for informer in self.informers:
-            left = None if deadline is None else max(deadline - time.monotonic(), 0)
-            if not informer.listed.wait(left):
-                return False
-        return True
-
     def __getitem__(self, kind: str) -> Table:
         return self.tables[kind]
 
     def sizes(self) -> dict[str, int]:
         return {name: len(t) for name, t in self.tables.items()}
 
-    def models(self) -> Iterator[Key]:
-        yield from self.tables["clefmodels"].keys()
+    def tombstones(self) -> int:
+        return sum(t.tombstones() for t in self.tables.values())
 
 
 def custom_lister(

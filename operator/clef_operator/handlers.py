@@ -292,15 +292,24 @@ async def stop_cache(memo: Any, **_: Any) -> None:
     memo.pool.shutdown(wait=False, cancel_futures=True)
 
 
+# Every kopf handler here is async: a sync one runs in kopf's own thread pool, whose threads are
+# started by the first deletion and live on (5 threads after 300 models were deleted).
 @kopf.on.probe(id="clef-state")
-def held_state(memo: Any, **_: Any) -> dict[str, int]:
+async def held_state(memo: Any, **_: Any) -> dict[str, int]:
     """What the operator holds, on its liveness endpoint: objects per kind in the cache, models
-    with a running loop, whether the cache has synced.  After the last model is deleted every
-    count but nodes and Services (which are not per model) falls back to where it started."""
+    with a running loop, the cache's tombstones of deleted objects, whether the cache has synced.
+    After the last model is deleted every count but nodes and Services (which are not per model)
+    falls back to where it started, tombstones within `cache.GONE_SECONDS`."""
     kube: Kube | None = getattr(memo, "kube", None)
     if kube is None:
         return {}
-    return {**kube.cache.sizes(), "loops": len(memo.wakers), "synced": int(kube.cache.synced())}
+    cache = kube.cache
+    return {
+        **cache.sizes(),
+        "loops": len(memo.wakers),
+        "tombstones": cache.tombstones(),
+        "synced": int(cache.synced()),
+    }
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
@@ -361,9 +370,13 @@ async def _sleep(wake: asyncio.Event, stopped: kopf.DaemonStopped, seconds: floa
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)
-def release(name: str, namespace: str | None, spec: Mapping[str, Any], memo: Any, **_: Any) -> None:
+async def release(name: str, namespace: str | None, spec: Mapping[str, Any], memo: Any, **_: Any) -> None:
     """An adopted Service outlives its model: hand it back with the selector it had (its
-    Deployments and Jobs go with the model, by their owner references)."""
+    Deployments and Jobs go with the model, by their owner references).  On the reconcile pool,
+    not kopf's (see above)."""
     service = (spec.get("service") or {}).get("name")
-    if namespace and service and memo.kube.release_service(namespace, name, service):
+    if not namespace or not service:
+        return
+    loop = asyncio.get_running_loop()
+    if await loop.run_in_executor(memo.pool, memo.kube.release_service, namespace, name, service):
         log.info("%s/%s: released Service %s", namespace, name, service)

@@ -155,58 +155,126 @@ def _smaps() -> dict[str, int]:
     return sizes
 
 
-def report() -> str:
+def pymalloc_stats() -> list[str]:
+    """Python's small-object allocator (`sys._debugmallocstats`, which writes to the C stderr):
+    arenas held against the bytes their live blocks use.  Arenas hold what pymalloc cannot hand
+    back (an arena with one live block stays)."""
     import sys
-    import tracemalloc
-    from collections import Counter
+    import tempfile
 
-    lines = [f"--- memory report, pid {os.getpid()}, {time.strftime('%H:%M:%S')}"]
+    with tempfile.TemporaryFile(mode="w+") as out:
+        saved = os.dup(2)
+        try:
+            os.dup2(out.fileno(), 2)
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        out.seek(0)
+        text = out.read()
+    keep = ("# arenas", "arenas *", "# bytes in", "unused pools", "# bytes lost to quant")
+    return ["pymalloc: " + ln.strip() for ln in text.splitlines() if any(k in ln for k in keep)]
+
+
+def malloc_stats() -> list[str]:
+    """glibc's view (`malloc_info`): per arena, the bytes it holds from the system and the free
+    bytes in its bins (what a trim could return only where whole pages are free)."""
+    import re
+    import tempfile
+
+    if _LIBC is None or not hasattr(_LIBC, "malloc_info"):
+        return ["malloc_info: not glibc"]
+    libc = _LIBC
+    libc.fopen.restype = ctypes.c_void_p
+    libc.fopen.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+    libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    libc.fclose.argtypes = [ctypes.c_void_p]
+    with tempfile.NamedTemporaryFile(mode="r") as out:
+        fp = libc.fopen(out.name.encode(), b"w")
+        if not fp:
+            return ["malloc_info: fopen failed"]
+        libc.malloc_info(0, fp)
+        libc.fclose(fp)
+        xml = out.read()
+    lines = []
+    for nr, body in re.findall(r'<heap nr="(\d+)">(.*?)</heap>', xml, re.S):
+        system = re.search(r'<system type="current" size="(\d+)"', body)
+        free = sum(int(n) for n in re.findall(r'<total type="(?:fast|rest)" count="\d+" size="(\d+)"', body))
+        held = int(system.group(1)) if system else 0
+        lines.append(f"malloc arena {nr}: system {held / 2**20:.1f} MiB, free in bins {free / 2**20:.1f} MiB")
+    mmap = re.search(r'<total type="mmap" count="(\d+)" size="(\d+)"', xml[xml.rfind("</heap>") :])
+    if mmap:
+        lines.append(f"malloc mmap'd blocks: {mmap.group(1)}, {int(mmap.group(2)) / 2**20:.1f} MiB")
+    return lines
+
+
+def _mappings() -> list[str]:
+    """RSS by kind of mapping (smaps_rollup, then smaps by class and the largest files)."""
     with open("/proc/self/smaps_rollup") as f:
-        lines += [
-            ln.rstrip()
-            for ln in f
-            if ln.split()[0] in ("Rss:", "Anonymous:", "Private_Dirty:", "Shared_Clean:", "Private_Clean:")
-        ]
+        kept = ("Rss:", "Anonymous:", "Private_Dirty:", "Shared_Clean:", "Private_Clean:")
+        lines = [ln.rstrip() for ln in f if ln.split()[0] in kept]
     sizes = _smaps()
     files = sum(v for k, v in sizes.items() if k.startswith("file "))
     lines.append(
         f"smaps Rss KiB: heap {sizes.get('[heap]', 0)} anonymous {sizes.get('anonymous', 0)} "
         f"stack {sizes.get('[stack]', 0)} files {files}"
     )
-    lines += [f"  {k}: {v}" for k, v in sorted(sizes.items(), key=lambda kv: -kv[1])[:15]]
+    return lines + [f"  {k}: {v}" for k, v in sorted(sizes.items(), key=lambda kv: -kv[1])[:15]]
+
+
+def _objects() -> list[str]:
+    """Threads by name, the collector's view: gc-tracked objects by type."""
+    import sys
+    from collections import Counter
+
     threads = threading.enumerate()
-    lines.append(
-        f"threads: {len(threads)} (os: {len(os.listdir('/proc/self/task'))}): "
-        + repr(Counter(t.name.rstrip("0123456789_-") for t in threads).most_common())
-    )
     trims = _TRIMMER.trims if _TRIMMER is not None else 0
-    lines.append(f"allocated blocks: {sys.getallocatedblocks()}; gc counts {gc.get_count()}; trims {trims}")
+    lines = [
+        f"threads: {len(threads)} (os: {len(os.listdir('/proc/self/task'))}): "
+        + repr(Counter(t.name.rstrip("0123456789_-") for t in threads).most_common()),
+        f"allocated blocks: {sys.getallocatedblocks()}; gc counts {gc.get_count()}; trims {trims}",
+    ]
     objects = gc.get_objects()
     lines.append(f"gc-tracked objects: {len(objects)}")
     lines += [f"  {n:8d} {t}" for t, n in Counter(type(o).__qualname__ for o in objects).most_common(25)]
-    del objects
-    if tracemalloc.is_tracing():
-        # Read before the snapshot, whose copy of every trace is itself tens of MiB.
-        current, peak = tracemalloc.get_traced_memory()
-        snap = tracemalloc.take_snapshot()
-        tracemalloc.reset_peak()  # the next report's peak: since this one
-        lines.append(f"tracemalloc: current {current / 2**20:.1f} MiB, peak {peak / 2**20:.1f} MiB")
-        by_package: Counter[str] = Counter()
-        for stat in snap.statistics("filename"):
-            path = stat.traceback[0].filename
-            marker = "site-packages/"
-            package = (
-                path.split(marker, 1)[1].split("/", 1)[0]
-                if marker in path
-                else (os.path.dirname(path) or path)
-            )
-            by_package[package] += stat.size
-        lines += [f"  {size / 2**20:7.2f} MiB {p}" for p, size in by_package.most_common(15)]
-        lines += [
-            f"  {s.size / 2**20:7.2f} MiB {s.count:7d} {s.traceback[0]}"
-            for s in snap.statistics("lineno")[:30]
-        ]
-        del snap
+    return lines
+
+
+def _traced() -> list[str]:
+    """With tracemalloc on: the traced total, by package and by line, and the snapshot in a file
+    next to the report's (`Snapshot.load(a).compare_to(Snapshot.load(b), "lineno")`: what grew)."""
+    import tracemalloc
+    from collections import Counter
+
+    if not tracemalloc.is_tracing():
+        return []
+    # Read before the snapshot, whose copy of every trace is itself tens of MiB.
+    current, peak = tracemalloc.get_traced_memory()
+    snap = tracemalloc.take_snapshot()
+    tracemalloc.reset_peak()  # the next report's peak: since this one
+    lines = [f"tracemalloc: current {current / 2**20:.1f} MiB, peak {peak / 2**20:.1f} MiB"]
+    report_path = os.environ.get(REPORT_ENV)
+    if report_path:
+        dumped = f"{report_path}.{time.strftime('%H%M%S')}.snap"
+        snap.dump(dumped)
+        lines.append(f"tracemalloc snapshot: {dumped}")
+    by_package: Counter[str] = Counter()
+    marker = "site-packages/"
+    for stat in snap.statistics("filename"):
+        path = stat.traceback[0].filename
+        inside = path.split(marker, 1)[1].split("/", 1)[0] if marker in path else ""
+        by_package[inside or os.path.dirname(path) or path] += stat.size
+    lines += [f"  {size / 2**20:7.2f} MiB {p}" for p, size in by_package.most_common(15)]
+    return lines + [
+        f"  {s.size / 2**20:7.2f} MiB {s.count:7d} {s.traceback[0]}" for s in snap.statistics("lineno")[:30]
+    ]
+
+
+def report() -> str:
+    """Where the process's memory is: by mapping, by allocator, by object type, and (traced) by
+    line (docs/performance.md, "Where the memory is")."""
+    lines = [f"--- memory report, pid {os.getpid()}, {time.strftime('%H:%M:%S')}"]
+    lines += _mappings() + pymalloc_stats() + malloc_stats() + _objects() + _traced()
     touched()  # what this report allocated (MiB, with tracing) is handed back like any work's
     return "\n".join(lines) + "\n"
 

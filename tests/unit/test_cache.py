@@ -103,11 +103,18 @@ def test_forget_removes_what_this_operator_deleted() -> None:
     assert t.put(deployment("m-a", "m", "12")) is None
 
 
-def test_the_gone_set_is_bounded() -> None:
-    t = table()
+def test_the_gone_set_is_bounded_in_number_and_in_time() -> None:
+    now = [1000.0]
+    t = cache.Table(KINDS["deployments"], threading.RLock(), clock=lambda: now[0])
     for i in range(cache.GONE_REMEMBERED + 10):
         t.delete(deployment(f"d{i}", "m", "1"))
-    assert len(t.gone) == cache.GONE_REMEMBERED
+    assert t.tombstones() == cache.GONE_REMEMBERED
+    # Nothing is kept for a deleted object once its tombstone expired: per-model state too.
+    now[0] += cache.GONE_SECONDS + 1
+    assert t.tombstones() == 0
+    # A tombstone younger than that still keeps a late response out.
+    t.delete(deployment("late", "m", "5"))
+    assert t.put(deployment("late", "m", "4")) is None and t.tombstones() == 1
 
 
 def test_custom_objects_are_stored_by_namespace_and_name() -> None:

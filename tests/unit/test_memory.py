@@ -48,3 +48,21 @@ def test_trims_are_spaced_by_every() -> None:
     trimmer.touched()
     assert _wait(lambda: len(calls) == 2)
     assert calls[1] - calls[0] >= 0.5
+
+
+def test_the_report_says_what_each_allocator_holds() -> None:
+    """pymalloc's arenas against its blocks in use, glibc's arenas against the free bytes in their
+    bins: where RSS that no Python object accounts for is (docs/performance.md)."""
+    import sys
+
+    pymalloc = memory.pymalloc_stats()
+    if sys.flags.dev_mode or not pymalloc:  # PYTHONMALLOC=malloc: pymalloc is not in use
+        assert pymalloc == []
+    else:
+        assert any("arenas allocated current" in line for line in pymalloc), pymalloc
+        assert any("bytes in allocated blocks" in line for line in pymalloc), pymalloc
+    glibc = memory.malloc_stats()
+    if memory._LIBC is None:
+        assert glibc == ["malloc_info: not glibc"]
+    else:
+        assert glibc[0].startswith("malloc arena 0: system "), glibc

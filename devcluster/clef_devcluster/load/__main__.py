@@ -27,12 +27,14 @@ from typing import Any
 
 from kubernetes import client, config
 
+from clef_operator import memory
+
 from ..cluster import LocalCluster, build
 from ..config import REPO_ROOT, missing_prerequisites
 from ..kustomize import find_kubectl
-from . import scale
+from . import scale, verified
 
-FLOOR_NS, MODELS_NS = "scale-floor", "scale-models"
+FLOOR_NS, MODELS_NS, VERIFIED_NS = "scale-floor", "scale-models", "scale-verified"
 
 
 def _stamp(text: str) -> float:
@@ -75,10 +77,10 @@ def _gone(api: client.ApiClient, namespace: str) -> bool:
     return False
 
 
-def models_ready(api: client.ApiClient, n: int, timeout: float) -> dict[str, float]:
+def models_ready(api: client.ApiClient, n: int, timeout: float, prefix: str = "m") -> dict[str, float]:
     custom = client.CustomObjectsApi(api)
     scale.ensure_namespace(api, MODELS_NS)
-    bodies = [scale.clefmodel(f"m-{i:04d}") for i in range(n)]
+    bodies = [scale.clefmodel(f"{prefix}-{i:04d}") for i in range(n)]
     started = time.time()
     scale.create_all(
         lambda b: custom.create_namespaced_custom_object(
@@ -133,44 +135,35 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     print(f"load: control plane up in {cluster.up():.1f}s ({cluster.dir})", flush=True)
     result: dict[str, Any] = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "models": args.models,
+        "models": args.verified or args.models,
         "cpus": os.cpu_count(),
         "loadavg_start": os.getloadavg(),
+        "cycles": [],
     }
     operator: scale.Operator | None = None
     try:
         api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
         api.configuration.connection_pool_maxsize = 32
         scale.kubectl_objects(cluster.kubeconfig, kubectl, "apply", scale.operator_identity(kubectl))
-        scale.add_gpu_node(cluster.kubeconfig, "scale-1", args.models + 10)
-        if not args.no_floor:
+        gpus = args.verify_gpus if args.verified else args.models + 10
+        scale.add_gpu_node(cluster.kubeconfig, "scale-1", gpus)
+        if not args.no_floor and not args.verified:
             result["floor"] = floor(api, args.models, args.timeout)
             print(f"load: floor {result['floor']}", flush=True)
         operator = scale.Operator(cluster.kubeconfig, cluster.dir / "load", args.operator_arg or ())
         scale.wait_until(operator.synced, 120, "the operator's cache synced")
-        # At rest: the operator hands start-up's memory back a few seconds after its cache synced.
-        time.sleep(args.settle)
+        # At rest: the operator hands start-up's memory back after its cache synced and again
+        # after kopf's start (trims at most every 30 s): wait for both, whatever --settle says.
+        time.sleep(max(args.settle, memory.TRIM_AFTER_SECONDS + memory.TRIM_EVERY_SECONDS + 2))
         result["rss_mib_no_models"] = round(operator.rss_mib(), 1)
         result["memory_no_models"] = operator.memory()
-        result["ready"] = models_ready(api, args.models, args.timeout)
-        print(f"load: models {result['ready']}", flush=True)
-        result["idle"] = idle(operator, cluster.audit_log, args.settle, args.idle_seconds)
-        result["events"] = scale.count(api, MODELS_NS, "events")
-        result["held_with_models"] = operator.held()
-        scale.delete_namespace_objects(api, MODELS_NS)
-        result["delete_seconds"] = round(
-            scale.wait_until(
-                lambda: scale.count(api, MODELS_NS, "models") == 0 and not _held_models(operator),
-                args.timeout,
-                "every model deleted and forgotten",
-                every=1.0,
-            ),
-            1,
-        )
-        time.sleep(args.settle)
-        result["rss_mib_after_delete"] = round(operator.rss_mib(), 1)
-        result["memory_after_delete"] = operator.memory()
-        result["held_after_delete"] = operator.held()
+        operator.report("no models")
+        if args.verified:
+            result["verified"] = verified.run_verified(api, args.verified, args.timeout, VERIFIED_NS)
+            result["verify_gpus"] = gpus
+            print(f"load: verified {result['verified']}", flush=True)
+        for cycle in range(0 if args.verified else args.cycles):
+            result["cycles"].append(one_cycle(api, operator, cluster.audit_log, args, cycle))
         result["loadavg_end"] = os.getloadavg()
     except BaseException:
         if operator is not None:
@@ -182,6 +175,51 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if not args.keep_cluster:
             cluster.down()
     return result
+
+
+def one_cycle(
+    api: client.ApiClient, operator: scale.Operator, audit: Path, args: argparse.Namespace, cycle: int
+) -> dict[str, Any]:
+    """N models created, Ready, idle, deleted until the operator holds nothing for them; RSS at
+    idle and after the deletion (a cycle's names are its own: the last cycle's Services may still
+    be on their way out)."""
+    out: dict[str, Any] = {"loadavg_start": os.getloadavg()}
+    events_before = scale.count(api, MODELS_NS, "events")
+    out["ready"] = models_ready(api, args.models, args.timeout, prefix=f"c{cycle}")
+    print(f"load: cycle {cycle}: models {out['ready']}", flush=True)
+    out["idle"] = idle(operator, audit, args.settle, args.idle_seconds)
+    operator.report(f"cycle {cycle}: idle with {args.models} models")
+    out["events"] = scale.count(api, MODELS_NS, "events") - events_before
+    out["held_with_models"] = operator.held()
+    scale.delete_namespace_objects(api, MODELS_NS)
+    out["delete_seconds"] = round(
+        scale.wait_until(
+            lambda: scale.count(api, MODELS_NS, "models") == 0 and not _held_models(operator),
+            args.timeout,
+            "every model deleted and forgotten",
+            every=1.0,
+        ),
+        1,
+    )
+    # The operator hands freed memory back once deletions went quiet, at most every 30 s: wait
+    # for that trim, whatever --settle says.
+    time.sleep(max(args.settle, memory.TRIM_AFTER_SECONDS + memory.TRIM_EVERY_SECONDS + 2))
+    out["rss_mib_after_delete"] = round(operator.rss_mib(), 1)
+    out["memory_after_delete"] = operator.memory()
+    out["held_after_delete"] = operator.held()
+    operator.report(f"cycle {cycle}: after deleting them")
+    # The cache's tombstones of the deleted objects are per-model state too, until they expire
+    # (cache.GONE_SECONDS); then one more trim.
+    scale.wait_until(
+        lambda: operator.held().get("tombstones", 1) == 0, args.timeout, "tombstones expired", every=2.0
+    )
+    time.sleep(memory.TRIM_AFTER_SECONDS + memory.TRIM_EVERY_SECONDS + 2)
+    out["rss_mib_after_tombstones"] = round(operator.rss_mib(), 1)
+    out["memory_after_tombstones"] = operator.memory()
+    operator.report(f"cycle {cycle}: tombstones expired")
+    print(f"load: cycle {cycle}: after delete {out['memory_after_delete']}", flush=True)
+    out["loadavg_end"] = os.getloadavg()
+    return out
 
 
 def _held_models(operator: scale.Operator) -> int:
@@ -197,18 +235,33 @@ def table(r: dict[str, Any]) -> str:
     rows = [("models", r["models"]), ("cpus / load average at start", f"{r['cpus']} / {r['loadavg_start']}")]
     if "floor" in r:
         rows.append(("plain Deployments all Available (floor), s", round(r["floor"]["available_seconds"], 1)))
-    rows += [
-        ("ClefModels all Ready, s", round(r["ready"]["ready_seconds"], 1)),
-        ("idle API requests/s (watches aside)", r["idle"]["requests_per_second"]),
-        ("idle CPU, % of a core", r["idle"]["cpu_percent_of_a_core"]),
-        ("RSS with no models, MiB", r["rss_mib_no_models"]),
-        ("RSS at idle with the models, MiB", r["idle"]["rss_mib"]),
-        ("RSS after deleting them, MiB", r["rss_mib_after_delete"]),
-        ("events posted", r["events"]),
-        ("held after deletion", r["held_after_delete"]),
-    ]
+    rows.append(("RSS with no models, MiB", r["rss_mib_no_models"]))
+    if "verified" in r:
+        v = r["verified"]
+        rows += [
+            ("verified models / GPUs (Jobs at once)", f"{r['models']} / {r['verify_gpus']}"),
+            ("verified: all Ready after, s", v["ready_seconds"]),
+            ("verified: the Jobs' own span, s", v["jobs_span_seconds"]),
+        ]
+        rows += [(f"verified: {k} p50/p99/max, s", _pct(s)) for k, s in v["latency_seconds"].items()]
+    for i, c in enumerate(r["cycles"]):
+        rows += [
+            (f"[{i}] load average at start", c["loadavg_start"]),
+            (f"[{i}] ClefModels all Ready, s", round(c["ready"]["ready_seconds"], 1)),
+            (f"[{i}] idle API requests/s (watches aside)", c["idle"]["requests_per_second"]),
+            (f"[{i}] idle CPU, % of a core", c["idle"]["cpu_percent_of_a_core"]),
+            (f"[{i}] RSS at idle with the models, MiB", c["idle"]["rss_mib"]),
+            (f"[{i}] RSS after deleting them, MiB", c["rss_mib_after_delete"]),
+            (f"[{i}] RSS once their tombstones expired, MiB", c["rss_mib_after_tombstones"]),
+            (f"[{i}] events posted", c["events"]),
+            (f"[{i}] held after deletion", c["held_after_delete"]),
+        ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _pct(s: dict[str, float]) -> str:
+    return f"{s['p50']:.0f} / {s['p99']:.0f} / {s['max']:.0f} (n={s['n']:.0f})" if s else "-"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -221,6 +274,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--state-dir", default=str(REPO_ROOT / ".load" / "cluster"))
     parser.add_argument("--json", default=str(REPO_ROOT / ".load" / "result.json"))
+    parser.add_argument(
+        "--cycles", type=int, default=1, help="create, idle, delete this many times in one operator life"
+    )
+    parser.add_argument(
+        "--verified",
+        type=int,
+        default=0,
+        metavar="N",
+        help="instead: N parked models whose verification Jobs really run (clef-runtime verify on this host)",
+    )
+    parser.add_argument(
+        "--verify-gpus", type=int, default=2, help="with --verified: the node's GPUs, so Jobs at once"
+    )
     parser.add_argument("--no-floor", action="store_true", help="skip the plain-Deployment floor")
     parser.add_argument("--keep-cluster", action="store_true")
     parser.add_argument("--operator-arg", action="append", help="passed to clef-operator run (repeatable)")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
 import urllib.request
@@ -312,6 +313,25 @@ class Operator:
             "file_mib": round((kib["Rss"] - kib["Anonymous"]) / 1024, 1),
             "threads": threads,
         }
+
+    def report(self, label: str, timeout: float = 60.0) -> None:
+        """With CLEF_MEMORY_REPORT=FILE in the environment (the operator's debug hook,
+        clef_operator.memory), a report appended to FILE under `label`: SIGUSR1, then wait until
+        it is written.  Nothing without it.  A report allocates (a snapshot with tracing: tens of
+        MiB): take RSS before it."""
+        path = os.environ.get("CLEF_MEMORY_REPORT")
+        if not path:
+            return
+        target = Path(path)
+        with target.open("a") as f:
+            f.write(f"=== {label}: RSS {self.rss_mib():.1f} MiB\n")
+        before = target.read_text(errors="replace").count("--- memory report")
+        os.kill(self.proc.pid, signal.SIGUSR1)
+        wait_until(
+            lambda: target.read_text(errors="replace").count("--- memory report") > before,
+            timeout,
+            f"the operator's memory report in {path}",
+        )
 
     def cpu_seconds(self) -> float:
         fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
