@@ -83,7 +83,10 @@ class OutputCapture:
         with contextlib.suppress(OSError, ValueError):
             for line in iter(pipe.readline, b""):
                 with self.lock:
-                    self.plain.write(line)
+                    # A stream's last line without its newline (only at its end) is closed in the
+                    # plain log, so the other stream's next line does not run on from it.  The
+                    # record keeps the bytes as written.
+                    self.plain.write(line if line.endswith(b"\n") else line + b"\n")
                     self.plain.flush()
                     self.records.write(record_line(stream, line))
                     self.records.flush()
