@@ -154,7 +154,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         scale.wait_until(operator.synced, 120, "the operator's cache synced")
         # At rest: the operator hands start-up's memory back after its cache synced and again
         # after kopf's start (trims at most every 30 s): wait for both, whatever --settle says.
-        time.sleep(max(args.settle, memory.TRIM_AFTER_SECONDS + memory.TRIM_EVERY_SECONDS + 2))
+        _wait_for_trim(args.settle)
         result["rss_mib_no_models"] = round(operator.rss_mib(), 1)
         result["memory_no_models"] = operator.memory()
         operator.report("no models")
@@ -203,7 +203,7 @@ def one_cycle(
     )
     # The operator hands freed memory back once deletions went quiet, at most every 30 s: wait
     # for that trim, whatever --settle says.
-    time.sleep(max(args.settle, memory.TRIM_AFTER_SECONDS + memory.TRIM_EVERY_SECONDS + 2))
+    _wait_for_trim(args.settle)
     out["rss_mib_after_delete"] = round(operator.rss_mib(), 1)
     out["memory_after_delete"] = operator.memory()
     out["held_after_delete"] = operator.held()
@@ -213,13 +213,19 @@ def one_cycle(
     scale.wait_until(
         lambda: operator.held().get("tombstones", 1) == 0, args.timeout, "tombstones expired", every=2.0
     )
-    time.sleep(memory.TRIM_AFTER_SECONDS + memory.TRIM_EVERY_SECONDS + 2)
+    _wait_for_trim()
     out["rss_mib_after_tombstones"] = round(operator.rss_mib(), 1)
     out["memory_after_tombstones"] = operator.memory()
     operator.report(f"cycle {cycle}: tombstones expired")
     print(f"load: cycle {cycle}: after delete {out['memory_after_delete']}", flush=True)
     out["loadavg_end"] = os.getloadavg()
     return out
+
+
+def _wait_for_trim(settle: float = 0.0) -> None:
+    """Long enough for the operator's next trim once its work went quiet (it trims at most every
+    TRIM_EVERY_SECONDS), or `settle` if longer."""
+    time.sleep(max(settle, memory.TRIM_AFTER_SECONDS + memory.TRIM_EVERY_SECONDS + 2))
 
 
 def _held_models(operator: scale.Operator) -> int:
