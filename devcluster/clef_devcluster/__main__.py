@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from .cluster import ClusterError, ClusterRunning, LocalCluster, build
@@ -11,7 +12,7 @@ from .config import DEFAULT_STATE_DIR, default_binaries, missing_prerequisites
 from .procs import is_alive
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m clef_devcluster")
     parser.add_argument(
         "--state-dir", type=Path, default=DEFAULT_STATE_DIR, help="where certs, logs and data live"
@@ -34,68 +35,87 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("status", help="what is running")
     sub.add_parser("env", help='shell exports for kubectl: eval "$(python -m clef_devcluster env)"')
     sub.add_parser("check", help="print what is missing to run the local cluster (exit 3 if anything)")
-    args = parser.parse_args(argv)
-    cluster = LocalCluster(args.state_dir)
+    return parser
 
-    if args.command == "check":
-        missing = missing_prerequisites()
-        print(missing or "ok: everything needed is present")
-        return 3 if missing else 0
 
-    if args.command == "build":
-        missing = missing_prerequisites()
-        if missing and default_binaries().missing():
-            if args.if_possible:
-                # The test run says it, once, in its summary.
-                return 0
-            print(f"cluster: {missing}", file=sys.stderr)
-            return 3
-        build()
-        return 0
+def _check(cluster: LocalCluster, args: argparse.Namespace) -> int:
+    missing = missing_prerequisites()
+    print(missing or "ok: everything needed is present")
+    return 3 if missing else 0
 
-    if args.command == "up":
-        try:
-            build()
-            seconds = cluster.up(external_kubeconfig=args.attach)
-        except ClusterRunning as e:
-            print(f"cluster: {e}", file=sys.stderr)
+
+def _build(cluster: LocalCluster, args: argparse.Namespace) -> int:
+    missing = missing_prerequisites()
+    if missing and default_binaries().missing():
+        if args.if_possible:
+            # The test run says it, once, in its summary.
             return 0
-        except ClusterError as e:
-            print(f"cluster: {e}", file=sys.stderr)
-            return 1
-        print(f"cluster: up in {seconds:.1f}s; to use it:", file=sys.stderr)
-        print("\n".join(cluster.env_lines()))
-        return 0
+        print(f"cluster: {missing}", file=sys.stderr)
+        return 3
+    build()
+    return 0
 
-    if args.command == "down":
-        report = cluster.down()
-        if not report.clean:
-            print(
-                f"cluster: still running: {report.survivors}; ports still listening: "
-                f"{report.ports_still_listening}",
-                file=sys.stderr,
-            )
-            return 1
-        print(f"cluster: stopped ({', '.join(report.stopped) or 'nothing was running'})", file=sys.stderr)
-        return 0
 
-    if args.command == "status":
-        records = cluster.ledger.load()
-        if not records:
-            print("cluster: not running")
-            return 3
-        state = cluster.state()
-        for r in records:
-            print(f"{r.name:<24} pid {r.pid:<8} {'running' if is_alive(r) else 'DEAD'}")
-        print(f"server     {state.get('server', '(external) ' + str(state.get('externalKubeconfig')))}")
-        print(f"kubeconfig {cluster.active_kubeconfig()}")
-        print(f"logs       {cluster.logs}")
-        return 0 if all(is_alive(r) for r in records) else 1
-
-    if args.command == "env":
-        print("\n".join(cluster.env_lines()))
+def _up(cluster: LocalCluster, args: argparse.Namespace) -> int:
+    try:
+        build()
+        seconds = cluster.up(external_kubeconfig=args.attach)
+    except ClusterRunning as e:
+        print(f"cluster: {e}", file=sys.stderr)
         return 0
-    return 2
+    except ClusterError as e:
+        print(f"cluster: {e}", file=sys.stderr)
+        return 1
+    print(f"cluster: up in {seconds:.1f}s; to use it:", file=sys.stderr)
+    print("\n".join(cluster.env_lines()))
+    return 0
+
+
+def _down(cluster: LocalCluster, args: argparse.Namespace) -> int:
+    report = cluster.down()
+    if not report.clean:
+        print(
+            f"cluster: still running: {report.survivors}; ports still listening: "
+            f"{report.ports_still_listening}",
+            file=sys.stderr,
+        )
+        return 1
+    print(f"cluster: stopped ({', '.join(report.stopped) or 'nothing was running'})", file=sys.stderr)
+    return 0
+
+
+def _status(cluster: LocalCluster, args: argparse.Namespace) -> int:
+    records = cluster.ledger.load()
+    if not records:
+        print("cluster: not running")
+        return 3
+    state = cluster.state()
+    for r in records:
+        print(f"{r.name:<24} pid {r.pid:<8} {'running' if is_alive(r) else 'DEAD'}")
+    print(f"server     {state.get('server', '(external) ' + str(state.get('externalKubeconfig')))}")
+    print(f"kubeconfig {cluster.active_kubeconfig()}")
+    print(f"logs       {cluster.logs}")
+    return 0 if all(is_alive(r) for r in records) else 1
+
+
+def _env(cluster: LocalCluster, args: argparse.Namespace) -> int:
+    print("\n".join(cluster.env_lines()))
+    return 0
+
+
+COMMANDS: dict[str, Callable[[LocalCluster, argparse.Namespace], int]] = {
+    "check": _check,
+    "build": _build,
+    "up": _up,
+    "down": _down,
+    "status": _status,
+    "env": _env,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    return COMMANDS[args.command](LocalCluster(args.state_dir), args)
 
 
 if __name__ == "__main__":
