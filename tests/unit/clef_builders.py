@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, ClassVar
 
 from clef_contract.report import SCHEMA_VERSION as REPORT_SCHEMA_VERSION
 from clef_operator import labels
@@ -160,101 +161,132 @@ class World:
 
     # ---- effects of actions
     def apply(self, action: Action) -> None:
-        if isinstance(action, CreateJob):
-            m = action.manifest
-            name = m["metadata"]["name"]
-            assert name not in self.jobs, f"Job {name} created twice"
-            self.manifests[name] = dict(m)
-            component = m["metadata"]["labels"][labels.COMPONENT]
-            self.jobs[name] = JobState(
-                name=name,
-                key=m["metadata"]["labels"].get(labels.VERIFICATION_KEY, ""),
-                uid=f"uid-{name}",
-                created_at=self.now,
-                component=component,
-                step=m["metadata"]["labels"].get(labels.STEP, ""),
-                annotations=dict(m["metadata"].get("annotations", {})),
-                command=tuple(m["spec"]["template"]["spec"]["containers"][0]["command"]),
-            )
-            self.pods[name + "-pod"] = PodState(
-                name=name + "-pod",
-                component=component,
-                job_name=name,
-                created_at=self.now,
-                owner_uids=(f"uid-{name}",),
-                uid=f"uid-{name}-pod",
-                node_gpu_product="Tesla-V100-SXM2-16GB",
-            )
-        elif isinstance(action, CreateConfigMap):
-            m = action.manifest
-            name = m["metadata"]["name"]
-            assert name not in self.config_maps, f"ConfigMap {name} created twice"
-            self.manifests[name] = dict(m)
-            self.config_maps[name] = ConfigMapState(
-                name=name,
-                labels=dict(m["metadata"]["labels"]),
-                annotations=dict(m["metadata"]["annotations"]),
-                binary_data={k: base64.b64decode(v) for k, v in m["binaryData"].items()},
-            )
-        elif isinstance(action, DeleteConfigMap):
-            del self.config_maps[action.name]
-        elif isinstance(action, DeleteJob):
-            self.jobs.pop(action.name)
-            self.pods = {k: p for k, p in self.pods.items() if p.job_name != action.name}
-        elif isinstance(action, CreateDeployment):
-            m = action.manifest
-            name = m["metadata"]["name"]
-            assert name not in self.deployments, f"Deployment {name} created twice"
-            self.manifests[name] = dict(m)
-            self.deployments[name] = DeploymentState(
-                name=name,
-                revision=m["metadata"]["labels"][labels.REVISION],
-                replicas=m["spec"]["replicas"],
-                annotations=dict(m["metadata"]["annotations"]),
-                created_at=self.now,
-                template=m["spec"]["template"],
-            )
-        elif isinstance(action, ScaleDeployment):
-            d = self.deployments[action.name]
-            self.deployments[action.name] = replace(
-                d,
-                replicas=action.replicas,
-                annotations=_merge(d.annotations, action.annotations),
-                generation=d.generation + 1,
-            )
-        elif isinstance(action, AnnotateDeployment):
-            d = self.deployments[action.name]
-            self.deployments[action.name] = replace(d, annotations=_merge(d.annotations, action.annotations))
-        elif isinstance(action, DeleteDeployment):
-            del self.deployments[action.name]
-        elif isinstance(action, CreateService):
-            assert self.service is None, "Service created while one exists"
-            m = action.manifest
-            self.service = ServiceState(
-                name=m["metadata"]["name"],
-                selector=dict(m["spec"]["selector"]),
-                annotations=dict(m["metadata"]["annotations"]),
-                owned=True,
-                cluster_ip="10.96.0.42",
-                ports=tuple(m["spec"]["ports"]),
-            )
-        elif isinstance(action, PatchServiceSelector):
-            assert self.service is not None and self.service.name == action.name
-            self.service = replace(
-                self.service,
-                selector=dict(action.selector),
-                annotations={**self.service.annotations, **action.annotations},
-            )
-        elif isinstance(action, PatchServicePorts):
-            assert self.service is not None and self.service.name == action.name
-            self.service = replace(self.service, ports=tuple(action.ports))
-        elif isinstance(action, ReplaceTemplate):
-            d = self.deployments[action.name]
-            self.deployments[action.name] = replace(d, template=action.template, generation=d.generation + 1)
-        elif isinstance(action, Event):
-            self.events.append(action)
-        else:  # pragma: no cover - a new action type needs an effect here
+        effect = self._EFFECTS.get(type(action))
+        if effect is None:  # pragma: no cover - a new action type needs an effect here
             raise AssertionError(f"unknown action {action}")
+        effect(self, action)
+
+    def _create_job(self, action: CreateJob) -> None:
+        m = action.manifest
+        name = m["metadata"]["name"]
+        assert name not in self.jobs, f"Job {name} created twice"
+        self.manifests[name] = dict(m)
+        component = m["metadata"]["labels"][labels.COMPONENT]
+        self.jobs[name] = JobState(
+            name=name,
+            key=m["metadata"]["labels"].get(labels.VERIFICATION_KEY, ""),
+            uid=f"uid-{name}",
+            created_at=self.now,
+            component=component,
+            step=m["metadata"]["labels"].get(labels.STEP, ""),
+            annotations=dict(m["metadata"].get("annotations", {})),
+            command=tuple(m["spec"]["template"]["spec"]["containers"][0]["command"]),
+        )
+        self.pods[name + "-pod"] = PodState(
+            name=name + "-pod",
+            component=component,
+            job_name=name,
+            created_at=self.now,
+            owner_uids=(f"uid-{name}",),
+            uid=f"uid-{name}-pod",
+            node_gpu_product="Tesla-V100-SXM2-16GB",
+        )
+
+    def _create_config_map(self, action: CreateConfigMap) -> None:
+        m = action.manifest
+        name = m["metadata"]["name"]
+        assert name not in self.config_maps, f"ConfigMap {name} created twice"
+        self.manifests[name] = dict(m)
+        self.config_maps[name] = ConfigMapState(
+            name=name,
+            labels=dict(m["metadata"]["labels"]),
+            annotations=dict(m["metadata"]["annotations"]),
+            binary_data={k: base64.b64decode(v) for k, v in m["binaryData"].items()},
+        )
+
+    def _delete_config_map(self, action: DeleteConfigMap) -> None:
+        del self.config_maps[action.name]
+
+    def _delete_job(self, action: DeleteJob) -> None:
+        self.jobs.pop(action.name)
+        self.pods = {k: p for k, p in self.pods.items() if p.job_name != action.name}
+
+    def _create_deployment(self, action: CreateDeployment) -> None:
+        m = action.manifest
+        name = m["metadata"]["name"]
+        assert name not in self.deployments, f"Deployment {name} created twice"
+        self.manifests[name] = dict(m)
+        self.deployments[name] = DeploymentState(
+            name=name,
+            revision=m["metadata"]["labels"][labels.REVISION],
+            replicas=m["spec"]["replicas"],
+            annotations=dict(m["metadata"]["annotations"]),
+            created_at=self.now,
+            template=m["spec"]["template"],
+        )
+
+    def _scale_deployment(self, action: ScaleDeployment) -> None:
+        d = self.deployments[action.name]
+        self.deployments[action.name] = replace(
+            d,
+            replicas=action.replicas,
+            annotations=_merge(d.annotations, action.annotations),
+            generation=d.generation + 1,
+        )
+
+    def _annotate_deployment(self, action: AnnotateDeployment) -> None:
+        d = self.deployments[action.name]
+        self.deployments[action.name] = replace(d, annotations=_merge(d.annotations, action.annotations))
+
+    def _delete_deployment(self, action: DeleteDeployment) -> None:
+        del self.deployments[action.name]
+
+    def _create_service(self, action: CreateService) -> None:
+        assert self.service is None, "Service created while one exists"
+        m = action.manifest
+        self.service = ServiceState(
+            name=m["metadata"]["name"],
+            selector=dict(m["spec"]["selector"]),
+            annotations=dict(m["metadata"]["annotations"]),
+            owned=True,
+            cluster_ip="10.96.0.42",
+            ports=tuple(m["spec"]["ports"]),
+        )
+
+    def _patch_service_selector(self, action: PatchServiceSelector) -> None:
+        assert self.service is not None and self.service.name == action.name
+        self.service = replace(
+            self.service,
+            selector=dict(action.selector),
+            annotations={**self.service.annotations, **action.annotations},
+        )
+
+    def _patch_service_ports(self, action: PatchServicePorts) -> None:
+        assert self.service is not None and self.service.name == action.name
+        self.service = replace(self.service, ports=tuple(action.ports))
+
+    def _replace_template(self, action: ReplaceTemplate) -> None:
+        d = self.deployments[action.name]
+        self.deployments[action.name] = replace(d, template=action.template, generation=d.generation + 1)
+
+    def _event(self, action: Event) -> None:
+        self.events.append(action)
+
+    _EFFECTS: ClassVar[dict[type, Callable[[Any, Any], None]]] = {
+        CreateJob: _create_job,
+        CreateConfigMap: _create_config_map,
+        DeleteConfigMap: _delete_config_map,
+        DeleteJob: _delete_job,
+        CreateDeployment: _create_deployment,
+        ScaleDeployment: _scale_deployment,
+        AnnotateDeployment: _annotate_deployment,
+        DeleteDeployment: _delete_deployment,
+        CreateService: _create_service,
+        PatchServiceSelector: _patch_service_selector,
+        PatchServicePorts: _patch_service_ports,
+        ReplaceTemplate: _replace_template,
+        Event: _event,
+    }
 
     # ---- what controllers and kubelets would do
     def settle(self) -> None:
