@@ -69,9 +69,9 @@ WARMUP_BLOCK = 64  # chunk bounds read per step of the walk back
 # head) chains, unsplit: measured faster there (B4 T8192, 8 packed × 4096) ...
 DEFAULT_MIN_CHAINS = 128
 # ... and, split into segments with warm-ups, for fewer chains whose sequences average at least
-# this many tokens: measured faster at B1 T32768 and T131072 (docs/performance.md, "sixth pass");
-# at T8192 even, at T2048 slower.
-DEFAULT_MIN_SPLIT_TOKENS = 32768
+# this many tokens: measured faster from B1 T4096 (even at the model's gates there) to T131072,
+# slower at T2048 (docs/performance.md, "sixth pass" and "seventh pass").
+DEFAULT_MIN_SPLIT_TOKENS = 4096
 
 
 def default_segments(N: int, HV: int, V: int, T: int, block_v: int = SPLIT_BV) -> int:
