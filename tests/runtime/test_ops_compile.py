@@ -237,15 +237,14 @@ _SPLIT_BODY = r"""
 from clef_runtime.ops import delta_rule_chunk as dc, delta_rule_chunk_split as ds
 from clef_runtime.ops.delta_rule_common import dot_policy
 
-DIV16 = {"sqb", "sqt", "skb", "skt", "svb", "svt"}
+DIV16 = {"sqb", "sqt", "skb", "skt"}
 pol = dot_policy(torch.bfloat16, dc._chunk_prepare_kernel, True)
 p = "*bf16"
 consts = dict(H=16, HV=32, K=128, V=128, BK=128, BV=ds.SPLIT_BV, BT=dc.BT, IS_VARLEN=True,
               HAS_H0=True, STORE_FINAL=True, STATE_DT=pol.state_dtype, STATE_PRECISION=pol.state_precision,
-              ROUND_BF16=False, INTERPRETED=False, FORM_WU=ds.FORM_WU, CHUNK_DT=pol.chunk_dtype)
+              ROUND_BF16=False, INTERPRETED=False)
 f32 = "*fp32"
-types = dict(q=p, k=p, v=p, beta=f32, w=p, u=f32 if ds.FORM_WU else p, gc=f32, kf=f32, qf=f32, aqk=p, o=p,
-             cw="*i32", h0=f32, ht=f32, cu_seqlens="*i32")
+types = dict(q=p, k=p, w=p, u=p, gc=f32, kf=f32, qf=f32, aqk=p, o=p, cw="*i32", h0=f32, ht=f32, cu_seqlens="*i32")
 launches = [
     ("walk", ds._segment_output_kernel, types, dict(consts, WARMUP=False), ds.SPLIT_WARPS),
     ("walk with warm-up", ds._segment_output_kernel, types, dict(consts, WARMUP=True), ds.SPLIT_WARPS),

@@ -72,9 +72,6 @@ DEFAULT_MIN_CHAINS = 128
 # this many tokens: measured faster from B1 T4096 (even at the model's gates there) to T131072,
 # slower at T2048 (docs/performance.md, "sixth pass" and "seventh pass").
 DEFAULT_MIN_SPLIT_TOKENS = 4096
-# Launch 1 stores each chunk's T (64 × 64) instead of w and u (64 × 128 each), and the walk forms
-# w = T (β e^{G} k̂) and u = T (β v) per step: fewer bytes both ways, a lighter launch 1
-FORM_WU = True
 
 
 def default_segments(N: int, HV: int, V: int, T: int, block_v: int = SPLIT_BV) -> int:
@@ -137,9 +134,6 @@ def _split_step(
     use_u,
     skt,
     sqt,
-    v_p,
-    svt,
-    b_p,
     HV: tl.constexpr,
     K: tl.constexpr,
     V: tl.constexpr,
@@ -150,8 +144,6 @@ def _split_step(
     STATE_DT: tl.constexpr,
     STATE_PRECISION: tl.constexpr,
     ROUND_BF16: tl.constexpr,
-    FORM_WU: tl.constexpr,
-    CHUNK_DT: tl.constexpr,
 ):
     """One chunk from its start state S (columns of one block); with OUTPUT, the chunk's output
     rows for these columns are stored if the chunk starts at or after t_out (a warm-up chunk's
@@ -166,35 +158,13 @@ def _split_step(
     vmask = live[:, None] & (rv < ncols)[None, :]
     gl = tl.load(gc_p + t0 + tl.minimum(n_live, BT) - 1)  # decay to the chunk end
     kfac = tl.load(kf_p + t0 + r, mask=live, other=0.0)
-    k_raw = tl.load(k_p + t0 * skt + r[:, None] * skt + rk[None, :], mask=kmask, other=0.0)
-    kc = k_raw.to(STATE_DT)
-    if FORM_WU:
-        # w = T (β e^{G} k̂) and u = T (β v) here, as launch 1 forms them otherwise (the same
-        # roundings): w_p holds T, u_p the factors β e^{G} / |k|, v_p and b_p point at v and β
-        Tc = tl.load(
-            w_p + t0 * (HV * BT) + r[:, None] * (HV * BT) + r[None, :], mask=live[:, None], other=0.0
-        )
-        kb = (k_raw.to(tl.float32) * tl.load(u_p + t0 + r, mask=live, other=0.0)[:, None]).to(CHUNK_DT)
-        bvv = tl.load(b_p + (t0 + r) * HV, mask=live, other=0.0)
-        v_raw = tl.load(v_p + (t0 + r)[:, None] * svt + rv[None, :], mask=vmask & use_u, other=0.0)
-        vb = (v_raw.to(tl.float32) * bvv[:, None]).to(CHUNK_DT)
-        if ROUND_BF16:
-            kb = rne_bf16(kb)
-            vb = rne_bf16(vb)
-        ws = tl.dot(Tc.to(CHUNK_DT), kb, input_precision="ieee")
-        us = tl.dot(Tc.to(CHUNK_DT), vb, input_precision="ieee")
-        if ROUND_BF16:
-            ws = rne_bf16(ws)
-            us = rne_bf16(us)
-        wc = ws.to(k_raw.dtype).to(STATE_DT)
-        uc = us.to(k_raw.dtype).to(tl.float32)
-    else:
-        wc = tl.load(w_p + t0 * (HV * K) + r[:, None] * (HV * K) + rk[None, :], mask=kmask, other=0.0).to(
-            STATE_DT
-        )
-        uc = tl.load(
-            u_p + t0 * (HV * V) + r[:, None] * (HV * V) + rv[None, :], mask=vmask & use_u, other=0.0
-        ).to(tl.float32)
+    kc = tl.load(k_p + t0 * skt + r[:, None] * skt + rk[None, :], mask=kmask, other=0.0).to(STATE_DT)
+    wc = tl.load(w_p + t0 * (HV * K) + r[:, None] * (HV * K) + rk[None, :], mask=kmask, other=0.0).to(
+        STATE_DT
+    )
+    uc = tl.load(u_p + t0 * (HV * V) + r[:, None] * (HV * V) + rv[None, :], mask=vmask & use_u, other=0.0).to(
+        tl.float32
+    )
     Sd = S.to(STATE_DT)
     if ROUND_BF16:
         Sd = rne_bf16(Sd)
@@ -227,10 +197,9 @@ def _split_step(
 @triton.jit
 def _walk(
     S, t_lo, t_out, t_hi, eos, k_p, w_p, u_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, use_u, skt, sqt,
-    v_p, svt, b_p,
     HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
     OUTPUT: tl.constexpr, STATE_DT: tl.constexpr, STATE_PRECISION: tl.constexpr, ROUND_BF16: tl.constexpr,
-    INTERPRETED: tl.constexpr, FORM_WU: tl.constexpr, CHUNK_DT: tl.constexpr,
+    INTERPRETED: tl.constexpr,
 ):
     """`_split_step` over the chunks of tokens [t_lo, t_hi) from state S, outputs from t_out on;
     returns the state at t_hi.  Both launches walk through here (inlined on a GPU: the same machine code as the walk
@@ -240,7 +209,7 @@ def _walk(
         while t0 < t_hi:
             S = _split_step(
                 S, t0, t_out, eos, k_p, w_p, u_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, use_u, skt, sqt,
-                v_p, svt, b_p, HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16, FORM_WU, CHUNK_DT,
+                HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16,
             )  # fmt: skip
             t0 += BT
     else:
@@ -248,7 +217,7 @@ def _walk(
         for c in range(0, tl.cdiv(t_hi - t_lo, BT)):
             S = _split_step(
                 S, t_lo + c * BT, t_out, eos, k_p, w_p, u_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, use_u, skt, sqt,
-                v_p, svt, b_p, HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16, FORM_WU, CHUNK_DT,
+                HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16,
             )  # fmt: skip
     return S
 # fmt: on
@@ -339,8 +308,6 @@ def _warmup_plan_kernel(
 def _segment_output_kernel(
     q,
     k,
-    v,
-    beta,
     w,
     u,
     gc,
@@ -358,8 +325,6 @@ def _segment_output_kernel(
     sqt,
     skb,
     skt,
-    svb,
-    svt,
     H: tl.constexpr,
     HV: tl.constexpr,
     K: tl.constexpr,
@@ -375,12 +340,9 @@ def _segment_output_kernel(
     WARMUP: tl.constexpr,
     ROUND_BF16: tl.constexpr,
     INTERPRETED: tl.constexpr,
-    FORM_WU: tl.constexpr,
-    CHUNK_DT: tl.constexpr,
 ):
     """Segment s of one sequence, value head and V block: its start state from a warm-up walk
-    over the chunks before it, then its chunks with the output fused.  With FORM_WU, w holds
-    launch 1's T per chunk and u the factors of k̂'s rows, and each step forms w and u."""
+    over the chunks before it, then its chunks with the output fused."""
     i_nh = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1)
     s = tl.program_id(2).to(tl.int64)
@@ -416,19 +378,15 @@ def _segment_output_kernel(
     q_p = q + b * sqb + h * K
     tok = b * T * HV + hv
     hd = (b * HV + hv) * T
-    if FORM_WU:
-        w_p = w + tok * BT
-        u_p = u + hd
-    else:
-        w_p = w + tok * K
-        u_p = u + tok * V + c0
+    w_p = w + tok * K
+    u_p = u + tok * V + c0
     o_p = o + tok * V + c0
     aqk_p = aqk + tok * BT
     # the warm-up chunks [t_w, t_lo) (their outputs dropped), then the segment's own
     S = _walk(
         S, t_w, t_lo, t_hi, eos, k_p, w_p, u_p, gc + hd, kf + hd, q_p, qf + hd, aqk_p, o_p,
-        ncols, True, skt, sqt, v + b * svb + hv * V + c0, svt, beta + tok,
-        HV, K, V, BK, BV, BT, True, STATE_DT, STATE_PRECISION, ROUND_BF16, INTERPRETED, FORM_WU, CHUNK_DT,
+        ncols, True, skt, sqt,
+        HV, K, V, BK, BV, BT, True, STATE_DT, STATE_PRECISION, ROUND_BF16, INTERPRETED,
     )  # fmt: skip
     if STORE_FINAL:
         tl.store(ht + s_off, S, mask=s_mask & (s == P - 1))
@@ -477,7 +435,6 @@ def chunk_gated_delta_rule_split(
         output_final_state,
         True,
         P > 1 and not use_qk_l2norm,
-        FORM_WU,
     )
     policy, cfg = p.policy, p.cfg
     BV = min(block_v, cfg.BVF)
@@ -490,15 +447,14 @@ def chunk_gated_delta_rule_split(
             HV=HV, BT=BT, WB=WARMUP_BLOCK, IS_VARLEN=varlen, FROM_GATES=use_qk_l2norm, num_warps=4,
         )  # fmt: skip
     _segment_output_kernel[(N * HV, triton.cdiv(V, BV), P)](
-        q, k, v, beta, p.w, p.u, p.gc, p.kf, p.qf, p.aqk, p.o, cw,
+        q, k, p.w, p.u, p.gc, p.kf, p.qf, p.aqk, p.o, cw,
         initial_state if initial_state is not None else p.gc,
         p.final if p.final is not None else p.gc,
-        p.cu, T, P, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        p.cu, T, P, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
         H=H, HV=HV, K=K, V=V, BK=cfg.BK, BV=BV, BT=BT, IS_VARLEN=varlen,
         HAS_H0=initial_state is not None, STORE_FINAL=p.final is not None,
         STATE_DT=policy.state_dtype, STATE_PRECISION=policy.state_precision, WARMUP=P > 1,
         ROUND_BF16=policy.round_bf16, INTERPRETED=interpreted(_segment_output_kernel),
-        FORM_WU=FORM_WU, CHUNK_DT=policy.chunk_dtype,
         num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return p.o, p.final
