@@ -82,11 +82,25 @@ def base(s):  # type: ignore[no-untyped-def]
         ds.DEFAULT_MIN_SPLIT_TOKENS = keep
 
 
-def split(P: int, bv: int = ds.SPLIT_BV, warps: int = ds.SPLIT_WARPS, stages: int = ds.SPLIT_STAGES):  # type: ignore[no-untyped-def]
+def split(P: int, bv: int | None = None, warps: int | None = None, stages: int = ds.SPLIT_STAGES):  # type: ignore[no-untyped-def]
     return lambda s: chunk_gated_delta_rule_split(
         s["q"], s["k"], s["v"], s["g"], s["beta"], output_final_state=True, use_qk_l2norm=True, segments=P,
         block_v=bv, warps=warps, stages=stages,
     )  # fmt: skip
+
+
+def stored_wu(fn):  # type: ignore[no-untyped-def]
+    """``fn`` with launch 1 storing w and u (the split's FORM_WU off)."""
+
+    def run(s):  # type: ignore[no-untyped-def]
+        keep = ds.FORM_WU
+        ds.FORM_WU = False
+        try:
+            return fn(s)
+        finally:
+            ds.FORM_WU = keep
+
+    return run
 
 
 def warmups(s: dict[str, torch.Tensor], P: int) -> tuple[float, int]:
@@ -121,6 +135,8 @@ for kind in gates:
         variants = {"three": base, "default": default}
         for P in sorted({*plist, p_def}):
             variants[f"split P{P}" + ("*" if p_def == P else "")] = split(P)
+        if os.environ.get("FORMWU_AB") == "1":  # the split with w and u stored by launch 1
+            variants["split P4 stored w/u"] = stored_wu(split(4))
         # WALK=P:block_v:warps:stages,... adds walk launch shapes (the tree's defaults otherwise)
         for spec in filter(None, os.environ.get("WALK", "").split(",")):
             P, bv, nw, ns = (int(x) for x in spec.split(":"))
@@ -145,7 +161,7 @@ for kind in gates:
                   f"warm-up chunks mean {wu[0]:.1f} max {wu[1]}", flush=True)  # fmt: skip
             table.append((kind, name, vname, t, err, wu))
         if name == "t32768":
-            for vname in ("three", best, *(v for v in variants if " bv" in v)):
+            for vname in ("three", best, *(v for v in variants if "stored" in v or " bv" in v)):
                 fn = variants[vname]
                 with profile(activities=[ProfilerActivity.CUDA]) as prof:
                     for s in (sets * 3)[:3]:
