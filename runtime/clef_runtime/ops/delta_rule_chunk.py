@@ -202,12 +202,8 @@ def _chunk_prepare_kernel(
     gc += hd0
     kf += hd0
     qf += hd0
-    if T_OUT:  # T itself in w's place ([B, T, HV, BT], like Aqk), k̂'s row factors in u's ([B, HV, T])
-        w += tok0 * BT
-        u += hd0
-    else:
-        w += tok0 * K
-        u += tok0 * V
+    w += tok0 * K
+    u += tok0 * V
     aqk += tok0 * BT
 
     r = tl.arange(0, BT)
@@ -334,8 +330,10 @@ def _chunk_prepare_kernel(
     if T_OUT:
         # the split design's walk forms w and u itself from T, k, v and these factors
         # (`delta_rule_chunk_split`, FORM_WU): a quarter of w and u's bytes, and no w/u pass here
-        tl.store(w + r[:, None] * (HV * BT) + r[None, :], Tm.to(w.dtype.element_ty), mask=live[:, None])
-        tl.store(u + r, cw, mask=live)
+        # T in w's place ([B, T, HV, BT], like Aqk), k̂'s row factors in u's ([B, HV, T])
+        t_p = w + tok0 * (BT - K)
+        tl.store(t_p + r[:, None] * (HV * BT) + r[None, :], Tm.to(w.dtype.element_ty), mask=live[:, None])
+        tl.store(u - tok0 * V + hd0 + r, cw, mask=live)
     else:
         for c0 in tl.static_range(0, BK, KS):
             cols = c0 + tl.arange(0, KS)
