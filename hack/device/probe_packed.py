@@ -16,6 +16,7 @@ from __future__ import annotations
 import statistics
 
 import torch
+from probe_timing import capture, event_samples  # hack/device, the script's folder
 from torch.profiler import ProfilerActivity, profile
 
 from clef_runtime.inputs import gdn_inputs
@@ -54,17 +55,6 @@ def main() -> None:
     rel_h = float((h_f.float() - h_c.float()).norm() / h_c.float().norm())
     print(f"FlashQLA vs clef: rel L2 o {rel_o:.2e}, final state {rel_h:.2e}")
 
-    def events(run) -> list[float]:  # type: ignore[no-untyped-def]
-        samples = []
-        for _ in range(REPS):
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            e0.record()
-            run()
-            e1.record()
-            torch.cuda.synchronize()
-            samples.append(e0.elapsed_time(e1) * 1e3 / SETS)
-        return samples
-
     rows = []
     for name, fn in impls.items():
 
@@ -73,17 +63,9 @@ def main() -> None:
                 fn(s)
 
         eager()
-        ev = events(eager)
+        ev = [t * 1e6 for t in event_samples(eager, REPS, SETS)]
         try:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                eager()
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                eager()
-            gr = events(graph.replay)
+            gr = [t * 1e6 for t in event_samples(capture(eager), REPS, SETS)]
             graph_txt = (
                 f"{statistics.median(gr):9.1f} us ±{100 * (max(gr) - min(gr)) / statistics.median(gr):.1f}%"
             )

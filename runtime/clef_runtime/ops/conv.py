@@ -21,8 +21,9 @@ and ``y`` in DRAM with few registers per element:
   kernel is also right for zero-length sequences, which no tile sees.
 
 Decode reads ``conv_state`` by slot, computes the new tokens' outputs and shifts the state in
-place.  Every state element is loaded and stored through the same per-channel addressing, and a
-CTA barrier separates the reads from the writes, so the in-place shift cannot race.
+place.  A program issues every load of its row first (the window ``[state | new tokens]`` and the
+new state, as two tiles: all of the row's DRAM reads in flight at once), and a CTA barrier
+separates the reads from the in-place writes, so the shift cannot race.
 """
 
 from __future__ import annotations

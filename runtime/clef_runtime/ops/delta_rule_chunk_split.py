@@ -27,6 +27,11 @@ the exact walk, only longer.  So the split is never wrong, only slower when a he
 decays.  (An earlier form joined the segments by their affine maps ``S_end = M_s S + L_s``, K×K
 ``M_s``; the maps cost as much as the walk itself: docs/performance.md, "fourth pass".)
 
+Split into segments (``P > 1``), launch 1 stores each chunk's ``T = (I + A)⁻¹`` and the factors
+``β e^{G} / |k|`` in place of w and u, and each walk step takes
+``v_new = u - w S = T (β v - (β e^{G} k̂) S)``: w and u are never formed (``FORM_WU``; launch 1
+loses its w/u pass, the walk one 64 × 64 × V dot more), at 64-wide V blocks and 4 warps.
+
 The segments differ from a single walk only in rounding.  With ``P = 1`` there is no warm-up
 and the kernel is the plain fused recurrence.  Segments hold ``ceil(chunks / P)`` chunks of their
 sequence (varlen: per sequence); the last segment's program stores the final state (an empty
