@@ -126,7 +126,8 @@ def _persistent(programs: int, stages: int, maxnreg: int | None = None, body_edi
     a = src.index(start)
     body = src[a : src.index(end, a)].rstrip("\n") + "\n"
     for old, new in body_edits:  # edits of the kernel body, applied before it is indented
-        assert old in body, old[:60]
+        if old not in body:  # the module moved on: load_variant reports the missing target
+            return [(old, new)]
         body = body.replace(old, new)
     body = body.replace("    pid = tl.program_id(0).to(tl.int64)\n", "    pid = item.to(tl.int64)\n")
     for p in ("q", "k", "v", "g", "beta", "gc", "kf", "qf", "w", "u", "aqk"):

@@ -14,11 +14,13 @@ and max over heads and segments) from the same bounds launch 1 computes, in floa
 per-kernel times (torch.profiler) at B1 T32768 for the best variant.
 
     PYTHONPATH=runtime python3 hack/device/probe_warmup.py [rows] [gates] [P list]
+    WALK=4:64:4:2,8:64:4:3 ... adds split variants P:block_v:warps:stages
 """
 
 from __future__ import annotations
 
 import math
+import os
 import statistics
 import sys
 
@@ -38,7 +40,7 @@ from clef_runtime.ops.delta_rule_chunk_split import (
 )
 
 H, HV, K, V = 16, 32, 128, 128
-ROWS = {"t2048": 2048, "t8192": 8192, "t32768": 32768, "t131072": 131072}
+ROWS = {"t2048": 2048, "t4096": 4096, "t8192": 8192, "t16384": 16384, "t32768": 32768, "t131072": 131072}
 want = sys.argv[1].split(",") if len(sys.argv) > 1 and sys.argv[1] != "all" else list(ROWS)
 gates = sys.argv[2].split(",") if len(sys.argv) > 2 else ["bench", "model"]
 plist = [int(x) for x in sys.argv[3].split(",")] if len(sys.argv) > 3 else [2, 4, 8]
@@ -80,10 +82,25 @@ def base(s):  # type: ignore[no-untyped-def]
         ds.DEFAULT_MIN_SPLIT_TOKENS = keep
 
 
-def split(P: int):  # type: ignore[no-untyped-def]
+def split(P: int, bv: int | None = None, warps: int | None = None, stages: int = ds.SPLIT_STAGES):  # type: ignore[no-untyped-def]
     return lambda s: chunk_gated_delta_rule_split(
-        s["q"], s["k"], s["v"], s["g"], s["beta"], output_final_state=True, use_qk_l2norm=True, segments=P
-    )
+        s["q"], s["k"], s["v"], s["g"], s["beta"], output_final_state=True, use_qk_l2norm=True, segments=P,
+        block_v=bv, warps=warps, stages=stages,
+    )  # fmt: skip
+
+
+def stored_wu(fn):  # type: ignore[no-untyped-def]
+    """``fn`` with launch 1 storing w and u (the split's FORM_WU off)."""
+
+    def run(s):  # type: ignore[no-untyped-def]
+        keep = ds.FORM_WU
+        ds.FORM_WU = False
+        try:
+            return fn(s)
+        finally:
+            ds.FORM_WU = keep
+
+    return run
 
 
 def warmups(s: dict[str, torch.Tensor], P: int) -> tuple[float, int]:
@@ -118,6 +135,12 @@ for kind in gates:
         variants = {"three": base, "default": default}
         for P in sorted({*plist, p_def}):
             variants[f"split P{P}" + ("*" if p_def == P else "")] = split(P)
+        if os.environ.get("FORMWU_AB") == "1":  # the split with w and u stored by launch 1
+            variants["split P4 stored w/u"] = stored_wu(split(4))
+        # WALK=P:block_v:warps:stages,... adds walk launch shapes (the tree's defaults otherwise)
+        for spec in filter(None, os.environ.get("WALK", "").split(",")):
+            P, bv, nw, ns = (int(x) for x in spec.split(":"))
+            variants[f"split P{P} bv{bv} w{nw} s{ns}"] = split(P, bv, nw, ns)
         ref_o, ref_h = base(sets[0])
         best, times = None, {}
         for vname, fn in variants.items():
@@ -127,14 +150,18 @@ for kind in gates:
             time_it(fn, sets, 1)
             t = time_it(fn, sets)
             times[vname] = t
-            wu = warmups(sets[0], int(vname.split("P")[1].rstrip("*"))) if "P" in vname else (0.0, 0)
+            wu = (
+                warmups(sets[0], int(vname.split("P")[1].split()[0].rstrip("*")))
+                if "P" in vname
+                else (0.0, 0)
+            )
             if "P" in vname and (best is None or t < times[best]):
                 best = vname
             print(f"{kind} {name} {vname}: {t * 1e6:.1f} us, err vs three {err:.2e}, finite {ok}, "
                   f"warm-up chunks mean {wu[0]:.1f} max {wu[1]}", flush=True)  # fmt: skip
             table.append((kind, name, vname, t, err, wu))
         if name == "t32768":
-            for vname in ("three", best):
+            for vname in ("three", best, *(v for v in variants if "stored" in v or " bv" in v)):
                 fn = variants[vname]
                 with profile(activities=[ProfilerActivity.CUDA]) as prof:
                     for s in (sets * 3)[:3]:
@@ -153,6 +180,6 @@ print(
 )
 base_t = {(r[0], r[1]): r[3] for r in table if r[2] == "three"}
 for kind, name, vname, t, err, wu in table:
-    print(f"{kind:6s} {name:8s} {vname:13s} {t * 1e6:9.1f}  {base_t[(kind, name)] / t:6.2f}x  {err:.1e}  "
+    print(f"{kind:6s} {name:8s} {vname:26s} {t * 1e6:9.1f}  {base_t[(kind, name)] / t:6.2f}x  {err:.1e}  "
           f"{wu[0]:6.1f}/{wu[1]}")  # fmt: skip
 assert math.isfinite(WARMUP_LOG_BOUND)

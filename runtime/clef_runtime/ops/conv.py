@@ -21,11 +21,14 @@ and ``y`` in DRAM with few registers per element:
   kernel is also right for zero-length sequences, which no tile sees.
 
 Decode reads ``conv_state`` by slot, computes the new tokens' outputs and shifts the state in
-place.  Every state element is loaded and stored through the same per-channel addressing, and a
-CTA barrier separates the reads from the writes, so the in-place shift cannot race.
+place.  A program issues every load of its row first (the window ``[state | new tokens]`` and the
+new state, as two tiles: all of the row's DRAM reads in flight at once), and a CTA barrier
+separates the reads from the in-place writes, so the shift cannot race.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import triton
@@ -394,14 +397,24 @@ def _conv_update_kernel(
     W: tl.constexpr,
     ROWS: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    WIN: tl.constexpr,
+    SP: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     HAS_INDICES: tl.constexpr,
     ACT_SILU: tl.constexpr,
 ):
+    """One batch row (or ``ROWS``) x ``BLOCK_D`` channels.  Every load of a row comes first: the
+    window ``[state | new tokens]`` as one ``[BLOCK_D, WIN]`` tile (all of a row's DRAM reads in
+    flight at once) and the new state (window positions ``T_NEW ..``, the same lines again);
+    then the outputs, one barrier, and the new state's stores (one 2-byte access per state
+    element: channels are ``W - 1`` apart, which no vector access spans)."""
     pid_b = tl.program_id(0)
     pid_d = tl.program_id(1)
     d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
     d_ok = d < D
+    e = tl.arange(0, WIN)  # window position: W - 1 state columns, then the new tokens
+    e_state = e < W - 1
+    e_ok = e < W - 1 + T_NEW
     for r in tl.static_range(ROWS):
         row = pid_b * ROWS + r
         row_ok = row < B
@@ -409,36 +422,38 @@ def _conv_update_kernel(
         # Padding rows (negative slot) and out-of-pool slots neither read nor write state.
         live = row_ok & (slot >= 0) & (slot < pool)
         m = d_ok & live
-        # All state traffic uses this one addressing (channel d, column c), so each element is
-        # read and written by the same thread; the barrier below orders the CTA anyway.
         s_row = state_ptr + slot.to(tl.int64) * stride_pool + d * (W - 1)
         x_row = x_ptr + row.to(tl.int64) * stride_xb + d
+        win_ptr = tl.where(
+            e_state[None, :], s_row[:, None] + e[None, :], x_row[:, None] + (e - (W - 1))[None, :] * stride_xt
+        )
+        win = tl.load(win_ptr, mask=m[:, None] & e_ok[None, :], other=0.0).to(tl.float32)
+        # the new state: window positions T_NEW .. T_NEW + W - 2
+        c = tl.arange(0, SP)
+        c_ok = m[:, None] & (c < W - 1)[None, :]
+        src = c + T_NEW
+        new_ptr = tl.where(
+            (src < W - 1)[None, :],
+            s_row[:, None] + src[None, :],
+            x_row[:, None] + (src - (W - 1))[None, :] * stride_xt,
+        )
+        new = tl.load(new_ptr, mask=c_ok, other=0.0)
         y_row = y_ptr + row.to(tl.int64) * T_NEW * D + d
         for t in tl.static_range(T_NEW):
-            acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-            for j in tl.static_range(W):
-                # Tap j reads position t + j of [state | new tokens].  (Inline constexpr
-                # arithmetic: a name assigned in the loop would become a tensor and the `if`
-                # a runtime branch.)
-                if t + j < W - 1:
-                    v = tl.load(s_row + (t + j), mask=m, other=0.0).to(tl.float32)
-                else:
-                    v = tl.load(x_row + (t + j - (W - 1)) * stride_xt, mask=m, other=0.0).to(tl.float32)
-                acc += v * tl.load(w_ptr + d * W + j, mask=d_ok, other=0.0).to(tl.float32)
+            # Output t takes window positions t .. t + W - 1 with weight column (position - t).
+            tap = e - t
+            w_ok = d_ok[:, None] & ((tap >= 0) & (tap < W))[None, :]
+            wt = tl.load(w_ptr + d[:, None] * W + tap[None, :], mask=w_ok, other=0.0).to(tl.float32)
+            acc = tl.sum(win * wt, axis=1)
             if HAS_BIAS:
                 acc += tl.load(bias_ptr + d, mask=d_ok, other=0.0).to(tl.float32)
             if ACT_SILU:
                 acc = silu(acc)
             acc = tl.where(live, acc, 0.0)
             tl.store(y_row + t * D, acc.to(y_ptr.dtype.element_ty), mask=d_ok & row_ok)
+        # Other threads may still read the state this program overwrites.
         tl.debug_barrier()
-        # Ascending k reads column k + T_NEW before it can be overwritten.
-        for k in tl.static_range(W - 1):
-            if T_NEW + k < W - 1:
-                s = tl.load(s_row + (T_NEW + k), mask=m, other=0.0).to(tl.float32)
-            else:
-                s = tl.load(x_row + (T_NEW + k - (W - 1)) * stride_xt, mask=m, other=0.0).to(tl.float32)
-            tl.store(s_row + k, s.to(state_ptr.dtype.element_ty), mask=m)
+        tl.store(s_row[:, None] + c[None, :], new, mask=c_ok)
 
 
 # --- wrappers -----------------------------------------------------------------------------------
@@ -587,17 +602,24 @@ def causal_conv1d(
     return y, final
 
 
-def _update_config(B: int, D: int) -> tuple[int, int, int]:
-    """(ROWS per program, BLOCK_D, num_warps).  Exactly one channel per thread: the state's
-    stride-(W - 1) accesses cannot be vectorised anyway, and with one element per thread every
-    load and store shares one layout (no shared-memory layout conversions between them)."""
+class UpdateConfig(NamedTuple):
+    """The decode kernel's launch shape: batch rows and channels per program, and warps."""
+
+    rows: int
+    block_d: int
+    num_warps: int
+
+
+def _update_config(B: int, D: int) -> UpdateConfig:
+    """One batch row and up to 128 channels per one-warp program (4 channels per thread).
+    Swept on the H200 at B256 and B1, D = 8192, bf16 (docs/performance.md, "seventh pass"): one
+    warp with 128 or 256 channels beat every wider program (2-8 warps: 14.3-16.2 us against 13.2
+    at B256), several rows per program, and the new state stored as each block's contiguous run
+    (16-byte stores, 14.0-20.4 us); 64 channels doubled the time (too many programs).  The
+    interpreter takes two rows per program: fewer programs, and the row loop stays tested."""
     if interpreting():
-        return 2, 64, 1
-    num_warps = max(1, min(4, next_pow2(D) // 32))
-    block_d = 32 * num_warps
-    # Large batches: several rows per program reuse the weights from L1 and cut the grid.
-    rows = 4 if B * cdiv(D, block_d) >= 8192 else 1
-    return rows, block_d, num_warps
+        return UpdateConfig(2, 64, 1)
+    return UpdateConfig(1, max(32, min(128, next_pow2(D))), 1)
 
 
 def causal_conv1d_update(
@@ -645,8 +667,8 @@ def causal_conv1d_update(
     y = torch.empty((B, T_new, D), dtype=x.dtype, device=x.device)
     if B * T_new * D == 0:
         return y
-    rows, block_d, num_warps = _update_config(B, D)
-    _conv_update_kernel[(cdiv(B, rows), cdiv(D, block_d))](
+    cfg = _update_config(B, D)
+    _conv_update_kernel[(cdiv(B, cfg.rows), cdiv(D, cfg.block_d))](
         x,
         conv_state,
         weight,
@@ -661,12 +683,14 @@ def causal_conv1d_update(
         conv_state.stride(0),
         T_NEW=T_new,
         W=W,
-        ROWS=rows,
-        BLOCK_D=block_d,
+        ROWS=cfg.rows,
+        BLOCK_D=cfg.block_d,
+        WIN=next_pow2(W - 1 + T_new),
+        SP=next_pow2(W - 1),
         HAS_BIAS=bias is not None,
         HAS_INDICES=state_indices is not None,
         ACT_SILU=act_silu,
-        num_warps=num_warps,
+        num_warps=cfg.num_warps,
     )
     return y
 

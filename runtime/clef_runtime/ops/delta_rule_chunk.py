@@ -178,6 +178,7 @@ def _chunk_prepare_kernel(
     CHUNK_DT: tl.constexpr,
     SOLVE_PRECISION: tl.constexpr,
     ROUND_BF16: tl.constexpr,
+    T_OUT: tl.constexpr = False,
 ):
     # a 1-D grid, value heads fastest: the value heads of one key head (and of one chunk) run
     # side by side and share q and k through L2 (the chunk count stays off the 65535-limited
@@ -326,30 +327,38 @@ def _chunk_prepare_kernel(
     # w = T (β e^{G} k̂) and u = T (β v), in KS/VS-wide column slices (e^{G} ≤ 1: the decay
     # from the chunk start)
     cw = bv * tl.exp(G) * rk
-    for c0 in tl.static_range(0, BK, KS):
-        cols = c0 + tl.arange(0, KS)
-        m = live[:, None] & (cols < K)[None, :]
-        kb = (
-            tl.load(k + r[:, None] * skt + cols[None, :], mask=m, other=0.0).to(tl.float32) * cw[:, None]
-        ).to(CHUNK_DT)
-        if ROUND_BF16:
-            kb = rne_bf16(kb)
-        ws = tl.dot(Tm, kb, input_precision="ieee")
-        if ROUND_BF16:
-            ws = rne_bf16(ws)
-        tl.store(w + r[:, None] * (HV * K) + cols[None, :], ws.to(w.dtype.element_ty), mask=m)
-    for c0 in tl.static_range(0, BVF, VS):
-        cols = c0 + tl.arange(0, VS)
-        m = live[:, None] & (cols < V)[None, :]
-        vb = (
-            tl.load(v + r[:, None] * svt + cols[None, :], mask=m, other=0.0).to(tl.float32) * bv[:, None]
-        ).to(CHUNK_DT)
-        if ROUND_BF16:
-            vb = rne_bf16(vb)
-        us = tl.dot(Tm, vb, input_precision="ieee")
-        if ROUND_BF16:
-            us = rne_bf16(us)
-        tl.store(u + r[:, None] * (HV * V) + cols[None, :], us.to(u.dtype.element_ty), mask=m)
+    if T_OUT:
+        # the split design's walk forms w and u itself from T, k, v and these factors
+        # (`delta_rule_chunk_split`, FORM_WU): a quarter of w and u's bytes, and no w/u pass here
+        # T in w's place ([B, T, HV, BT], like Aqk), k̂'s row factors in u's ([B, HV, T])
+        t_p = w + tok0 * (BT - K)
+        tl.store(t_p + r[:, None] * (HV * BT) + r[None, :], Tm.to(w.dtype.element_ty), mask=live[:, None])
+        tl.store(u - tok0 * V + hd0 + r, cw, mask=live)
+    else:
+        for c0 in tl.static_range(0, BK, KS):
+            cols = c0 + tl.arange(0, KS)
+            m = live[:, None] & (cols < K)[None, :]
+            kb = (
+                tl.load(k + r[:, None] * skt + cols[None, :], mask=m, other=0.0).to(tl.float32) * cw[:, None]
+            ).to(CHUNK_DT)
+            if ROUND_BF16:
+                kb = rne_bf16(kb)
+            ws = tl.dot(Tm, kb, input_precision="ieee")
+            if ROUND_BF16:
+                ws = rne_bf16(ws)
+            tl.store(w + r[:, None] * (HV * K) + cols[None, :], ws.to(w.dtype.element_ty), mask=m)
+        for c0 in tl.static_range(0, BVF, VS):
+            cols = c0 + tl.arange(0, VS)
+            m = live[:, None] & (cols < V)[None, :]
+            vb = (
+                tl.load(v + r[:, None] * svt + cols[None, :], mask=m, other=0.0).to(tl.float32) * bv[:, None]
+            ).to(CHUNK_DT)
+            if ROUND_BF16:
+                vb = rne_bf16(vb)
+            us = tl.dot(Tm, vb, input_precision="ieee")
+            if ROUND_BF16:
+                us = rne_bf16(us)
+            tl.store(u + r[:, None] * (HV * V) + cols[None, :], us.to(u.dtype.element_ty), mask=m)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -713,18 +722,25 @@ def prepare(
     output_final_state: bool,
     tc: bool,
     chunk_bound: bool = False,
+    t_out: bool = False,
 ) -> Prepared:
     """Allocate the outputs and launch 1's intermediates, and run launch 1 (shared with
     `clef_runtime.ops.delta_rule_chunk_split`; ``chunk_bound``: also the per-chunk log bounds
-    `Prepared.lb` its warm-up walks read)."""
+    `Prepared.lb` its warm-up walks read; ``t_out``: `Prepared.w` holds each chunk's T
+    ``[B, T, HV, BT]`` and `Prepared.u` the float32 factors ``β e^{G} / |k|`` ``[B, HV, T]``,
+    from which that walk forms w and u)."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     device = q.device
     o = torch.empty(B, T, HV, V, dtype=v.dtype, device=device)
     final = torch.empty(N, HV, K, V, dtype=torch.float32, device=device) if output_final_state else None
     # within-chunk intermediates, token-indexed, in the input dtype (see the module docstring)
-    w = torch.empty(B, T, HV, K, dtype=q.dtype, device=device)
-    u = torch.empty(B, T, HV, V, dtype=q.dtype, device=device)
+    if t_out:
+        w = torch.empty(B, T, HV, BT, dtype=q.dtype, device=device)
+        u = torch.empty(B, HV, T, dtype=torch.float32, device=device)
+    else:
+        w = torch.empty(B, T, HV, K, dtype=q.dtype, device=device)
+        u = torch.empty(B, T, HV, V, dtype=q.dtype, device=device)
     aqk = torch.empty(B, T, HV, BT, dtype=q.dtype, device=device)
     # per-token float32 factors, head-major [B, HV, T] (a chunk's 64 are contiguous): the
     # cumulative decay, and what launches 2 and 3 scale k and q rows by
@@ -746,7 +762,7 @@ def prepare(
             BT=BT, BC=BC, LOG_BC=BC.bit_length() - 1, SOLVE_BY_DOUBLING=cfg.solve_by_doubling,
             IS_VARLEN=cu_seqlens is not None, L2NORM=use_qk_l2norm, CHUNK_BOUND=chunk_bound,
             CHUNK_DT=policy.chunk_dtype, SOLVE_PRECISION=policy.solve_precision,
-            ROUND_BF16=policy.round_bf16,
+            ROUND_BF16=policy.round_bf16, T_OUT=t_out,
             num_warps=cfg.warps1, maxnreg=cfg.regs1,
         )  # fmt: skip
     return Prepared(o, final, w, u, aqk, gc, kf, qf, lb, cu, NT, slots, policy, cfg)

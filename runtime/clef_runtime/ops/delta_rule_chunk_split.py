@@ -27,6 +27,11 @@ the exact walk, only longer.  So the split is never wrong, only slower when a he
 decays.  (An earlier form joined the segments by their affine maps ``S_end = M_s S + L_s``, K×K
 ``M_s``; the maps cost as much as the walk itself: docs/performance.md, "fourth pass".)
 
+Split into segments (``P > 1``), launch 1 stores each chunk's ``T = (I + A)⁻¹`` and the factors
+``β e^{G} / |k|`` in place of w and u, and each walk step takes
+``v_new = u - w S = T (β v - (β e^{G} k̂) S)``: w and u are never formed (``FORM_WU``; launch 1
+loses its w/u pass, the walk one 64 × 64 × V dot more), at 64-wide V blocks and 4 warps.
+
 The segments differ from a single walk only in rounding.  With ``P = 1`` there is no warm-up
 and the kernel is the plain fused recurrence.  Segments hold ``ceil(chunks / P)`` chunks of their
 sequence (varlen: per sequence); the last segment's program stores the final state (an empty
@@ -69,9 +74,17 @@ WARMUP_BLOCK = 64  # chunk bounds read per step of the walk back
 # head) chains, unsplit: measured faster there (B4 T8192, 8 packed × 4096) ...
 DEFAULT_MIN_CHAINS = 128
 # ... and, split into segments with warm-ups, for fewer chains whose sequences average at least
-# this many tokens: measured faster at B1 T32768 and T131072 (docs/performance.md, "sixth pass");
-# at T8192 even, at T2048 slower.
-DEFAULT_MIN_SPLIT_TOKENS = 32768
+# this many tokens: measured faster from B1 T4096 (even at the model's gates there) to T131072,
+# slower at T2048 (docs/performance.md, "sixth pass" and "seventh pass").
+DEFAULT_MIN_SPLIT_TOKENS = 4096
+# Split into segments (P > 1), launch 1 stores each chunk's T (64 × 64) instead of w and u
+# (64 × 128 each) and the walk takes v_new = T (β v - β e^{G} k̂ S) per step, at 64-wide V blocks
+# and 4 warps (whole-V programs spill 176 bytes with it): B1 T8192 and T32768 9-12% faster on the
+# H200 (docs/performance.md, "seventh pass").  Unsplit calls (B4 T8192, packed) were not measured
+# with it and keep w and u stored.
+FORM_WU = True
+FOLD_BV = 64
+FOLD_WARPS = 4
 
 
 def default_segments(N: int, HV: int, V: int, T: int, block_v: int = SPLIT_BV) -> int:
@@ -134,6 +147,9 @@ def _split_step(
     use_u,
     skt,
     sqt,
+    v_p,
+    svt,
+    b_p,
     HV: tl.constexpr,
     K: tl.constexpr,
     V: tl.constexpr,
@@ -144,6 +160,8 @@ def _split_step(
     STATE_DT: tl.constexpr,
     STATE_PRECISION: tl.constexpr,
     ROUND_BF16: tl.constexpr,
+    FORM_WU: tl.constexpr,
+    CHUNK_DT: tl.constexpr,
 ):
     """One chunk from its start state S (columns of one block); with OUTPUT, the chunk's output
     rows for these columns are stored if the chunk starts at or after t_out (a warm-up chunk's
@@ -158,17 +176,35 @@ def _split_step(
     vmask = live[:, None] & (rv < ncols)[None, :]
     gl = tl.load(gc_p + t0 + tl.minimum(n_live, BT) - 1)  # decay to the chunk end
     kfac = tl.load(kf_p + t0 + r, mask=live, other=0.0)
-    kc = tl.load(k_p + t0 * skt + r[:, None] * skt + rk[None, :], mask=kmask, other=0.0).to(STATE_DT)
-    wc = tl.load(w_p + t0 * (HV * K) + r[:, None] * (HV * K) + rk[None, :], mask=kmask, other=0.0).to(
-        STATE_DT
-    )
-    uc = tl.load(u_p + t0 * (HV * V) + r[:, None] * (HV * V) + rv[None, :], mask=vmask & use_u, other=0.0).to(
-        tl.float32
-    )
+    k_raw = tl.load(k_p + t0 * skt + r[:, None] * skt + rk[None, :], mask=kmask, other=0.0)
+    kc = k_raw.to(STATE_DT)
     Sd = S.to(STATE_DT)
     if ROUND_BF16:
         Sd = rne_bf16(Sd)
-    v_new = uc - tl.dot(wc, Sd, input_precision=STATE_PRECISION)
+    if FORM_WU:
+        # v_new = u - w S = T (β v - β e^{G} k̂ S): w and u never exist.  w_p holds launch 1's T,
+        # u_p the factors β e^{G} / |k|, v_p and b_p point at v and β.
+        Tc = tl.load(
+            w_p + t0 * (HV * BT) + r[:, None] * (HV * BT) + r[None, :], mask=live[:, None], other=0.0
+        ).to(CHUNK_DT)
+        kb = (k_raw.to(tl.float32) * tl.load(u_p + t0 + r, mask=live, other=0.0)[:, None]).to(CHUNK_DT)
+        if ROUND_BF16:
+            kb = rne_bf16(kb)
+        bvv = tl.load(b_p + (t0 + r) * HV, mask=live, other=0.0)
+        v_raw = tl.load(v_p + (t0 + r)[:, None] * svt + rv[None, :], mask=vmask & use_u, other=0.0)
+        y = v_raw.to(tl.float32) * bvv[:, None] - tl.dot(kb.to(STATE_DT), Sd, input_precision=STATE_PRECISION)
+        y = y.to(CHUNK_DT)
+        if ROUND_BF16:
+            y = rne_bf16(y)
+        v_new = tl.dot(Tc, y, input_precision="ieee")
+    else:
+        wc = tl.load(w_p + t0 * (HV * K) + r[:, None] * (HV * K) + rk[None, :], mask=kmask, other=0.0).to(
+            STATE_DT
+        )
+        uc = tl.load(
+            u_p + t0 * (HV * V) + r[:, None] * (HV * V) + rv[None, :], mask=vmask & use_u, other=0.0
+        ).to(tl.float32)
+        v_new = uc - tl.dot(wc, Sd, input_precision=STATE_PRECISION)
     vk = (v_new * kfac[:, None]).to(STATE_DT)
     if ROUND_BF16:
         vk = rne_bf16(vk)
@@ -197,9 +233,10 @@ def _split_step(
 @triton.jit
 def _walk(
     S, t_lo, t_out, t_hi, eos, k_p, w_p, u_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, use_u, skt, sqt,
+    v_p, svt, b_p,
     HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
     OUTPUT: tl.constexpr, STATE_DT: tl.constexpr, STATE_PRECISION: tl.constexpr, ROUND_BF16: tl.constexpr,
-    INTERPRETED: tl.constexpr,
+    INTERPRETED: tl.constexpr, FORM_WU: tl.constexpr, CHUNK_DT: tl.constexpr,
 ):
     """`_split_step` over the chunks of tokens [t_lo, t_hi) from state S, outputs from t_out on;
     returns the state at t_hi.  Both launches walk through here (inlined on a GPU: the same machine code as the walk
@@ -209,7 +246,7 @@ def _walk(
         while t0 < t_hi:
             S = _split_step(
                 S, t0, t_out, eos, k_p, w_p, u_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, use_u, skt, sqt,
-                HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16,
+                v_p, svt, b_p, HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16, FORM_WU, CHUNK_DT,
             )  # fmt: skip
             t0 += BT
     else:
@@ -217,7 +254,7 @@ def _walk(
         for c in range(0, tl.cdiv(t_hi - t_lo, BT)):
             S = _split_step(
                 S, t_lo + c * BT, t_out, eos, k_p, w_p, u_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, use_u, skt, sqt,
-                HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16,
+                v_p, svt, b_p, HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16, FORM_WU, CHUNK_DT,
             )  # fmt: skip
     return S
 # fmt: on
@@ -308,6 +345,8 @@ def _warmup_plan_kernel(
 def _segment_output_kernel(
     q,
     k,
+    v,
+    beta,
     w,
     u,
     gc,
@@ -325,6 +364,8 @@ def _segment_output_kernel(
     sqt,
     skb,
     skt,
+    svb,
+    svt,
     H: tl.constexpr,
     HV: tl.constexpr,
     K: tl.constexpr,
@@ -340,9 +381,12 @@ def _segment_output_kernel(
     WARMUP: tl.constexpr,
     ROUND_BF16: tl.constexpr,
     INTERPRETED: tl.constexpr,
+    FORM_WU: tl.constexpr,
+    CHUNK_DT: tl.constexpr,
 ):
     """Segment s of one sequence, value head and V block: its start state from a warm-up walk
-    over the chunks before it, then its chunks with the output fused."""
+    over the chunks before it, then its chunks with the output fused.  With FORM_WU, w holds
+    launch 1's T per chunk and u the factors of k̂'s rows, and each step forms w and u."""
     i_nh = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1)
     s = tl.program_id(2).to(tl.int64)
@@ -378,15 +422,19 @@ def _segment_output_kernel(
     q_p = q + b * sqb + h * K
     tok = b * T * HV + hv
     hd = (b * HV + hv) * T
-    w_p = w + tok * K
-    u_p = u + tok * V + c0
+    if FORM_WU:
+        w_p = w + tok * BT
+        u_p = u + hd
+    else:
+        w_p = w + tok * K
+        u_p = u + tok * V + c0
     o_p = o + tok * V + c0
     aqk_p = aqk + tok * BT
     # the warm-up chunks [t_w, t_lo) (their outputs dropped), then the segment's own
     S = _walk(
         S, t_w, t_lo, t_hi, eos, k_p, w_p, u_p, gc + hd, kf + hd, q_p, qf + hd, aqk_p, o_p,
-        ncols, True, skt, sqt,
-        HV, K, V, BK, BV, BT, True, STATE_DT, STATE_PRECISION, ROUND_BF16, INTERPRETED,
+        ncols, True, skt, sqt, v + b * svb + hv * V + c0, svt, beta + tok,
+        HV, K, V, BK, BV, BT, True, STATE_DT, STATE_PRECISION, ROUND_BF16, INTERPRETED, FORM_WU, CHUNK_DT,
     )  # fmt: skip
     if STORE_FINAL:
         tl.store(ht + s_off, S, mask=s_mask & (s == P - 1))
@@ -405,21 +453,23 @@ def chunk_gated_delta_rule_split(
     cu_seqlens: torch.Tensor | None = None,
     use_qk_l2norm: bool = False,
     segments: int | None = None,
-    block_v: int = SPLIT_BV,
-    warps: int = SPLIT_WARPS,
+    block_v: int | None = None,
+    warps: int | None = None,
     stages: int = SPLIT_STAGES,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The chunked delta rule in the split design (same contract as
     `clef_runtime.ops.delta_rule_chunk.chunk_gated_delta_rule`).  ``segments``: per sequence
-    (None: `default_segments`); ``block_v``, ``warps``: launches 2 and 3's column block and warps
-    (for measurements; the defaults are the kept ones).  Raises ValueError where the device takes the FMA
+    (None: `default_segments`); ``block_v``, ``warps``: the walk's column block and warps (for
+    measurements; None: the kept ones, FOLD_BV and FOLD_WARPS for a split call, SPLIT_BV and
+    SPLIT_WARPS for an unsplit one).  Raises ValueError where the device takes the FMA
     configuration (float32, sm70): that path has the three-launch design only."""
     _, T, H, HV, K, V, N, scale = checked_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens)
     if not tensor_core_dots(q.dtype, q.device):
         raise ValueError(f"{OP}: the split design runs on tensor cores only (16-bit inputs, sm80+)")
-    P = default_segments(N, HV, V, T, block_v) if segments is None else int(segments)
+    P = default_segments(N, HV, V, T) if segments is None else int(segments)
     if P < 1:
         raise ValueError(f"{OP}: segments must be ≥ 1, got {P}")
+    fold = FORM_WU and P > 1
     # launch 1 stores the chunk bounds only for keys it does not normalise (with normalised keys
     # the gates give them: `_chunk_bounds`); they cost it 14% at B1 T32768 on the H200
     p = prepare(
@@ -435,9 +485,10 @@ def chunk_gated_delta_rule_split(
         output_final_state,
         True,
         P > 1 and not use_qk_l2norm,
+        fold,
     )
     policy, cfg = p.policy, p.cfg
-    BV = min(block_v, cfg.BVF)
+    BV = min(block_v or (FOLD_BV if fold else SPLIT_BV), cfg.BVF)
     varlen = cu_seqlens is not None
     cw = p.gc  # an unused pointer with one segment
     if P > 1:
@@ -447,14 +498,15 @@ def chunk_gated_delta_rule_split(
             HV=HV, BT=BT, WB=WARMUP_BLOCK, IS_VARLEN=varlen, FROM_GATES=use_qk_l2norm, num_warps=4,
         )  # fmt: skip
     _segment_output_kernel[(N * HV, triton.cdiv(V, BV), P)](
-        q, k, p.w, p.u, p.gc, p.kf, p.qf, p.aqk, p.o, cw,
+        q, k, v, beta, p.w, p.u, p.gc, p.kf, p.qf, p.aqk, p.o, cw,
         initial_state if initial_state is not None else p.gc,
         p.final if p.final is not None else p.gc,
-        p.cu, T, P, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+        p.cu, T, P, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         H=H, HV=HV, K=K, V=V, BK=cfg.BK, BV=BV, BT=BT, IS_VARLEN=varlen,
         HAS_H0=initial_state is not None, STORE_FINAL=p.final is not None,
         STATE_DT=policy.state_dtype, STATE_PRECISION=policy.state_precision, WARMUP=P > 1,
         ROUND_BF16=policy.round_bf16, INTERPRETED=interpreted(_segment_output_kernel),
-        num_warps=warps, num_stages=stages,
+        FORM_WU=fold, CHUNK_DT=policy.chunk_dtype,
+        num_warps=warps or (FOLD_WARPS if fold else SPLIT_WARPS), num_stages=stages,
     )  # fmt: skip
     return p.o, p.final
