@@ -33,7 +33,7 @@ from clef_runtime.bench.report import (
     row_note_texts,
     table_lines,
 )
-from clef_runtime.bench.rows import ROWS, Context, Impl, Row, Tensors, rotation_sets, select_rows
+from clef_runtime.bench.rows import ROWS, Context, Impl, Row, Setup, Tensors, rotation_sets, select_rows
 from clef_runtime.bench.timing import (
     Budget,
     CopyBandwidth,
@@ -337,6 +337,8 @@ def _time(
 
 
 def bench_row(row: Row, ctx: Context, env: Env) -> RowResult:
+    """One row: build it, call every implementation once (compile, autotune), check their outputs
+    on a fresh set with the allocator poisoned, then time the ones that passed."""
     B, T = row.tiny if env.tiny else row.full
     t0 = time.perf_counter()
     try:
@@ -349,8 +351,19 @@ def bench_row(row: Row, ctx: Context, env: Env) -> RowResult:
         res.impl(name).na = why
     notes = setup.notes + (setup.fla_notes if ctx.fla is not None else [])
     impls: list[Impl] = [setup.clef] + ([setup.fla] if setup.fla is not None else []) + setup.peers
-
     base = env.seed * 100_003 + 1
+    sets = _rotation_sets(res, setup, env, base)
+    prepared, sizes = _first_calls(res, impls, sets, env)
+    if res.status == "error":
+        return _finish(res, notes, t0)
+    impls = _checked(res, setup, [i for i in impls if i.name in prepared], env, base, sizes)
+    if res.status != "ok":
+        return _finish(res, notes, t0)
+    return _timed(res, row, impls, prepared, env, notes, t0)
+
+
+def _rotation_sets(res: RowResult, setup: Setup, env: Env, base: int) -> list[Tensors]:
+    """Input sets to rotate through while timing, enough to overflow the L2 (2 on the CPU)."""
     first = setup.make_set(base + 1)
     res.set_bytes = sum(int(t.nbytes) for t in first.values())
     if env.tiny:
@@ -360,20 +373,27 @@ def bench_row(row: Row, ctx: Context, env: Env) -> RowResult:
             res.set_bytes, setup.shared_bytes, env.rotate_bytes, MIN_SETS, MAX_SETS, env.set_memory
         )
     res.rotation = n_sets
-    sets = [first] + [setup.make_set(base + 1 + i) for i in range(1, n_sets)]
+    return [first] + [setup.make_set(base + 1 + i) for i in range(1, n_sets)]
+
+
+def _failed(res: RowResult, impl: Impl, what: str, e: BaseException) -> None:
+    """`impl` raised: it reads n/a with why; clef's failure fails the row, a clef variant's the run."""
+    msg = f"{what} failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    if impl.name == "clef":
+        res.status = "error"
+    elif impl.name.startswith("clef"):
+        res.peer_failed = True
+    res.impl(impl.name).na = msg
+
+
+def _first_calls(
+    res: RowResult, impls: list[Impl], sets: list[Tensors], env: Env
+) -> tuple[dict[str, list[Tensors]], dict[str, list[int]]]:
+    """Compile / autotune on rotation set 0: each implementation's prepared sets and its outputs'
+    storage sizes (to poison before the check); one that raises is left out of both."""
     prepared: dict[str, list[Tensors]] = {}
     sizes: dict[str, list[int]] = {}
-
-    def failed(impl: Impl, what: str, e: BaseException) -> None:
-        msg = f"{what} failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-        if impl.name == "clef":
-            res.status = "error"
-        elif impl.name.startswith("clef"):
-            res.peer_failed = True
-        res.impl(impl.name).na = msg
-
-    # 1. compile / autotune on rotation set 0
-    for impl in list(impls):
+    for impl in impls:
         try:
             prepared[impl.name] = [impl.prepare(s) for s in sets]
             out = impl.run(prepared[impl.name][0])
@@ -381,13 +401,16 @@ def bench_row(row: Row, ctx: Context, env: Env) -> RowResult:
             sizes[impl.name] = _storage_sizes(out)
             del out
         except Exception as e:
-            failed(impl, "first call", e)
-            impls.remove(impl)
+            _failed(res, impl, "first call", e)
             prepared.pop(impl.name, None)
-    if res.status == "error":
-        return _finish(res, notes, t0)
+    return prepared, sizes
 
-    # 2. check on a fresh set, allocator poisoned
+
+def _checked(
+    res: RowResult, setup: Setup, impls: list[Impl], env: Env, base: int, sizes: dict[str, list[int]]
+) -> list[Impl]:
+    """Call each implementation on a fresh set with the allocator poisoned and judge the outputs
+    (`res.check`, `res.status`); the implementations still to time."""
     check = Check(tolerance=env.tolerance, against="fla" if setup.fla in impls else "sanity")
     outs: dict[str, Tensors] = {}
     for impl in list(impls):
@@ -397,36 +420,52 @@ def bench_row(row: Row, ctx: Context, env: Env) -> RowResult:
             outs[impl.name] = impl.run(fresh)
             synchronize(env.device)
         except Exception as e:
-            failed(impl, "check call", e)
+            _failed(res, impl, "check call", e)
             impls.remove(impl)
     if res.status == "error":
-        return _finish(res, notes, t0)
+        return impls
+    impls = _judge(res, check, impls, outs)
+    res.check = check
+    if res.status == "ok":
+        impls = _check_peers(res, check, impls, outs)
+    return impls
+
+
+def _judge(res: RowResult, check: Check, impls: list[Impl], outs: dict[str, Tensors]) -> list[Impl]:
+    """clef's outputs must be sane, and agree with FLA's where FLA's are sane (else FLA is not
+    timed and the check falls back to sanity)."""
     clef_problems = _outputs_ok("clef", outs["clef"])
     if clef_problems:
         check.problems.extend(clef_problems)
         res.status = "invalid"
-    elif "fla" in outs:
-        fla_problems = _outputs_ok("FLA", outs["fla"])
-        if fla_problems:
-            res.fla.na = "; ".join(fla_problems)
-            impls = [i for i in impls if i.name != "fla"]
-            check.against = "sanity"
-        else:
-            for key, t in outs["clef"].items():
-                check.rel_err[key] = _rel_err(t, outs["fla"][key])
-            if not check.ok:
-                res.status = "mismatch"
-    res.check = check
-    if res.status == "ok":
-        impls = _check_peers(res, check, impls, outs)
-    del outs
-    if res.status != "ok":
-        return _finish(res, notes, t0)
+        return impls
+    if "fla" not in outs:
+        return impls
+    fla_problems = _outputs_ok("FLA", outs["fla"])
+    if fla_problems:
+        res.fla.na = "; ".join(fla_problems)
+        check.against = "sanity"
+        return [i for i in impls if i.name != "fla"]
+    for key, t in outs["clef"].items():
+        check.rel_err[key] = _rel_err(t, outs["fla"][key])
+    if not check.ok:
+        res.status = "mismatch"
+    return impls
 
-    # 3. warm up, then time
+
+def _timed(
+    res: RowResult,
+    row: Row,
+    impls: list[Impl],
+    prepared: dict[str, list[Tensors]],
+    env: Env,
+    notes: list[str],
+    t0: float,
+) -> RowResult:
+    """Warm up, then time every implementation over its rotation sets."""
     names = [i.name for i in impls]
     rounds = [_round(i.run, prepared[i.name]) for i in impls]
-    calls = [n_sets] * len(impls)
+    calls = [len(prepared[i.name]) for i in impls]
     for _ in range(env.budget.warmup_rounds):
         for r in rounds:
             r()
@@ -532,54 +571,12 @@ def run_bench_command(args: argparse.Namespace) -> int:
         ops = get_opset("triton", qkv_split=(TINY if device.type == "cpu" else QWEN35_9B).qkv_split)
     except Exception as e:
         return _err(f"bench: clef's Triton ops cannot be imported ({type(e).__name__}: {e})")
-
-    flashqla, flashqla_version = None, None
-    flashqla_reason = "not loaded (--no-flashqla)"
-    if not opts.no_flashqla:
-        from clef_runtime.bench.fla_peer import DISPATCH_ENV, load_flashqla
-
-        # before FLA is imported (it reads the switch then): FLA's column stays FLA's Triton
-        # kernels, FlashQLA gets its own
-        os.environ.setdefault(DISPATCH_ENV, "1")
-        flashqla, msg = load_flashqla()
-        flashqla_version, flashqla_reason = (msg, "") if flashqla is not None else (None, msg)
-        if flashqla is None:
-            _progress(f"bench: {msg}; FlashQLA columns will read n/a")
-    fla_version: str | None = None
-    if opts.no_fla:
-        fla, fla_reason = None, "not loaded (--no-fla)"
-    else:
-        from clef_runtime.bench.fla_peer import load_fla
-
-        fla, msg = load_fla()
-        fla_version, fla_reason = (msg, "") if fla is not None else (None, msg)
-        if fla is None:
-            _progress(f"bench: {msg}; FLA columns will read n/a")
-
-    tiny = device.type == "cpu"
+    peers = _load_peers(opts)
     info = device_info(device)
-    l2 = info.get("l2_bytes") or FALLBACK_L2
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-        free, _total = torch.cuda.mem_get_info(device)
-        set_memory = free // 4
-    else:
-        set_memory = 1 << 30
-    env = Env(
-        device=device,
-        tiny=tiny,
-        dims=TINY if tiny else QWEN35_9B,
-        budget=_budget(opts, tiny),
-        rotate_bytes=3 * int(l2),
-        set_memory=int(set_memory),
-        tolerance=TOLERANCE[opts.dtype],
-        mode=opts.mode,
-        seed=opts.seed,
-    )
+    env = _make_env(opts, device, info)
     fault = os.environ.get(FAULT_ENV)
     if fault:
         _progress(f"bench: {FAULT_ENV}={fault} is set: clef's kernels carry that fault")
-
     started = _dt.datetime.now(_dt.UTC)
     with torch.no_grad():
         copy = (
@@ -593,44 +590,16 @@ def run_bench_command(args: argparse.Namespace) -> int:
             dtype=torch_dtype(opts.dtype),
             dims=env.dims,
             ops=ops,
-            fla=fla,
-            fla_reason=fla_reason,
-            flashqla=flashqla,
-            flashqla_reason=flashqla_reason,
+            fla=peers.fla,
+            fla_reason=peers.fla_reason,
+            flashqla=peers.flashqla,
+            flashqla_reason=peers.flashqla_reason,
             split=opts.split,
-            fla_backend=_fla_backend(flashqla is not None),
+            fla_backend=_fla_backend(peers.flashqla is not None),
         )
-        base_record = {
-            "schema": SCHEMA,
-            "date": started.isoformat(timespec="seconds"),
-            "device": info,
-            "versions": {**_versions(fla_version), "flash_qla": flashqla_version},
-            "fla_env": _fla_env(),
-            "dtype": opts.dtype,
-            "dims": vars(env.dims) | {"D": env.dims.D},
-            "tiny_shapes": tiny,
-            "quick": opts.quick,
-            "mode": opts.mode,
-            "seed": opts.seed,
-            "fault": fault,
-            "fla_reason": fla_reason or None,
-        }
-        results: list[RowResult] = []
-        for row in rows:
-            _progress(f"bench: {row.name} ...")
-            try:
-                res = bench_row(row, ctx, env)
-            except Exception as e:  # one broken row (out of memory, a CUDA error) must not lose the rest
-                res = _crashed(row, env, e)
-            results.append(res)
-            _progress(f"bench: {row.name}: {res.status}, {res.mode}, {res.seconds:.1f} s")
-            usable = device.type != "cuda" or _device_usable(res)
-            if opts.json:  # after every row, so that a run cut short still leaves its rows
-                write_json(Path(opts.json), base_record, results, copy, complete=False)
-            if not usable:
-                break
-
-    header = _header(info, opts, fla_version, copy, tiny, flashqla_version)
+        base_record = _base_record(opts, env, info, peers, started, fault)
+        results = _run_rows(rows, ctx, env, opts, base_record, copy)
+    header = _header(info, opts, peers.fla_version, copy, env.tiny, peers.flashqla_version)
     texts, per_row = number_notes(results)
     lines = [
         *header,
@@ -643,6 +612,109 @@ def run_bench_command(args: argparse.Namespace) -> int:
         _progress(f"bench: wrote {opts.json}")
     print("\n".join(lines), flush=True)
     return 1 if any(r.failed for r in results) else 0
+
+
+@dataclass(frozen=True)
+class Peers:
+    """The peers' modules (None: not there, and why) and versions."""
+
+    fla: Any
+    fla_version: str | None
+    fla_reason: str
+    flashqla: Any
+    flashqla_version: str | None
+    flashqla_reason: str
+
+
+def _load_peers(opts: Options) -> Peers:
+    """FlashQLA first (FLA reads the dispatch switch at its import: FLA's column stays FLA's Triton
+    kernels, FlashQLA gets its own), then FLA; each missing one says why on stderr."""
+    flashqla, flashqla_version = None, None
+    flashqla_reason = "not loaded (--no-flashqla)"
+    if not opts.no_flashqla:
+        from clef_runtime.bench.fla_peer import DISPATCH_ENV, load_flashqla
+
+        os.environ.setdefault(DISPATCH_ENV, "1")
+        flashqla, msg = load_flashqla()
+        flashqla_version, flashqla_reason = (msg, "") if flashqla is not None else (None, msg)
+        if flashqla is None:
+            _progress(f"bench: {msg}; FlashQLA columns will read n/a")
+    fla, fla_version = None, None
+    fla_reason = "not loaded (--no-fla)"
+    if not opts.no_fla:
+        from clef_runtime.bench.fla_peer import load_fla
+
+        fla, msg = load_fla()
+        fla_version, fla_reason = (msg, "") if fla is not None else (None, msg)
+        if fla is None:
+            _progress(f"bench: {msg}; FLA columns will read n/a")
+    return Peers(fla, fla_version, fla_reason, flashqla, flashqla_version, flashqla_reason)
+
+
+def _make_env(opts: Options, device: torch.device, info: dict[str, Any]) -> Env:
+    """Shapes, sampling budget and rotation sizes for this device (tiny shapes on the CPU)."""
+    tiny = device.type == "cpu"
+    l2 = info.get("l2_bytes") or FALLBACK_L2
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        free, _total = torch.cuda.mem_get_info(device)
+        set_memory = free // 4
+    else:
+        set_memory = 1 << 30
+    return Env(
+        device=device,
+        tiny=tiny,
+        dims=TINY if tiny else QWEN35_9B,
+        budget=_budget(opts, tiny),
+        rotate_bytes=3 * int(l2),
+        set_memory=int(set_memory),
+        tolerance=TOLERANCE[opts.dtype],
+        mode=opts.mode,
+        seed=opts.seed,
+    )
+
+
+def _base_record(
+    opts: Options, env: Env, info: dict[str, Any], peers: Peers, started: _dt.datetime, fault: str | None
+) -> dict[str, Any]:
+    """What the JSON says about the whole run (the rows are added as they finish)."""
+    return {
+        "schema": SCHEMA,
+        "date": started.isoformat(timespec="seconds"),
+        "device": info,
+        "versions": {**_versions(peers.fla_version), "flash_qla": peers.flashqla_version},
+        "fla_env": _fla_env(),
+        "dtype": opts.dtype,
+        "dims": vars(env.dims) | {"D": env.dims.D},
+        "tiny_shapes": env.tiny,
+        "quick": opts.quick,
+        "mode": opts.mode,
+        "seed": opts.seed,
+        "fault": fault,
+        "fla_reason": peers.fla_reason or None,
+    }
+
+
+def _run_rows(
+    rows: list[Row], ctx: Context, env: Env, opts: Options, base_record: dict[str, Any], copy: CopyBandwidth
+) -> list[RowResult]:
+    """Every row in turn; the JSON is rewritten after each (a run cut short keeps its rows), and
+    the run stops at a row that broke the CUDA context."""
+    results: list[RowResult] = []
+    for row in rows:
+        _progress(f"bench: {row.name} ...")
+        try:
+            res = bench_row(row, ctx, env)
+        except Exception as e:  # one broken row (out of memory, a CUDA error) must not lose the rest
+            res = _crashed(row, env, e)
+        results.append(res)
+        _progress(f"bench: {row.name}: {res.status}, {res.mode}, {res.seconds:.1f} s")
+        usable = env.device.type != "cuda" or _device_usable(res)
+        if opts.json:
+            write_json(Path(opts.json), base_record, results, copy, complete=False)
+        if not usable:
+            break
+    return results
 
 
 def write_json(
