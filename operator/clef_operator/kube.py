@@ -331,6 +331,7 @@ MODEL_METADATA = (
     "resourceVersion",
     "annotations",
     "deletionTimestamp",
+    "finalizers",
 )
 
 
@@ -479,6 +480,10 @@ class Kube:
             return None
         newest: Packed = max(found, key=lambda o: _version_number(cache.resource_version(o)))
         return newest.decoded()
+
+    def has_model(self, namespace: str, name: str) -> bool:
+        """Whether the cache holds the ClefModel (no decoding)."""
+        return bool(self.cache["clefmodels"].get((namespace, name)))
 
     def observe(self, model: ModelRef, service_name: str) -> Observed:
         """The model's children from the cache (a dictionary lookup); requests only for what no
@@ -668,6 +673,21 @@ class Kube:
         """A write's response is the object as it is now: the next pass reads it (not the state
         before the write) even before the watch delivers it."""
         self.cache[kind].put(response)
+
+    def patch_model(self, namespace: str, name: str, ops: list[dict[str, Any]]) -> bool:
+        """A JSON patch of the ClefModel's metadata (its finalizer: `finalizer.add_patch`,
+        `remove_patch`); the response goes into the cache.  False when the model is gone; a failed
+        test (a concurrent change) raises, and the pass is retried from the newer version."""
+        try:
+            written = self.custom.patch_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name, ops, _content_type=JSON_PATCH
+            )
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise
+        self._remember("clefmodels", written)
+        return True
 
     def release_service(self, namespace: str, model: str, service: str) -> bool:
         """Hand back a Service `model` adopted (`children.release_ops`), when the model is deleted;

@@ -180,29 +180,6 @@ def test_goldens_config_maps_are_watched_by_label_and_observed_by_owner() -> Non
     assert kube.observe(ModelRef("m", "ns", "model-uid", 1), "svc").config_maps == ()
 
 
-def test_a_watch_wakes_a_model_loop_only_once_kopf_runs() -> None:
-    import asyncio
-
-    from clef_operator.handlers import Watching
-    from clef_operator.kube import Kube
-
-    async def scenario() -> tuple[bool, bool]:
-        watching = Watching(Kube(client.ApiClient()))
-        event = asyncio.Event()
-        watching.wakers[("ns", "m")] = event
-        # A standby's cache: its watch threads wake nobody (there are no loops yet).
-        watching.wake("ns", "m")
-        await asyncio.sleep(0)
-        before = event.is_set()
-        watching.attach(asyncio.get_running_loop())
-        watching.wake("ns", "m")
-        watching.wake("ns", "unknown")  # no loop for it: nothing happens
-        await asyncio.sleep(0)
-        return before, event.is_set()
-
-    assert asyncio.run(scenario()) == (False, True)
-
-
 def test_a_watch_resumes_from_the_last_version_it_saw_bookmarks_and_deletions_included() -> None:
     """The informer keeps the version itself: the client's Watch records none for the custom-object
     listers, and resuming from the list's version ended in 410 and a re-list every few minutes."""
