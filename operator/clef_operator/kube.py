@@ -351,15 +351,23 @@ def _version_number(version: str) -> int:
 # Every kind clef plans from: its key in the cache, its snapshot, whom a change to it wakes.
 KINDS: dict[str, cache.Kind] = {
     "clefmodels": cache.Kind("clefmodels", _by_name, _model_body, _by_name),
-    "deployments": cache.Kind("deployments", _by_model, lambda d: (_owners(d), _deployment(d)), _by_model),
-    "jobs": cache.Kind("jobs", _by_model, lambda j: (_owners(j), _job(j)), _by_model),
+    # The snapshots of every model's children are held pickled (cache.Kind.packed).
+    "deployments": cache.Kind(
+        "deployments", _by_model, lambda d: (_owners(d), _deployment(d)), _by_model, packed=True
+    ),
+    "jobs": cache.Kind("jobs", _by_model, lambda j: (_owners(j), _job(j)), _by_model, packed=True),
     # Node fields are filled in when observed (Kube._on_node), from the node cache.
-    "pods": cache.Kind("pods", _by_model, lambda p: _pod(p, {}), _by_model),
-    "services": cache.Kind("services", _by_name, _service, _service_wakes),
+    "pods": cache.Kind("pods", _by_model, lambda p: _pod(p, {}), _by_model, packed=True),
+    "services": cache.Kind("services", _by_name, _service, _service_wakes, packed=True),
     "nodes": cache.Kind("nodes", _by_name, lambda n: dict(n.metadata.labels or {}), lambda n: None),
     # Goldens ConfigMaps only (GOLDENS_SELECTOR), with their signed goldens.
     "configmaps": cache.Kind(
-        "configmaps", _by_model, lambda c: (_owners(c), _config_map(c)), _by_model, GOLDENS_SELECTOR
+        "configmaps",
+        _by_model,
+        lambda c: (_owners(c), _config_map(c)),
+        _by_model,
+        GOLDENS_SELECTOR,
+        packed=True,
     ),
 }
 
