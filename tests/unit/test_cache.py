@@ -194,3 +194,25 @@ def test_a_watch_resumes_from_the_last_version_it_saw_bookmarks_and_deletions_in
         {"type": "DELETED", "object": {**body, "metadata": {**body["metadata"], "resourceVersion": "13"}}}
     )
     assert informer.version == "13" and informer.table.get(("ns", "m")) == []
+
+
+def test_the_childrens_snapshots_are_held_as_one_bytes_object_and_read_back_equal() -> None:
+    """Packed kinds hold one object per snapshot (not dozens in Python's arenas, which a deleted
+    model would leave pinned); every read is a fresh, equal copy."""
+    assert {name for name, kind in KINDS.items() if kind.packed} == {
+        "deployments",
+        "jobs",
+        "pods",
+        "services",
+        "configmaps",
+    }
+    t = table("deployments")
+    d = deployment("m-1", "m", "1", replicas=3)
+    t.put(d)
+    [held] = t.by_key[("ns", "m")].values()
+    assert isinstance(held, bytes)
+    first, second = t.get(("ns", "m")), t.get(("ns", "m"))
+    assert first == second == [KINDS["deployments"].snapshot(d)]
+    assert first[0] is not second[0]
+    t.forget(("ns", "m"), lambda value: value[1].name == "m-1")
+    assert t.get(("ns", "m")) == []
