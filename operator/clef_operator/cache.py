@@ -19,7 +19,8 @@ model is a dictionary lookup.  Nothing is polled; a periodic resync (handlers) r
   since, at most GONE_REMEMBERED), so a late response or event does not bring it back; only a list
   does.  A tombstone is per-model state too: it expires, and the `clef-state` probe counts them.
 
-The store holds the planner's snapshots (`observed`), not API objects: a few KiB per model.
+The store holds the planner's snapshots (`observed`), not API objects: a few KiB per model, the
+children's pickled (`Kind.packed`), so that a model costs few small objects while it lives.
 """
 
 from __future__ import annotations
