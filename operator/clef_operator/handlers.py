@@ -247,6 +247,9 @@ class Workers:
         while (key := self.queue.get()) is not None:
             try:
                 self._pass(key)
+            except Exception:  # a worker never dies; the key comes back after its backoff
+                log.exception("%s/%s: scheduling the next pass failed", *key)
+                self.queue.retry(key)
             finally:
                 self.queue.done(key)
 

@@ -15,6 +15,7 @@ from kubernetes import client
 from clef_operator import handlers, metrics
 from clef_operator.handlers import Tuning, Watching, Workers
 from clef_operator.kube import Kube
+from clef_operator.workqueue import SharedQueue, WorkQueue
 
 
 def model(name: str, rv: str = "1") -> dict[str, Any]:
@@ -59,7 +60,9 @@ class Passes:
 def running(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Watching, Passes]]:
     passes = Passes()
     monkeypatch.setattr(handlers, "reconcile", passes)
-    watching = Watching(Kube(client.ApiClient()))  # no informer added: the cache counts as synced
+    # No informer added: the cache counts as synced.  A short backoff, so that retries come soon.
+    queue = SharedQueue(WorkQueue(base_backoff=0.05, max_backoff=0.2))
+    watching = Watching(Kube(client.ApiClient()), queue)
     workers = Workers(watching, Tuning(workers=2, resync_seconds=300.0))
     watching.kube.cache["clefmodels"].put(model("a"))
     watching.kube.cache["clefmodels"].put(model("b"))
@@ -109,10 +112,10 @@ def test_a_failing_pass_is_retried_with_backoff_and_counted(running: tuple[Watch
     passes.fail.add("c")
     watching.kube.cache["clefmodels"].put(model("c"))
     watching.wake("ns", "c")
-    assert until(lambda: passes.count("c") == 2, seconds=10), "retried after 1 s"
+    assert until(lambda: passes.count("c") == 2, seconds=10), "retried after its backoff"
     assert sample("clef_reconcile_errors_total", kind="exception") >= before + 2
     passes.fail.clear()
-    assert until(lambda: passes.count("c") == 3, seconds=10), "then after 2 s"
+    assert until(lambda: passes.count("c") == 3, seconds=10), "and again, after a longer one"
     time.sleep(0.3)
     assert passes.count("c") == 3, "a pass that went through waits for the resync"
 
