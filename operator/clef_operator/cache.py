@@ -19,12 +19,14 @@ model is a dictionary lookup.  Nothing is polled; a periodic resync (handlers) r
   since, at most GONE_REMEMBERED), so a late response or event does not bring it back; only a list
   does.  A tombstone is per-model state too: it expires, and the `clef-state` probe counts them.
 
-The store holds the planner's snapshots (`observed`), not API objects: a few KiB per model.
+The store holds the planner's snapshots (`observed`), not API objects: a few KiB per model, the
+children's pickled (`Kind.packed`), so that a model costs few small objects while it lives.
 """
 
 from __future__ import annotations
 
 import logging
+import pickle
 import random
 import threading
 import time
@@ -90,6 +92,12 @@ class Kind:
     wakes: Callable[[Any], Key | None]
     # A label selector for the list and the watch ("": every object of the kind in scope).
     selector: str = ""
+    # Held pickled: one bytes object per snapshot instead of a dataclass with its strings, dicts
+    # and tuples (dozens of small objects, each in Python's object arenas, which a model's
+    # deletion leaves pinned by whatever long-lived object shares an arena with them:
+    # docs/performance.md, "Memory after deletion").  Unpickled on every read; only this
+    # process's own snapshots are ever unpickled.
+    packed: bool = False
 
 
 @dataclass
@@ -113,7 +121,14 @@ class Table:
 
     def get(self, key: Key) -> list[Any]:
         with self.lock:
-            return list(self.by_key.get(key, {}).values())
+            held = list(self.by_key.get(key, {}).values())
+        return [self._unpack(v) for v in held]
+
+    def _pack(self, value: Any) -> Any:
+        return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL) if self.kind.packed else value
+
+    def _unpack(self, stored: Any) -> Any:
+        return pickle.loads(stored) if self.kind.packed else stored
 
     def keys(self) -> list[Key]:
         with self.lock:
@@ -134,7 +149,7 @@ class Table:
             key = self.kind.key(obj)
             if key is None:
                 return None
-            entry = _Entry(key, resource_version(obj), self.kind.snapshot(obj))
+            entry = _Entry(key, resource_version(obj), self._pack(self.kind.snapshot(obj)))
             self.by_uid[uid] = entry
             self.by_key.setdefault(key, {})[uid] = entry.value
             self.gone.pop(uid, None)
@@ -150,7 +165,7 @@ class Table:
         """Delete the objects under `key` that `which` picks (a delete this process made)."""
         with self.lock:
             for uid, value in list(self.by_key.get(key, {}).items()):
-                if which(value):
+                if which(self._unpack(value)):
                     self._drop(uid)
                     self._bury(uid)
 

@@ -44,8 +44,8 @@ def _run(args: argparse.Namespace) -> int:
     if error:
         print(f"clef-operator: {error}", file=sys.stderr)
         return 2
-    # kopf discovers resources once, at start-up (handlers.configure): started before the CRD, it
-    # would silently watch nothing.
+    # Started before the CRD, the cache's ClefModel informer would only be refused (and retry) and
+    # no model would ever be planned: say so and stop instead.
     if not serves(api_client(), GROUP, VERSION, PLURAL):
         print(
             f"clef-operator: the API server does not serve {PLURAL}.{GROUP}/{VERSION}: install the CRD first"
@@ -58,7 +58,7 @@ def _run(args: argparse.Namespace) -> int:
     namespaces = args.namespace or None
     tuning = Tuning(tuple(namespaces or ()), args.resync_seconds, args.workers)
     # The cache lists and watches from now on, also while this replica stands by (reads pass the
-    # fence): when it takes over, its cache is synced and only kopf has to start.
+    # fence): when it takes over, its cache is synced and only kopf and the workers have to start.
     watching = start_watching(tuning)
     elector = _elect(args) if args.leader_elect else None
     try:

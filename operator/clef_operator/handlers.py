@@ -1,14 +1,26 @@
-"""The kopf wiring: one reconcile loop per ClefModel, woken by anything that happens to it or to
-its children, and a periodic resync.  A deleted ClefModel hands back a Service it adopted
-(`release`).
+"""The process's wiring: kopf runs its lifecycle (start-up, login, clean-up, the liveness probe)
+and nothing per model; clef's own work queue schedules the reconcile passes.
 
-The loop is a kopf daemon, so each ClefModel has exactly one reconciler at a time (no two plans
-for one model ever race).  The informer cache (`cache`, started by `start_watching`) watches the
-ClefModels and their children; a change wakes the model's loop, which reads the world from the
-cache (`kube.read_model`, `kube.observe`: no request), asks the planner, and applies its answer
-through the API server.  With no event a model is re-planned every `resync_seconds`, from the
-cache.  With leader election (`clef-operator run --leader-elect`) the cache runs on a standby too
-(reads pass the write fence), while kopf and so the loops start only once the replica leads.
+* **Events.**  The informer cache (`cache`, started by `start_watching`) lists and watches the
+  ClefModels and their children; a change adds its model's key to the work queue (`workqueue`),
+  deduplicated.  kopf registers no resource handler, so it watches nothing and keeps no copy of
+  any ClefModel.
+* **Workers.**  `tuning.workers` threads take keys from the queue and run `reconcile` (one pass
+  per key at a time: no two plans for one model ever race).  A pass reads the world from the cache
+  (`kube.read_model`, `kube.observe`: no request), asks the planner, and applies its answer
+  through the API server; its "look again in N seconds" (or, with none, the resync,
+  `resync_seconds`) goes back to the queue's heap, and a failure is retried with a per-key backoff.
+  An idle model costs one entry in that heap.
+* **Start.**  The workers start only once the cache has synced (never a plan from a half-filled
+  cache), and every cached model is queued once then.  With leader election (`clef-operator run
+  --leader-elect`) the cache runs on a standby too (reads pass the write fence), while kopf, and so
+  the queue and its workers, start only once the replica leads.
+* **Deletion.**  Every ClefModel carries clef's finalizer (`finalizer`, the name kopf used for clef
+  before): a pass adds it; once the model is deleted a pass hands back a Service it adopted
+  (`Kube.release_service`) and then removes it, so a failed release keeps the model (and is
+  retried).  A pass that finds its model gone from the cache forgets the key: nothing per model is
+  kept after the deletion.
+
 Status is written before the actions, so verdicts and re-verify bookkeeping are never lost to a
 crash between the two; an action the API server refuses stops the rest and is reported in
 Degraded (ChildRejected) in the same pass.
@@ -16,11 +28,9 @@ Degraded (ChildRejected) in the same pass.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
+import threading
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -29,13 +39,14 @@ import kopf
 from kubernetes import client, config
 from pydantic import ValidationError
 
-from clef_operator import labels, leader, memory, metrics
+from clef_operator import finalizer, leader, memory, metrics
 from clef_operator.actions import Action, Event
-from clef_operator.api import GROUP, PLURAL, VERSION, ClefModelSpec, ClefModelStatus
+from clef_operator.api import ClefModelSpec, ClefModelStatus
 from clef_operator.conditions import Stamp, carried_rejection, child_rejected, invalid_spec
 from clef_operator.kube import Kube, operator_namespace
 from clef_operator.observed import ModelRef, Observed
 from clef_operator.rollout import Plan, plan_rollout
+from clef_operator.workqueue import Key, SharedQueue
 
 log = logging.getLogger("clef.operator")
 
@@ -43,7 +54,6 @@ log = logging.getLogger("clef.operator")
 # run --resync-seconds`.
 RESYNC_SECONDS = 300.0
 WORKERS = 24
-MAX_BACKOFF_SECONDS = 60.0
 # A pass whose action the API server refused looks again this soon: what lifts a refusal (a quota
 # raised or deleted, an admission policy or RuntimeClass changed) is nothing clef watches, so no
 # event would wake the model before the resync.
@@ -70,8 +80,32 @@ def reconcile(kube: Kube, namespace: str, name: str, now: datetime | None = None
     """One level-triggered pass over one ClefModel.  Returns when to look again (None: only on
     the next event or resync)."""
     obj = kube.read_model(namespace, name)
-    if obj is None or obj["metadata"].get("deletionTimestamp"):
+    if obj is None:
         return None
+    todo = finalizer.step(obj["metadata"])
+    if todo is finalizer.Step.RELEASE:
+        _finalize(kube, namespace, name, obj)
+        return None
+    if todo is finalizer.Step.WAIT:
+        return None
+    if todo is finalizer.Step.ADD and not kube.patch_model(
+        namespace, name, finalizer.add_patch(obj["metadata"])
+    ):
+        return None  # deleted since the cache saw it
+    return _reconcile(kube, namespace, name, obj, now or datetime.now(UTC))
+
+
+def _finalize(kube: Kube, namespace: str, name: str, obj: Mapping[str, Any]) -> None:
+    """The model is being deleted: hand back a Service it adopted (its Deployments and Jobs go with
+    it, by their owner references), then remove clef's finalizer.  A failed release raises before
+    the finalizer is removed: the model stays, and the pass is retried."""
+    service = finalizer.released_service(obj)
+    if service and kube.release_service(namespace, name, service):
+        log.info("%s/%s: released Service %s", namespace, name, service)
+    kube.patch_model(namespace, name, finalizer.remove_patch(obj["metadata"]))
+
+
+def _reconcile(kube: Kube, namespace: str, name: str, obj: Mapping[str, Any], now: datetime) -> float | None:
     meta = obj["metadata"]
     model = ModelRef(
         name=name,
@@ -80,11 +114,10 @@ def reconcile(kube: Kube, namespace: str, name: str, now: datetime | None = None
         generation=meta.get("generation", 0),
         annotations=dict(meta.get("annotations") or {}),
     )
-    now = now or datetime.now(UTC)
     try:
         status = ClefModelStatus.model_validate(obj.get("status") or {})
     except ValidationError:
-        log.warning("%s/%s: unreadable status, starting from an empty one", namespace, name)
+        log.warning("%s/%s: unreadable status, starting from an empty one", model.namespace, model.name)
         status = ClefModelStatus()
     try:
         spec = ClefModelSpec.model_validate(obj.get("spec") or {})
@@ -157,94 +190,104 @@ def _describe(action: Any) -> str:
     return f"{type(action).__name__} {fields}"
 
 
-# ------------------------------------------------------------------------------- kopf
-
-
-class NoDiffBase(kopf.DiffBaseStorage):
-    """No diff base: every event looks like a creation to kopf, which has no handler for it."""
-
-    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
-        return None
-
-    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
-        return None
-
-
-@dataclass(frozen=True)
-class Tuning:
-    """`clef-operator run`'s knobs (cli), handed to kopf's start-up through its memo."""
-
-    namespaces: tuple[str, ...] = ()
-    # The safety net: every model is re-planned this often (from the cache) even with no event.
-    resync_seconds: float = RESYNC_SECONDS
-    # Reconciles running at once: a pass mostly waits on the API server, so more than the CPUs.
-    workers: int = WORKERS
-
-
-@kopf.on.startup()
-async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
-    # Keep kopf's own bookkeeping in our annotation namespace and out of status (which the CRD's
-    # schema would prune anyway).
-    settings.persistence.finalizer = f"{labels.PREFIX}/finalizer"
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=labels.PREFIX)
-    # kopf keeps a copy of the spec ("diff base") to tell creations and updates apart; clef has
-    # no create or update handler (the daemon is level-triggered), so none is kept: that saves a
-    # patch of every new ClefModel before its daemon can start.
-    settings.persistence.diffbase_storage = NoDiffBase()
-    # clef posts its own events, one per decision; kopf's per-handler chatter would drown them.
-    settings.posting.level = logging.WARNING
-    # No dynamic scanning of CRDs and namespaces: kopf would list and watch both cluster-wide,
-    # which the operator's least-privilege RBAC does not grant (kustomize/base/rbac.yaml).  The
-    # resources are discovered once at start-up instead, and `clef-operator run` refuses to start
-    # before the ClefModel CRD is served.
-    settings.scanning.disabled = True
-    settings.watching.server_timeout = 120
-    settings.watching.client_timeout = 150
-    # Before the first thread allocates (`clef-operator run` did it before its own threads
-    # started; again is harmless).
-    memory.limit_arenas()
-    tuning: Tuning = memo.get("tuning") or Tuning()
-    memo.tuning = tuning
-    memo.pool = ThreadPoolExecutor(max_workers=tuning.workers, thread_name_prefix="reconcile")
-    # The cache `clef-operator run` started before the election (warm on a standby), else one
-    # started now (kopf run directly, no election).
-    watching: Watching = memo.get("watching") or start_watching(tuning)
-    memo.kube = watching.kube
-    memo.wakers = watching.wakers
-    # Verdicts are signed with this key; without it nothing may be promoted, so start-up fails.
-    # Read (or created: a write) only now that this replica leads.
-    memo.kube.load_verdict_key(operator_namespace())
-    # From here on a watch event wakes the model's loop.
-    watching.attach(asyncio.get_running_loop())
-    # kopf's start-up leaves memory free too (docs/performance.md, "Where the memory is").
-    memory.touched(collect=True)
+# ------------------------------------------------------------------------------- the workers
 
 
 @dataclass
 class Watching:
-    """The informer cache (in `kube`) and the model loops its watch threads wake.  Until a loop
-    is attached (kopf has started, after the election) a wake-up goes nowhere: there are no model
-    loops yet, and each makes a first pass when it starts."""
+    """The informer cache (in `kube`) and the work queue its watch threads add to.  Until the queue
+    is attached (this replica leads and kopf has started) an event adds nothing: no worker runs
+    yet, and every cached model is queued once when the workers start."""
 
     kube: Kube
-    wakers: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
-    loop: asyncio.AbstractEventLoop | None = None
+    queue: SharedQueue = field(default_factory=SharedQueue)
+    attached: bool = False
 
-    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
+    def attach(self) -> None:
+        self.attached = True
 
     def wake(self, namespace: str, model: str) -> None:
         """Called from the watch threads."""
-        loop = self.loop
-        if loop is None or loop.is_closed():  # not started, or stopping: there is nobody to wake
-            return
-        with contextlib.suppress(RuntimeError):  # the loop closed since the line above
-            loop.call_soon_threadsafe(self._set, namespace, model)
+        if self.attached:
+            self.queue.add((namespace, model))
 
-    def _set(self, namespace: str, model: str) -> None:
-        event = self.wakers.get((namespace, model))
-        if event is not None:
-            event.set()
+
+class Workers:
+    """`tuning.workers` threads that take keys from the queue and run a pass over each."""
+
+    def __init__(self, watching: Watching, tuning: Tuning) -> None:
+        self.kube = watching.kube
+        self.queue = watching.queue
+        self.resync = tuning.resync_seconds
+        self.count = tuning.workers
+        self.stopping = threading.Event()
+
+    def start(self) -> None:
+        metrics.MODELS.set_function(self.queue.known)
+        metrics.QUEUE_DEPTH.set_function(self.queue.depth)
+        threading.Thread(target=self._start, name="reconcile-start", daemon=True).start()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.queue.close()
+
+    def _start(self) -> None:
+        """Never plan from a half-filled cache: wait until every kind has been listed once, then
+        queue every model once (the first pass) and start the workers."""
+        while not self.kube.cache.synced():
+            if self.stopping.wait(0.2):
+                return
+        models = self.kube.cache["clefmodels"].keys()
+        for key in models:
+            self.queue.add(key)
+        for i in range(self.count):
+            threading.Thread(target=self._work, name=f"reconcile-{i}", daemon=True).start()
+
+    def _work(self) -> None:
+        while (key := self.queue.get()) is not None:
+            try:
+                self._pass(key)
+            except Exception:  # a worker never dies; the key comes back after its backoff
+                log.exception("%s/%s: scheduling the next pass failed", *key)
+                self.queue.retry(key)
+            finally:
+                self.queue.done(key)
+
+    def _pass(self, key: Key) -> None:
+        """One pass, then when to look again; a model gone from the cache is forgotten."""
+        went_through, requeue = self._reconcile(key)
+        if not self.kube.has_model(*key):
+            self.queue.forget(key)
+            metrics.record_model(*key, None)
+            memory.touched(collect=True)
+        elif went_through:  # else the queue's backoff says when to look again
+            self.queue.add_after(key, _next_look(requeue, self.resync))
+
+    def _reconcile(self, key: Key) -> tuple[bool, float | None]:
+        namespace, name = key
+        metrics.IN_PROGRESS.inc()
+        try:
+            requeue = reconcile(self.kube, namespace, name)
+        except leader.Fenced as e:
+            metrics.RECONCILE_ERRORS.labels(kind="fenced").inc()
+            log.warning("%s/%s: %s; retrying in %.0fs", namespace, name, e, self.queue.retry(key))
+            return False, None
+        except Exception:
+            metrics.RECONCILE_ERRORS.labels(kind="exception").inc()
+            log.exception(
+                "%s/%s: reconcile failed; retrying in %.0fs", namespace, name, self.queue.retry(key)
+            )
+            return False, None
+        finally:
+            metrics.IN_PROGRESS.dec()
+        self.queue.succeeded(key)
+        memory.touched()
+        return True, requeue
+
+
+def _next_look(requeue: float | None, resync: float) -> float:
+    """Seconds until the next pass with no event: what the planner asked for, else the resync."""
+    return resync if requeue is None else min(max(requeue, 0.2), resync)
 
 
 def start_watching(tuning: Tuning) -> Watching:
@@ -256,16 +299,54 @@ def start_watching(tuning: Tuning) -> Watching:
     kube = Kube(api_client(pool=tuning.workers + 16))
     kube.instance = leader.identity() or kube.instance
     watching = Watching(kube)
-    # Children, Services, goldens ConfigMaps, nodes and the ClefModels themselves come from these
-    # watches; kopf watches ClefModels only to run one daemon per model and its deletion handler.
     kube.start_cache(tuning.namespaces, watching.wake)
     return watching
 
 
+# ------------------------------------------------------------------------------- kopf
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """`clef-operator run`'s knobs (cli), handed to kopf's start-up through its memo."""
+
+    namespaces: tuple[str, ...] = ()
+    # The safety net: every model is re-planned this often (from the cache) even with no event.
+    resync_seconds: float = RESYNC_SECONDS
+    # Passes running at once: a pass mostly waits on the API server, so more than the CPUs.
+    workers: int = WORKERS
+
+
+@kopf.on.startup()
+async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
+    # No dynamic scanning of CRDs and namespaces: kopf would list and watch both cluster-wide,
+    # which the operator's least-privilege RBAC does not grant (kustomize/base/rbac.yaml).  With
+    # no resource handler kopf watches nothing else either.
+    settings.scanning.disabled = True
+    # Before the first thread allocates (`clef-operator run` did it before its own threads
+    # started; again is harmless).
+    memory.limit_arenas()
+    tuning: Tuning = memo.get("tuning") or Tuning()
+    # The cache `clef-operator run` started before the election (warm on a standby), else one
+    # started now (kopf run directly, no election).
+    watching: Watching = memo.get("watching") or start_watching(tuning)
+    memo.kube = watching.kube
+    memo.queue = watching.queue
+    # Verdicts are signed with this key; without it nothing may be promoted, so start-up fails.
+    # Read (or created: a write) only now that this replica leads.
+    memo.kube.load_verdict_key(operator_namespace())
+    # From here on a watch event queues its model; the workers start once the cache has synced.
+    watching.attach()
+    memo.workers = Workers(watching, tuning)
+    memo.workers.start()
+    # kopf's start-up leaves memory free too (docs/performance.md, "Where the memory is").
+    memory.touched(collect=True)
+
+
 @kopf.on.login()
 async def login(logger: Any, settings: kopf.OperatorSettings, **_: Any) -> kopf.AiohttpSession | None:
-    """kopf's own requests (watches, its finalizer and annotations) through a session whose writes
-    pass the same fence as clef's (`leader.fence_trace`)."""
+    """kopf's own session (it makes no request of its own with no resource handler) with writes
+    behind the same fence as clef's (`leader.fence_trace`), should it ever make one."""
     import aiohttp
 
     info = kopf.login_via_client(logger=logger, settings=settings)
@@ -287,96 +368,27 @@ async def login(logger: Any, settings: kopf.OperatorSettings, **_: Any) -> kopf.
 
 
 @kopf.on.cleanup()
-async def stop_cache(memo: Any, **_: Any) -> None:
+async def stop(memo: Any, **_: Any) -> None:
+    memo.workers.stop()
     memo.kube.cache.stop()
-    memo.pool.shutdown(wait=False, cancel_futures=True)
 
 
-# Every kopf handler here is async: a sync one runs in kopf's own thread pool, whose threads are
-# started by the first deletion and live on (5 threads after 300 models were deleted).
+# Every kopf handler here is async: a sync one runs in kopf's own thread pool, whose threads
+# would be started by the first call and live on.
 @kopf.on.probe(id="clef-state")
 async def held_state(memo: Any, **_: Any) -> dict[str, int]:
-    """What the operator holds, on its liveness endpoint: objects per kind in the cache, models
-    with a running loop, the cache's tombstones of deleted objects, whether the cache has synced.
-    After the last model is deleted every count but nodes and Services (which are not per model)
-    falls back to where it started, tombstones within `cache.GONE_SECONDS`."""
+    """What the operator holds, on its liveness endpoint: objects per kind in the cache, keys the
+    work queue knows (`loops`: waiting, running, scheduled for later or failing), the cache's
+    tombstones of deleted objects, whether the cache has synced.  After the last model is deleted
+    every count but nodes and Services (which are not per model) falls back to where it started,
+    tombstones within `cache.GONE_SECONDS`."""
     kube: Kube | None = getattr(memo, "kube", None)
     if kube is None:
         return {}
     cache = kube.cache
     return {
         **cache.sizes(),
-        "loops": len(memo.wakers),
+        "loops": memo.queue.known(),
         "tombstones": cache.tombstones(),
         "synced": int(cache.synced()),
     }
-
-
-@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
-async def run_model(
-    name: str, namespace: str | None, memo: Any, stopped: kopf.DaemonStopped, **_: Any
-) -> None:
-    assert namespace is not None, "ClefModel is namespaced"
-    wake = asyncio.Event()
-    memo.wakers[(namespace, name)] = wake
-    metrics.MODELS.inc()
-    loop = asyncio.get_running_loop()
-    backoff = 1.0
-    try:
-        # Never plan from a half-filled cache: wait until every kind has been listed once.
-        while not stopped and not memo.kube.cache.synced():
-            await asyncio.sleep(0.2)
-        while not stopped:
-            wake.clear()
-            queued = metrics.Queued(lambda: reconcile(memo.kube, namespace, name))
-            try:
-                requeue = await loop.run_in_executor(memo.pool, queued)
-                backoff = 1.0
-                memory.touched()
-            except leader.Fenced as e:
-                metrics.RECONCILE_ERRORS.labels(kind="fenced").inc()
-                log.warning("%s/%s: %s", namespace, name, e)
-                requeue, backoff = backoff, min(backoff * 2, MAX_BACKOFF_SECONDS)
-            except Exception:
-                metrics.RECONCILE_ERRORS.labels(kind="exception").inc()
-                log.exception("%s/%s: reconcile failed; retrying in %.0fs", namespace, name, backoff)
-                requeue, backoff = backoff, min(backoff * 2, MAX_BACKOFF_SECONDS)
-            finally:
-                queued.cancelled()
-            await _sleep(wake, stopped, _next_look(requeue, memo.tuning.resync_seconds))
-    finally:
-        metrics.MODELS.dec()
-        metrics.record_model(namespace, name, None)
-        if memo.wakers.get((namespace, name)) is wake:
-            del memo.wakers[(namespace, name)]
-        # The cycles a deleted model leaves (kopf's per-object tasks and loggers) are collected.
-        memory.touched(collect=True)
-
-
-def _next_look(requeue: float | None, resync: float) -> float:
-    """Seconds until the next pass with no event: what the planner asked for, else the resync."""
-    return resync if requeue is None else min(max(requeue, 0.2), resync)
-
-
-async def _sleep(wake: asyncio.Event, stopped: kopf.DaemonStopped, seconds: float) -> None:
-    """Until woken, stopped or `seconds` passed, with no timer in between (a thousand idle
-    models cost nothing until their resync)."""
-    waits = [asyncio.ensure_future(wake.wait()), asyncio.ensure_future(stopped.wait())]
-    try:
-        await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for w in waits:
-            w.cancel()
-
-
-@kopf.on.delete(GROUP, VERSION, PLURAL)
-async def release(name: str, namespace: str | None, spec: Mapping[str, Any], memo: Any, **_: Any) -> None:
-    """An adopted Service outlives its model: hand it back with the selector it had (its
-    Deployments and Jobs go with the model, by their owner references).  On the reconcile pool,
-    not kopf's (see above)."""
-    service = (spec.get("service") or {}).get("name")
-    if not namespace or not service:
-        return
-    loop = asyncio.get_running_loop()
-    if await loop.run_in_executor(memo.pool, memo.kube.release_service, namespace, name, service):
-        log.info("%s/%s: released Service %s", namespace, name, service)

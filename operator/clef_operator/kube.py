@@ -331,6 +331,7 @@ MODEL_METADATA = (
     "resourceVersion",
     "annotations",
     "deletionTimestamp",
+    "finalizers",
 )
 
 
@@ -350,15 +351,23 @@ def _version_number(version: str) -> int:
 # Every kind clef plans from: its key in the cache, its snapshot, whom a change to it wakes.
 KINDS: dict[str, cache.Kind] = {
     "clefmodels": cache.Kind("clefmodels", _by_name, _model_body, _by_name),
-    "deployments": cache.Kind("deployments", _by_model, lambda d: (_owners(d), _deployment(d)), _by_model),
-    "jobs": cache.Kind("jobs", _by_model, lambda j: (_owners(j), _job(j)), _by_model),
+    # The snapshots of every model's children are held pickled (cache.Kind.packed).
+    "deployments": cache.Kind(
+        "deployments", _by_model, lambda d: (_owners(d), _deployment(d)), _by_model, packed=True
+    ),
+    "jobs": cache.Kind("jobs", _by_model, lambda j: (_owners(j), _job(j)), _by_model, packed=True),
     # Node fields are filled in when observed (Kube._on_node), from the node cache.
-    "pods": cache.Kind("pods", _by_model, lambda p: _pod(p, {}), _by_model),
-    "services": cache.Kind("services", _by_name, _service, _service_wakes),
+    "pods": cache.Kind("pods", _by_model, lambda p: _pod(p, {}), _by_model, packed=True),
+    "services": cache.Kind("services", _by_name, _service, _service_wakes, packed=True),
     "nodes": cache.Kind("nodes", _by_name, lambda n: dict(n.metadata.labels or {}), lambda n: None),
     # Goldens ConfigMaps only (GOLDENS_SELECTOR), with their signed goldens.
     "configmaps": cache.Kind(
-        "configmaps", _by_model, lambda c: (_owners(c), _config_map(c)), _by_model, GOLDENS_SELECTOR
+        "configmaps",
+        _by_model,
+        lambda c: (_owners(c), _config_map(c)),
+        _by_model,
+        GOLDENS_SELECTOR,
+        packed=True,
     ),
 }
 
@@ -479,6 +488,10 @@ class Kube:
             return None
         newest: Packed = max(found, key=lambda o: _version_number(cache.resource_version(o)))
         return newest.decoded()
+
+    def has_model(self, namespace: str, name: str) -> bool:
+        """Whether the cache holds the ClefModel (no decoding)."""
+        return bool(self.cache["clefmodels"].get((namespace, name)))
 
     def observe(self, model: ModelRef, service_name: str) -> Observed:
         """The model's children from the cache (a dictionary lookup); requests only for what no
@@ -668,6 +681,21 @@ class Kube:
         """A write's response is the object as it is now: the next pass reads it (not the state
         before the write) even before the watch delivers it."""
         self.cache[kind].put(response)
+
+    def patch_model(self, namespace: str, name: str, ops: list[dict[str, Any]]) -> bool:
+        """A JSON patch of the ClefModel's metadata (its finalizer: `finalizer.add_patch`,
+        `remove_patch`); the response goes into the cache.  False when the model is gone; a failed
+        test (a concurrent change) raises, and the pass is retried from the newer version."""
+        try:
+            written = self.custom.patch_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name, ops, _content_type=JSON_PATCH
+            )
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise
+        self._remember("clefmodels", written)
+        return True
 
     def release_service(self, namespace: str, model: str, service: str) -> bool:
         """Hand back a Service `model` adopted (`children.release_ops`), when the model is deleted;

@@ -17,8 +17,8 @@ The rules (docs/operations.md, "Running two replicas"):
   it is sent and is refused (`Fenced`) once it is closed.  A paused process (SIGSTOP, a VM freeze)
   resumes with its deadline in the past, so its first write after resuming is refused.
 * **Lost.**  A renew that finds another holder, or loses the compare-and-swap to one, closes the
-  fence for good and ends the process (`EXIT_LOST_LEASE`): kopf's per-model loops, in-flight
-  reconciles included, are abandoned; whatever they were doing is re-planned from observed state
+  fence for good and ends the process (`EXIT_LOST_LEASE`): the reconcile workers, in-flight
+  passes included, are abandoned; whatever they were doing is re-planned from observed state
   by the new leader (every pass is level-triggered).  The pod restarts as a standby.
 * **Release.**  On a clean stop (SIGTERM, a rolling update) the fence is closed first, then the
   Lease is handed back with no holder, so a standby takes over at its next poll instead of after a
@@ -122,7 +122,8 @@ class FencedApiClient(client.ApiClient):
 
 
 def fence_trace(fence: Fence = FENCE) -> Any:
-    """An aiohttp TraceConfig that refuses kopf's writes (finalizers, its annotations) the same way."""
+    """An aiohttp TraceConfig that refuses kopf's writes the same way (it makes none with no resource
+    handler; the fence holds should that change)."""
     import aiohttp
 
     async def on_start(_session: Any, _ctx: Any, params: Any) -> None:

@@ -115,7 +115,7 @@ def touched(collect: bool = False) -> None:
 
 def trim(collect: bool = False) -> None:
     """Return free heap pages to the system; with `collect`, first free the cycles a deleted
-    model left (kopf's per-object tasks and loggers hold some), which the collector's oldest
+    model left, which the collector's oldest
     generation would otherwise keep for long.  A full collection holds the interpreter while it
     walks every object, so it is asked for only after deletions; ctypes lets go of the lock
     during malloc_trim, so nothing waits for that."""

@@ -61,9 +61,15 @@ RECONCILE_ERRORS = Counter(
     " refused an action: ChildRejected), fenced (a write refused: this replica lost the Lease).",
     ["kind"],
 )
-QUEUE_DEPTH = Gauge("clef_reconcile_queue_depth", "ClefModels woken and waiting for a free worker thread.")
+QUEUE_DEPTH = Gauge(
+    "clef_reconcile_queue_depth",
+    "ClefModels queued for a pass (an event, a requeue) and waiting for a free worker.",
+)
 IN_PROGRESS = Gauge("clef_reconciles_in_progress", "Reconcile passes running now.")
-MODELS = Gauge("clef_models", "ClefModels this operator runs a reconcile loop for.")
+MODELS = Gauge(
+    "clef_models",
+    "ClefModels the work queue knows (queued, in a pass, scheduled for a later one, or failing).",
+)
 PROGRESSING_SINCE = Gauge(
     "clef_rollout_progressing_since_timestamp_seconds",
     "When a model's Progressing condition turned True (Unix time); no series while it is not"
@@ -242,31 +248,6 @@ def record_pass(facts: PassFacts) -> None:
             VERIFICATION_SECONDS.labels(**common).observe(v.seconds)
     if facts.switch_seconds is not None:
         SWITCH_SECONDS.observe(facts.switch_seconds)
-
-
-class Queued:
-    """One reconcile handed to the worker threads: counted as queued until a thread picks it up,
-    then as in progress until it returns."""
-
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        self.fn = fn
-        self.started = False
-        QUEUE_DEPTH.inc()
-
-    def __call__(self) -> Any:
-        self.started = True
-        QUEUE_DEPTH.dec()
-        IN_PROGRESS.inc()
-        try:
-            return self.fn()
-        finally:
-            IN_PROGRESS.dec()
-
-    def cancelled(self) -> None:
-        """The waiting side gave up (the daemon was stopped): a pass that never ran leaves the queue."""
-        if not self.started:
-            self.started = True
-            QUEUE_DEPTH.dec()
 
 
 # ------------------------------------------------------------------------------ the endpoint

@@ -7,6 +7,9 @@ from pathlib import Path
 
 import pytest
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from clef_operator.finalizer import FINALIZER
 
 from .conftest import Cluster, wait_for
 from .operator_support import VERIFY_SECONDS, Models, clefmodel, operator_running, ready_endpoints
@@ -56,3 +59,46 @@ def test_existing_service_is_adopted_selector_only_and_survives_the_model(
     assert after.metadata.uid == before.metadata.uid
     assert after.spec.cluster_ip == before.spec.cluster_ip
     assert after.spec.selector == {"app": "legacy-predictor"}, "released with its own selector"
+
+
+def test_a_model_from_the_kopf_based_operator_is_finalized_and_hands_its_service_back(
+    cluster: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    """A ClefModel that already carries the finalizer the kopf-based operator added (created here
+    while no operator runs, as after an upgrade) is adopted, then deleted cleanly by this one: the
+    Service is handed back before the finalizer goes, and the model is gone."""
+    cluster.image_table()
+    legacy = client.V1Service(
+        metadata=client.V1ObjectMeta(name="clef-serve"),
+        spec=client.V1ServiceSpec(
+            selector={"app": "legacy-predictor"},
+            ports=[client.V1ServicePort(name="http", port=8000, target_port=8000)],
+        ),
+    )
+    cluster.core.create_namespaced_service(namespace, legacy)
+    models = Models(cluster, namespace)
+    body = clefmodel(
+        "clef-old", service={"name": "clef-serve", "adopt": True}, verification={"required": False}
+    )
+    body["metadata"]["finalizers"] = [FINALIZER]
+    models.create(body)
+    with operator_running(cluster, namespace, tmp_path) as op:
+        models.operator = op
+        models.wait_condition("clef-old", "Ready", "True", "Available", timeout=120)
+        assert models.get("clef-old")["metadata"]["finalizers"] == [FINALIZER], "not added twice"
+        selector = cluster.core.read_namespaced_service("clef-serve", namespace).spec.selector
+        assert selector.get("clef.riotpiao.com/model") == "clef-old", "adopted"
+        models.delete("clef-old")
+        wait_for(lambda: gone(models, "clef-old"), 60, "the model to go", lambda: models.describe("clef-old"))
+        after = cluster.core.read_namespaced_service("clef-serve", namespace)
+        assert after.spec.selector == {"app": "legacy-predictor"}, "released with its own selector"
+
+
+def gone(models: Models, name: str) -> bool:
+    try:
+        models.get(name)
+    except ApiException as e:
+        if e.status == 404:
+            return True
+        raise
+    return False

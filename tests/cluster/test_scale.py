@@ -5,7 +5,7 @@
 * at idle the operator makes (almost) no API request: its reads come from watches, not polls
   (the audit log counts every request but the watches themselves);
 * once they are deleted, the operator holds nothing for them (its `clef-state` probe: cache
-  entries per kind and reconcile loops).
+  entries per kind and the keys its work queue knows, `loops`).
 """
 
 from __future__ import annotations

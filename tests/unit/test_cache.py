@@ -180,29 +180,6 @@ def test_goldens_config_maps_are_watched_by_label_and_observed_by_owner() -> Non
     assert kube.observe(ModelRef("m", "ns", "model-uid", 1), "svc").config_maps == ()
 
 
-def test_a_watch_wakes_a_model_loop_only_once_kopf_runs() -> None:
-    import asyncio
-
-    from clef_operator.handlers import Watching
-    from clef_operator.kube import Kube
-
-    async def scenario() -> tuple[bool, bool]:
-        watching = Watching(Kube(client.ApiClient()))
-        event = asyncio.Event()
-        watching.wakers[("ns", "m")] = event
-        # A standby's cache: its watch threads wake nobody (there are no loops yet).
-        watching.wake("ns", "m")
-        await asyncio.sleep(0)
-        before = event.is_set()
-        watching.attach(asyncio.get_running_loop())
-        watching.wake("ns", "m")
-        watching.wake("ns", "unknown")  # no loop for it: nothing happens
-        await asyncio.sleep(0)
-        return before, event.is_set()
-
-    assert asyncio.run(scenario()) == (False, True)
-
-
 def test_a_watch_resumes_from_the_last_version_it_saw_bookmarks_and_deletions_included() -> None:
     """The informer keeps the version itself: the client's Watch records none for the custom-object
     listers, and resuming from the list's version ended in 410 and a re-list every few minutes."""
@@ -217,3 +194,25 @@ def test_a_watch_resumes_from_the_last_version_it_saw_bookmarks_and_deletions_in
         {"type": "DELETED", "object": {**body, "metadata": {**body["metadata"], "resourceVersion": "13"}}}
     )
     assert informer.version == "13" and informer.table.get(("ns", "m")) == []
+
+
+def test_the_childrens_snapshots_are_held_as_one_bytes_object_and_read_back_equal() -> None:
+    """Packed kinds hold one object per snapshot (not dozens in Python's arenas, which a deleted
+    model would leave pinned); every read is a fresh, equal copy."""
+    assert {name for name, kind in KINDS.items() if kind.packed} == {
+        "deployments",
+        "jobs",
+        "pods",
+        "services",
+        "configmaps",
+    }
+    t = table("deployments")
+    d = deployment("m-1", "m", "1", replicas=3)
+    t.put(d)
+    [held] = t.by_key[("ns", "m")].values()
+    assert isinstance(held, bytes)
+    first, second = t.get(("ns", "m")), t.get(("ns", "m"))
+    assert first == second == [KINDS["deployments"].snapshot(d)]
+    assert first[0] is not second[0]
+    t.forget(("ns", "m"), lambda value: value[1].name == "m-1")
+    assert t.get(("ns", "m")) == []

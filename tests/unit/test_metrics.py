@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import socket
-import threading
-import time
 import urllib.error
 import urllib.request
 from collections import Counter
@@ -215,45 +213,6 @@ def test_record_pass_moves_the_counters():
     )
     after = read()
     assert [b - a for a, b in zip(before, after, strict=True)] == [1, 1, 1, 2.5]
-
-
-def test_queued_counts_a_pass_as_waiting_then_running_then_done():
-    depth = _sample("clef_reconcile_queue_depth")
-    seen: list[tuple[float, float]] = []
-    q = metrics.Queued(
-        lambda: seen.append((_sample("clef_reconcile_queue_depth"), _sample("clef_reconciles_in_progress")))
-    )
-    assert _sample("clef_reconcile_queue_depth") == depth + 1
-    running = _sample("clef_reconciles_in_progress")
-    q()
-    q.cancelled()  # after it ran: no effect
-    assert seen == [(depth, running + 1)]
-    assert (_sample("clef_reconcile_queue_depth"), _sample("clef_reconciles_in_progress")) == (depth, running)
-    never = metrics.Queued(lambda: None)
-    never.cancelled()
-    assert _sample("clef_reconcile_queue_depth") == depth
-
-
-def test_passes_waiting_for_a_worker_of_the_pool_are_the_queue_depth():
-    """handlers runs passes on a fixed pool (--workers): the ones beyond it wait, and are counted."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    depth, running = _sample("clef_reconcile_queue_depth"), _sample("clef_reconciles_in_progress")
-    release = threading.Event()
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        futures = [pool.submit(metrics.Queued(lambda: release.wait(10))) for _ in range(3)]
-        deadline = time.monotonic() + 10
-        while _sample("clef_reconciles_in_progress") < running + 1 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        busy = (
-            _sample("clef_reconcile_queue_depth") - depth,
-            _sample("clef_reconciles_in_progress") - running,
-        )
-        release.set()
-        for f in futures:
-            f.result(10)
-    assert busy == (2, 1)
-    assert (_sample("clef_reconcile_queue_depth"), _sample("clef_reconciles_in_progress")) == (depth, running)
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ from clef_builders import T0, base_spec_dict
 
 from clef_operator.actions import Action, CreateJob
 from clef_operator.api import ClefModelStatus
+from clef_operator.finalizer import FINALIZER
 from clef_operator.handlers import REFUSED_RETRY_SECONDS, reconcile
 from clef_operator.observed import ModelRef, Observed
 
@@ -41,6 +42,18 @@ class RecordingKube:
         if self.obj is not None:
             self.obj["status"] = status.to_wire()
 
+    def patch_model(self, namespace: str, name: str, ops: list[dict[str, Any]]) -> bool:
+        self.calls.append(f"patch {[(op['op'], op.get('value')) for op in ops[1:]]}")
+        if self.fail_on is PatchFails:
+            raise RuntimeError("409 Conflict")
+        return self.obj is not None
+
+    def release_service(self, namespace: str, model: str, service: str) -> bool:
+        self.calls.append(f"release {service}")
+        if self.fail_on is ReleaseFails:
+            raise RuntimeError("the API server said no")
+        return True
+
     def apply(self, model: ModelRef, action: Action) -> str | None:
         if self.fail_on is not None and isinstance(action, self.fail_on):
             raise RuntimeError("API server said no")
@@ -50,8 +63,20 @@ class RecordingKube:
         return None
 
 
-def body(**spec: Any) -> dict[str, Any]:
-    return {"metadata": {"name": "m", "uid": "u", "generation": 2}, "spec": base_spec_dict(**spec)}
+class ReleaseFails(Exception):
+    pass
+
+
+class PatchFails(Exception):
+    pass
+
+
+def body(finalizers: tuple[str, ...] = (FINALIZER,), deleted: bool = False, **spec: Any) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": "m", "uid": "u", "generation": 2, "resourceVersion": "7"}
+    meta["finalizers"] = list(finalizers)
+    if deleted:
+        meta["deletionTimestamp"] = "2026-12-02T00:00:00Z"
+    return {"metadata": meta, "spec": base_spec_dict(**spec)}
 
 
 def test_status_is_written_before_the_actions():
@@ -68,8 +93,40 @@ def test_a_failing_action_stops_the_rest():
     assert "Event" not in kube.calls, "no event for a decision that did not happen"
 
 
-def test_deleted_model_is_left_alone():
+def test_a_model_gone_from_the_cache_is_left_alone():
     kube = RecordingKube(None)
+    assert reconcile(kube, "ns", "m", now=T0) is None  # type: ignore[arg-type]
+    assert kube.calls == []
+
+
+def test_the_first_pass_adds_the_finalizer_then_reconciles():
+    kube = RecordingKube(body(finalizers=("someone/else",)))
+    reconcile(kube, "ns", "m", now=T0)  # type: ignore[arg-type]
+    assert kube.calls == [f"patch {[('add', FINALIZER)]}", "status", "CreateJob", "Event"]
+
+
+def test_a_failed_finalizer_patch_plans_nothing():
+    kube = RecordingKube(body(finalizers=()), fail_on=PatchFails)
+    with pytest.raises(RuntimeError):
+        reconcile(kube, "ns", "m", now=T0)  # type: ignore[arg-type]
+    assert kube.calls == [f"patch {[('add', [FINALIZER])]}"]
+
+
+def test_a_deleted_model_hands_its_service_back_then_lets_go():
+    kube = RecordingKube(body(deleted=True))
+    assert reconcile(kube, "ns", "m", now=T0) is None  # type: ignore[arg-type]
+    assert kube.calls == ["release clef-serve", f"patch {[('remove', None)]}"]
+
+
+def test_a_failed_release_keeps_the_finalizer():
+    kube = RecordingKube(body(deleted=True), fail_on=ReleaseFails)
+    with pytest.raises(RuntimeError):
+        reconcile(kube, "ns", "m", now=T0)  # type: ignore[arg-type]
+    assert kube.calls == ["release clef-serve"]
+
+
+def test_a_deleted_model_without_clefs_finalizer_is_left_to_go():
+    kube = RecordingKube(body(finalizers=("someone/else",), deleted=True))
     assert reconcile(kube, "ns", "m", now=T0) is None  # type: ignore[arg-type]
     assert kube.calls == []
 
