@@ -54,10 +54,11 @@ TRIM_EVERY_SECONDS = 30.0
 
 class Trimmer(threading.Thread):
     """Hands freed memory back after a burst of work (`trim`), from a thread of its own: `touched`
-    marks work done (a pass ended, a model's loop ended, the cache dropped objects or listed);
+    marks work done (a pass ended, the work queue forgot a deleted model, the cache dropped
+    objects or listed);
     once nothing was touched for `quiet` seconds, and at most every `every` seconds, it trims,
     with a collection first if any touch asked for one.  So RSS falls after a rollout of many
-    models, after their deletion (the children the cache drops after the models' loops ended
+    models, after their deletion (the children the cache drops after the models were forgotten
     too), and after start-up, not only after passes."""
 
     def __init__(
