@@ -58,7 +58,7 @@ from clef_operator.goldens import (
     render_goldens_job,
     stored_goldens,
 )
-from clef_operator.observed import DeploymentState, ModelRef, Observed, PodState
+from clef_operator.observed import ConfigMapState, DeploymentState, JobState, ModelRef, Observed, PodState
 from clef_operator.render import Owner
 from clef_operator.revision import pinned_reference
 from clef_operator.verdicts import sign
@@ -170,22 +170,7 @@ def _goldens_step(ctx: Ctx, observed: Observed, check: str) -> Trusted | Verific
     if cm is not None and cm.deleting:
         return _running(check, Reason.PENDING, f"waiting for the goldens ConfigMap {name} to be deleted")
     if cm is not None:
-        checked = check_stored(model, gkey, cm, ctx.secret)
-        if isinstance(checked, Trusted):
-            return checked
-        said = Event("Warning", "GoldensUntrusted", f"{checked.message}; deleted it, it is never used")
-        # The Job that made them goes too, so that a re-verify makes new goldens with a new Job.
-        job = observed.job(name)
-        stop = (DeleteJob(name),) if job is not None and not job.deleting else ()
-        return ctx.failed(
-            Step.GOLDENS,
-            name,
-            checked.reason,
-            f"{checked.message}. Deleted it; re-verify to have new goldens made",
-            DeleteConfigMap(name),
-            *stop,
-            said,
-        )
+        return _stored_goldens(ctx, observed, name, gkey, cm)
     job = observed.job(name)
     if job is None:
         argv = " ".join(goldens_argv(spec)[:7])
@@ -207,9 +192,37 @@ def _goldens_step(ctx: Ctx, observed: Observed, check: str) -> Trusted | Verific
     if not judged.passed or judged.pod is None:
         # Deleted, so that a re-verify makes them afresh (the Job's name is the goldens key's).
         return ctx.failed(Step.GOLDENS, name, judged.reason, judged.summary, DeleteJob(name), job_uid=job.uid)
-    pod = judged.pod
+    return _store_goldens(ctx, observed, check, job, judged)
+
+
+def _stored_goldens(
+    ctx: Ctx, observed: Observed, name: str, gkey: str, cm: ConfigMapState
+) -> Trusted | Verification:
+    """Goldens already stored: trusted when their signature and key check out; otherwise they and
+    the Job that made them are deleted, so that a re-verify makes new ones with a new Job."""
+    checked = check_stored(ctx.model, gkey, cm, ctx.secret)
+    if isinstance(checked, Trusted):
+        return checked
+    said = Event("Warning", "GoldensUntrusted", f"{checked.message}; deleted it, it is never used")
+    job = observed.job(name)
+    stop = (DeleteJob(name),) if job is not None and not job.deleting else ()
+    return ctx.failed(
+        Step.GOLDENS,
+        name,
+        checked.reason,
+        f"{checked.message}. Deleted it; re-verify to have new goldens made",
+        DeleteConfigMap(name),
+        *stop,
+        said,
+    )
+
+
+def _store_goldens(ctx: Ctx, observed: Observed, check: str, job: JobState, judged: Judged) -> Verification:
+    """The goldens Job passed: its output, checked and signed, becomes the goldens ConfigMap."""
+    name, pod = job.name, judged.pod
+    assert pod is not None
     stored = stored_goldens(
-        model, ctx.owner, spec, job, pod, observed.logs.get(pod.uid), ctx.secret, ctx.now.isoformat()
+        ctx.model, ctx.owner, ctx.spec, job, pod, observed.logs.get(pod.uid), ctx.secret, ctx.now.isoformat()
     )
     if isinstance(stored, Unusable):
         return ctx.failed(Step.GOLDENS, name, stored.reason, stored.message, DeleteJob(name), job_uid=job.uid)

@@ -622,20 +622,7 @@ def _roll_out(
     hold = Move(active.revision, active.deployment, candidate)
     old = active.deployment
     if spec.rollout.strategy is Strategy.RECREATE and old is not None and not old.drained:
-        stopping = Progress(
-            Why.STOPPING_OLD,
-            f"Recreate: waiting for the pods of {old.name} to stop before starting revision {candidate}",
-        )
-        if old.replicas == 0:
-            return replace(hold, stage=stopping)
-        scale_down = (
-            ScaleDeployment(old.name, 0, {labels.SCALE_DOWN_AT: None}),
-            _event(
-                "RevisionScaledDown",
-                f"Recreate: scaled {old.name} to 0 to make room for revision {candidate}",
-            ),
-        )
-        return replace(hold, stage=stopping, actions=scale_down)
+        return _recreate_first(hold, old, candidate)
     dep = observed.deployment(candidate)
     if dep is None:
         created = _event(
@@ -644,22 +631,8 @@ def _roll_out(
         )
         return replace(hold, stage=starting(0), actions=(CreateDeployment(desired.manifest), created))
     if labels.PREVIEW_FOR in dep.annotations:
-        # The preview passed and is the revision to serve: it keeps its replica, gets the rest,
-        # and carries its verdict from now on (rollback without a Job).
-        verdict = {
-            k: v for k, v in desired.manifest["metadata"]["annotations"].items() if k != labels.POD_TEMPLATE
-        }
-        promote = {
-            labels.PREVIEW_FOR: None,
-            labels.PREVIEW_SINCE: None,
-            labels.SCALE_DOWN_AT: None,
-            **verdict,
-        }
-        said = _event("PreviewPromoted", f"the preview {dep.name} passed: scaled to {replicas} replicas")
         return replace(
-            hold,
-            stage=starting(dep.available_replicas),
-            actions=(ScaleDeployment(dep.name, replicas, promote), said),
+            hold, stage=starting(dep.available_replicas), actions=_promote_preview(dep, desired, replicas)
         )
     if dep.replicas != replicas or labels.SCALE_DOWN_AT in dep.annotations:
         scale_up = (
@@ -678,6 +651,41 @@ def _roll_out(
             switching=True,
         )
     return replace(hold, stage=starting(dep.available_replicas))
+
+
+def _recreate_first(hold: Move, old: DeploymentState, candidate: str) -> Move:
+    """Recreate: the old revision's pods stop before the candidate starts."""
+    stopping = Progress(
+        Why.STOPPING_OLD,
+        f"Recreate: waiting for the pods of {old.name} to stop before starting revision {candidate}",
+    )
+    if old.replicas == 0:
+        return replace(hold, stage=stopping)
+    scale_down = (
+        ScaleDeployment(old.name, 0, {labels.SCALE_DOWN_AT: None}),
+        _event(
+            "RevisionScaledDown",
+            f"Recreate: scaled {old.name} to 0 to make room for revision {candidate}",
+        ),
+    )
+    return replace(hold, stage=stopping, actions=scale_down)
+
+
+def _promote_preview(dep: DeploymentState, desired: Desired, replicas: int) -> tuple[Action, ...]:
+    """The preview passed and is the revision to serve: it keeps its replica, gets the rest,
+    and carries its verdict from now on (rollback without a Job)."""
+    assert desired.manifest is not None
+    verdict = {
+        k: v for k, v in desired.manifest["metadata"]["annotations"].items() if k != labels.POD_TEMPLATE
+    }
+    promote = {
+        labels.PREVIEW_FOR: None,
+        labels.PREVIEW_SINCE: None,
+        labels.SCALE_DOWN_AT: None,
+        **verdict,
+    }
+    said = _event("PreviewPromoted", f"the preview {dep.name} passed: scaled to {replicas} replicas")
+    return (ScaleDeployment(dep.name, replicas, promote), said)
 
 
 def _switch_service(
