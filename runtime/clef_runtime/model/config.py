@@ -262,32 +262,10 @@ _SUPPORTED_ROPE = ("default", "mrope")
 
 
 def _parse(raw: Mapping[str, Any], where: str) -> ModelConfig:
-    model_type = raw.get("model_type", TEXT_MODEL_TYPE)
-    text: Mapping[str, Any]
-    if model_type == MULTIMODAL_MODEL_TYPE:
-        sub = raw.get("text_config")
-        if not isinstance(sub, Mapping):
-            raise ConfigError(
-                f"{where}: model_type 'qwen3_5' needs a text_config object with the decoder's shape"
-            )
-        inner_type = sub.get("model_type", TEXT_MODEL_TYPE)
-        if inner_type != TEXT_MODEL_TYPE:
-            raise ConfigError(f"{where}: text_config.model_type is {inner_type!r}, expected 'qwen3_5_text'")
-        text = dict(sub)
-        if "tie_word_embeddings" in raw:
-            text = {**text, "tie_word_embeddings": raw["tie_word_embeddings"]}
-        where = f"{where}: text_config"
-    elif model_type == TEXT_MODEL_TYPE:
-        text = raw
-    else:
-        raise ConfigError(
-            f"{where}: model_type is {model_type!r}: clef runs Qwen3.5 hybrid decoders "
-            "('qwen3_5_text', or 'qwen3_5' with a text_config)"
-        )
+    text, where = _text_config(raw, where)
 
     def get(key: str) -> Any:
-        value = text.get(key)
-        return _DEFAULTS[key] if value is None else value
+        return _setting(text, key)
 
     if get("hidden_act") not in ("silu", "swish"):
         raise ConfigError(f"{where}: hidden_act {get('hidden_act')!r} is not supported: Qwen3.5 uses 'silu'")
@@ -295,20 +273,7 @@ def _parse(raw: Mapping[str, Any], where: str) -> ModelConfig:
         raise ConfigError(f"{where}: attention_bias true is not supported: Qwen3.5 attention has no biases")
 
     num_layers = _int(get("num_hidden_layers"), "num_hidden_layers", where)
-    layer_types = text.get("layer_types")
-    if layer_types is None:
-        interval = _int(get("full_attention_interval"), "full_attention_interval", where)
-        if interval <= 0:
-            raise ConfigError(f"{where}: full_attention_interval ({interval}) must be a positive integer")
-        # Upstream's rule: every interval-th layer (1-based) is full attention.
-        layer_types = [FULL if (i + 1) % interval == 0 else LINEAR for i in range(num_layers)]
-    if not isinstance(layer_types, list | tuple):
-        raise ConfigError(f"{where}: layer_types must be a list of 'linear_attention'/'full_attention'")
-    if len(layer_types) != num_layers:
-        raise ConfigError(
-            f"{where}: layer_types has {len(layer_types)} entries but num_hidden_layers is {num_layers}"
-        )
-
+    layer_types = _layer_types(text, num_layers, where)
     theta, partial = _rope(text, where)
     try:
         return ModelConfig(
@@ -334,6 +299,55 @@ def _parse(raw: Mapping[str, Any], where: str) -> ModelConfig:
     except ConfigError as e:
         # Re-label errors raised by validate() with the file they came from.
         raise ConfigError(str(e).replace("config:", f"{where}:", 1)) from None
+
+
+def _setting(text: Mapping[str, Any], key: str) -> Any:
+    """A decoder key's value; upstream's default where it is missing or null."""
+    value = text.get(key)
+    return _DEFAULTS[key] if value is None else value
+
+
+def _text_config(raw: Mapping[str, Any], where: str) -> tuple[Mapping[str, Any], str]:
+    """The decoder's keys, and where they come from: the file itself ('qwen3_5_text'), or its
+    text_config ('qwen3_5', the multimodal wrapper; its tie_word_embeddings wins)."""
+    model_type = raw.get("model_type", TEXT_MODEL_TYPE)
+    if model_type == TEXT_MODEL_TYPE:
+        return raw, where
+    if model_type != MULTIMODAL_MODEL_TYPE:
+        raise ConfigError(
+            f"{where}: model_type is {model_type!r}: clef runs Qwen3.5 hybrid decoders "
+            "('qwen3_5_text', or 'qwen3_5' with a text_config)"
+        )
+    sub = raw.get("text_config")
+    if not isinstance(sub, Mapping):
+        raise ConfigError(
+            f"{where}: model_type 'qwen3_5' needs a text_config object with the decoder's shape"
+        )
+    inner_type = sub.get("model_type", TEXT_MODEL_TYPE)
+    if inner_type != TEXT_MODEL_TYPE:
+        raise ConfigError(f"{where}: text_config.model_type is {inner_type!r}, expected 'qwen3_5_text'")
+    text = dict(sub)
+    if "tie_word_embeddings" in raw:
+        text["tie_word_embeddings"] = raw["tie_word_embeddings"]
+    return text, f"{where}: text_config"
+
+
+def _layer_types(text: Mapping[str, Any], num_layers: int, where: str) -> list[str] | tuple[str, ...]:
+    """layer_types as given, or derived from full_attention_interval; one per layer."""
+    layer_types = text.get("layer_types")
+    if layer_types is None:
+        interval = _int(_setting(text, "full_attention_interval"), "full_attention_interval", where)
+        if interval <= 0:
+            raise ConfigError(f"{where}: full_attention_interval ({interval}) must be a positive integer")
+        # Upstream's rule: every interval-th layer (1-based) is full attention.
+        layer_types = [FULL if (i + 1) % interval == 0 else LINEAR for i in range(num_layers)]
+    if not isinstance(layer_types, list | tuple):
+        raise ConfigError(f"{where}: layer_types must be a list of 'linear_attention'/'full_attention'")
+    if len(layer_types) != num_layers:
+        raise ConfigError(
+            f"{where}: layer_types has {len(layer_types)} entries but num_hidden_layers is {num_layers}"
+        )
+    return layer_types
 
 
 def _rope(text: Mapping[str, Any], where: str) -> tuple[float, float]:
