@@ -174,7 +174,41 @@ def load_weights(
     files = safetensors_files(path)
     where = str(files[0]) if len(files) == 1 else f"{Path(path)} ({len(files)} shards)"
     expected = expected_tensors(config)
+    located, unexpected = _locate(files, config, expected, where)
+    problems = [
+        *(
+            f"missing {n} (expected shape {list(e.shape)} = {e.meaning})"
+            for n, e in expected.items()
+            if n not in located
+        ),
+        *(
+            f"unexpected {s}: not part of this config's decoder (check layer_types and the config)"
+            for s in unexpected
+        ),
+        *_shape_problems(files, located, expected),
+    ]
+    if problems:
+        shown = problems[:_MAX_LISTED]
+        more = f"\n  ... and {len(problems) - _MAX_LISTED} more" if len(problems) > _MAX_LISTED else ""
+        raise WeightsError(
+            f"{where}: the checkpoint does not match config.json ({len(problems)} problem(s)):\n  "
+            + "\n  ".join(shown)
+            + more
+        )
+    out: dict[str, torch.Tensor] = {}
+    for f in files:
+        with safe_open(str(f), framework="pt", device=str(device)) as st:
+            for name, (stored, src) in located.items():
+                if src == f:
+                    t = st.get_tensor(stored)
+                    out[name] = t if dtype is None else t.to(dtype)
+    return {n: out[n] for n in expected}
 
+
+def _locate(
+    files: list[Path], config: ModelConfig, expected: Mapping[str, Expected], where: str
+) -> tuple[dict[str, tuple[str, Path]], list[str]]:
+    """Each expected tensor's stored name and file, and the stored decoder tensors not expected."""
     located: dict[str, tuple[str, Path]] = {}
     unexpected: list[str] = []
     for stored, f in _stored_tensors(files):
@@ -189,47 +223,27 @@ def load_weights(
             unexpected.append(stored)
             continue
         located[name] = (stored, f)
+    return located, unexpected
 
-    problems: list[str] = []
-    missing = [n for n in expected if n not in located]
-    for n in missing:
-        e = expected[n]
-        problems.append(f"missing {n} (expected shape {list(e.shape)} = {e.meaning})")
-    for s in unexpected:
-        problems.append(
-            f"unexpected {s}: not part of this config's decoder (check layer_types and the config)"
-        )
 
+def _shape_problems(
+    files: list[Path], located: Mapping[str, tuple[str, Path]], expected: Mapping[str, Expected]
+) -> list[str]:
+    """The located tensors whose shapes (read from the file headers, no data) differ from the config's."""
     shapes: dict[str, tuple[int, ...]] = {}
     for f in files:
         with safe_open(str(f), framework="pt") as st:
             for name, (stored, src) in located.items():
                 if src == f:
                     shapes[name] = tuple(st.get_slice(stored).get_shape())
+    problems = []
     for name, (stored, _) in located.items():
         e = expected[name]
         if shapes[name] != e.shape:
             problems.append(
                 f"{stored} has shape {list(shapes[name])}, expected {list(e.shape)} = {e.meaning}"
             )
-
-    if problems:
-        shown = problems[:_MAX_LISTED]
-        more = f"\n  ... and {len(problems) - _MAX_LISTED} more" if len(problems) > _MAX_LISTED else ""
-        raise WeightsError(
-            f"{where}: the checkpoint does not match config.json ({len(problems)} problem(s)):\n  "
-            + "\n  ".join(shown)
-            + more
-        )
-
-    out: dict[str, torch.Tensor] = {}
-    for f in files:
-        with safe_open(str(f), framework="pt", device=str(device)) as st:
-            for name, (stored, src) in located.items():
-                if src == f:
-                    t = st.get_tensor(stored)
-                    out[name] = t if dtype is None else t.to(dtype)
-    return {n: out[n] for n in expected}
+    return problems
 
 
 def check_weights(weights: Mapping[str, torch.Tensor], config: ModelConfig, where: str = "weights") -> None:
