@@ -1,16 +1,13 @@
 """The fold (`delta_rule_chunk_split.FORM_WU`: launch 1 stores T, the walk takes
-v_new = T (β v - β e^{G} k̂ S)) on the rows the split design runs unsplit (B4 T8192, 8 packed
-sequences of 4096 tokens), against w and u stored, at several walk shapes; and the B1 rows
-(split into segments, folded by default) as a check of the tree.  bf16, the Qwen3.5 shapes, the
-bench's gates (g = logsigmoid(N(3, 1))), whole-call time by CUDA events over rotated input sets
-(GRAPH=1: by graph replay), median of 7; each variant's relative L2 error (output and final
-state) against the default path; per-kernel times (torch.profiler) of the default and the
-fastest variant per row.
+v_new = T (β v - β e^{G} k̂ S)) against w and u stored, on the rows the split design runs
+unsplit (B4 T8192, 8 packed sequences of 4096 tokens; the fold at several walk shapes) and on
+the B1 rows it splits into segments.  bf16, the Qwen3.5 shapes, the bench's gates
+(g = logsigmoid(N(3, 1))), whole-call time by CUDA events over rotated input sets (GRAPH=1: by
+graph replay), median of 7; each variant's relative L2 error (output and final state) against
+the default path; per-kernel times (torch.profiler) of the default and the fastest variant.
 
-    GRAPH=1 PYTHONPATH=runtime:contract python3 hack/device/probe_fold.py [rows [knobs file]]
-    rows: b4_t8192, packed_8x4096, b1_t8192, b1_t32768 (comma-separated, or all); the knobs
-    file gets ``AQK_IN_WALK=1`` when that variant's times sum below the default's (a later
-    command of the same device session can switch the tree's constant by it)
+    GRAPH=1 PYTHONPATH=runtime:contract python3 hack/device/probe_fold.py [rows]
+    rows: b4_t8192, packed_8x4096, b1_t8192, b1_t32768 (comma-separated, or all)
 """
 
 from __future__ import annotations
@@ -66,16 +63,12 @@ def with_knobs(cu: torch.Tensor | None, **knobs: object) -> Callable[[dict], obj
 
 
 def variants(cu: torch.Tensor | None, unsplit: bool) -> dict[str, Callable[[dict], object]]:  # type: ignore[type-arg]
-    """The default path; w and u stored (FORM_WU off: whole-V walks unsplit, the fold's 64-wide
-    blocks split); Aqk formed in the walk (AQK_IN_WALK) at the default walk shape and, unsplit, at
-    whole-V blocks and 8 warps."""
-    out = {
-        "default": with_knobs(cu),
-        "stored": with_knobs(cu, FORM_WU=False),
-        "aqk": with_knobs(cu, AQK_IN_WALK=True),
-    }
+    """The default path (folded, 64-wide V blocks, 4 warps); w and u stored (FORM_WU off: whole-V
+    walks at 8 warps); unsplit, the fold at other walk shapes."""
+    out = {"default": with_knobs(cu), "stored": with_knobs(cu, FORM_WU=False)}
     if unsplit:
-        out["aqk 128w8"] = with_knobs(cu, AQK_IN_WALK=True, FOLD_BV=128, FOLD_WARPS=8)
+        for bv, nw in ((128, 8), (64, 8), (32, 4)):
+            out[f"fold {bv}w{nw}"] = with_knobs(cu, FOLD_BV=bv, FOLD_WARPS=nw)
     return out
 
 
@@ -118,10 +111,6 @@ def main() -> None:
     base = {r[0]: r[2] for r in table if r[1] == "default"}
     for name, vname, t, err in table:
         print(f"{name:14s} {vname:14s} {t * 1e6:9.1f}  {base[name] / t:6.3f}x  {err:.1e}")
-    if len(sys.argv) > 2:  # for a later command: AQK_IN_WALK where it won over the rows' sum
-        aqk = sum(r[2] for r in table if r[1] == "aqk") < sum(base.values())
-        with open(sys.argv[2], "w") as f:
-            f.write("AQK_IN_WALK=1" if aqk else "")
 
 
 if __name__ == "__main__":

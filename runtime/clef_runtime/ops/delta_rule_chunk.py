@@ -179,7 +179,6 @@ def _chunk_prepare_kernel(
     SOLVE_PRECISION: tl.constexpr,
     ROUND_BF16: tl.constexpr,
     T_OUT: tl.constexpr = False,
-    AQK_OUT: tl.constexpr = True,
 ):
     # a 1-D grid, value heads fastest: the value heads of one key head (and of one chunk) run
     # side by side and share q and k through L2 (the chunk count stays off the 65535-limited
@@ -205,9 +204,7 @@ def _chunk_prepare_kernel(
     qf += hd0
     w += tok0 * K
     u += tok0 * V
-    # Aqk [B, T, HV, BT]; or, left to the split design's walk (not AQK_OUT), the two per-token
-    # factors it forms Aqk with, [B, HV, T, 2]
-    aqk += tok0 * BT if AQK_OUT else hd0 * 2
+    aqk += tok0 * BT
 
     r = tl.arange(0, BT)
     n_live = eos - t0
@@ -230,8 +227,7 @@ def _chunk_prepare_kernel(
         cols = c0 + tl.arange(0, KS)
         m = live[:, None] & (cols < K)[None, :]
         ks = tl.load(k + r[:, None] * skt + cols[None, :], mask=m, other=0.0)
-        if L2NORM or AQK_OUT:
-            qs = tl.load(q + r[:, None] * sqt + cols[None, :], mask=m, other=0.0)
+        qs = tl.load(q + r[:, None] * sqt + cols[None, :], mask=m, other=0.0)
         if L2NORM or CHUNK_BOUND:
             k32 = ks.to(tl.float32)
             ssk += tl.sum(k32 * k32, 1)
@@ -240,8 +236,7 @@ def _chunk_prepare_kernel(
             ssq += tl.sum(q32 * q32, 1)
         kst = tl.trans(ks.to(CHUNK_DT))
         KK = tl.dot(ks.to(CHUNK_DT), kst, KK, input_precision="ieee")
-        if AQK_OUT:
-            QK = tl.dot(qs.to(CHUNK_DT), kst, QK, input_precision="ieee")
+        QK = tl.dot(qs.to(CHUNK_DT), kst, QK, input_precision="ieee")
     if L2NORM:  # the opset's l2norm: x * rsqrt(sum(x²) + 1e-6), in float32
         rk = tl.rsqrt(ssk + 1e-6)
         rq = tl.rsqrt(ssq + 1e-6)
@@ -267,14 +262,10 @@ def _chunk_prepare_kernel(
     decay = tl.where(causal, tl.exp(tl.where(causal, G[:, None] - G[None, :], 0.0)), 0.0)
 
     # Aqk = scale (q̂ k̂ᵀ ⊙ decay), causal with the diagonal: the in-chunk part of the output
-    if AQK_OUT:
-        a_qk = QK * (scale * rq)[:, None] * rk[None, :] * decay
-        if ROUND_BF16:
-            a_qk = rne_bf16(a_qk)
-        tl.store(aqk + r[:, None] * (HV * BT) + r[None, :], a_qk.to(aqk.dtype.element_ty), mask=live[:, None])
-    else:  # the walk forms Aqk from q kᵀ, the decays and these (`delta_rule_chunk_split`, AQK_IN_WALK)
-        tl.store(aqk + r * 2, scale * rq, mask=live)
-        tl.store(aqk + r * 2 + 1, rk, mask=live)
+    a_qk = QK * (scale * rq)[:, None] * rk[None, :] * decay
+    if ROUND_BF16:
+        a_qk = rne_bf16(a_qk)
+    tl.store(aqk + r[:, None] * (HV * BT) + r[None, :], a_qk.to(aqk.dtype.element_ty), mask=live[:, None])
 
     # A = β k̂ k̂ᵀ ⊙ decay, strictly lower, float32
     strict = r[:, None] > r[None, :]
@@ -732,14 +723,12 @@ def prepare(
     tc: bool,
     chunk_bound: bool = False,
     t_out: bool = False,
-    aqk_out: bool = True,
 ) -> Prepared:
     """Allocate the outputs and launch 1's intermediates, and run launch 1 (shared with
     `clef_runtime.ops.delta_rule_chunk_split`; ``chunk_bound``: also the per-chunk log bounds
     `Prepared.lb` its warm-up walks read; ``t_out``: `Prepared.w` holds each chunk's T
     ``[B, T, HV, BT]`` and `Prepared.u` the float32 factors ``β e^{G} / |k|`` ``[B, HV, T]``,
-    from which that walk forms w and u; not ``aqk_out``: `Prepared.aqk` holds the float32 factors
-    ``scale / |q|`` and ``1 / |k|`` ``[B, HV, T, 2]`` from which that walk forms Aqk)."""
+    from which that walk forms w and u)."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     device = q.device
@@ -752,10 +741,7 @@ def prepare(
     else:
         w = torch.empty(B, T, HV, K, dtype=q.dtype, device=device)
         u = torch.empty(B, T, HV, V, dtype=q.dtype, device=device)
-    if aqk_out:
-        aqk = torch.empty(B, T, HV, BT, dtype=q.dtype, device=device)
-    else:
-        aqk = torch.empty(B, HV, T, 2, dtype=torch.float32, device=device)
+    aqk = torch.empty(B, T, HV, BT, dtype=q.dtype, device=device)
     # per-token float32 factors, head-major [B, HV, T] (a chunk's 64 are contiguous): the
     # cumulative decay, and what launches 2 and 3 scale k and q rows by
     gc = torch.empty(B, HV, T, dtype=torch.float32, device=device)
@@ -776,7 +762,7 @@ def prepare(
             BT=BT, BC=BC, LOG_BC=BC.bit_length() - 1, SOLVE_BY_DOUBLING=cfg.solve_by_doubling,
             IS_VARLEN=cu_seqlens is not None, L2NORM=use_qk_l2norm, CHUNK_BOUND=chunk_bound,
             CHUNK_DT=policy.chunk_dtype, SOLVE_PRECISION=policy.solve_precision,
-            ROUND_BF16=policy.round_bf16, T_OUT=t_out, AQK_OUT=aqk_out,
+            ROUND_BF16=policy.round_bf16, T_OUT=t_out,
             num_warps=cfg.warps1, maxnreg=cfg.regs1,
         )  # fmt: skip
     return Prepared(o, final, w, u, aqk, gc, kf, qf, lb, cu, NT, slots, policy, cfg)

@@ -86,9 +86,6 @@ DEFAULT_MIN_SPLIT_TOKENS = 4096
 FORM_WU = True
 FOLD_BV = 64
 FOLD_WARPS = 4
-# Launch 1 stores two float32 factors per token instead of Aqk (64 × 64 per chunk) and the walk
-# forms Aqk from the q and k rows it loads anyway (eighth pass).
-AQK_IN_WALK = False
 
 
 def default_segments(N: int, HV: int, V: int, T: int, block_v: int = SPLIT_BV) -> int:
@@ -166,7 +163,6 @@ def _split_step(
     ROUND_BF16: tl.constexpr,
     FORM_WU: tl.constexpr,
     CHUNK_DT: tl.constexpr,
-    AQK_IN_WALK: tl.constexpr,
 ):
     """One chunk from its start state S (columns of one block); with OUTPUT, the chunk's output
     rows for these columns are stored if the chunk starts at or after t_out (a warm-up chunk's
@@ -218,26 +214,9 @@ def _split_step(
         if ROUND_BF16:
             vd = rne_bf16(vd)
         qfac = tl.load(qf_p + t0 + r, mask=live, other=0.0)
-        q_raw = tl.load(q_p + t0 * sqt + r[:, None] * sqt + rk[None, :], mask=kmask, other=0.0)
-        qc = q_raw.to(STATE_DT)
-        if AQK_IN_WALK:
-            # Aqk = scale (q̂ k̂ᵀ ⊙ decay), causal, as launch 1 would have stored it (the same
-            # operands, products and rounding), from the q and k rows this step loads anyway,
-            # the cumulative decays and launch 1's factors scale / |q| and 1 / |k| (aqk_p).  It
-            # does not depend on S: off the walk's dependent chain.
-            Gc = tl.load(gc_p + t0 + r, mask=live, other=0.0)
-            fq = tl.load(aqk_p + (t0 + r) * 2, mask=live, other=0.0)
-            fk = tl.load(aqk_p + (t0 + r) * 2 + 1, mask=live, other=0.0)
-            causal = r[:, None] >= r[None, :]
-            decay = tl.where(causal, tl.exp(tl.where(causal, Gc[:, None] - Gc[None, :], 0.0)), 0.0)
-            qk = tl.dot(q_raw.to(CHUNK_DT), tl.trans(k_raw.to(CHUNK_DT)), input_precision="ieee")
-            Ac = qk * fq[:, None] * fk[None, :] * decay
-            if ROUND_BF16:
-                Ac = rne_bf16(Ac)
-            Ac = Ac.to(k_raw.dtype)
-        else:
-            a_mask = live[:, None] & (r[None, :] <= r[:, None])  # launch 1 wrote the causal part only
-            Ac = tl.load(aqk_p + t0 * (HV * BT) + r[:, None] * (HV * BT) + r[None, :], mask=a_mask, other=0.0)
+        qc = tl.load(q_p + t0 * sqt + r[:, None] * sqt + rk[None, :], mask=kmask, other=0.0).to(STATE_DT)
+        a_mask = live[:, None] & (r[None, :] <= r[:, None])  # launch 1 wrote the causal part only
+        Ac = tl.load(aqk_p + t0 * (HV * BT) + r[:, None] * (HV * BT) + r[None, :], mask=a_mask, other=0.0)
         oc = qfac[:, None] * tl.dot(qc, Sd, input_precision=STATE_PRECISION) + tl.dot(
             Ac.to(STATE_DT), vd, input_precision=STATE_PRECISION
         )
@@ -258,7 +237,7 @@ def _walk(
     v_p, svt, b_p,
     HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
     OUTPUT: tl.constexpr, STATE_DT: tl.constexpr, STATE_PRECISION: tl.constexpr, ROUND_BF16: tl.constexpr,
-    INTERPRETED: tl.constexpr, FORM_WU: tl.constexpr, CHUNK_DT: tl.constexpr, AQK_IN_WALK: tl.constexpr,
+    INTERPRETED: tl.constexpr, FORM_WU: tl.constexpr, CHUNK_DT: tl.constexpr,
 ):
     """`_split_step` over the chunks of tokens [t_lo, t_hi) from state S, outputs from t_out on;
     returns the state at t_hi.  Both launches walk through here (inlined on a GPU: the same machine code as the walk
@@ -269,7 +248,6 @@ def _walk(
             S = _split_step(
                 S, t0, t_out, eos, k_p, w_p, u_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, use_u, skt, sqt,
                 v_p, svt, b_p, HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16, FORM_WU, CHUNK_DT,
-                AQK_IN_WALK,
             )  # fmt: skip
             t0 += BT
     else:
@@ -278,7 +256,6 @@ def _walk(
             S = _split_step(
                 S, t_lo + c * BT, t_out, eos, k_p, w_p, u_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, use_u, skt, sqt,
                 v_p, svt, b_p, HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16, FORM_WU, CHUNK_DT,
-                AQK_IN_WALK,
             )  # fmt: skip
     return S
 # fmt: on
@@ -407,7 +384,6 @@ def _segment_output_kernel(
     INTERPRETED: tl.constexpr,
     FORM_WU: tl.constexpr,
     CHUNK_DT: tl.constexpr,
-    AQK_IN_WALK: tl.constexpr,
 ):
     """Segment s of one sequence, value head and V block: its start state from a warm-up walk
     over the chunks before it, then its chunks with the output fused.  With FORM_WU, w holds
@@ -454,13 +430,12 @@ def _segment_output_kernel(
         w_p = w + tok * K
         u_p = u + tok * V + c0
     o_p = o + tok * V + c0
-    aqk_p = aqk + (hd * 2 if AQK_IN_WALK else tok * BT)
+    aqk_p = aqk + tok * BT
     # the warm-up chunks [t_w, t_lo) (their outputs dropped), then the segment's own
     S = _walk(
         S, t_w, t_lo, t_hi, eos, k_p, w_p, u_p, gc + hd, kf + hd, q_p, qf + hd, aqk_p, o_p,
         ncols, True, skt, sqt, v + b * svb + hv * V + c0, svt, beta + tok,
         HV, K, V, BK, BV, BT, True, STATE_DT, STATE_PRECISION, ROUND_BF16, INTERPRETED, FORM_WU, CHUNK_DT,
-        AQK_IN_WALK,
     )  # fmt: skip
     if STORE_FINAL:
         tl.store(ht + s_off, S, mask=s_mask & (s == P - 1))
@@ -512,7 +487,6 @@ def chunk_gated_delta_rule_split(
         True,
         P > 1 and not use_qk_l2norm,
         fold,
-        not AQK_IN_WALK,
     )
     policy, cfg = p.policy, p.cfg
     BV = min(block_v or (FOLD_BV if fold else SPLIT_BV), cfg.BVF)
@@ -533,7 +507,7 @@ def chunk_gated_delta_rule_split(
         HAS_H0=initial_state is not None, STORE_FINAL=p.final is not None,
         STATE_DT=policy.state_dtype, STATE_PRECISION=policy.state_precision, WARMUP=P > 1,
         ROUND_BF16=policy.round_bf16, INTERPRETED=interpreted(_segment_output_kernel),
-        FORM_WU=fold, CHUNK_DT=policy.chunk_dtype, AQK_IN_WALK=AQK_IN_WALK,
+        FORM_WU=fold, CHUNK_DT=policy.chunk_dtype,
         num_warps=warps or (FOLD_WARPS if fold else SPLIT_WARPS), num_stages=stages,
     )  # fmt: skip
     return p.o, p.final
