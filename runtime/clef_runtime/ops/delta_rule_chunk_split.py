@@ -75,9 +75,10 @@ WARMUP_BLOCK = 64  # chunk bounds read per step of the walk back
 # head) chains, unsplit: measured faster there (B4 T8192, 8 packed × 4096) ...
 DEFAULT_MIN_CHAINS = 128
 # ... and, split into segments with warm-ups, for fewer chains whose sequences average at least
-# this many tokens: measured faster from B1 T4096 (even at the model's gates there) to T131072,
-# slower at T2048 (docs/performance.md, "sixth pass" and "seventh pass").
-DEFAULT_MIN_SPLIT_TOKENS = 4096
+# this many tokens: with the fold measured faster from B1 T2048 (1.19× at the bench's gates, 1.12×
+# at the model's) to T131072 (docs/performance.md, "sixth" to "eighth pass"); B1 T512 keeps the
+# three launches (it meets its target there).
+DEFAULT_MIN_SPLIT_TOKENS = 2048
 # Launch 1 stores each chunk's T (64 × 64) instead of w and u (64 × 128 each) and the walk takes
 # v_new = T (β v - β e^{G} k̂ S) per step, at 64-wide V blocks and 4 warps (whole-V programs spill
 # 176 bytes with it): on the H200 B1 T8192 and T32768 9-12% faster split into segments
