@@ -17,19 +17,19 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from probe_timing import rel, time_it  # hack/device, the script's folder
-from torch.profiler import ProfilerActivity, profile
+from probe_timing import (
+    CHUNK_ROWS,
+    kernel_times,
+    print_ratios,
+    rel,
+    time_it,
+)  # hack/device, the script's folder
 
 from clef_runtime.ops import delta_rule_chunk_split as ds
 from clef_runtime.ops.delta_rule_chunk import chunk_gated_delta_rule
 
 H, HV, K, V = 16, 32, 128, 128
-ROWS = {
-    "b4_t8192": (4, 8192, 1),
-    "packed_8x4096": (1, 32768, 8),
-    "b1_t8192": (1, 8192, 1),
-    "b1_t32768": (1, 32768, 1),
-}
+ROWS = {name: CHUNK_ROWS[name] for name in ("b4_t8192", "packed_8x4096", "b1_t8192", "b1_t32768")}
 want = sys.argv[1].split(",") if len(sys.argv) > 1 and sys.argv[1] != "all" else list(ROWS)
 dt = torch.bfloat16
 
@@ -77,10 +77,10 @@ def main() -> None:
     table = []
     for name in want:
         B, T, seqs = ROWS[name]
-        cu = torch.arange(0, T + 1, T // seqs, dtype=torch.int32, device="cuda") if seqs > 1 else None
+        cu = torch.arange(0, T + 1, T // seqs, dtype=torch.int32, device="cuda") if seqs else None
         set_bytes = B * T * (2 * H * K + 2 * HV * V) * 2
         sets = [inputs(B, T, i) for i in range(max(2, min(8, -(-200_000_000 // set_bytes))))]
-        vs = variants(cu, unsplit=B * seqs * HV >= ds.DEFAULT_MIN_CHAINS)
+        vs = variants(cu, unsplit=B * max(1, seqs) * HV >= ds.DEFAULT_MIN_CHAINS)
         ref_o, ref_h = vs["default"](sets[0])  # type: ignore[misc]
         times = {}
         for vname, fn in vs.items():
@@ -96,21 +96,10 @@ def main() -> None:
             table.append((name, vname, times[vname], err))
         best = min(times, key=times.__getitem__)
         for vname in dict.fromkeys(("default", best)):
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                for s in sets[:3]:
-                    vs[vname](s)
-                torch.cuda.synchronize()
-            for ev in prof.key_averages():
-                if ev.device_type.name == "CUDA" and "kernel" in ev.key:
-                    print(
-                        f"  {name} {vname} {ev.key[:40]}: {ev.device_time_total / len(sets[:3]):.1f} us/call"
-                    )
+            kernel_times(vs[vname], sets, f"{name} {vname}")
         del sets
         torch.cuda.empty_cache()
-    print("\nrow            variant        us/call  default/it  err")
-    base = {r[0]: r[2] for r in table if r[1] == "default"}
-    for name, vname, t, err in table:
-        print(f"{name:14s} {vname:14s} {t * 1e6:9.1f}  {base[name] / t:6.3f}x  {err:.1e}")
+    print_ratios(table, "default")
 
 
 if __name__ == "__main__":
