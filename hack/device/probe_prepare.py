@@ -11,7 +11,8 @@ With REF=1 each variant's whole call is also checked against the float64 token-b
 reference on the GPU (relative L2 error of o and the final state), at B1 T1024 with random
 inputs and with the solve's worst case (runs of equal keys, β = 1, g = 0): the accuracy of a
 variant on the GPU's own arithmetic (TF32, 3xTF32), which the CPU interpreter cannot show.
-ONLY=base,a,b runs those variants alone (errors compare to the first one named).
+ONLY=base,a,b runs those variants alone (errors compare to the first one named).  T_OUT=1 times the
+fold's launch 1 (`prepare(..., t_out=True)`: T and the factors stored in place of w and u).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ sys.argv[1:] = [str(T), "bf16", MODULE, str(B)]  # what probe_variants reads at 
 import probe_variants as pv  # noqa: E402
 
 OUTS = ("w", "u", "aqk", "gc", "kf", "qf")
+T_OUT = os.environ.get("T_OUT") == "1"  # the fold's launch 1: T and the factors in w's and u's place
 
 
 def events_median(fn, n: int) -> float:
@@ -116,14 +118,19 @@ def main() -> None:
             continue
 
         def prep(mod=mod):
-            return mod.prepare(q, k, v, g, beta, B, scale, None, True, False, True)
+            return mod.prepare(q, k, v, g, beta, B, scale, None, True, False, True, t_out=T_OUT)
 
         try:
             p = prep()
             outs = {n: getattr(p, n).float() for n in OUTS}
             if ref is None:
                 ref = outs
-            errs = {n: ((outs[n] - ref[n]).norm() / ref[n].norm().clamp_min(1e-30)).item() for n in OUTS}
+            errs = {
+                n: ((outs[n] - ref[n]).norm() / ref[n].norm().clamp_min(1e-30)).item()
+                if outs[n].shape == ref[n].shape
+                else float("nan")  # a variant that stores something else there
+                for n in OUTS
+            }
             finite = all(torch.isfinite(o).all().item() for o in outs.values())
             us = events_median(prep, 30)
             full = ""

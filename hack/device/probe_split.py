@@ -18,21 +18,13 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, "runtime")
-from probe_timing import rel, time_it  # hack/device, the script's folder
+from probe_timing import CHUNK_ROWS, print_ratios, rel, time_it  # hack/device, the script's folder
 
 from clef_runtime.ops.delta_rule_chunk import chunk_gated_delta_rule
 from clef_runtime.ops.delta_rule_chunk_split import chunk_gated_delta_rule_split, default_segments
 
 H, HV, K, V = 16, 32, 128, 128
-ROWS = {
-    "b1_t32768": (1, 32768, 0),
-    "b1_t8192": (1, 8192, 0),
-    "b4_t8192": (4, 8192, 0),
-    "b1_t2048": (1, 2048, 0),
-    "b1_t131072": (1, 131072, 0),
-    "packed_8x4096": (1, 32768, 8),
-    "b1_t512": (1, 512, 0),
-}
+ROWS = CHUNK_ROWS
 want = sys.argv[1].split(",") if len(sys.argv) > 1 and sys.argv[1] != "all" else list(ROWS)
 dtype = {"bf16": torch.bfloat16, "f16": torch.float16}[sys.argv[2] if len(sys.argv) > 2 else "bf16"]
 SPEC = sys.argv[3] if len(sys.argv) > 3 else "1:32:4,2:32:4,4:32:4,8:32:4,0:32:4"
@@ -104,7 +96,4 @@ for name in want:
     del sets
     torch.cuda.empty_cache()
 
-print("\nrow            variant          us/call   vs old   rel err")
-base = {r[0]: r[2] for r in table if r[1] == "old"}
-for name, vname, t, err in table:
-    print(f"{name:14s} {vname:14s} {t * 1e6:9.1f}  {base[name] / t:6.2f}x  {err:.1e}")
+print_ratios(table, "old")

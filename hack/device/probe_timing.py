@@ -1,6 +1,6 @@
-"""What the chunk probes share (`probe_split.py`, `probe_warmup.py`): relative L2 error, and the
-median per-call time of a function over rotated input sets by CUDA events (GRAPH=1: by
-CUDA-graph replay)."""
+"""What the chunk probes share (`probe_split.py`, `probe_warmup.py`, `probe_fold.py`): the bench's
+chunk rows, relative L2 error, the median per-call time of a function over rotated input sets by
+CUDA events (GRAPH=1: by CUDA-graph replay), and per-kernel times."""
 
 from __future__ import annotations
 
@@ -9,6 +9,18 @@ import statistics
 from collections.abc import Callable, Sequence
 
 import torch
+from torch.profiler import ProfilerActivity, profile
+
+# the bench's chunk rows: (B, T, packed sequences; 0: none)
+CHUNK_ROWS = {
+    "b1_t32768": (1, 32768, 0),
+    "b1_t8192": (1, 8192, 0),
+    "b4_t8192": (4, 8192, 0),
+    "b1_t2048": (1, 2048, 0),
+    "b1_t131072": (1, 131072, 0),
+    "packed_8x4096": (1, 32768, 8),
+    "b1_t512": (1, 512, 0),
+}
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -48,3 +60,24 @@ def time_it(fn: Callable[[dict], object], sets: Sequence[dict], reps: int = 7) -
     if os.environ.get("GRAPH") == "1":
         run = capture(run)
     return statistics.median(event_samples(run, reps, len(sets)))
+
+
+def kernel_times(fn: Callable[[dict], object], sets: Sequence[dict], label: str) -> None:  # type: ignore[type-arg]
+    """Print each CUDA kernel's time per call of ``fn`` (torch.profiler, up to 3 sets)."""
+    calls = list(sets[:3])
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for s in calls:
+            fn(s)
+        torch.cuda.synchronize()
+    for ev in prof.key_averages():
+        if ev.device_type.name == "CUDA" and "kernel" in ev.key:
+            print(f"  {label} {ev.key[:40]}: {ev.device_time_total / len(calls):.1f} us/call")
+
+
+def print_ratios(table: Sequence[tuple[str, str, float, float]], base_variant: str) -> None:
+    """The rows (row, variant, seconds per call, error) with each variant's speed-up over
+    ``base_variant`` of the same row."""
+    print(f"\nrow            variant          us/call  {base_variant}/it  rel err")
+    base = {r[0]: r[2] for r in table if r[1] == base_variant}
+    for name, vname, t, err in table:
+        print(f"{name:14s} {vname:14s} {t * 1e6:9.1f}  {base[name] / t:6.3f}x  {err:.1e}")

@@ -26,10 +26,9 @@ import sys
 
 import torch
 import torch.nn.functional as F
-from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, "runtime")
-from probe_timing import rel, time_it  # hack/device, the script's folder
+from probe_timing import kernel_times, rel, time_it  # hack/device, the script's folder
 
 from clef_runtime.ops import delta_rule_chunk_split as ds
 from clef_runtime.ops.delta_rule_chunk import BT, chunk_gated_delta_rule
@@ -162,16 +161,7 @@ for kind in gates:
             table.append((kind, name, vname, t, err, wu))
         if name == "t32768":
             for vname in ("three", best, *(v for v in variants if "stored" in v or " bv" in v)):
-                fn = variants[vname]
-                with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                    for s in (sets * 3)[:3]:
-                        fn(s)
-                    torch.cuda.synchronize()
-                for ev in prof.key_averages():
-                    if ev.device_type.name == "CUDA" and "kernel" in ev.key:
-                        print(
-                            f"  {kind} {name} {vname} {ev.key[:40]}: {ev.device_time_total / 3:.1f} us/call"
-                        )
+                kernel_times(variants[vname], sets, f"{kind} {name} {vname}")
         del sets
         torch.cuda.empty_cache()
 

@@ -41,19 +41,21 @@ repeated in memory):
    parallel, ``o = qf ⊙ (q S_c) + Aqk v_new`` (raw q into the dot, the factor on the product).
 
 bf16 on tensor cores with at least 128 (sequence, value head) chains, or with sequences of
-32768 tokens or more on average, is handed to `clef_runtime.ops.delta_rule_chunk_split` instead
-(launch 1, then the output fused into one whole-V walk per chain, long sequences cut into
-segments that start from a warm-up walk; no chunk states stored: faster there, slower for short
-B1 prompts; docs/performance.md, "fourth pass" and "sixth pass").
+2048 tokens or more on average (`delta_rule_chunk_split.takes_default_path`), is handed to
+`clef_runtime.ops.delta_rule_chunk_split` instead (launch 1 storing T in place of w and u, then
+the output fused into one walk per chain and V block that forms v_new from T, long sequences cut
+into segments that start from a warm-up walk; no chunk states stored: faster there, not measured
+faster for short B1 prompts; docs/performance.md, "fourth" to "eighth pass").
 
 Launch 3 costs storing the chunk states (``[chunks, HV, K, V]``) but keeps the output's dots off
 the sequential chain; docs/performance.md has the measurements behind this split and behind the
 tiles of `launch_config`.
 
 Precision (the policy is in `delta_rule_common`): the Gram matrices take input-dtype operands
-with float32 accumulation; ``T`` is solved in float32 (diagonal blocks exactly, the block-lower
-part at TF32 for 16-bit inputs, IEEE on the FMA path) and rounded to the input dtype for the WY products; ``w``, ``u``
-and ``Aqk`` are stored in the input dtype.  In launch 2 the state stays float32 in registers and
+with float32 accumulation; ``T`` is solved in float32 (the diagonal blocks at 3xTF32 for f16 and
+TF32 for bf16, `doubling_precision`; the block-lower part at TF32 for 16-bit inputs; IEEE on the
+FMA path) and rounded to the input dtype for the WY products; ``w``, ``u`` and ``Aqk`` are stored
+in the input dtype.  In launch 2 the state stays float32 in registers and
 enters its dots as bf16 (bf16 inputs), float32 at TF32 precision (f16: no overflow; IEEE on
 the FMA path) or IEEE float32 (f32), as do ``v_new`` and ``kf ⊙ v_new``; k and q enter their dots unscaled (exact in
 that dtype) and the factors kf, qf stay float32; the chunk states and ``v_new`` are stored in
@@ -177,6 +179,7 @@ def _chunk_prepare_kernel(
     CHUNK_BOUND: tl.constexpr,
     CHUNK_DT: tl.constexpr,
     SOLVE_PRECISION: tl.constexpr,
+    DOUBLING_PRECISION: tl.constexpr,
     ROUND_BF16: tl.constexpr,
     T_OUT: tl.constexpr = False,
 ):
@@ -272,9 +275,11 @@ def _chunk_prepare_kernel(
     A = tl.where(strict, KK * (bv * rk)[:, None] * rk[None, :] * decay, 0.0)
 
     # T = (I + A)⁻¹.  Split A = N + L into its 16×16 diagonal blocks N and the strictly
-    # block-lower rest L, D = I + N.  The four D_bb are inverted in IEEE float32 by blocked
-    # forward substitution, all four blocks at once; then with M = D⁻¹ L, which is nilpotent
-    # (M⁴ = 0 for four blocks), T = (I + M)⁻¹ D⁻¹ = (I - M)(I + M²) D⁻¹ in four 64×64 dots.
+    # block-lower rest L, D = I + N.  The four D_bb are inverted by blocked forward substitution
+    # (or doubling), all four blocks at once; then with M = D⁻¹ L, which is nilpotent (M⁴ = 0 for
+    # four blocks), T = (I + M)⁻¹ D⁻¹ = (I - M + M² - M³) D⁻¹ = D⁻¹ - W + M² (D⁻¹ - W) with
+    # W = M D⁻¹: four 64×64 dots, W and M² side by side, so three deep (four deep as
+    # (I - M)(I + M²) D⁻¹: launch 1 at B1 T32768 451 → 421 µs on the H200, the same errors).
     # Neither step is a power series inside a block: with repeated keys and β → 1 its
     # alternating sums would cancel catastrophically (test_repeated_keys_full_beta_no_decay).
     NB: tl.constexpr = BT // BC
@@ -297,10 +302,14 @@ def _chunk_prepare_kernel(
                 (ri >> lvl)[:, None] != (ri >> lvl)[None, :]
             )
             Lb = tl.where(joins[None, :, :], Nd, 0.0)
-            # 3xTF32 (split-float32 on the tensor cores) keeps float32 accuracy here (the
-            # inverse's error ≤ 2.7e-8, hack/solve_precision_emulation.py) and replaces 768 of
-            # the 880 FMAs per thread of the IEEE form: launch 1 went 902 → 813 µs on the H200.
-            X = X - tl.dot(tl.dot(X, Lb, input_precision="tf32x3"), X, input_precision="tf32x3")
+            # On tensor cores (`doubling_precision`): 3xTF32 (split-float32) keeps float32
+            # accuracy here (the inverse's error ≤ 2.7e-8, hack/solve_precision_emulation.py) and
+            # replaced 768 of the 880 FMAs per thread of the IEEE form (launch 1 902 → 813 µs on
+            # the H200); bf16 takes plain TF32, whose error stays below the bf16 rounding of T
+            # (launch 1 569 → 453 µs, docs/performance.md "eighth pass").
+            X = X - tl.dot(
+                tl.dot(X, Lb, input_precision=DOUBLING_PRECISION), X, input_precision=DOUBLING_PRECISION
+            )
     else:
         X = tl.zeros([NB, BC, BC], dtype=tl.float32) + eye_c[None, :, :]
         for i in range(1, BC):
@@ -313,12 +322,10 @@ def _chunk_prepare_kernel(
     rb = tl.arange(0, NB)
     eye_b = (rb[:, None] == rb[None, :]).to(tl.float32)
     Dinv = tl.reshape(X[:, :, None, :] * eye_b[:, None, :, None], [BT, BT])
-    eye = (r[:, None] == r[None, :]).to(tl.float32)
     M = tl.dot(Dinv, tl.where(same_blk, 0.0, A), input_precision=SOLVE_PRECISION)
+    W = tl.dot(M, Dinv, input_precision=SOLVE_PRECISION)
     M2 = tl.dot(M, M, input_precision=SOLVE_PRECISION)
-    Tm = tl.dot(
-        tl.dot(eye - M, eye + M2, input_precision=SOLVE_PRECISION), Dinv, input_precision=SOLVE_PRECISION
-    )
+    Tm = Dinv - W + tl.dot(M2, Dinv - W, input_precision=SOLVE_PRECISION)
     # the WY products run on tensor cores: T rounded to the dot dtype
     Tm = Tm.to(CHUNK_DT)
     if ROUND_BF16:
@@ -709,6 +716,14 @@ class Prepared:
     cfg: LaunchConfig
 
 
+def doubling_precision(policy: DotPolicy) -> str:
+    """input_precision of launch 1's doubling dots (the 16×16 diagonal blocks' inverses): TF32
+    where T is rounded to bf16 for its dots (TF32's error is below that rounding: against the
+    float64 reference on the H200, random inputs and runs of equal keys with β = 1, no larger
+    than with 3xTF32), 3xTF32 otherwise (f16 rounds T to 11 bits, as fine as TF32 itself)."""
+    return "tf32" if policy.chunk_dtype == tl.bfloat16 else "tf32x3"
+
+
 def prepare(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -762,6 +777,7 @@ def prepare(
             BT=BT, BC=BC, LOG_BC=BC.bit_length() - 1, SOLVE_BY_DOUBLING=cfg.solve_by_doubling,
             IS_VARLEN=cu_seqlens is not None, L2NORM=use_qk_l2norm, CHUNK_BOUND=chunk_bound,
             CHUNK_DT=policy.chunk_dtype, SOLVE_PRECISION=policy.solve_precision,
+            DOUBLING_PRECISION=doubling_precision(policy),
             ROUND_BF16=policy.round_bf16, T_OUT=t_out,
             num_warps=cfg.warps1, maxnreg=cfg.regs1,
         )  # fmt: skip

@@ -27,10 +27,10 @@ the exact walk, only longer.  So the split is never wrong, only slower when a he
 decays.  (An earlier form joined the segments by their affine maps ``S_end = M_s S + L_s``, K×K
 ``M_s``; the maps cost as much as the walk itself: docs/performance.md, "fourth pass".)
 
-Split into segments (``P > 1``), launch 1 stores each chunk's ``T = (I + A)⁻¹`` and the factors
-``β e^{G} / |k|`` in place of w and u, and each walk step takes
-``v_new = u - w S = T (β v - (β e^{G} k̂) S)``: w and u are never formed (``FORM_WU``; launch 1
-loses its w/u pass, the walk one 64 × 64 × V dot more), at 64-wide V blocks and 4 warps.
+Launch 1 stores each chunk's ``T = (I + A)⁻¹`` and the factors ``β e^{G} / |k|`` in place of w
+and u, and each walk step takes ``v_new = u - w S = T (β v - (β e^{G} k̂) S)``: w and u are never
+formed (``FORM_WU``; launch 1 loses its w/u pass, the walk one 64 × 64 × V dot more), at 64-wide V
+blocks and 4 warps, split into segments or not.
 
 The segments differ from a single walk only in rounding.  With ``P = 1`` there is no warm-up
 and the kernel is the plain fused recurrence.  Segments hold ``ceil(chunks / P)`` chunks of their
@@ -53,8 +53,9 @@ from clef_runtime.interpreter import interpreted
 from clef_runtime.ops.delta_rule_chunk import BT, OP, checked_inputs, prepare
 from clef_runtime.ops.delta_rule_common import rne_bf16, tensor_core_dots
 
-# Launches 2 and 3 take the whole V = 128 per program (k, w, q and Aqk are then read once per
-# chunk and value head, not once per V block), 8 warps, 2 stages (3 need 254 KB of shared memory).
+# With FORM_WU off, launches 2 and 3 take the whole V = 128 per program (k, w, q and Aqk are then
+# read once per chunk and value head, not once per V block), 8 warps, 2 stages (3 need 254 KB of
+# shared memory).
 # Measured on the H200 (docs/performance.md, "Split design"): 32-wide blocks at 4 warps were
 # 1.3-1.6× slower, 64-wide at 8 warps in between.
 SPLIT_BV = 128
@@ -74,14 +75,15 @@ WARMUP_BLOCK = 64  # chunk bounds read per step of the walk back
 # head) chains, unsplit: measured faster there (B4 T8192, 8 packed × 4096) ...
 DEFAULT_MIN_CHAINS = 128
 # ... and, split into segments with warm-ups, for fewer chains whose sequences average at least
-# this many tokens: measured faster from B1 T4096 (even at the model's gates there) to T131072,
-# slower at T2048 (docs/performance.md, "sixth pass" and "seventh pass").
-DEFAULT_MIN_SPLIT_TOKENS = 4096
-# Split into segments (P > 1), launch 1 stores each chunk's T (64 × 64) instead of w and u
-# (64 × 128 each) and the walk takes v_new = T (β v - β e^{G} k̂ S) per step, at 64-wide V blocks
-# and 4 warps (whole-V programs spill 176 bytes with it): B1 T8192 and T32768 9-12% faster on the
-# H200 (docs/performance.md, "seventh pass").  Unsplit calls (B4 T8192, packed) were not measured
-# with it and keep w and u stored.
+# this many tokens: with the fold measured faster from B1 T2048 (1.19× at the bench's gates, 1.12×
+# at the model's) to T131072 (docs/performance.md, "sixth" to "eighth pass"); B1 T512 keeps the
+# three launches (it meets its target there).
+DEFAULT_MIN_SPLIT_TOKENS = 2048
+# Launch 1 stores each chunk's T (64 × 64) instead of w and u (64 × 128 each) and the walk takes
+# v_new = T (β v - β e^{G} k̂ S) per step, at 64-wide V blocks and 4 warps (whole-V programs spill
+# 176 bytes with it): on the H200 B1 T8192 and T32768 9-12% faster split into segments
+# (docs/performance.md, "seventh pass"), B4 T8192 and 8 packed × 4096 8-10% faster unsplit
+# ("eighth pass"; there whole-V walks folded were 7% slower than stored, 32-wide 14%).
 FORM_WU = True
 FOLD_BV = 64
 FOLD_WARPS = 4
@@ -460,8 +462,8 @@ def chunk_gated_delta_rule_split(
     """The chunked delta rule in the split design (same contract as
     `clef_runtime.ops.delta_rule_chunk.chunk_gated_delta_rule`).  ``segments``: per sequence
     (None: `default_segments`); ``block_v``, ``warps``: the walk's column block and warps (for
-    measurements; None: the kept ones, FOLD_BV and FOLD_WARPS for a split call, SPLIT_BV and
-    SPLIT_WARPS for an unsplit one).  Raises ValueError where the device takes the FMA
+    measurements; None: the kept ones, FOLD_BV and FOLD_WARPS, or SPLIT_BV and SPLIT_WARPS with
+    FORM_WU off).  Raises ValueError where the device takes the FMA
     configuration (float32, sm70): that path has the three-launch design only."""
     _, T, H, HV, K, V, N, scale = checked_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens)
     if not tensor_core_dots(q.dtype, q.device):
@@ -469,7 +471,7 @@ def chunk_gated_delta_rule_split(
     P = default_segments(N, HV, V, T) if segments is None else int(segments)
     if P < 1:
         raise ValueError(f"{OP}: segments must be ≥ 1, got {P}")
-    fold = FORM_WU and P > 1
+    fold = FORM_WU
     # launch 1 stores the chunk bounds only for keys it does not normalise (with normalised keys
     # the gates give them: `_chunk_bounds`); they cost it 14% at B1 T32768 on the H200
     p = prepare(

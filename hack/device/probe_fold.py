@@ -1,0 +1,106 @@
+"""The fold (`delta_rule_chunk_split.FORM_WU`: launch 1 stores T, the walk takes
+v_new = T (β v - β e^{G} k̂ S)) against w and u stored, on the rows the split design runs
+unsplit (B4 T8192, 8 packed sequences of 4096 tokens; the fold at several walk shapes) and on
+the B1 rows it splits into segments.  bf16, the Qwen3.5 shapes, the bench's gates
+(g = logsigmoid(N(3, 1))), whole-call time by CUDA events over rotated input sets (GRAPH=1: by
+graph replay), median of 7; each variant's relative L2 error (output and final state) against
+the default path; per-kernel times (torch.profiler) of the default and the fastest variant.
+
+    GRAPH=1 PYTHONPATH=runtime:contract python3 hack/device/probe_fold.py [rows]
+    rows: b4_t8192, packed_8x4096, b1_t8192, b1_t32768 (comma-separated, or all)
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from probe_timing import (
+    CHUNK_ROWS,
+    kernel_times,
+    print_ratios,
+    rel,
+    time_it,
+)  # hack/device, the script's folder
+
+from clef_runtime.ops import delta_rule_chunk_split as ds
+from clef_runtime.ops.delta_rule_chunk import chunk_gated_delta_rule
+
+H, HV, K, V = 16, 32, 128, 128
+ROWS = {name: CHUNK_ROWS[name] for name in ("b4_t8192", "packed_8x4096", "b1_t8192", "b1_t32768")}
+want = sys.argv[1].split(",") if len(sys.argv) > 1 and sys.argv[1] != "all" else list(ROWS)
+dt = torch.bfloat16
+
+
+def inputs(B: int, T: int, seed: int) -> dict[str, torch.Tensor]:
+    g0 = torch.Generator(device="cuda").manual_seed(seed)
+    return {
+        "q": torch.randn(B, T, H, K, device="cuda", generator=g0).to(dt),
+        "k": torch.randn(B, T, H, K, device="cuda", generator=g0).to(dt),
+        "v": torch.randn(B, T, HV, V, device="cuda", generator=g0).to(dt),
+        "g": F.logsigmoid(torch.randn(B, T, HV, device="cuda", generator=g0) + 3),
+        "beta": torch.rand(B, T, HV, device="cuda", generator=g0),
+    }
+
+
+def with_knobs(cu: torch.Tensor | None, **knobs: object) -> Callable[[dict], object]:  # type: ignore[type-arg]
+    """The default path with module constants of `delta_rule_chunk_split` set for the call."""
+
+    def run(s: dict) -> object:  # type: ignore[type-arg]
+        keep = {name: getattr(ds, name) for name in knobs}
+        for name, val in knobs.items():
+            setattr(ds, name, val)
+        try:
+            return chunk_gated_delta_rule(s["q"], s["k"], s["v"], s["g"], s["beta"], output_final_state=True,
+                                          use_qk_l2norm=True, cu_seqlens=cu)  # fmt: skip
+        finally:
+            for name, val in keep.items():
+                setattr(ds, name, val)
+
+    return run
+
+
+def variants(cu: torch.Tensor | None, unsplit: bool) -> dict[str, Callable[[dict], object]]:  # type: ignore[type-arg]
+    """The default path (folded, 64-wide V blocks, 4 warps); w and u stored (FORM_WU off: whole-V
+    walks at 8 warps); unsplit, the fold at other walk shapes."""
+    out = {"default": with_knobs(cu), "stored": with_knobs(cu, FORM_WU=False)}
+    if unsplit:
+        for bv, nw in ((128, 8), (64, 8), (32, 4)):
+            out[f"fold {bv}w{nw}"] = with_knobs(cu, FOLD_BV=bv, FOLD_WARPS=nw)
+    return out
+
+
+def main() -> None:
+    print(torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
+    table = []
+    for name in want:
+        B, T, seqs = ROWS[name]
+        cu = torch.arange(0, T + 1, T // seqs, dtype=torch.int32, device="cuda") if seqs else None
+        set_bytes = B * T * (2 * H * K + 2 * HV * V) * 2
+        sets = [inputs(B, T, i) for i in range(max(2, min(8, -(-200_000_000 // set_bytes))))]
+        vs = variants(cu, unsplit=B * max(1, seqs) * HV >= ds.DEFAULT_MIN_CHAINS)
+        ref_o, ref_h = vs["default"](sets[0])  # type: ignore[misc]
+        times = {}
+        for vname, fn in vs.items():
+            o, h = fn(sets[0])  # type: ignore[misc]
+            err = max(rel(o, ref_o), rel(h, ref_h))
+            ok = bool(torch.isfinite(o).all() and torch.isfinite(h).all())
+            time_it(fn, sets, 1)
+            times[vname] = time_it(fn, sets)
+            print(
+                f"{name} {vname}: {times[vname] * 1e6:.1f} us, err vs default {err:.2e}, finite {ok}",
+                flush=True,
+            )
+            table.append((name, vname, times[vname], err))
+        best = min(times, key=times.__getitem__)
+        for vname in dict.fromkeys(("default", best)):
+            kernel_times(vs[vname], sets, f"{name} {vname}")
+        del sets
+        torch.cuda.empty_cache()
+    print_ratios(table, "default")
+
+
+if __name__ == "__main__":
+    main()
