@@ -15,10 +15,12 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import gc
+import itertools
 import logging
 import os
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -129,9 +131,11 @@ def trim(collect: bool = False) -> None:
 # ------------------------------------------------------------------------------ measuring
 # `CLEF_MEMORY_REPORT=FILE clef-operator run ...`: each SIGUSR1 appends a breakdown of the
 # process's memory to FILE (docs/performance.md, "Where the memory is").  With CLEF_MEMORY_TRACE=N
-# as well (tracemalloc from start-up on, N frames), the Python allocations by package and line (tracing costs memory and time: measure RSS
-# without it).  Off by default: nothing is installed unless the variable is set.
+# as well (tracemalloc from start-up on, N frames; `N@report`: from the first report on), the
+# Python allocations by package and line, and the collector's objects by where they were allocated
+# (tracing costs memory and time: measure RSS without it).  Off by default: nothing is installed unless the variable is set.
 REPORT_ENV = "CLEF_MEMORY_REPORT"
+_REPORTS = itertools.count()
 TRACE_ENV = "CLEF_MEMORY_TRACE"
 
 
@@ -226,7 +230,6 @@ def _mappings() -> list[str]:
 def _objects() -> list[str]:
     """Threads by name, the collector's view: gc-tracked objects by type."""
     import sys
-    from collections import Counter
 
     threads = threading.enumerate()
     trims = _TRIMMER.trims if _TRIMMER is not None else 0
@@ -245,7 +248,6 @@ def _traced() -> list[str]:
     """With tracemalloc on: the traced total, by package and by line, and the snapshot in a file
     next to the report's (`Snapshot.load(a).compare_to(Snapshot.load(b), "lineno")`: what grew)."""
     import tracemalloc
-    from collections import Counter
 
     if not tracemalloc.is_tracing():
         return []
@@ -256,9 +258,12 @@ def _traced() -> list[str]:
     lines = [f"tracemalloc: current {current / 2**20:.1f} MiB, peak {peak / 2**20:.1f} MiB"]
     report_path = os.environ.get(REPORT_ENV)
     if report_path:
-        dumped = f"{report_path}.{time.strftime('%H%M%S')}.snap"
-        snap.dump(dumped)
-        lines.append(f"tracemalloc snapshot: {dumped}")
+        stamp = time.strftime("%H%M%S") + f".{next(_REPORTS)}"
+        snap.dump(f"{report_path}.{stamp}.snap")
+        lines.append(f"tracemalloc snapshot: {report_path}.{stamp}.snap")
+        with open(f"{report_path}.{stamp}.objects", "w") as f:
+            f.writelines(f"{n}\t{where}\n" for where, n in objects_by_origin().most_common())
+        lines.append(f"gc-tracked objects by where they were allocated: {report_path}.{stamp}.objects")
     by_package: Counter[str] = Counter()
     marker = "site-packages/"
     for stat in snap.statistics("filename"):
@@ -269,6 +274,20 @@ def _traced() -> list[str]:
     return lines + [
         f"  {s.size / 2**20:7.2f} MiB {s.count:7d} {s.traceback[0]}" for s in snap.statistics("lineno")[:30]
     ]
+
+
+def objects_by_origin() -> Counter[str]:
+    """With tracemalloc on: the collector's objects counted by type and by where they were
+    allocated (the traceback, innermost frame first).  Two reports' counts compared show what a
+    burst of work left behind and which code made it (objects born before tracing: "untraced")."""
+    import tracemalloc
+
+    counts: Counter[str] = Counter()
+    for obj in gc.get_objects():
+        tb = tracemalloc.get_object_traceback(obj)
+        where = " < ".join(f"{f.filename.rsplit('/', 2)[-1]}:{f.lineno}" for f in reversed(tb)) if tb else "untraced"
+        counts[f"{type(obj).__qualname__} @ {where}"] += 1
+    return counts
 
 
 def report() -> str:
@@ -301,9 +320,15 @@ def install_report() -> None:
             busy.release()
         with open(path, "a") as f:
             f.write(text)
+        if late and not tracemalloc.is_tracing():
+            tracemalloc.start(frames)
 
+    import tracemalloc
+
+    # "N" traces from start-up on; "N@report" from the first report on (start-up untraced: tracing
+    # slows the interpreter ~10x, and what a burst of work leaves is what was born after it).
+    frames_text, late_text = (os.environ.get(TRACE_ENV) or "0").partition("@")[::2]
+    frames, late = int(frames_text), late_text == "report"
     signal.signal(signal.SIGUSR1, on_signal)
-    if os.environ.get(TRACE_ENV):
-        import tracemalloc
-
-        tracemalloc.start(int(os.environ[TRACE_ENV]))
+    if frames and not late:
+        tracemalloc.start(frames)
