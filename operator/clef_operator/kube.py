@@ -274,6 +274,9 @@ class ServiceRecord:
     owners: tuple[tuple[str, str, bool], ...]
     cluster_ip: str
     ports: tuple[Mapping[str, Any], ...]
+    # What a release tests and names (`Kube.release_service`).
+    uid: str = ""
+    resource_version: str = ""
 
     def state(self, model_uid: str) -> ServiceState:
         return ServiceState(
@@ -298,6 +301,8 @@ def _service(s: Any) -> ServiceRecord:
         ),
         cluster_ip=s.spec.cluster_ip or "",
         ports=tuple(_wire(p) for p in s.spec.ports or []),
+        uid=s.metadata.uid or "",
+        resource_version=s.metadata.resource_version or "",
     )
 
 
@@ -699,18 +704,38 @@ class Kube:
 
     def release_service(self, namespace: str, model: str, service: str) -> bool:
         """Hand back a Service `model` adopted (`children.release_ops`), when the model is deleted;
-        whether there was one to hand back."""
+        whether there was one to hand back.  Planned from the cache (a deletion costs no read);
+        the patch tests the cached resourceVersion, so a stale cache cannot write over a newer
+        Service: a refused patch, or a Service the cache does not hold, is read from the API
+        server and planned again (a refusal of that plan raises: the pass is retried)."""
+        records = self.cache["services"].get((namespace, service))
+        if records:
+            try:
+                return self._release(namespace, model, records[0])
+            except ApiException as e:
+                # A failed test is a bare 422 ("Invalid"; the body does not say which operation
+                # failed): whatever the cached plan was refused for, the fresh read decides.
+                if e.status not in (409, 422):
+                    raise
         try:
-            current: Any = self.core.read_namespaced_service(service, namespace)
+            current = _service(self.core.read_namespaced_service(service, namespace))
         except ApiException as e:
             if e.status == 404:
                 return False
             raise
-        ops = release_ops(current.metadata.annotations or {}, model)
-        if not ops or any(ref.kind == KIND for ref in current.metadata.owner_references or []):
+        return self._release(namespace, model, current)
+
+    def _release(self, namespace: str, model: str, current: ServiceRecord) -> bool:
+        ops = release_ops(current.annotations, model)
+        if not ops or any(who.split("/", 1)[0] == KIND for _, who, _ in current.owners):
             return False  # not driven by this model, or clef's own (it goes with the model)
-        test = {"op": "test", "path": "/metadata/resourceVersion", "value": current.metadata.resource_version}
-        self.core.patch_namespaced_service(service, namespace, [test, *ops], _content_type=JSON_PATCH)
+        test = {"op": "test", "path": "/metadata/resourceVersion", "value": current.resource_version}
+        self._remember(
+            "services",
+            self.core.patch_namespaced_service(
+                current.name, namespace, [test, *ops], _content_type=JSON_PATCH
+            ),
+        )
         restored = next((op["value"] for op in ops if op["path"] == "/spec/selector" and "value" in op), None)
         what = (
             f"its selector is {restored} again"
@@ -718,7 +743,7 @@ class Kube:
             else "its selector was left as clef set it"
         )
         reference = client.V1ObjectReference(
-            api_version="v1", kind="Service", name=service, namespace=namespace, uid=current.metadata.uid
+            api_version="v1", kind="Service", name=current.name, namespace=namespace, uid=current.uid
         )
         self._post(
             namespace,
@@ -726,7 +751,7 @@ class Kube:
             act.Event(
                 "Normal",
                 "ServiceReleased",
-                f"ClefModel {model} was deleted: released Service {service}; {what}",
+                f"ClefModel {model} was deleted: released Service {current.name}; {what}",
             ),
         )
         return True

@@ -285,7 +285,11 @@ def objects_by_origin() -> Counter[str]:
     counts: Counter[str] = Counter()
     for obj in gc.get_objects():
         tb = tracemalloc.get_object_traceback(obj)
-        where = " < ".join(f"{f.filename.rsplit('/', 2)[-1]}:{f.lineno}" for f in reversed(tb)) if tb else "untraced"
+        where = (
+            " < ".join(f"{f.filename.rsplit('/', 2)[-1]}:{f.lineno}" for f in reversed(tb))
+            if tb
+            else "untraced"
+        )
         counts[f"{type(obj).__qualname__} @ {where}"] += 1
     return counts
 
