@@ -58,9 +58,13 @@ Wake = Callable[[str, str], None]
 
 
 def _meta(obj: Any, wire: str, attr: str) -> str:
-    """A metadata field of a wire dict (`wire`) or of the client's typed object (`attr`)."""
-    meta = obj.get("metadata", {}) if isinstance(obj, Mapping) else obj.metadata
-    value = meta.get(wire) if isinstance(meta, Mapping) else getattr(meta, attr)
+    """A metadata field of a wire dict (`wire`) or of the client's typed object (`attr`).  `dict`,
+    not `Mapping`: an isinstance check against an ABC leaves a weak reference to the class in
+    every ABC under it (again whenever any ABC registers a class), objects born during a burst of
+    work that outlive it and pin the memory around them (docs/performance.md, "Memory after
+    deletion")."""
+    meta = obj.get("metadata", {}) if isinstance(obj, dict) else obj.metadata
+    value = meta.get(wire) if isinstance(meta, dict) else getattr(meta, attr)
     return str(value or "")
 
 
@@ -253,7 +257,7 @@ class Informer(threading.Thread):
 
     def _list(self) -> str:
         result: Any = self.list_fn(*self._scope(), **self._filter())
-        items = result["items"] if isinstance(result, Mapping) else result.items
+        items = result["items"] if isinstance(result, dict) else result.items
         before = set(self.table.keys())
         self.table.replace(self.namespace, list(items or []))
         if self.listed.is_set():

@@ -116,12 +116,26 @@ def touched(collect: bool = False) -> None:
     _TRIMMER.touched(collect)
 
 
+_ON_QUIET: list[Callable[[], object]] = []
+
+
+def on_quiet(release: Callable[[], object]) -> None:
+    """`release` runs before each trim (work has gone quiet): it lets go of what a burst of work
+    kept and no longer needs (the client's idle connections), so that a trim returns that too."""
+    _ON_QUIET.append(release)
+
+
 def trim(collect: bool = False) -> None:
-    """Return free heap pages to the system; with `collect`, first free the cycles a deleted
-    model left, which the collector's oldest
+    """Return free heap pages to the system, after the `on_quiet` releases; with `collect`, first
+    free the cycles a deleted model left, which the collector's oldest
     generation would otherwise keep for long.  A full collection holds the interpreter while it
     walks every object, so it is asked for only after deletions; ctypes lets go of the lock
     during malloc_trim, so nothing waits for that."""
+    for release in list(_ON_QUIET):
+        try:
+            release()
+        except Exception:  # a release is an economy; it must never stop the trims
+            log.exception("releasing before a trim failed")
     if collect:
         gc.collect()
     if _LIBC is not None:
