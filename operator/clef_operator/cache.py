@@ -58,12 +58,13 @@ Wake = Callable[[str, str], None]
 
 
 def _meta(obj: Any, wire: str, attr: str) -> str:
-    """A metadata field of a wire dict (`wire`) or of the client's typed object (`attr`).  `dict`,
-    not `Mapping`: an isinstance check against an ABC leaves a weak reference to the class in
+    """A metadata field of a wire mapping (`wire`) or of the client's typed object (`attr`).  No
+    `isinstance(obj, Mapping)`: an isinstance check against an ABC leaves a weak reference to the class in
     every ABC under it (again whenever any ABC registers a class), objects born during a burst of
     work that outlive it and pin the memory around them (docs/performance.md, "Memory after
     deletion")."""
-    meta = obj.get("metadata", {}) if isinstance(obj, dict) else obj.metadata
+    typed = getattr(obj, "metadata", None)  # a typed object's; a wire dict (or Packed) has none
+    meta = obj.get("metadata", {}) if typed is None else typed
     value = meta.get(wire) if isinstance(meta, dict) else getattr(meta, attr)
     return str(value or "")
 

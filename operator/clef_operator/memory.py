@@ -293,7 +293,8 @@ def _traced() -> list[str]:
 def objects_by_origin() -> Counter[str]:
     """With tracemalloc on: the collector's objects counted by type and by where they were
     allocated (the traceback, innermost frame first).  Two reports' counts compared show what a
-    burst of work left behind and which code made it (objects born before tracing: "untraced")."""
+    burst of work left behind and which code made it (objects born before tracing: "untraced"; an
+    object reused from the interpreter's free lists counts where its memory was first allocated)."""
     import tracemalloc
 
     counts: Counter[str] = Counter()
