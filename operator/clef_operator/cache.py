@@ -218,6 +218,16 @@ class Table:
         with self.lock:
             return len(self.by_uid)
 
+    def compact(self) -> None:
+        """Copy the table's dicts, each sized to what it holds now: a dict never shrinks as
+        entries go, so after 1,000 models were deleted each would keep room for them (tables of
+        tens of KiB each, per-model state in all but name)."""
+        with self.lock:
+            self._expire()
+            self.by_uid = dict(self.by_uid)
+            self.by_key = dict(self.by_key)
+            self.gone = OrderedDict(self.gone)
+
 
 class Informer(threading.Thread):
     """List, then watch, one kind in one namespace (None: all) into its table, for ever."""
@@ -343,6 +353,11 @@ class Cache:
 
     def tombstones(self) -> int:
         return sum(t.tombstones() for t in self.tables.values())
+
+    def compact(self) -> None:
+        """Every table's dicts sized to what they hold (`Table.compact`); when work goes quiet."""
+        for table in self.tables.values():
+            table.compact()
 
 
 def custom_lister(

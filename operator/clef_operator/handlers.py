@@ -300,6 +300,7 @@ def start_watching(tuning: Tuning) -> Watching:
     kube.instance = leader.identity() or kube.instance
     kube.warm_up()
     memory.on_quiet(kube.close_idle_connections)
+    memory.on_quiet(kube.cache.compact)
     watching = Watching(kube)
     kube.start_cache(tuning.namespaces, watching.wake)
     return watching
