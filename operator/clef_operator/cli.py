@@ -23,6 +23,7 @@ def _run(args: argparse.Namespace) -> int:
     from clef_operator import memory
 
     # Before the first thread (metrics, election, watches, reconciles) allocates.
+    memory.without_thread_caches()
     memory.limit_arenas()
     memory.install_report()
     import kopf
