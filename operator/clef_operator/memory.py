@@ -202,7 +202,6 @@ def pymalloc_stats() -> list[str]:
     """Python's small-object allocator (`sys._debugmallocstats`, which writes to the C stderr):
     arenas held against the bytes their live blocks use.  Arenas hold what pymalloc cannot hand
     back (an arena with one live block stays)."""
-    import sys
     import tempfile
 
     with tempfile.TemporaryFile(mode="w+") as out:
@@ -267,7 +266,6 @@ def _mappings() -> list[str]:
 
 def _objects() -> list[str]:
     """Threads by name, the collector's view: gc-tracked objects by type."""
-    import sys
 
     threads = threading.enumerate()
     trims = _TRIMMER.trims if _TRIMMER is not None else 0
