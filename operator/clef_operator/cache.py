@@ -58,9 +58,14 @@ Wake = Callable[[str, str], None]
 
 
 def _meta(obj: Any, wire: str, attr: str) -> str:
-    """A metadata field of a wire dict (`wire`) or of the client's typed object (`attr`)."""
-    meta = obj.get("metadata", {}) if isinstance(obj, Mapping) else obj.metadata
-    value = meta.get(wire) if isinstance(meta, Mapping) else getattr(meta, attr)
+    """A metadata field of a wire mapping (`wire`) or of the client's typed object (`attr`).  No
+    `isinstance(obj, Mapping)`: an isinstance check against an ABC leaves a weak reference to the class in
+    every ABC under it (again whenever any ABC registers a class), objects born during a burst of
+    work that outlive it and pin the memory around them (docs/performance.md, "Memory after
+    deletion")."""
+    typed = getattr(obj, "metadata", None)  # a typed object's; a wire dict (or Packed) has none
+    meta = obj.get("metadata", {}) if typed is None else typed
+    value = meta.get(wire) if isinstance(meta, dict) else getattr(meta, attr)
     return str(value or "")
 
 
@@ -213,6 +218,16 @@ class Table:
         with self.lock:
             return len(self.by_uid)
 
+    def compact(self) -> None:
+        """Copy the table's dicts, each sized to what it holds now: a dict never shrinks as
+        entries go, so after 1,000 models were deleted each would keep room for them (tables of
+        tens of KiB each, per-model state in all but name)."""
+        with self.lock:
+            self._expire()
+            self.by_uid = dict(self.by_uid)
+            self.by_key = dict(self.by_key)
+            self.gone = OrderedDict(self.gone)
+
 
 class Informer(threading.Thread):
     """List, then watch, one kind in one namespace (None: all) into its table, for ever."""
@@ -253,7 +268,7 @@ class Informer(threading.Thread):
 
     def _list(self) -> str:
         result: Any = self.list_fn(*self._scope(), **self._filter())
-        items = result["items"] if isinstance(result, Mapping) else result.items
+        items = result["items"] if isinstance(result, dict) else result.items
         before = set(self.table.keys())
         self.table.replace(self.namespace, list(items or []))
         if self.listed.is_set():
@@ -338,6 +353,11 @@ class Cache:
 
     def tombstones(self) -> int:
         return sum(t.tombstones() for t in self.tables.values())
+
+    def compact(self) -> None:
+        """Every table's dicts sized to what they hold (`Table.compact`); when work goes quiet."""
+        for table in self.tables.values():
+            table.compact()
 
 
 def custom_lister(

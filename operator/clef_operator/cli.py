@@ -203,6 +203,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if argv is None and args.func is _run:
+        # The operator's own process (a caller passing its argv, e.g. a test, is not re-executed).
+        from clef_operator import memory
+
+        memory.without_thread_caches()
     result: int = args.func(args)
     return result
 

@@ -98,7 +98,8 @@ def _equal_scalars(path: list[str], rendered: object, observed: object) -> bool:
 
 
 def _walk(path: list[str], rendered: Any, observed: Any, out: list[str]) -> None:
-    if isinstance(rendered, Mapping) and isinstance(observed, Mapping):
+    # `dict`, not `Mapping`: wire dicts, and no ABC check (cache._meta says why).
+    if isinstance(rendered, dict) and isinstance(observed, dict):
         for key, value in rendered.items():
             if key not in observed:
                 # The API server omits empty lists and maps: `env: []` reads back as no env.
@@ -109,7 +110,7 @@ def _walk(path: list[str], rendered: Any, observed: Any, out: list[str]) -> None
         for key in observed.keys() - rendered.keys():
             if _pattern([*path, key]) in DEFAULTED:
                 continue
-            if isinstance(observed[key], Mapping):
+            if isinstance(observed[key], dict):
                 # A map clef does not render: only what is in it, defaults aside, is drift.
                 _walk([*path, key], {}, observed[key], out)
             else:
@@ -124,9 +125,14 @@ def _walk(path: list[str], rendered: Any, observed: Any, out: list[str]) -> None
         out.append(_show(path))
 
 
+def _as_dict(m: Mapping[str, Any]) -> dict[str, Any]:
+    return m if isinstance(m, dict) else dict(m.items())
+
+
 def template_drift(rendered: Mapping[str, Any], observed: Mapping[str, Any]) -> list[str]:
     """The paths where the observed pod template differs from the rendered one (empty: none).
     Both are wire dicts (camelCase keys, as the API server serves them)."""
     out: list[str] = []
-    _walk([], rendered, observed, out)
+    # The walk compares dicts; a packed template (`observed.Packed`) is decoded once, here.
+    _walk([], _as_dict(rendered), _as_dict(observed), out)
     return sorted(out)

@@ -71,4 +71,4 @@ def released_service(obj: Mapping[str, Any]) -> str:
     """The Service a deleted model may have adopted (spec.service.name; "" when none is named).
     Read from the raw spec: a model whose spec no longer validates is still finalized."""
     service = (obj.get("spec") or {}).get("service") or {}
-    return str(service.get("name") or "") if isinstance(service, Mapping) else ""
+    return str(service.get("name") or "") if isinstance(service, dict) else ""

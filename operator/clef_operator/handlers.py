@@ -298,6 +298,9 @@ def start_watching(tuning: Tuning) -> Watching:
     child of every model."""
     kube = Kube(api_client(pool=tuning.workers + 16))
     kube.instance = leader.identity() or kube.instance
+    kube.warm_up()
+    memory.on_quiet(kube.close_idle_connections)
+    memory.on_quiet(kube.cache.compact)
     watching = Watching(kube)
     kube.start_cache(tuning.namespaces, watching.wake)
     return watching

@@ -14,11 +14,14 @@ API server's message, for the ClefModel's status; anything else raises.
 from __future__ import annotations
 
 import base64
+import inspect
 import json
 import logging
 import os
+import queue
 import secrets
 import socket
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -83,6 +86,26 @@ VANISHED_IS_DONE = (
     act.PatchServiceSelector,
     act.PatchServicePorts,
 )
+# The API methods a pass may call (the lists run at start-up already).  Each builds its argument
+# validator on its first call (pydantic, in the kubernetes client; ~100 objects each, kept for
+# good): `Kube.warm_up` builds them before the first burst of passes.
+PASS_METHODS = {
+    "apps": ("create_namespaced_deployment", "delete_namespaced_deployment", "patch_namespaced_deployment"),
+    "batch": ("create_namespaced_job", "delete_namespaced_job"),
+    "core": (
+        "create_namespaced_config_map",
+        "create_namespaced_event",
+        "create_namespaced_secret",
+        "create_namespaced_service",
+        "delete_namespaced_config_map",
+        "list_namespaced_event",
+        "patch_namespaced_service",
+        "read_namespaced_pod_log",
+        "read_namespaced_secret",
+        "read_namespaced_service",
+    ),
+    "custom": ("patch_namespaced_custom_object", "patch_namespaced_custom_object_status"),
+}
 # The client's serializer (model objects -> wire dicts); it holds no connection state.
 _WIRE = client.ApiClient()
 
@@ -274,6 +297,9 @@ class ServiceRecord:
     owners: tuple[tuple[str, str, bool], ...]
     cluster_ip: str
     ports: tuple[Mapping[str, Any], ...]
+    # What a release tests and names (`Kube.release_service`).
+    uid: str = ""
+    resource_version: str = ""
 
     def state(self, model_uid: str) -> ServiceState:
         return ServiceState(
@@ -298,6 +324,8 @@ def _service(s: Any) -> ServiceRecord:
         ),
         cluster_ip=s.spec.cluster_ip or "",
         ports=tuple(_wire(p) for p in s.spec.ports or []),
+        uid=s.metadata.uid or "",
+        resource_version=s.metadata.resource_version or "",
     )
 
 
@@ -311,8 +339,8 @@ def _by_model(obj: Any) -> cache.Key | None:
 
 
 def _by_name(obj: Any) -> cache.Key:
-    meta = obj["metadata"] if isinstance(obj, Mapping) else obj.metadata
-    if isinstance(meta, Mapping):
+    meta = obj["metadata"] if isinstance(obj, dict) else obj.metadata  # dict: cache._meta says why
+    if isinstance(meta, dict):
         return (meta.get("namespace") or "", meta["name"])
     return (meta.namespace or "", meta.name)
 
@@ -407,6 +435,27 @@ class Kube:
         self.custom = client.CustomObjectsApi(api)
         self.instance = socket.gethostname()
         self._verdict_key: bytes | None = None
+
+    def warm_up(self) -> None:
+        """Make before the first burst of passes what a pass would otherwise make once, mid-burst,
+        and keep for good: each API method's argument validator and the event threads.  Objects
+        born during a burst that outlive it pin the memory around them: after 1,000 models were
+        deleted, memory stayed above the start by what they pinned (docs/performance.md,
+        "Memory after deletion")."""
+        for api_name, names in PASS_METHODS.items():
+            api = getattr(self, api_name)
+            for name in names:
+                _build_validator(getattr(api, name))
+        # Every poster busy at once: the pool starts all of its threads now.
+        barrier = threading.Barrier(EVENT_POSTERS)
+        for _ in range(EVENT_POSTERS):
+            self._events.submit(barrier.wait, 30)
+
+    def close_idle_connections(self) -> int:
+        """Close the connections kept open in the client's pools and not in use (those a burst of
+        passes opened; a watch's is in use), so that they, their TLS state and what they pin go;
+        the next request opens one again.  How many were closed."""
+        return close_idle_connections(self.api)
 
     def start_cache(self, namespaces: tuple[str, ...], wake: cache.Wake) -> None:
         """List and watch every kind clef plans from, in `namespaces` (empty: all); nodes are
@@ -699,18 +748,38 @@ class Kube:
 
     def release_service(self, namespace: str, model: str, service: str) -> bool:
         """Hand back a Service `model` adopted (`children.release_ops`), when the model is deleted;
-        whether there was one to hand back."""
+        whether there was one to hand back.  Planned from the cache (a deletion costs no read);
+        the patch tests the cached resourceVersion, so a stale cache cannot write over a newer
+        Service: a refused patch, or a Service the cache does not hold, is read from the API
+        server and planned again (a refusal of that plan raises: the pass is retried)."""
+        records = self.cache["services"].get((namespace, service))
+        if records:
+            try:
+                return self._release(namespace, model, records[0])
+            except ApiException as e:
+                # A failed test is a bare 422 ("Invalid"; the body does not say which operation
+                # failed): whatever the cached plan was refused for, the fresh read decides.
+                if e.status not in (409, 422):
+                    raise
         try:
-            current: Any = self.core.read_namespaced_service(service, namespace)
+            current = _service(self.core.read_namespaced_service(service, namespace))
         except ApiException as e:
             if e.status == 404:
                 return False
             raise
-        ops = release_ops(current.metadata.annotations or {}, model)
-        if not ops or any(ref.kind == KIND for ref in current.metadata.owner_references or []):
+        return self._release(namespace, model, current)
+
+    def _release(self, namespace: str, model: str, current: ServiceRecord) -> bool:
+        ops = release_ops(current.annotations, model)
+        if not ops or any(who.split("/", 1)[0] == KIND for _, who, _ in current.owners):
             return False  # not driven by this model, or clef's own (it goes with the model)
-        test = {"op": "test", "path": "/metadata/resourceVersion", "value": current.metadata.resource_version}
-        self.core.patch_namespaced_service(service, namespace, [test, *ops], _content_type=JSON_PATCH)
+        test = {"op": "test", "path": "/metadata/resourceVersion", "value": current.resource_version}
+        self._remember(
+            "services",
+            self.core.patch_namespaced_service(
+                current.name, namespace, [test, *ops], _content_type=JSON_PATCH
+            ),
+        )
         restored = next((op["value"] for op in ops if op["path"] == "/spec/selector" and "value" in op), None)
         what = (
             f"its selector is {restored} again"
@@ -718,7 +787,7 @@ class Kube:
             else "its selector was left as clef set it"
         )
         reference = client.V1ObjectReference(
-            api_version="v1", kind="Service", name=service, namespace=namespace, uid=current.metadata.uid
+            api_version="v1", kind="Service", name=current.name, namespace=namespace, uid=current.uid
         )
         self._post(
             namespace,
@@ -726,7 +795,7 @@ class Kube:
             act.Event(
                 "Normal",
                 "ServiceReleased",
-                f"ClefModel {model} was deleted: released Service {service}; {what}",
+                f"ClefModel {model} was deleted: released Service {current.name}; {what}",
             ),
         )
         return True
@@ -786,6 +855,54 @@ class Kube:
         # The status the next pass plans from is this one (re-verify runs and verdicts are counted
         # from it), never an older one that a lagging watch still holds.
         self._remember("clefmodels", written)
+
+
+def _build_validator(method: Callable[..., Any]) -> None:
+    """Call an API method with none of its required arguments: its validator is built (pydantic
+    builds it on first call) and refuses the call, so nothing is sent.  A method without required
+    arguments would send a request: it is not called."""
+    parameters = inspect.signature(method).parameters.values()
+    required = [
+        p for p in parameters if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    ]
+    if not required:
+        return
+    try:
+        method()
+    except (TypeError, ValueError):  # pydantic's ValidationError is a ValueError
+        return
+    raise RuntimeError(f"{method.__name__} was called without its arguments")  # pragma: no cover
+
+
+def close_idle_connections(api: client.ApiClient) -> int:
+    """Close the idle connections of every pool of `api` (urllib3's pools keep them in a queue,
+    with None for a free slot); a connection in use is left alone.  Without urllib3's pools (a
+    client of another shape) nothing is closed."""
+    manager = getattr(getattr(api, "rest_client", None), "pool_manager", None)
+    pools = getattr(manager, "pools", None)
+    if pools is None:
+        return 0
+    closed = 0
+    for key in pools.keys():  # noqa: SIM118 (the container refuses iteration)
+        kept = getattr(pools.get(key), "pool", None)
+        if kept is None:
+            continue
+        taken = []
+        while True:
+            try:
+                taken.append(kept.get(block=False))
+            except queue.Empty:
+                break
+        for conn in taken:
+            if conn is not None:
+                conn.close()
+                closed += 1
+        for _ in taken:
+            try:
+                kept.put(None, block=False)
+            except queue.Full:  # a request made a connection meanwhile: its slot is taken
+                break
+    return closed
 
 
 def _lost_race(e: ApiException) -> bool:

@@ -15,10 +15,13 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import gc
+import itertools
 import logging
 import os
+import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -45,6 +48,29 @@ _LIBC = _find_libc()
 def limit_arenas(arenas: int = ARENAS) -> bool:
     """At most `arenas` malloc arenas for the process; whether the C library took it."""
     return bool(_LIBC is not None and _LIBC.mallopt(M_ARENA_MAX, arenas) == 1)
+
+
+TUNABLES_ENV = "GLIBC_TUNABLES"
+NO_THREAD_CACHE = "glibc.malloc.tcache_count=0"
+
+
+def without_thread_caches() -> None:
+    """Re-execute the process once with glibc's per-thread caches off, unless the environment
+    already says how many blocks they keep.  glibc keeps freed small blocks (up to 7 of each size
+    up to 1 KiB) in a cache per thread, which counts as in use: no trim returns it, and each of the
+    operator's ~37 threads keeps its cache filled by the last burst of work (30 threads that
+    allocated and went idle kept 5 MiB; 0.5 MiB without the caches).  The cache can only be
+    switched off when the process starts (a tunable), hence the re-execution; a no-op on any other
+    C library.  Call it first, before any thread starts or anything is written."""
+    if _LIBC is None or not hasattr(_LIBC, "gnu_get_libc_version"):
+        return
+    current = os.environ.get(TUNABLES_ENV, "")
+    if "glibc.malloc.tcache_count=" in current:
+        return
+    env = {**os.environ, TUNABLES_ENV: f"{current}:{NO_THREAD_CACHE}" if current else NO_THREAD_CACHE}
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, sys.orig_argv, env)
 
 
 # Memory is handed back this long after the last sign of work, at most once per TRIM_EVERY_SECONDS.
@@ -114,12 +140,26 @@ def touched(collect: bool = False) -> None:
     _TRIMMER.touched(collect)
 
 
+_ON_QUIET: list[Callable[[], object]] = []
+
+
+def on_quiet(release: Callable[[], object]) -> None:
+    """`release` runs before each trim (work has gone quiet): it lets go of what a burst of work
+    kept and no longer needs (the client's idle connections), so that a trim returns that too."""
+    _ON_QUIET.append(release)
+
+
 def trim(collect: bool = False) -> None:
-    """Return free heap pages to the system; with `collect`, first free the cycles a deleted
-    model left, which the collector's oldest
+    """Return free heap pages to the system, after the `on_quiet` releases; with `collect`, first
+    free the cycles a deleted model left, which the collector's oldest
     generation would otherwise keep for long.  A full collection holds the interpreter while it
     walks every object, so it is asked for only after deletions; ctypes lets go of the lock
     during malloc_trim, so nothing waits for that."""
+    for release in list(_ON_QUIET):
+        try:
+            release()
+        except Exception:  # a release is an economy; it must never stop the trims
+            log.exception("releasing before a trim failed")
     if collect:
         gc.collect()
     if _LIBC is not None:
@@ -129,9 +169,11 @@ def trim(collect: bool = False) -> None:
 # ------------------------------------------------------------------------------ measuring
 # `CLEF_MEMORY_REPORT=FILE clef-operator run ...`: each SIGUSR1 appends a breakdown of the
 # process's memory to FILE (docs/performance.md, "Where the memory is").  With CLEF_MEMORY_TRACE=N
-# as well (tracemalloc from start-up on, N frames), the Python allocations by package and line (tracing costs memory and time: measure RSS
-# without it).  Off by default: nothing is installed unless the variable is set.
+# as well (tracemalloc from start-up on, N frames; `N@report`: from the first report on), the
+# Python allocations by package and line, and the collector's objects by where they were allocated
+# (tracing costs memory and time: measure RSS without it).  Off by default: nothing is installed unless the variable is set.
 REPORT_ENV = "CLEF_MEMORY_REPORT"
+_REPORTS = itertools.count()
 TRACE_ENV = "CLEF_MEMORY_TRACE"
 
 
@@ -160,7 +202,6 @@ def pymalloc_stats() -> list[str]:
     """Python's small-object allocator (`sys._debugmallocstats`, which writes to the C stderr):
     arenas held against the bytes their live blocks use.  Arenas hold what pymalloc cannot hand
     back (an arena with one live block stays)."""
-    import sys
     import tempfile
 
     with tempfile.TemporaryFile(mode="w+") as out:
@@ -225,8 +266,6 @@ def _mappings() -> list[str]:
 
 def _objects() -> list[str]:
     """Threads by name, the collector's view: gc-tracked objects by type."""
-    import sys
-    from collections import Counter
 
     threads = threading.enumerate()
     trims = _TRIMMER.trims if _TRIMMER is not None else 0
@@ -245,7 +284,6 @@ def _traced() -> list[str]:
     """With tracemalloc on: the traced total, by package and by line, and the snapshot in a file
     next to the report's (`Snapshot.load(a).compare_to(Snapshot.load(b), "lineno")`: what grew)."""
     import tracemalloc
-    from collections import Counter
 
     if not tracemalloc.is_tracing():
         return []
@@ -256,9 +294,12 @@ def _traced() -> list[str]:
     lines = [f"tracemalloc: current {current / 2**20:.1f} MiB, peak {peak / 2**20:.1f} MiB"]
     report_path = os.environ.get(REPORT_ENV)
     if report_path:
-        dumped = f"{report_path}.{time.strftime('%H%M%S')}.snap"
-        snap.dump(dumped)
-        lines.append(f"tracemalloc snapshot: {dumped}")
+        stamp = time.strftime("%H%M%S") + f".{next(_REPORTS)}"
+        snap.dump(f"{report_path}.{stamp}.snap")
+        lines.append(f"tracemalloc snapshot: {report_path}.{stamp}.snap")
+        with open(f"{report_path}.{stamp}.objects", "w") as f:
+            f.writelines(f"{n}\t{where}\n" for where, n in objects_by_origin().most_common())
+        lines.append(f"gc-tracked objects by where they were allocated: {report_path}.{stamp}.objects")
     by_package: Counter[str] = Counter()
     marker = "site-packages/"
     for stat in snap.statistics("filename"):
@@ -271,10 +312,32 @@ def _traced() -> list[str]:
     ]
 
 
+def objects_by_origin() -> Counter[str]:
+    """With tracemalloc on: the collector's objects counted by type and by where they were
+    allocated (the traceback, innermost frame first).  Two reports' counts compared show what a
+    burst of work left behind and which code made it (objects born before tracing: "untraced"; an
+    object reused from the interpreter's free lists counts where its memory was first allocated)."""
+    import tracemalloc
+
+    counts: Counter[str] = Counter()
+    for obj in gc.get_objects():
+        tb = tracemalloc.get_object_traceback(obj)
+        where = (
+            " < ".join(f"{f.filename.rsplit('/', 2)[-1]}:{f.lineno}" for f in reversed(tb))
+            if tb
+            else "untraced"
+        )
+        counts[f"{type(obj).__qualname__} @ {where}"] += 1
+    return counts
+
+
 def report() -> str:
     """Where the process's memory is: by mapping, by allocator, by object type, and (traced) by
     line (docs/performance.md, "Where the memory is")."""
-    lines = [f"--- memory report, pid {os.getpid()}, {time.strftime('%H:%M:%S')}"]
+    lines = [
+        f"--- memory report, pid {os.getpid()}, {time.strftime('%H:%M:%S')}",
+        f"{TUNABLES_ENV}={os.environ.get(TUNABLES_ENV, '')}",
+    ]
     lines += _mappings() + pymalloc_stats() + malloc_stats() + _objects() + _traced()
     touched()  # what this report allocated (MiB, with tracing) is handed back like any work's
     return "\n".join(lines) + "\n"
@@ -301,9 +364,15 @@ def install_report() -> None:
             busy.release()
         with open(path, "a") as f:
             f.write(text)
+        if late and not tracemalloc.is_tracing():
+            tracemalloc.start(frames)
 
+    import tracemalloc
+
+    # "N" traces from start-up on; "N@report" from the first report on (start-up untraced: tracing
+    # slows the interpreter ~10x, and what a burst of work leaves is what was born after it).
+    frames_text, late_text = (os.environ.get(TRACE_ENV) or "0").partition("@")[::2]
+    frames, late = int(frames_text), late_text == "report"
     signal.signal(signal.SIGUSR1, on_signal)
-    if os.environ.get(TRACE_ENV):
-        import tracemalloc
-
-        tracemalloc.start(int(os.environ[TRACE_ENV]))
+    if frames and not late:
+        tracemalloc.start(frames)

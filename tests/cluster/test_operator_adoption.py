@@ -9,7 +9,9 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from clef_operator import labels
 from clef_operator.finalizer import FINALIZER
+from clef_operator.kube import Kube
 
 from .conftest import Cluster, wait_for
 from .operator_support import VERIFY_SECONDS, Models, clefmodel, operator_running, ready_endpoints
@@ -92,6 +94,40 @@ def test_a_model_from_the_kopf_based_operator_is_finalized_and_hands_its_service
         wait_for(lambda: gone(models, "clef-old"), 60, "the model to go", lambda: models.describe("clef-old"))
         after = cluster.core.read_namespaced_service("clef-serve", namespace)
         assert after.spec.selector == {"app": "legacy-predictor"}, "released with its own selector"
+
+
+def test_a_release_planned_from_a_stale_cache_reads_the_service_again(
+    cluster: Cluster, namespace: str
+) -> None:
+    """A deleted model's release is planned from the cache and tests the cached resourceVersion:
+    when the Service changed since (here: another model adopted it), the patch is refused and the
+    release is planned again from the API server's copy, which it must not touch; a Service the
+    cache does not hold is read from the API server too."""
+
+    def adopted_by(model: str) -> dict[str, str]:
+        return {labels.SERVICE_MODEL: model, labels.ORIGINAL_SELECTOR: '{"app": "legacy-predictor"}'}
+
+    service = client.V1Service(
+        metadata=client.V1ObjectMeta(name="clef-serve", annotations=adopted_by("clef-a")),
+        spec=client.V1ServiceSpec(
+            selector={"clef.riotpiao.com/model": "clef-a"},
+            ports=[client.V1ServicePort(name="http", port=8000, target_port=8000)],
+        ),
+    )
+    stale = Kube(cluster.api)
+    stale.cache["services"].put(cluster.core.create_namespaced_service(namespace, service))
+    patch = {"metadata": {"annotations": adopted_by("clef-b")}, "spec": {"selector": {"x": "b"}}}
+    cluster.core.patch_namespaced_service("clef-serve", namespace, patch)
+
+    assert stale.release_service(namespace, "clef-a", "clef-serve") is False, "clef-b drives it now"
+    now = cluster.core.read_namespaced_service("clef-serve", namespace)
+    assert now.metadata.annotations[labels.SERVICE_MODEL] == "clef-b"
+    assert now.spec.selector == {"clef.riotpiao.com/model": "clef-a", "x": "b"}, "left as clef-b has it"
+
+    assert Kube(cluster.api).release_service(namespace, "clef-b", "clef-serve") is True, "read, not cached"
+    after = cluster.core.read_namespaced_service("clef-serve", namespace)
+    assert after.spec.selector == {"app": "legacy-predictor"}, "released with its own selector"
+    assert labels.SERVICE_MODEL not in (after.metadata.annotations or {})
 
 
 def gone(models: Models, name: str) -> bool:

@@ -216,3 +216,20 @@ def test_the_childrens_snapshots_are_held_as_one_bytes_object_and_read_back_equa
     assert first[0] is not second[0]
     t.forget(("ns", "m"), lambda value: value[1].name == "m-1")
     assert t.get(("ns", "m")) == []
+
+
+def test_a_compacted_table_gives_back_the_room_of_deleted_objects_and_keeps_the_rest() -> None:
+    import sys
+
+    t = table()
+    many = [deployment(f"m{i}-a", f"m{i}", "10") for i in range(1000)]
+    for d in many:
+        t.put(d)
+    one = sys.getsizeof({"a": 1})  # the smallest table
+    for d in many[1:]:
+        t.delete(d)
+    assert sys.getsizeof(t.by_uid) > 100 * one, "a dict keeps its room as entries go"
+    t.compact()
+    assert sys.getsizeof(t.by_uid) <= 2 * one and sys.getsizeof(t.by_key) <= 2 * one
+    assert replicas(t, "m0") == [1] and len(t) == 1
+    assert t.put(deployment("m1-a", "m1", "11")) is None, "the deleted stay deleted"

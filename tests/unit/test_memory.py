@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+import pytest
+
 from clef_operator import memory
 
 
@@ -66,3 +68,66 @@ def test_the_report_says_what_each_allocator_holds() -> None:
         assert glibc == ["malloc_info: not glibc"]
     else:
         assert glibc[0].startswith("malloc arena 0: system "), glibc
+
+
+def test_releases_run_before_each_trim_and_a_failing_one_stops_none() -> None:
+    ran: list[str] = []
+
+    def failing() -> None:
+        ran.append("failing")
+        raise RuntimeError("a release that fails")
+
+    memory.on_quiet(failing)
+    memory.on_quiet(lambda: ran.append("second"))
+    try:
+        memory.trim()
+    finally:
+        del memory._ON_QUIET[-2:]
+    assert ran == ["failing", "second"]
+
+
+def test_objects_are_counted_by_where_they_were_allocated() -> None:
+    """With tracing on, the collector's objects by type and allocating line: two reports compared
+    show what a burst left behind and which code made it."""
+    import tracemalloc
+
+    def make() -> list[dict[str, list[int]]]:
+        return [{"kept": [i]} for i in range(300)]
+
+    tracemalloc.start(4)
+    try:
+        kept = make()
+        counts = memory.objects_by_origin()
+    finally:
+        tracemalloc.stop()
+    line = make.__code__.co_firstlineno + 1
+    born = {where: n for where, n in counts.items() if f"test_memory.py:{line}" in where.split(" < ")[0]}
+    # An object reused from the interpreter's free lists (up to 80 dicts, 80 lists) counts where
+    # its memory was first allocated.
+    assert len(kept) - 80 <= sum(n for where, n in born.items() if where.startswith("dict @")) <= len(kept)
+    assert (
+        len(kept) - 80 <= sum(n for where, n in born.items() if where.startswith("list @")) <= len(kept) + 1
+    )
+
+
+def test_the_operator_runs_without_glibcs_thread_caches_unless_told_otherwise() -> None:
+    """`without_thread_caches` re-executes the process once with the tunable set; a tcache_count
+    the environment already names is kept (and nothing is re-executed)."""
+    import os
+    import subprocess
+    import sys
+
+    if memory._LIBC is None or not hasattr(memory._LIBC, "gnu_get_libc_version"):
+        pytest.skip("not glibc: there is no per-thread cache to switch off")
+    probe = (
+        "import os; print(os.getpid(), os.environ.get('GLIBC_TUNABLES'), flush=True); "
+        "from clef_operator import memory; memory.without_thread_caches(); print('after')"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+    (pid, before), (same, now), after = [ln.split() for ln in out.stdout.splitlines()]
+    assert (before, now, after) == ("None", memory.NO_THREAD_CACHE, ["after"]), out.stdout
+    assert pid == same, "re-executed in place (the same process)"
+    kept = {**env, "GLIBC_TUNABLES": "glibc.malloc.tcache_count=7"}
+    out = subprocess.run([sys.executable, "-c", probe], env=kept, capture_output=True, text=True, check=True)
+    assert out.stdout.split()[1:] == ["glibc.malloc.tcache_count=7", "after"], out.stdout
