@@ -61,6 +61,12 @@ VERDICT_KEY_FIELD = "key"
 VERDICT_KEY_BYTES = 32
 JOB_NAME_LABELS = ("batch.kubernetes.io/job-name", "job-name")
 REFUSALS = (400, 403, 422)
+
+
+class LostRace(Exception):
+    """A patch tested a resourceVersion the object has moved on from: nothing was written."""
+
+
 # The container whose state speaks for a pod, by its step label, else its component label.
 CONTAINER_OF = {
     labels.COMPONENT_VERIFICATION: VERIFY_CONTAINER,
@@ -630,17 +636,17 @@ class Kube:
         ns = model.namespace
         try:
             self._apply(ns, model, action)
+        except LostRace as race:
+            # Benign: the Service's change is a watch event, whose pass plans from what it is now.
+            log.info("%s/%s: %s not applied: %s", ns, model.name, type(action).__name__, race)
+            return None
         except ApiException as e:
             benign = (
-                (
-                    e.status == 409
-                    and isinstance(
-                        action, (act.CreateJob, act.CreateDeployment, act.CreateService, act.CreateConfigMap)
-                    )
+                e.status == 409
+                and isinstance(
+                    action, (act.CreateJob, act.CreateDeployment, act.CreateService, act.CreateConfigMap)
                 )
-                or (e.status == 404 and isinstance(action, VANISHED_IS_DONE))
-                or (_lost_race(e) and isinstance(action, (act.PatchServiceSelector, act.PatchServicePorts)))
-            )
+            ) or (e.status == 404 and isinstance(action, VANISHED_IS_DONE))
             if benign:
                 log.info("%s/%s: %s was already done (%s)", ns, model.name, type(action).__name__, e.reason)
                 return None
@@ -679,16 +685,9 @@ class Kube:
         elif isinstance(action, act.PatchServicePorts):
             current: Any = self.core.read_namespaced_service(action.name, ns)
             ops: list[dict[str, Any]] = [
-                {
-                    "op": "test",
-                    "path": "/metadata/resourceVersion",
-                    "value": current.metadata.resource_version,
-                },
-                {"op": "replace", "path": "/spec/ports", "value": [dict(p) for p in action.ports]},
+                {"op": "replace", "path": "/spec/ports", "value": [dict(p) for p in action.ports]}
             ]
-            self._remember(
-                "services", self.core.patch_namespaced_service(action.name, ns, ops, _content_type=JSON_PATCH)
-            )
+            self._patch_service(ns, action.name, current.metadata.resource_version, ops)
         elif isinstance(action, act.CreateConfigMap):
             self._remember("configmaps", self.core.create_namespaced_config_map(ns, _body(action.manifest)))
         elif isinstance(action, act.DeleteConfigMap):
@@ -709,13 +708,33 @@ class Kube:
         else:
             for key, value in action.annotations.items():
                 ops.append({"op": "add", "path": f"/metadata/annotations/{_escape(key)}", "value": value})
-        ops.append(
-            {"op": "test", "path": "/metadata/resourceVersion", "value": current.metadata.resource_version}
-        )
         ops.append({"op": "add", "path": "/spec/selector", "value": dict(action.selector)})
-        self._remember(
-            "services", self.core.patch_namespaced_service(action.name, ns, ops, _content_type=JSON_PATCH)
-        )
+        self._patch_service(ns, action.name, current.metadata.resource_version, ops)
+
+    def _patch_service(self, ns: str, name: str, version: str, ops: list[dict[str, Any]]) -> None:
+        """A JSON patch of a Service as it was at `version` (the patch tests it first).  A refusal
+        is a lost race (`LostRace`) when the Service is no longer at `version`: the API server
+        answers a failed test with a bare 422 that does not say which operation failed, so a fresh
+        read decides; any other refusal is the API server's answer to the patch itself."""
+        test = {"op": "test", "path": "/metadata/resourceVersion", "value": version}
+        try:
+            written = self.core.patch_namespaced_service(name, ns, [test, *ops], _content_type=JSON_PATCH)
+        except ApiException as e:
+            if e.status in (409, 422) and self._service_version(ns, name) != version:
+                raise LostRace(f"Service {name} changed since it was read (resourceVersion {version})") from e
+            raise
+        self._remember("services", written)
+
+    def _service_version(self, ns: str, name: str) -> str | None:
+        """The Service's resourceVersion now; None when it is gone."""
+        try:
+            current: Any = self.core.read_namespaced_service(name, ns)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+        version: str = current.metadata.resource_version
+        return version
 
     def _patch_deployment(self, ns: str, name: str, body: Any, content_type: str) -> None:
         self._remember(
@@ -903,8 +922,3 @@ def close_idle_connections(api: client.ApiClient) -> int:
             except queue.Full:  # a request made a connection meanwhile: its slot is taken
                 break
     return closed
-
-
-def _lost_race(e: ApiException) -> bool:
-    """A JSON patch whose resourceVersion test failed: someone changed the object since it was read."""
-    return e.status in (409, 422) and "resourceVersion" in (e.body or "")

@@ -4,14 +4,17 @@ outlives the ClefModel with its selector back (issue 6, test 6; issue 13)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from clef_operator import actions as act
 from clef_operator import labels
 from clef_operator.finalizer import FINALIZER
 from clef_operator.kube import Kube
+from clef_operator.observed import ModelRef
 
 from .conftest import Cluster, wait_for
 from .operator_support import VERIFY_SECONDS, Models, clefmodel, operator_running, ready_endpoints
@@ -128,6 +131,47 @@ def test_a_release_planned_from_a_stale_cache_reads_the_service_again(
     after = cluster.core.read_namespaced_service("clef-serve", namespace)
     assert after.spec.selector == {"app": "legacy-predictor"}, "released with its own selector"
     assert labels.SERVICE_MODEL not in (after.metadata.annotations or {})
+
+
+def test_a_service_patch_that_lost_a_race_is_not_reported_as_a_refusal(
+    cluster: Cluster, namespace: str
+) -> None:
+    """The selector and ports patches test the resourceVersion the pass read.  When the Service
+    changed in between, the API server's bare 422 is a lost race (nothing written, no refusal
+    reported: the change's own event plans again), told apart from a refused patch by a fresh read."""
+    service = client.V1Service(
+        metadata=client.V1ObjectMeta(name="clef-race"),
+        spec=client.V1ServiceSpec(
+            selector={"app": "legacy"}, ports=[client.V1ServicePort(name="http", port=8000, target_port=8000)]
+        ),
+    )
+    cluster.core.create_namespaced_service(namespace, service)
+    kube = Kube(cluster.api)
+    read = kube.core.read_namespaced_service
+    model = ModelRef("clef-race", namespace, "uid-race", 1)
+    select = act.PatchServiceSelector(
+        "clef-race", {"clef.riotpiao.com/model": "m"}, {labels.SERVICE_MODEL: "m"}
+    )
+    ports = act.PatchServicePorts("clef-race", ({"name": "http", "port": 9000, "targetPort": 8000},))
+    stale: list[Any] = []  # what the pass reads: the Service before someone else's change
+    kube.core.read_namespaced_service = lambda name, ns, **kw: stale.pop() if stale else read(name, ns, **kw)
+    for action in (select, ports):
+        stale.append(read("clef-race", namespace))
+        cluster.core.patch_namespaced_service(
+            "clef-race", namespace, {"metadata": {"labels": {"by": "else"}}}
+        )
+        assert kube.apply(model, action) is None, f"{type(action).__name__}: a lost race is no refusal"
+        assert not stale, "the pass read the stale copy"
+        now = cluster.core.read_namespaced_service("clef-race", namespace)
+        assert now.spec.selector == {"app": "legacy"} and now.spec.ports[0].port == 8000, "nothing written"
+        cluster.core.patch_namespaced_service("clef-race", namespace, {"metadata": {"labels": {"by": None}}})
+
+    kube.core.read_namespaced_service = read
+    refused = kube.apply(
+        model, act.PatchServiceSelector("clef-race", {"clef.riotpiao.com/model": "not valid!"}, {})
+    )
+    assert refused is not None and "not valid!" in refused, refused
+    assert cluster.core.read_namespaced_service("clef-race", namespace).spec.selector == {"app": "legacy"}
 
 
 def gone(models: Models, name: str) -> bool:
