@@ -768,18 +768,15 @@ class Kube:
     def release_service(self, namespace: str, model: str, service: str) -> bool:
         """Hand back a Service `model` adopted (`children.release_ops`), when the model is deleted;
         whether there was one to hand back.  Planned from the cache (a deletion costs no read);
-        the patch tests the cached resourceVersion, so a stale cache cannot write over a newer
-        Service: a refused patch, or a Service the cache does not hold, is read from the API
-        server and planned again (a refusal of that plan raises: the pass is retried)."""
+        the patch tests the cached resourceVersion (`_patch_service`), so a stale cache cannot
+        write over a newer Service: a lost race, or a Service the cache does not hold, is read from
+        the API server and planned again (any refusal of that plan raises: the pass is retried)."""
         records = self.cache["services"].get((namespace, service))
         if records:
             try:
                 return self._release(namespace, model, records[0])
-            except ApiException as e:
-                # A failed test is a bare 422 ("Invalid"; the body does not say which operation
-                # failed): whatever the cached plan was refused for, the fresh read decides.
-                if e.status not in (409, 422):
-                    raise
+            except LostRace:
+                pass  # the Service moved on from the cached copy: plan from what it is now
         try:
             current = _service(self.core.read_namespaced_service(service, namespace))
         except ApiException as e:
@@ -792,13 +789,7 @@ class Kube:
         ops = release_ops(current.annotations, model)
         if not ops or any(who.split("/", 1)[0] == KIND for _, who, _ in current.owners):
             return False  # not driven by this model, or clef's own (it goes with the model)
-        test = {"op": "test", "path": "/metadata/resourceVersion", "value": current.resource_version}
-        self._remember(
-            "services",
-            self.core.patch_namespaced_service(
-                current.name, namespace, [test, *ops], _content_type=JSON_PATCH
-            ),
-        )
+        self._patch_service(namespace, current.name, current.resource_version, ops)
         restored = next((op["value"] for op in ops if op["path"] == "/spec/selector" and "value" in op), None)
         what = (
             f"its selector is {restored} again"
