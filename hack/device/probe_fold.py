@@ -7,7 +7,8 @@ graph replay), median of 7; each variant's relative L2 error (output and final s
 the default path; per-kernel times (torch.profiler) of the default and the fastest variant.
 
     GRAPH=1 PYTHONPATH=runtime:contract python3 hack/device/probe_fold.py [rows]
-    rows: b4_t8192, packed_8x4096, b1_t8192, b1_t32768 (comma-separated, or all)
+    rows: b4_t8192, packed_8x4096, b1_t8192, b1_t32768, b1_t2048, b1_t131072 (comma-separated,
+    or all)
 """
 
 from __future__ import annotations
@@ -29,7 +30,10 @@ from clef_runtime.ops import delta_rule_chunk_split as ds
 from clef_runtime.ops.delta_rule_chunk import chunk_gated_delta_rule
 
 H, HV, K, V = 16, 32, 128, 128
-ROWS = {name: CHUNK_ROWS[name] for name in ("b4_t8192", "packed_8x4096", "b1_t8192", "b1_t32768")}
+ROWS = {
+    name: CHUNK_ROWS[name]
+    for name in ("b4_t8192", "packed_8x4096", "b1_t8192", "b1_t32768", "b1_t2048", "b1_t131072")
+}
 want = sys.argv[1].split(",") if len(sys.argv) > 1 and sys.argv[1] != "all" else list(ROWS)
 dt = torch.bfloat16
 
@@ -63,12 +67,18 @@ def with_knobs(cu: torch.Tensor | None, **knobs: object) -> Callable[[dict], obj
 
 
 def variants(cu: torch.Tensor | None, unsplit: bool) -> dict[str, Callable[[dict], object]]:  # type: ignore[type-arg]
-    """The default path (folded, 64-wide V blocks, 4 warps); w and u stored (FORM_WU off: whole-V
-    walks at 8 warps); unsplit, the fold at other walk shapes."""
-    out = {"default": with_knobs(cu), "stored": with_knobs(cu, FORM_WU=False)}
-    if unsplit:
-        for bv, nw in ((128, 8), (64, 8), (32, 4)):
-            out[f"fold {bv}w{nw}"] = with_knobs(cu, FOLD_BV=bv, FOLD_WARPS=nw)
+    """The default path (folded, the state held transposed: `STATE_VK`, 64-wide V blocks, 4
+    warps); the state by rows (the eighth pass's walk); w and u stored (FORM_WU off: whole-V walks
+    at 8 warps); the transposed walk at other shapes, stages and segment counts."""
+    out = {
+        "default": with_knobs(cu),
+        "rows": with_knobs(cu, STATE_VK=False),
+        "stored": with_knobs(cu, FORM_WU=False),
+        "vk 128w8": with_knobs(cu, FOLD_BV=128, FOLD_WARPS=8),
+        "vk 3 stages": with_knobs(cu, SPLIT_STAGES=3),
+    }
+    if not unsplit:
+        out["vk 2x segments"] = with_knobs(cu, TARGET_PROGRAMS=2 * ds.TARGET_PROGRAMS)
     return out
 
 

@@ -87,6 +87,10 @@ DEFAULT_MIN_SPLIT_TOKENS = 2048
 FORM_WU = True
 FOLD_BV = 64
 FOLD_WARPS = 4
+# With the fold, the walk holds its state block transposed and writes every dot as (computed
+# tile) · (loaded tile)ᵀ, so that no computed tile goes through shared memory on the step's chain
+# (`_split_step_vk`).
+STATE_VK = True
 
 
 def default_segments(N: int, HV: int, V: int, T: int, block_v: int = SPLIT_BV) -> int:
@@ -231,6 +235,102 @@ def _split_step(
     return S * tl.exp(gl) + tl.dot(tl.trans(kc), vk, input_precision=STATE_PRECISION)
 
 
+@triton.jit
+def _split_step_vk(
+    St,
+    t0,
+    t_out,
+    eos,
+    k_p,
+    w_p,
+    u_p,
+    gc_p,
+    kf_p,
+    q_p,
+    qf_p,
+    aqk_p,
+    o_p,
+    ncols,
+    use_u,
+    skt,
+    sqt,
+    v_p,
+    svt,
+    b_p,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    BT: tl.constexpr,
+    OUTPUT: tl.constexpr,
+    STATE_DT: tl.constexpr,
+    STATE_PRECISION: tl.constexpr,
+    ROUND_BF16: tl.constexpr,
+    CHUNK_DT: tl.constexpr,
+):
+    """`_split_step` with the fold, the state held transposed (``St = Sᵀ``, V block × K) and
+    every product written as ``(computed tile) · (loaded tile)ᵀ``: the left operand of each dot
+    is formed in registers and the right one is a tile read from memory.  On Hopper a wgmma
+    takes its left operand from registers and its right one from shared memory, where the
+    pipelined loads already put the tiles; so no computed tile (S, y, v_new) goes through shared
+    memory on the step's dependent chain (`STATE_VK`).  The factors β e^{G} / |k| scale the
+    columns of ``Sᵀ kᵀ`` after the dot instead of k's rows before it (float32 instead of a bf16
+    rounding of the scaled keys)."""
+    n_live = eos - t0
+    r = tl.arange(0, BT)
+    live = r < n_live
+    rk = tl.arange(0, BK)
+    rv = tl.arange(0, BV)
+    kmask = live[:, None] & (rk < K)[None, :]
+    vmask_t = (rv < ncols)[:, None] & live[None, :]  # [BV, BT]
+    gl = tl.load(gc_p + t0 + tl.minimum(n_live, BT) - 1)  # decay to the chunk end
+    kfac = tl.load(kf_p + t0 + r, mask=live, other=0.0)
+    kc = tl.load(k_p + t0 * skt + r[:, None] * skt + rk[None, :], mask=kmask, other=0.0).to(STATE_DT)
+    Sd = St.to(STATE_DT)
+    if ROUND_BF16:
+        Sd = rne_bf16(Sd)
+    # yᵀ = (β v - β e^{G} k̂ S)ᵀ, then v_newᵀ = yᵀ Tᵀ
+    Tc = tl.load(
+        w_p + t0 * (HV * BT) + r[:, None] * (HV * BT) + r[None, :], mask=live[:, None], other=0.0
+    ).to(CHUNK_DT)
+    bfac = tl.load(u_p + t0 + r, mask=live, other=0.0)
+    bvv = tl.load(b_p + (t0 + r) * HV, mask=live, other=0.0)
+    if OUTPUT:
+        qfac = tl.load(qf_p + t0 + r, mask=live, other=0.0)
+    v_t = tl.load(v_p + (t0 + r)[None, :] * svt + rv[:, None], mask=vmask_t & use_u, other=0.0)
+    ks = tl.dot(Sd, tl.trans(kc), input_precision=STATE_PRECISION)
+    y = v_t.to(tl.float32) * bvv[None, :] - ks * bfac[None, :]
+    y = y.to(CHUNK_DT)
+    if ROUND_BF16:
+        y = rne_bf16(y)
+    v_new = tl.dot(y.to(CHUNK_DT), tl.trans(Tc), input_precision="ieee")  # [BV, BT]
+    vk = (v_new * kfac[None, :]).to(STATE_DT)
+    if ROUND_BF16:
+        vk = rne_bf16(vk)
+    if OUTPUT:
+        vd = v_new.to(STATE_DT)
+        if ROUND_BF16:
+            vd = rne_bf16(vd)
+        qc = tl.load(q_p + t0 * sqt + r[:, None] * sqt + rk[None, :], mask=kmask, other=0.0).to(STATE_DT)
+        # launch 1 stored Aqk's whole rows, zero above the diagonal: a mask by rows only lets the
+        # load be pipelined (a per-element mask cannot be an asynchronous copy)
+        Ac = tl.load(
+            aqk_p + t0 * (HV * BT) + r[:, None] * (HV * BT) + r[None, :], mask=live[:, None], other=0.0
+        )
+        oc = tl.dot(Sd, tl.trans(qc), input_precision=STATE_PRECISION) * qfac[None, :] + tl.dot(
+            vd, tl.trans(Ac.to(STATE_DT)), input_precision=STATE_PRECISION
+        )  # oᵀ, [BV, BT]
+        if ROUND_BF16:
+            oc = rne_bf16(oc)
+        tl.store(
+            o_p + t0 * (HV * V) + r[None, :] * (HV * V) + rv[:, None],
+            oc.to(o_p.dtype.element_ty),
+            mask=vmask_t & (t0 >= t_out),
+        )
+    return St * tl.exp(gl) + tl.dot(vk, kc, input_precision=STATE_PRECISION)
+
+
 # fmt: off
 @triton.jit
 def _walk(
@@ -238,7 +338,7 @@ def _walk(
     v_p, svt, b_p,
     HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
     OUTPUT: tl.constexpr, STATE_DT: tl.constexpr, STATE_PRECISION: tl.constexpr, ROUND_BF16: tl.constexpr,
-    INTERPRETED: tl.constexpr, FORM_WU: tl.constexpr, CHUNK_DT: tl.constexpr,
+    INTERPRETED: tl.constexpr, FORM_WU: tl.constexpr, CHUNK_DT: tl.constexpr, STATE_VK: tl.constexpr,
 ):
     """`_split_step` over the chunks of tokens [t_lo, t_hi) from state S, outputs from t_out on;
     returns the state at t_hi.  Both launches walk through here (inlined on a GPU: the same machine code as the walk
@@ -246,18 +346,33 @@ def _walk(
     if INTERPRETED:  # Triton 3.6's interpreter cannot take a runtime range bound (numpy ≥ 2)
         t0 = t_lo
         while t0 < t_hi:
-            S = _split_step(
-                S, t0, t_out, eos, k_p, w_p, u_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, use_u, skt, sqt,
-                v_p, svt, b_p, HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16, FORM_WU, CHUNK_DT,
-            )  # fmt: skip
+            if STATE_VK:
+                S = _split_step_vk(
+                    S, t0, t_out, eos, k_p, w_p, u_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, use_u, skt, sqt,
+                    v_p, svt, b_p, HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16, CHUNK_DT,
+                )  # fmt: skip
+            else:
+                S = _split_step(
+                    S, t0, t_out, eos, k_p, w_p, u_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, use_u, skt, sqt,
+                    v_p, svt, b_p, HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16, FORM_WU,
+                    CHUNK_DT,
+                )  # fmt: skip
             t0 += BT
     else:
         # a for loop, so the compiler can pipeline the next chunk's loads behind this one's dots
         for c in range(0, tl.cdiv(t_hi - t_lo, BT)):
-            S = _split_step(
-                S, t_lo + c * BT, t_out, eos, k_p, w_p, u_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, use_u, skt, sqt,
-                v_p, svt, b_p, HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16, FORM_WU, CHUNK_DT,
-            )  # fmt: skip
+            if STATE_VK:
+                S = _split_step_vk(
+                    S, t_lo + c * BT, t_out, eos, k_p, w_p, u_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, use_u,
+                    skt, sqt, v_p, svt, b_p, HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16,
+                    CHUNK_DT,
+                )  # fmt: skip
+            else:
+                S = _split_step(
+                    S, t_lo + c * BT, t_out, eos, k_p, w_p, u_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, use_u,
+                    skt, sqt, v_p, svt, b_p, HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16,
+                    FORM_WU, CHUNK_DT,
+                )  # fmt: skip
     return S
 # fmt: on
 
@@ -385,6 +500,7 @@ def _segment_output_kernel(
     INTERPRETED: tl.constexpr,
     FORM_WU: tl.constexpr,
     CHUNK_DT: tl.constexpr,
+    STATE_VK: tl.constexpr,
 ):
     """Segment s of one sequence, value head and V block: its start state from a warm-up walk
     over the chunks before it, then its chunks with the output fused.  With FORM_WU, w holds
@@ -401,8 +517,12 @@ def _segment_output_kernel(
 
     rk = tl.arange(0, BK)
     rv = tl.arange(0, BV)
-    s_off = rk[:, None] * V + rv[None, :]
-    s_mask = (rk < K)[:, None] & (rv < ncols)[None, :]
+    if STATE_VK:  # the state's block held transposed, [BV, BK] (`_split_step_vk`)
+        s_off = rv[:, None] + rk[None, :] * V
+        s_mask = (rv < ncols)[:, None] & (rk < K)[None, :]
+    else:
+        s_off = rk[:, None] * V + rv[None, :]
+        s_mask = (rk < K)[:, None] & (rv < ncols)[None, :]
     h0 += i_nh * K * V + c0
     ht += i_nh * K * V + c0
     seg = tl.cdiv(tl.cdiv(eos - bos, BT), P)  # chunks per segment
@@ -417,6 +537,8 @@ def _segment_output_kernel(
         from_start = s == s
     if HAS_H0:
         S = tl.load(h0 + s_off, mask=s_mask & from_start, other=0.0)
+    elif STATE_VK:
+        S = tl.zeros([BV, BK], dtype=tl.float32)
     else:
         S = tl.zeros([BK, BV], dtype=tl.float32)
 
@@ -436,7 +558,7 @@ def _segment_output_kernel(
     S = _walk(
         S, t_w, t_lo, t_hi, eos, k_p, w_p, u_p, gc + hd, kf + hd, q_p, qf + hd, aqk_p, o_p,
         ncols, True, skt, sqt, v + b * svb + hv * V + c0, svt, beta + tok,
-        HV, K, V, BK, BV, BT, True, STATE_DT, STATE_PRECISION, ROUND_BF16, INTERPRETED, FORM_WU, CHUNK_DT,
+        HV, K, V, BK, BV, BT, True, STATE_DT, STATE_PRECISION, ROUND_BF16, INTERPRETED, FORM_WU, CHUNK_DT, STATE_VK,
     )  # fmt: skip
     if STORE_FINAL:
         tl.store(ht + s_off, S, mask=s_mask & (s == P - 1))
@@ -457,13 +579,13 @@ def chunk_gated_delta_rule_split(
     segments: int | None = None,
     block_v: int | None = None,
     warps: int | None = None,
-    stages: int = SPLIT_STAGES,
+    stages: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The chunked delta rule in the split design (same contract as
     `clef_runtime.ops.delta_rule_chunk.chunk_gated_delta_rule`).  ``segments``: per sequence
-    (None: `default_segments`); ``block_v``, ``warps``: the walk's column block and warps (for
-    measurements; None: the kept ones, FOLD_BV and FOLD_WARPS, or SPLIT_BV and SPLIT_WARPS with
-    FORM_WU off).  Raises ValueError where the device takes the FMA
+    (None: `default_segments`); ``block_v``, ``warps``, ``stages``: the walk's column block, warps
+    and pipeline stages (for measurements; None: the kept ones, FOLD_BV and FOLD_WARPS, or SPLIT_BV
+    and SPLIT_WARPS with FORM_WU off, and SPLIT_STAGES).  Raises ValueError where the device takes the FMA
     configuration (float32, sm70): that path has the three-launch design only."""
     _, T, H, HV, K, V, N, scale = checked_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens)
     if not tensor_core_dots(q.dtype, q.device):
@@ -508,7 +630,7 @@ def chunk_gated_delta_rule_split(
         HAS_H0=initial_state is not None, STORE_FINAL=p.final is not None,
         STATE_DT=policy.state_dtype, STATE_PRECISION=policy.state_precision, WARMUP=P > 1,
         ROUND_BF16=policy.round_bf16, INTERPRETED=interpreted(_segment_output_kernel),
-        FORM_WU=fold, CHUNK_DT=policy.chunk_dtype,
-        num_warps=warps or (FOLD_WARPS if fold else SPLIT_WARPS), num_stages=stages,
+        FORM_WU=fold, CHUNK_DT=policy.chunk_dtype, STATE_VK=fold and STATE_VK,
+        num_warps=warps or (FOLD_WARPS if fold else SPLIT_WARPS), num_stages=stages or SPLIT_STAGES,
     )  # fmt: skip
     return p.o, p.final
