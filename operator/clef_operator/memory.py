@@ -175,6 +175,27 @@ def trim(collect: bool = False) -> None:
 REPORT_ENV = "CLEF_MEMORY_REPORT"
 _REPORTS = itertools.count()
 TRACE_ENV = "CLEF_MEMORY_TRACE"
+MAX_TRACE_FRAMES = 65535  # tracemalloc's own limit
+TRACE_FORMS = (
+    f"N or N@report, N a number of frames from 1 to {MAX_TRACE_FRAMES} (unset, empty or 0: no tracing)"
+)
+
+
+def parse_trace(value: str | None) -> tuple[int, bool]:
+    """`CLEF_MEMORY_TRACE`'s value as (frames, from the first report on): "N" traces N frames
+    from start-up on; "N@report" from the first report on (start-up untraced: tracing slows the
+    interpreter ~10x, and what a burst of work leaves is what was born after it); unset, empty or
+    "0": (0, False), no tracing.  Anything else is a ValueError that names the variable, the value
+    and the forms it takes."""
+    if not value:
+        return 0, False
+    frames_text, at, when = value.partition("@")
+    frames = int(frames_text) if frames_text.isascii() and frames_text.isdigit() else -1
+    if frames == 0 and not at:
+        return 0, False
+    if not 1 <= frames <= MAX_TRACE_FRAMES or (at and when != "report"):
+        raise ValueError(f"{TRACE_ENV}={value!r}: expected {TRACE_FORMS}")
+    return frames, bool(at)
 
 
 def _smaps() -> dict[str, int]:
@@ -344,12 +365,19 @@ def report() -> str:
 
 
 def install_report() -> None:
-    """With CLEF_MEMORY_REPORT set, SIGUSR1 appends `report()` to that file."""
+    """With CLEF_MEMORY_REPORT set, SIGUSR1 appends `report()` to that file (and CLEF_MEMORY_TRACE
+    turns tracemalloc on: `parse_trace`).  A CLEF_MEMORY_TRACE that is not of that form ends the
+    process at start-up, saying so, before anything is installed."""
     import signal
+    import tracemalloc
 
     path = os.environ.get(REPORT_ENV)
     if not path:
         return
+    try:
+        frames, late = parse_trace(os.environ.get(TRACE_ENV))
+    except ValueError as e:
+        raise SystemExit(f"clef-operator: {e}") from None
 
     busy = threading.Lock()
 
@@ -367,12 +395,6 @@ def install_report() -> None:
         if late and not tracemalloc.is_tracing():
             tracemalloc.start(frames)
 
-    import tracemalloc
-
-    # "N" traces from start-up on; "N@report" from the first report on (start-up untraced: tracing
-    # slows the interpreter ~10x, and what a burst of work leaves is what was born after it).
-    frames_text, late_text = (os.environ.get(TRACE_ENV) or "0").partition("@")[::2]
-    frames, late = int(frames_text), late_text == "report"
     signal.signal(signal.SIGUSR1, on_signal)
     if frames and not late:
         tracemalloc.start(frames)

@@ -1,9 +1,11 @@
-"""memory.Trimmer: freed memory is handed back once work has gone quiet, never during a burst."""
+"""memory: freed memory is handed back once work has gone quiet, never during a burst (Trimmer);
+the memory report and its CLEF_MEMORY_TRACE setting."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -131,3 +133,59 @@ def test_the_operator_runs_without_glibcs_thread_caches_unless_told_otherwise() 
     kept = {**env, "GLIBC_TUNABLES": "glibc.malloc.tcache_count=7"}
     out = subprocess.run([sys.executable, "-c", probe], env=kept, capture_output=True, text=True, check=True)
     assert out.stdout.split()[1:] == ["glibc.malloc.tcache_count=7", "after"], out.stdout
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (None, (0, False)),
+        ("", (0, False)),
+        ("0", (0, False)),
+        ("12", (12, False)),
+        ("12@report", (12, True)),
+        ("1", (1, False)),
+        ("65535@report", (65535, True)),
+    ],
+)
+def test_the_trace_setting_takes_its_documented_forms(value: str | None, expected: tuple[int, bool]) -> None:
+    assert memory.parse_trace(value) == expected
+
+
+@pytest.mark.parametrize(
+    "value", ["twelve", "12@start", "12@", "@report", "0@report", "-3", "65536", "1.5", "12 ", "١٢"]
+)
+def test_a_trace_setting_of_another_form_is_refused_naming_the_variable_the_value_and_the_forms(
+    value: str,
+) -> None:
+    with pytest.raises(ValueError) as refused:
+        memory.parse_trace(value)
+    assert str(refused.value) == (
+        f"CLEF_MEMORY_TRACE={value!r}: expected N or N@report, N a number of frames from 1 to 65535"
+        " (unset, empty or 0: no tracing)"
+    )
+
+
+@pytest.mark.parametrize("value", ["twelve", "12@start"])
+def test_the_operator_refuses_to_start_with_a_trace_setting_of_another_form(
+    value: str, tmp_path: Path
+) -> None:
+    """`clef-operator run` stops at once with one line naming the variable, the value and its
+    forms (not a bare int() traceback, not a silently untraced run), before it reaches the cluster."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "CLEF_MEMORY_REPORT": str(tmp_path / "mem.txt"), "CLEF_MEMORY_TRACE": value}
+    env["KUBECONFIG"] = str(tmp_path / "no-such-kubeconfig")
+    out = subprocess.run(
+        [sys.executable, "-m", "clef_operator.cli", "run"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 1, (out.returncode, out.stderr)
+    assert out.stderr.strip().splitlines() == [
+        f"clef-operator: CLEF_MEMORY_TRACE={value!r}: expected N or N@report, N a number of frames"
+        " from 1 to 65535 (unset, empty or 0: no tracing)"
+    ], out.stderr

@@ -71,62 +71,117 @@ class Narrator:
     def tell(self, name: str, snap: Snapshot) -> None:
         before = self.last.get(name)
         self.last[name] = snap
-        who = f"{name}:"
-        old_jobs = before.jobs if before else {}
-        for job, state in snap.jobs.items():
-            what = _JOBS.get(snap.job_steps.get(job, ""), "verification Job")
-            if job not in old_jobs:
-                say(f"{who} {what} {job} created ({snap.job_images.get(job, '?')})")
-            elif old_jobs[job] != state and state in ("Complete", "Failed"):
-                say(f"{who} {what} {job} finished: {state}")
-        old_pods = before.pods if before else {}
-        for pod, (job, phase, node) in snap.pods.items():
-            if old_pods.get(pod, ("", "", ""))[1:] == (phase, node):
-                continue
-            if phase == "Running":
-                gpu = self.node_gpus.get(node, "")
-                step = snap.job_steps.get(job, "verify")
-                where = (
-                    f"on {node}, no GPU" if step == "endpoint" else f"on {node}{', ' + gpu if gpu else ''}"
-                )
-                say(
-                    f"{who} waiting for {_JOBS.get(step, 'verification Job')} {job} (running {_RUNS.get(step, step)} {where})…"
-                )
-            elif phase == "Pending" and node:
-                say(f"{who} verification pod {pod} scheduled on {node}, starting")
-        old_deps = before.deployments if before else {}
-        # A preview loses its annotations when it goes to 0 or is promoted: still a preview here.
-        previews = snap.previews | (before.previews if before else set())
-        for dep, (replicas, available) in snap.deployments.items():
-            if dep in previews and old_deps.get(dep) != (replicas, available):
-                if available and replicas:
-                    say(f"{who} preview {dep} Ready ({available}/{replicas}; no Service selects it)")
-                elif dep not in old_deps and replicas:
-                    say(
-                        f"{who} preview {dep} created: the candidate's engine, {replicas} replica, no Service"
-                    )
-                elif replicas != old_deps[dep][0]:
-                    say(f"{who} preview {dep} scaled to {replicas}")
-            elif dep not in old_deps:
-                ready = f", {available}/{replicas} available" if available else ""
-                say(
-                    f"{who} Deployment {dep} created ({replicas} replica{'s' if replicas != 1 else ''}{ready})"
-                )
-            elif old_deps[dep] != (replicas, available):
-                say(f"{who} Deployment {dep}: {available}/{replicas} available")
-        old_svc = before.service if before else None
-        if snap.service and (old_svc is None or old_svc[0] != snap.service[0]):
-            rev, ip = snap.service
-            say(f"{who} Service now selects revision {rev or '(none)'} (ClusterIP {ip})")
-        for type_ in ("Verified", "Progressing", "Ready", "Degraded"):
-            new = snap.condition(type_)
-            old = before.condition(type_) if before else {}
-            key = (new.get("status"), new.get("reason"))
-            if not new or key == (old.get("status"), old.get("reason")):
-                continue
-            # Degraded going back to False is news; its steady False is not.
-            cleared = type_ == "Degraded" and old.get("status") == "True"
-            if key in _TOLD_ELSEWHERE.get(type_, ()) and not cleared:
-                continue
-            message = short(new.get("message", ""))
-            say(f"{who} {type_}={new['status']} ({new['reason']})" + (f": {message}" if message else ""))
+        for line in changes(f"{name}:", before, snap, self.node_gpus):
+            say(line)
+
+
+def changes(who: str, before: Snapshot | None, snap: Snapshot, node_gpus: dict[str, str]) -> list[str]:
+    """One line per change from `before` (None: nothing seen yet) to `snap`, each starting `who`."""
+    return [
+        *_job_lines(who, before, snap),
+        *_pod_lines(who, before, snap, node_gpus),
+        *_deployment_lines(who, before, snap),
+        *_service_lines(who, before, snap),
+        *_condition_lines(who, before, snap),
+    ]
+
+
+def _job_lines(who: str, before: Snapshot | None, snap: Snapshot) -> list[str]:
+    """Jobs created, and Jobs finished."""
+    old_jobs = before.jobs if before else {}
+    lines = []
+    for job, state in snap.jobs.items():
+        what = _JOBS.get(snap.job_steps.get(job, ""), "verification Job")
+        if job not in old_jobs:
+            lines.append(f"{who} {what} {job} created ({snap.job_images.get(job, '?')})")
+        elif old_jobs[job] != state and state in ("Complete", "Failed"):
+            lines.append(f"{who} {what} {job} finished: {state}")
+    return lines
+
+
+def _pod_lines(who: str, before: Snapshot | None, snap: Snapshot, node_gpus: dict[str, str]) -> list[str]:
+    """Verification pods scheduled, and running: what their Job runs and where."""
+    old_pods = before.pods if before else {}
+    lines = []
+    for pod, (job, phase, node) in snap.pods.items():
+        if old_pods.get(pod, ("", "", ""))[1:] == (phase, node):
+            continue
+        if phase == "Running":
+            gpu = node_gpus.get(node, "")
+            step = snap.job_steps.get(job, "verify")
+            where = f"on {node}, no GPU" if step == "endpoint" else f"on {node}{', ' + gpu if gpu else ''}"
+            lines.append(
+                f"{who} waiting for {_JOBS.get(step, 'verification Job')} {job} (running {_RUNS.get(step, step)} {where})…"
+            )
+        elif phase == "Pending" and node:
+            lines.append(f"{who} verification pod {pod} scheduled on {node}, starting")
+    return lines
+
+
+def _deployment_lines(who: str, before: Snapshot | None, snap: Snapshot) -> list[str]:
+    """Previews and Deployments created, ready, scaled."""
+    old_deps = before.deployments if before else {}
+    # A preview loses its annotations when it goes to 0 or is promoted: still a preview here.
+    previews = snap.previews | (before.previews if before else set())
+    lines = []
+    for dep, now in snap.deployments.items():
+        if old_deps.get(dep) == now:
+            continue
+        line = (
+            _preview_line(who, dep, now, old_deps)
+            if dep in previews
+            else _serving_line(who, dep, now, old_deps.get(dep))
+        )
+        if line:
+            lines.append(line)
+    return lines
+
+
+def _preview_line(
+    who: str, dep: str, now: tuple[int, int], old_deps: dict[str, tuple[int, int]]
+) -> str | None:
+    """A preview that changed (the candidate's engine, which no Service selects)."""
+    replicas, available = now
+    if available and replicas:
+        return f"{who} preview {dep} Ready ({available}/{replicas}; no Service selects it)"
+    if dep not in old_deps and replicas:
+        return f"{who} preview {dep} created: the candidate's engine, {replicas} replica, no Service"
+    if replicas != old_deps[dep][0]:
+        return f"{who} preview {dep} scaled to {replicas}"
+    return None
+
+
+def _serving_line(who: str, dep: str, now: tuple[int, int], old: tuple[int, int] | None) -> str:
+    """A Deployment (not a preview) created (`old` None), or whose replicas or available changed."""
+    replicas, available = now
+    if old is None:
+        ready = f", {available}/{replicas} available" if available else ""
+        return f"{who} Deployment {dep} created ({replicas} replica{'s' if replicas != 1 else ''}{ready})"
+    return f"{who} Deployment {dep}: {available}/{replicas} available"
+
+
+def _service_lines(who: str, before: Snapshot | None, snap: Snapshot) -> list[str]:
+    """The Service's selector moved to another revision."""
+    old_svc = before.service if before else None
+    if snap.service and (old_svc is None or old_svc[0] != snap.service[0]):
+        rev, ip = snap.service
+        return [f"{who} Service now selects revision {rev or '(none)'} (ClusterIP {ip})"]
+    return []
+
+
+def _condition_lines(who: str, before: Snapshot | None, snap: Snapshot) -> list[str]:
+    """Conditions whose status or reason changed, but for what the other lines tell already."""
+    lines = []
+    for type_ in ("Verified", "Progressing", "Ready", "Degraded"):
+        new = snap.condition(type_)
+        old = before.condition(type_) if before else {}
+        key = (new.get("status"), new.get("reason"))
+        if not new or key == (old.get("status"), old.get("reason")):
+            continue
+        # Degraded going back to False is news; its steady False is not.
+        cleared = type_ == "Degraded" and old.get("status") == "True"
+        if key in _TOLD_ELSEWHERE.get(type_, ()) and not cleared:
+            continue
+        message = short(new.get("message", ""))
+        lines.append(f"{who} {type_}={new['status']} ({new['reason']})" + (f": {message}" if message else ""))
+    return lines

@@ -254,71 +254,74 @@ class PodWorker:
             backoff = min(backoff * 2, BACKOFF_MAX)
 
     def _run_container(self, spec: Obj, entry: images.ImageEntry, state: ContainerState) -> int:
-        container_id = f"clef-harness://{uuid.uuid4().hex}"
+        """One run of the container, from its start to its terminated state: its exit code."""
         started = now()
         with self.lock:
             state.image_id = entry.image_id
-            state.container_id = container_id
-
-        def terminate(code: int, reason: str, message: str) -> int:
-            with self.lock:
-                state.state = {
-                    "terminated": {
-                        "exitCode": code,
-                        "reason": reason,
-                        "message": message,
-                        "startedAt": started,
-                        "finishedAt": now(),
-                        "containerID": container_id,
-                    }
-                }
-            self._publish()
-            return code
-
+            state.container_id = f"clef-harness://{uuid.uuid4().hex}"
         if entry.kind == "hang":
-            records = self.runner.log_path(self.namespace, self.name, spec["name"], state.restart_count)
-            records.with_suffix(".cri").write_bytes(b"")
-            self.runner.log_index.started(
-                self.namespace, self.name, spec["name"], records.with_suffix(".cri")
-            )
-            with self.lock:
-                state.state = {"running": {"startedAt": started}}
-            self._publish()
-            self.stop.wait()
-            self.runner.log_index.stopped(self.namespace, self.name, spec["name"])
-            return terminate(137, "Error", "")
-
+            self._hang(spec, state, started)
+            return self._terminate(state, started, 137, "Error", "")
         prepared = self._prepare(spec, entry, state)
         if isinstance(prepared, NotStarted):
-            return terminate(prepared.code, prepared.reason, prepared.message)
+            return self._terminate(state, started, prepared.code, prepared.reason, prepared.message)
         argv, proc_env, run_dir = prepared
         termlog = Path(proc_env[TERMINATION_LOG_ENV])
         out_path = self.runner.log_path(self.namespace, self.name, spec["name"], state.restart_count)
-        exe = argv[0] if "/" in argv[0] else shutil.which(argv[0], path=proc_env["PATH"])
-        if exe is None or not os.access(exe, os.X_OK):
-            return terminate(
-                128,
-                "StartError",
-                f'exec: "{argv[0]}": executable file not found in $PATH',
+        exe = _executable(argv[0], proc_env["PATH"])
+        if exe is None:
+            return self._terminate(
+                state, started, 128, "StartError", f'exec: "{argv[0]}": executable file not found in $PATH'
             )
-        out_path.unlink(missing_ok=True)
-        out_path.with_suffix(".cri").unlink(missing_ok=True)
-        capture = OutputCapture(out_path, out_path.with_suffix(".cri"))
-        try:
-            proc = subprocess.Popen(
-                [exe, *argv[1:]],
-                cwd=run_dir,
-                env=proc_env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-            )
-        except OSError as e:
-            capture.close()
-            return terminate(128, "StartError", f"{argv[0]}: {e.strerror}")
-        assert proc.stdout is not None and proc.stderr is not None
-        capture.start(proc.stdout, proc.stderr)
+        spawned = _spawn([exe, *argv[1:]], proc_env, run_dir, out_path)
+        if isinstance(spawned, OSError):
+            return self._terminate(state, started, 128, "StartError", f"{argv[0]}: {spawned.strerror}")
+        proc, capture = spawned
+        probes = self._running(spec, entry, state, started, proc, argv, out_path)
+        code = self._until_exit(proc, probes, state, capture)
+        message = read_termination_message(termlog, out_path, spec.get("terminationMessagePolicy"), code)
+        return self._terminate(state, started, code, "Completed" if code == 0 else "Error", message)
+
+    def _terminate(self, state: ContainerState, started: str, code: int, reason: str, message: str) -> int:
+        """Report the container run that began at `started` as terminated; its exit code."""
+        with self.lock:
+            state.state = {
+                "terminated": {
+                    "exitCode": code,
+                    "reason": reason,
+                    "message": message,
+                    "startedAt": started,
+                    "finishedAt": now(),
+                    "containerID": state.container_id,
+                }
+            }
+        self._publish()
+        return code
+
+    def _hang(self, spec: Obj, state: ContainerState, started: str) -> None:
+        """A hang image's container: running, with an empty log and no process, until the pod is
+        deleted."""
+        records = self.runner.log_path(self.namespace, self.name, spec["name"], state.restart_count)
+        records.with_suffix(".cri").write_bytes(b"")
+        self.runner.log_index.started(self.namespace, self.name, spec["name"], records.with_suffix(".cri"))
+        with self.lock:
+            state.state = {"running": {"startedAt": started}}
+        self._publish()
+        self.stop.wait()
+        self.runner.log_index.stopped(self.namespace, self.name, spec["name"])
+
+    def _running(
+        self,
+        spec: Obj,
+        entry: images.ImageEntry,
+        state: ContainerState,
+        started: str,
+        proc: subprocess.Popen[bytes],
+        argv: list[str],
+        out_path: Path,
+    ) -> ProbeSet:
+        """Report the container's process as running (tracked, its log indexed, its probes not yet
+        passed); its probes."""
         self.runner.track(proc.pid)
         self.runner.log_index.started(self.namespace, self.name, spec["name"], out_path.with_suffix(".cri"))
         probes = ProbeSet.for_container(spec)
@@ -329,14 +332,18 @@ class PodWorker:
         self._publish()
         log.info("%s/%s/%s: started pid %d (image %s: %s%s): %s", self.namespace, self.name, spec["name"],
                  proc.pid, spec["image"], entry.kind, f" {entry.fault}" if entry.fault else "", argv)  # fmt: skip
+        return probes
+
+    def _until_exit(
+        self, proc: subprocess.Popen[bytes], probes: ProbeSet, state: ContainerState, capture: OutputCapture
+    ) -> int:
+        """Wait for the process to end (`_wait`), then let go of it and of its output: its exit code."""
         try:
-            code = self._wait(proc, probes, state)
+            return self._wait(proc, probes, state)
         finally:
             self.runner.untrack(proc.pid)
             capture.close()
-            self.runner.log_index.stopped(self.namespace, self.name, spec["name"])
-        message = read_termination_message(termlog, out_path, spec.get("terminationMessagePolicy"), code)
-        return terminate(code, "Completed" if code == 0 else "Error", message)
+            self.runner.log_index.stopped(self.namespace, self.name, state.name)
 
     def _prepare(
         self, spec: Obj, entry: images.ImageEntry, state: ContainerState
@@ -429,3 +436,36 @@ class PodWorker:
             os.killpg(proc.pid, signal.SIGKILL)
         # A signal death is reported as the shell (and the kubelet) does: 128 + signal.
         return 128 - rc if rc < 0 else rc
+
+
+def _executable(program: str, path: str) -> str | None:
+    """The file a container runtime would execute for argv[0] `program` (as it is when it has a
+    slash, else looked up in `path`); None when there is no such executable file."""
+    exe = program if "/" in program else shutil.which(program, path=path)
+    return exe if exe is not None and os.access(exe, os.X_OK) else None
+
+
+def _spawn(
+    argv: list[str], env: dict[str, str], run_dir: Path, out_path: Path
+) -> tuple[subprocess.Popen[bytes], OutputCapture] | OSError:
+    """Start the container's process in a session of its own, its output captured into `out_path`
+    (and its .cri record, both started afresh); the OSError when it cannot be started."""
+    out_path.unlink(missing_ok=True)
+    out_path.with_suffix(".cri").unlink(missing_ok=True)
+    capture = OutputCapture(out_path, out_path.with_suffix(".cri"))
+    try:
+        proc = subprocess.Popen(
+            argv,
+            cwd=run_dir,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+    except OSError as e:
+        capture.close()
+        return e
+    assert proc.stdout is not None and proc.stderr is not None
+    capture.start(proc.stdout, proc.stderr)
+    return proc, capture

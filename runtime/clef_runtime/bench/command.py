@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -46,6 +46,9 @@ from clef_runtime.bench.timing import (
 )
 from clef_runtime.dtypes import NAMES, torch_dtype
 from clef_runtime.interpreter import interpreting
+
+if TYPE_CHECKING:
+    from clef_runtime.opset import OpSet
 
 # clef vs FLA, relative L2 error per output: loose, a wrong kernel is off by O(1)
 TOLERANCE = {"bf16": 5e-2, "f16": 2e-2, "f32": 1e-2}
@@ -551,26 +554,19 @@ def run_bench_command(args: argparse.Namespace) -> int:
     errored on some row, 2 could not run."""
     opts = Options.from_args(args)
     if opts.list_rows:
-        for r in ROWS:
-            graph = "graph" if r.graph else "auto"
-            print(f"{r.name:28s} {r.op:34s} B{r.full[0]} T{r.full[1]}  {graph}")
+        _print_rows()
         return 0
     rows, unmatched = select_rows(opts.rows)
     if unmatched:
         return _err(
             f"bench: --rows {', '.join(unmatched)} matches no row; rows are: {', '.join(r.name for r in ROWS)}"
         )
-    prepared = _prepare_device(opts)
-    if isinstance(prepared, str):
-        return _err(prepared)
-    device = prepared
-    try:
-        from clef_runtime.opset import get_opset
-
-        # the dims the rows will use (tiny on the CPU): the key-band fault needs their conv bands
-        ops = get_opset("triton", qkv_split=(TINY if device.type == "cpu" else QWEN35_9B).qkv_split)
-    except Exception as e:
-        return _err(f"bench: clef's Triton ops cannot be imported ({type(e).__name__}: {e})")
+    device = _prepare_device(opts)
+    if isinstance(device, str):
+        return _err(device)
+    ops = _load_ops(device)
+    if isinstance(ops, str):
+        return _err(ops)
     peers = _load_peers(opts)
     info = device_info(device)
     env = _make_env(opts, device, info)
@@ -579,26 +575,70 @@ def run_bench_command(args: argparse.Namespace) -> int:
         _progress(f"bench: {FAULT_ENV}={fault} is set: clef's kernels carry that fault")
     started = _dt.datetime.now(_dt.UTC)
     with torch.no_grad():
-        copy = (
-            measure_copy_bandwidth(device, 1 << 30, 10 if opts.quick else 30)
-            if device.type == "cuda"
-            else measure_copy_bandwidth(device, 8 << 20, 3)
-        )
-        _progress(f"bench: copy bandwidth {copy.bytes_per_s / 1e9:.0f} GB/s (read + written)")
-        ctx = Context(
-            device=device,
-            dtype=torch_dtype(opts.dtype),
-            dims=env.dims,
-            ops=ops,
-            fla=peers.fla,
-            fla_reason=peers.fla_reason,
-            flashqla=peers.flashqla,
-            flashqla_reason=peers.flashqla_reason,
-            split=opts.split,
-            fla_backend=_fla_backend(peers.flashqla is not None),
-        )
+        copy = _copy_bandwidth(device, opts.quick)
+        ctx = _context(opts, env, ops, peers)
         base_record = _base_record(opts, env, info, peers, started, fault)
         results = _run_rows(rows, ctx, env, opts, base_record, copy)
+    _report(opts, info, peers, env, copy, base_record, results)
+    return 1 if any(r.failed for r in results) else 0
+
+
+def _print_rows() -> None:
+    """``--list``: every row, its op, its full shape and how it is timed."""
+    for r in ROWS:
+        graph = "graph" if r.graph else "auto"
+        print(f"{r.name:28s} {r.op:34s} B{r.full[0]} T{r.full[1]}  {graph}")
+
+
+def _load_ops(device: torch.device) -> OpSet | str:
+    """clef's Triton op set for the dims the rows will use (tiny on the CPU: the key-band fault
+    needs their conv bands); a message saying why when it cannot be imported."""
+    try:
+        from clef_runtime.opset import get_opset
+
+        return get_opset("triton", qkv_split=(TINY if device.type == "cpu" else QWEN35_9B).qkv_split)
+    except Exception as e:
+        return f"bench: clef's Triton ops cannot be imported ({type(e).__name__}: {e})"
+
+
+def _copy_bandwidth(device: torch.device, quick: bool) -> CopyBandwidth:
+    """The copy bandwidth the shares are computed against, measured now (a small copy on the CPU)."""
+    copy = (
+        measure_copy_bandwidth(device, 1 << 30, 10 if quick else 30)
+        if device.type == "cuda"
+        else measure_copy_bandwidth(device, 8 << 20, 3)
+    )
+    _progress(f"bench: copy bandwidth {copy.bytes_per_s / 1e9:.0f} GB/s (read + written)")
+    return copy
+
+
+def _context(opts: Options, env: Env, ops: OpSet, peers: Peers) -> Context:
+    """What every row runs with: the device, dtype and dims, clef's ops and the peers'."""
+    return Context(
+        device=env.device,
+        dtype=torch_dtype(opts.dtype),
+        dims=env.dims,
+        ops=ops,
+        fla=peers.fla,
+        fla_reason=peers.fla_reason,
+        flashqla=peers.flashqla,
+        flashqla_reason=peers.flashqla_reason,
+        split=opts.split,
+        fla_backend=_fla_backend(peers.flashqla is not None),
+    )
+
+
+def _report(
+    opts: Options,
+    info: dict[str, Any],
+    peers: Peers,
+    env: Env,
+    copy: CopyBandwidth,
+    base_record: dict[str, Any],
+    results: list[RowResult],
+) -> None:
+    """The finished run: the JSON (with --json) marked complete, then the header, the numbered
+    notes and the table on stdout."""
     header = _header(info, opts, peers.fla_version, copy, env.tiny, peers.flashqla_version)
     texts, per_row = number_notes(results)
     lines = [
@@ -611,7 +651,6 @@ def run_bench_command(args: argparse.Namespace) -> int:
         write_json(Path(opts.json), base_record, results, copy, complete=True)
         _progress(f"bench: wrote {opts.json}")
     print("\n".join(lines), flush=True)
-    return 1 if any(r.failed for r in results) else 0
 
 
 @dataclass(frozen=True)
