@@ -156,3 +156,11 @@ def test_nothing_is_told_when_nothing_changed(capsys: pytest.CaptureFixture[str]
     narrator = Narrator({}, {"m": snap})
     narrator.tell("m", snap)
     assert _told(capsys) == []
+
+
+def test_a_preview_first_seen_at_zero_replicas_is_told(capsys: pytest.CaptureFixture[str]) -> None:
+    """A preview the narrator first sees already at 0 replicas (created and scaled down between two
+    snapshots) is told as created at 0, not a KeyError on a Deployment it never saw."""
+    narrator = Narrator({}, {"m": _snap(deployments={"m-rev": (1, 1)})})
+    narrator.tell("m", _snap(deployments={"m-preview": (0, 0), "m-rev": (1, 1)}, previews={"m-preview"}))
+    assert _told(capsys) == ["m: preview m-preview created at 0 replicas (no Service)"]

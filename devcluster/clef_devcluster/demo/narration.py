@@ -144,8 +144,10 @@ def _preview_line(
     replicas, available = now
     if available and replicas:
         return f"{who} preview {dep} Ready ({available}/{replicas}; no Service selects it)"
-    if dep not in old_deps and replicas:
-        return f"{who} preview {dep} created: the candidate's engine, {replicas} replica, no Service"
+    if dep not in old_deps:
+        if replicas:
+            return f"{who} preview {dep} created: the candidate's engine, {replicas} replica, no Service"
+        return f"{who} preview {dep} created at 0 replicas (no Service)"
     if replicas != old_deps[dep][0]:
         return f"{who} preview {dep} scaled to {replicas}"
     return None
