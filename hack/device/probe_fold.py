@@ -13,6 +13,7 @@ the default path; per-kernel times (torch.profiler) of the default and the faste
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 
@@ -26,13 +27,18 @@ from probe_timing import (
     time_it,
 )  # hack/device, the script's folder
 
+from clef_runtime.ops import delta_rule_chunk as dc
 from clef_runtime.ops import delta_rule_chunk_split as ds
 from clef_runtime.ops.delta_rule_chunk import chunk_gated_delta_rule
 
 H, HV, K, V = 16, 32, 128, 128
 ROWS = {
-    name: CHUNK_ROWS[name]
-    for name in ("b4_t8192", "packed_8x4096", "b1_t8192", "b1_t32768", "b1_t2048", "b1_t131072")
+    **{
+        name: CHUNK_ROWS[name]
+        for name in ("b4_t8192", "packed_8x4096", "b1_t8192", "b1_t32768", "b1_t2048", "b1_t131072")
+    },
+    "b8_t8192": (8, 8192, 0),  # more chains than the bench's rows: where whole-V walks may pay
+    "packed_16x2048": (1, 32768, 16),
 }
 want = sys.argv[1].split(",") if len(sys.argv) > 1 and sys.argv[1] != "all" else list(ROWS)
 dt = torch.bfloat16
@@ -50,18 +56,22 @@ def inputs(B: int, T: int, seed: int) -> dict[str, torch.Tensor]:
 
 
 def with_knobs(cu: torch.Tensor | None, **knobs: object) -> Callable[[dict], object]:  # type: ignore[type-arg]
-    """The default path with module constants of `delta_rule_chunk_split` set for the call."""
+    """The default path with module constants set for the call: of `delta_rule_chunk_split`, or
+    of `delta_rule_chunk` where the name starts with ``dc_`` (``dc_PREPARE_GQA_SHARE``)."""
+
+    def where(name: str) -> tuple[object, str]:
+        return (dc, name[3:]) if name.startswith("dc_") else (ds, name)
 
     def run(s: dict) -> object:  # type: ignore[type-arg]
-        keep = {name: getattr(ds, name) for name in knobs}
+        keep = {name: getattr(*where(name)) for name in knobs}
         for name, val in knobs.items():
-            setattr(ds, name, val)
+            setattr(*where(name), val)
         try:
             return chunk_gated_delta_rule(s["q"], s["k"], s["v"], s["g"], s["beta"], output_final_state=True,
                                           use_qk_l2norm=True, cu_seqlens=cu)  # fmt: skip
         finally:
             for name, val in keep.items():
-                setattr(ds, name, val)
+                setattr(*where(name), val)
 
     return run
 
@@ -73,12 +83,16 @@ def variants(cu: torch.Tensor | None, unsplit: bool) -> dict[str, Callable[[dict
     out = {
         "default": with_knobs(cu),
         "rows": with_knobs(cu, STATE_VK=False),
-        "stored": with_knobs(cu, FORM_WU=False),
-        "vk 128w8": with_knobs(cu, FOLD_BV=128, FOLD_WARPS=8),
-        "vk 3 stages": with_knobs(cu, SPLIT_STAGES=3),
+        "vk 64w4": with_knobs(cu, FOLD_BV=64, FOLD_WARPS=4, WIDE_PER_SM=None),
+        "vk 128w8": with_knobs(cu, FOLD_BV=128, FOLD_WARPS=8, WIDE_PER_SM=None),
     }
-    if not unsplit:
-        out["vk 2x segments"] = with_knobs(cu, TARGET_PROGRAMS=2 * ds.TARGET_PROGRAMS)
+    if hasattr(dc, "PREPARE_GQA_SHARE"):
+        out["launch 1 per value head"] = with_knobs(cu, dc_PREPARE_GQA_SHARE=False)
+    if os.environ.get("MORE"):
+        out["stored"] = with_knobs(cu, FORM_WU=False)
+        out["vk 3 stages"] = with_knobs(cu, SPLIT_STAGES=3)
+        if not unsplit:
+            out["vk 2x segments"] = with_knobs(cu, TARGET_PROGRAMS=2 * ds.TARGET_PROGRAMS)
     return out
 
 

@@ -247,12 +247,14 @@ consts = dict(H=16, HV=32, K=128, V=128, BK=128, BT=dc.BT, IS_VARLEN=True,
 f32 = "*fp32"
 types = dict(q=p, k=p, v=p, beta=f32, w=p, u=p, gc=f32, kf=f32, qf=f32, aqk=p, o=p,
              cw="*i32", h0=f32, ht=f32, cu_seqlens="*i32")
-# unsplit and split into segments: w and u folded into the walk, 64-wide V
+# unsplit and split into segments: w and u folded into the walk, 64-wide V; whole-V for many chains
 launches = [
     ("walk", ds._segment_output_kernel, dict(types, u=f32),
      dict(consts, WARMUP=False, FORM_WU=ds.FORM_WU, STATE_VK=ds.STATE_VK, BV=ds.FOLD_BV), ds.FOLD_WARPS),
     ("walk with warm-up", ds._segment_output_kernel, dict(types, u=f32),
      dict(consts, WARMUP=True, FORM_WU=ds.FORM_WU, STATE_VK=ds.STATE_VK, BV=ds.FOLD_BV), ds.FOLD_WARPS),
+    ("walk whole-V", ds._segment_output_kernel, dict(types, u=f32),
+     dict(consts, WARMUP=False, FORM_WU=ds.FORM_WU, STATE_VK=ds.STATE_VK, BV=ds.WIDE_BV), ds.WIDE_WARPS),
     ("warm-up plan", ds._warmup_plan_kernel,
      dict(lb=f32, gc=f32, beta=f32, cw="*i32", cu_seqlens="*i32", warmup_log_bound="fp32"),
      dict(HV=32, BT=dc.BT, WB=ds.WARMUP_BLOCK, IS_VARLEN=True, FROM_GATES=True), 4),
@@ -274,15 +276,16 @@ def test_split_chunk_kernels_compile_for_sm90() -> None:
     """The split design's walk (`delta_rule_chunk_split`, bf16 on tensor cores only: the
     default path for ≥ 128 sequence × value-head chains and for long B1 sequences) compiles for
     sm_90 at its kept tiles: w and u folded into the walk, unsplit and split with the warm-up
-    (64-wide V, 4 warps, 2 stages: 144 bytes of spill per thread with the warm-up).  That was
-    measured faster with those spills (docs/performance.md, seventh and eighth passes); the
-    bound catches a change that makes them spill for real.  (Launch 1 with the chunk bounds is the bf16 and f16 "prepare" of the test
-    above.)"""
+    (64-wide V, 4 warps, 2 stages: 192 bytes of spill per thread with the warm-up and the state
+    held transposed, 144 by rows) and whole-V at 8 warps (144 bytes) for grids of many chains.
+    That was measured faster with those spills (docs/performance.md, seventh to ninth passes);
+    the bound catches a change that makes them spill for real.  (Launch 1 with the chunk bounds
+    is the bf16 and f16 "prepare" of the test above.)"""
     results = _compile_all(SPLIT_SCRIPT, 900)
-    assert len(results) == 3, results
+    assert len(results) == 4, results
     heavy = {
         k: r
         for k, r in results.items()
-        if int(r.get("STACK", 0)) + int(r.get("LOCAL", 0)) > (160 if "walk" in k else 0)  # type: ignore[call-overload]
+        if int(r.get("STACK", 0)) + int(r.get("LOCAL", 0)) > (200 if "walk" in k else 0)  # type: ignore[call-overload]
     }
     assert not heavy, f"split kernels that spill more than their bound on sm_90: {heavy}"

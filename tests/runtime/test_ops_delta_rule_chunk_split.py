@@ -22,10 +22,15 @@ from clef_runtime.compare import assert_close
 from clef_runtime.inputs import gdn_inputs
 from clef_runtime.ops.delta_rule_chunk import BT
 from clef_runtime.ops.delta_rule_chunk_split import (
+    FOLD_BV,
+    FOLD_WARPS,
     WARMUP_LOG_BOUND,
+    WIDE_BV,
+    WIDE_WARPS,
     chunk_gated_delta_rule_split,
     default_segments,
     takes_default_path,
+    walk_shape,
 )
 from clef_runtime.reference import delta_rule as ref
 from clef_runtime.tolerances import tolerance
@@ -181,6 +186,15 @@ def test_default_segments() -> None:
     assert default_segments(1, 32, 128, 512) == 2  # 8 chunks: segments of at least 4
     assert default_segments(1, 32, 128, 192) == 1
     assert default_segments(1, 1, 16, 1 << 20) == 16  # capped
+
+
+def test_walk_shape() -> None:
+    # 64-wide programs while two per SM hold the grid (B1 T32768 in 4 segments: 256 on 132 SMs;
+    # B4 T8192: 256), whole-V 8-warp programs beyond (8 packed × 4096: 512)
+    assert walk_shape(256, 132) == (FOLD_BV, FOLD_WARPS) == (64, 4)
+    assert walk_shape(264, 132) == (64, 4)
+    assert walk_shape(265, 132) == (WIDE_BV, WIDE_WARPS) == (128, 8)
+    assert walk_shape(512, 132) == (128, 8)
 
 
 def test_default_path_takes_the_split_design_only_where_it_was_measured_faster() -> None:

@@ -30,7 +30,12 @@ decays.  (An earlier form joined the segments by their affine maps ``S_end = M_s
 Launch 1 stores each chunk's ``T = (I + A)⁻¹`` and the factors ``β e^{G} / |k|`` in place of w
 and u, and each walk step takes ``v_new = u - w S = T (β v - (β e^{G} k̂) S)``: w and u are never
 formed (``FORM_WU``; launch 1 loses its w/u pass, the walk one 64 × 64 × V dot more), at 64-wide V
-blocks and 4 warps, split into segments or not.
+blocks and 4 warps (whole-V blocks at 8 warps for grids of more than two programs per SM:
+`walk_shape`), split into segments or not.  The walk holds its state block transposed (``Sᵀ``,
+`_split_step_vk`) so that every dot is (a tile computed in registers) · (a tile loaded from
+memory)ᵀ: on Hopper that is a wgmma with its left operand in registers and its right one in the
+shared memory the pipelined loads fill, and no computed tile is copied to shared memory on the
+step's chain (``STATE_VK``).
 
 The segments differ from a single walk only in rounding.  With ``P = 1`` there is no warm-up
 and the kernel is the plain fused recurrence.  Segments hold ``ceil(chunks / P)`` chunks of their
@@ -87,6 +92,12 @@ DEFAULT_MIN_SPLIT_TOKENS = 2048
 FORM_WU = True
 FOLD_BV = 64
 FOLD_WARPS = 4
+# ... unless the grid at FOLD_BV has more programs than WIDE_PER_SM per SM (two fit an SM's
+# registers): then whole-V programs at 8 warps, which read k, q, T and Aqk once per chunk and
+# value head instead of once per V block (`walk_shape`; None: never).
+WIDE_BV = 128
+WIDE_WARPS = 8
+WIDE_PER_SM: int | None = 2
 # With the fold, the walk holds its state block transposed and writes every dot as (computed
 # tile) · (loaded tile)ᵀ, so that no computed tile goes through shared memory on the step's chain
 # (`_split_step_vk`).
@@ -104,6 +115,20 @@ def default_segments(N: int, HV: int, V: int, T: int, block_v: int = SPLIT_BV) -
     per_seq_chunks = triton.cdiv(T, BT) // max(1, N)
     room = max(1, per_seq_chunks // MIN_SEGMENT_CHUNKS)
     return int(max(1, min(want, room, MAX_SEGMENTS)))
+
+
+def walk_shape(programs: int, sms: int) -> tuple[int, int]:
+    """(V block, warps) of the folded walk, whose grid has ``programs`` programs at FOLD_BV on a
+    GPU of ``sms`` SMs: FOLD_BV and FOLD_WARPS, or WIDE_BV and WIDE_WARPS where that grid would
+    hold more than WIDE_PER_SM programs per SM."""
+    if WIDE_PER_SM is not None and programs > WIDE_PER_SM * sms:
+        return WIDE_BV, WIDE_WARPS
+    return FOLD_BV, FOLD_WARPS
+
+
+def _sm_count(device: torch.device) -> int:
+    """The device's SM count (1 off a CUDA device: the interpreter runs one program at a time)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
 
 
 def takes_default_path(
@@ -584,8 +609,8 @@ def chunk_gated_delta_rule_split(
     """The chunked delta rule in the split design (same contract as
     `clef_runtime.ops.delta_rule_chunk.chunk_gated_delta_rule`).  ``segments``: per sequence
     (None: `default_segments`); ``block_v``, ``warps``, ``stages``: the walk's column block, warps
-    and pipeline stages (for measurements; None: the kept ones, FOLD_BV and FOLD_WARPS, or SPLIT_BV
-    and SPLIT_WARPS with FORM_WU off, and SPLIT_STAGES).  Raises ValueError where the device takes the FMA
+    and pipeline stages (for measurements; None: the kept ones, `walk_shape`, or SPLIT_BV and
+    SPLIT_WARPS with FORM_WU off, and SPLIT_STAGES).  Raises ValueError where the device takes the FMA
     configuration (float32, sm70): that path has the three-launch design only."""
     _, T, H, HV, K, V, N, scale = checked_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens)
     if not tensor_core_dots(q.dtype, q.device):
@@ -612,7 +637,11 @@ def chunk_gated_delta_rule_split(
         fold,
     )
     policy, cfg = p.policy, p.cfg
-    BV = min(block_v or (FOLD_BV if fold else SPLIT_BV), cfg.BVF)
+    if fold:
+        walk_bv, walk_warps = walk_shape(N * HV * triton.cdiv(V, FOLD_BV) * P, _sm_count(q.device))
+    else:
+        walk_bv, walk_warps = SPLIT_BV, SPLIT_WARPS
+    BV = min(block_v or walk_bv, cfg.BVF)
     varlen = cu_seqlens is not None
     cw = p.gc  # an unused pointer with one segment
     if P > 1:
@@ -631,6 +660,6 @@ def chunk_gated_delta_rule_split(
         STATE_DT=policy.state_dtype, STATE_PRECISION=policy.state_precision, WARMUP=P > 1,
         ROUND_BF16=policy.round_bf16, INTERPRETED=interpreted(_segment_output_kernel),
         FORM_WU=fold, CHUNK_DT=policy.chunk_dtype, STATE_VK=fold and STATE_VK,
-        num_warps=warps or (FOLD_WARPS if fold else SPLIT_WARPS), num_stages=stages or SPLIT_STAGES,
+        num_warps=warps or walk_warps, num_stages=stages or SPLIT_STAGES,
     )  # fmt: skip
     return p.o, p.final
