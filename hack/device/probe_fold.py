@@ -85,7 +85,12 @@ def variants(cu: torch.Tensor | None, unsplit: bool) -> dict[str, Callable[[dict
         "rows": with_knobs(cu, STATE_VK=False),
         "vk 64w4": with_knobs(cu, FOLD_BV=64, FOLD_WARPS=4, WIDE_PER_SM=None),
         "vk 128w8": with_knobs(cu, FOLD_BV=128, FOLD_WARPS=8, WIDE_PER_SM=None),
+        "vk 64w8": with_knobs(cu, FOLD_BV=64, FOLD_WARPS=8, WIDE_PER_SM=None),  # no spill on sm_90
     }
+    if not unsplit:  # 64w8 at one program per SM: half the segments to stay in one wave
+        out["vk 64w8 half segments"] = with_knobs(
+            cu, FOLD_BV=64, FOLD_WARPS=8, WIDE_PER_SM=None, TARGET_PROGRAMS=ds.TARGET_PROGRAMS // 2
+        )
     if hasattr(dc, "PREPARE_GQA_SHARE"):
         out["launch 1 per value head"] = with_knobs(cu, dc_PREPARE_GQA_SHARE=False)
     if os.environ.get("MORE"):
