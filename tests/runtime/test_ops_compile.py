@@ -176,6 +176,7 @@ for arch, dtype, tc in ((90, torch.bfloat16, True), (90, torch.float16, True), (
     pol = dot_policy(dtype, dc._chunk_prepare_kernel, tc)
     p = "*" + name
     sp = "*" + {torch.bfloat16: "bf16", torch.float32: "fp32"}[dc._TORCH_DTYPE[pol.state_dtype]]
+    share, regs1 = dc.prepare_variant(cfg, tc, dtype)  # launch 1 as `prepare` launches it
     common = dict(H=16, HV=32, K=128, V=128, BK=cfg.BK, BT=dc.BT, IS_VARLEN=True, ROUND_BF16=pol.round_bf16)
     launches = [
         ("prepare", dc._chunk_prepare_kernel,
@@ -183,8 +184,9 @@ for arch, dtype, tc in ((90, torch.bfloat16, True), (90, torch.float16, True), (
               lb="*fp32", cu_seqlens="*i32", scale="fp32"),
          dict(common, L2NORM=True, CHUNK_BOUND=tc, BVF=cfg.BVF, KS=cfg.KS, VS=cfg.VS, BC=dc.BC, LOG_BC=dc.BC.bit_length() - 1,
               SOLVE_BY_DOUBLING=cfg.solve_by_doubling, CHUNK_DT=pol.chunk_dtype,
-              SOLVE_PRECISION=pol.solve_precision, DOUBLING_PRECISION=dc.doubling_precision(pol)),
-         cfg.warps1, 3, cfg.regs1),
+              SOLVE_PRECISION=pol.solve_precision, DOUBLING_PRECISION=dc.doubling_precision(pol),
+              GQA_SHARE=share),
+         cfg.warps1, 3, regs1),
         ("recurrence", dc._chunk_recurrence_kernel,
          dict(k=p, w=p, u=p, gc="*fp32", kf="*fp32", hs=sp, vn=sp, h0="*fp32", ht="*fp32", cu_seqlens="*i32"),
          dict(common, BV=cfg.BV, HAS_H0=True, STORE_FINAL=True,
