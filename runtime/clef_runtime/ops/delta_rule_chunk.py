@@ -21,9 +21,9 @@ end, so it is ≤ 0 whenever g ≤ 0: nothing is exponentiated that can overflow
 Launches (grouped value heads read key head ``hv // (HV / H)`` by index: q/k are never
 repeated in memory):
 
-1. `_chunk_prepare_kernel`, grid ``(chunk slots · HV)`` with value heads fastest, or for bf16
-   on tensor cores ``(chunk slots · H)``, one program per chunk and key head doing all its
-   value heads (`PREPARE_GQA_SHARE`): per chunk and value head, the in-chunk work that does
+1. `_chunk_prepare_kernel`, grid ``(chunk slots · HV)`` with value heads fastest, or where the
+   split design below runs it ``(chunk slots · H)``, one program per chunk and key head doing
+   all its value heads (`PREPARE_GQA_SHARE`): per chunk and value head, the in-chunk work that does
    not need the state: cumsum of g; the Gram matrices q kᵀ and k kᵀ of the raw inputs (they depend on the
    key head alone: formed once per key head when shared) with K streamed in slices, the fused L2
    norm applied as a rank-one rescaling; ``T`` by blockwise forward substitution (the four
@@ -100,11 +100,12 @@ OUT_BV = 128  # launch 3's V block
 OUT_WARPS = 4
 _TORCH_DTYPE = {tl.bfloat16: torch.bfloat16, tl.float16: torch.float16, tl.float32: torch.float32}
 BC = 16  # sub-block of the triangular solve (the smallest tl.dot tile)
-# Launch 1 for bf16 on tensor cores: one program per chunk and key head, forming q kᵀ, k kᵀ and
-# the norms once for all HV / H value heads of that key head (True), or one program per chunk and
-# value head, each forming them (False).  Not measured on a GPU yet.  The FMA path never shares;
-# nor does f16 (`prepare_variant`): sharing, its launch 1 (3xTF32 doubling, w and u formed
-# here) spills 64 to 136 bytes per thread on sm_90 at 4 warps even uncapped.
+# Launch 1 of the split design (T stored: `delta_rule_chunk_split`, bf16 on tensor cores): one
+# program per chunk and key head, forming q kᵀ, k kᵀ and the norms once for all HV / H value heads
+# of that key head (True), or one program per chunk and value head, each forming them (False).
+# Not measured on a GPU yet.  The three launches' launch 1 (w and u formed here) never shares
+# (`prepare_variant`): sharing, it spills on sm_90 at 4 warps even uncapped (bf16 128 to 160
+# bytes per thread, f16 64 to 136, K = V = 128, HV = 2H); nor does the FMA path.
 PREPARE_GQA_SHARE = True
 # Launch 1's register cap when it shares (None: the compiler's choice).  Checked with ptxas for
 # sm_90, bf16, K = V = 128, HV = 2H, 4 warps, T stored (the split design's launch 1): 249
@@ -203,7 +204,7 @@ def _chunk_prepare_kernel(
     # A 1-D grid (the chunk count stays off the 65535-limited grid axes).  GQA_SHARE off: one
     # program per chunk and value head, value heads fastest, so the value heads of one key head
     # (and of one chunk) run side by side and share q and k through L2.  GQA_SHARE on
-    # (`prepare_variant`: bf16 on tensor cores): one program per chunk and key head, key heads
+    # (`prepare_variant`: the split design's, bf16): one program per chunk and key head, key heads
     # fastest, that forms the Gram matrices and norms once for the HV / H value heads reading
     # that key head and then does each one's part in turn; the value heads of a chunk are thus
     # still visited in order, and each one's outputs (lb included) go where its own program
@@ -874,11 +875,12 @@ def doubling_precision(policy: DotPolicy) -> str:
     return "tf32" if policy.chunk_dtype == tl.bfloat16 else "tf32x3"
 
 
-def prepare_variant(cfg: LaunchConfig, tc: bool, dtype: torch.dtype) -> tuple[bool, int | None]:
-    """(GQA_SHARE, register cap) of launch 1 for inputs of `dtype`: whether one program per chunk
-    and key head does all its value heads (`PREPARE_GQA_SHARE`: bf16 on tensor cores only), and
-    the cap that goes with it (`PREPARE_GQA_REGS` when sharing, else `LaunchConfig.regs1`)."""
-    share = PREPARE_GQA_SHARE and tc and dtype == torch.bfloat16
+def prepare_variant(cfg: LaunchConfig, tc: bool, dtype: torch.dtype, t_out: bool) -> tuple[bool, int | None]:
+    """(GQA_SHARE, register cap) of launch 1 for inputs of `dtype`, storing T (`t_out`) or w and
+    u: whether one program per chunk and key head does all its value heads (`PREPARE_GQA_SHARE`:
+    bf16 on tensor cores storing T only), and the cap that goes with it (`PREPARE_GQA_REGS` when
+    sharing, else `LaunchConfig.regs1`)."""
+    share = PREPARE_GQA_SHARE and tc and dtype == torch.bfloat16 and t_out
     return share, PREPARE_GQA_REGS if share else cfg.regs1
 
 
@@ -926,7 +928,7 @@ def prepare(
     lb = torch.empty(slots, HV, dtype=torch.float32, device=device) if chunk_bound else None
     policy = dot_policy(q.dtype, _chunk_prepare_kernel, tc)
     cfg = launch_config(K, V, q.dtype, tc)
-    share, maxnreg = prepare_variant(cfg, tc, q.dtype)
+    share, maxnreg = prepare_variant(cfg, tc, q.dtype, t_out)
     if T > 0:
         _chunk_prepare_kernel[(slots * (H if share else HV),)](
             q, k, v, g, beta, w, u, aqk, gc, kf, qf, lb if lb is not None else gc, cu,
