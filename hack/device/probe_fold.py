@@ -93,6 +93,7 @@ def variants(cu: torch.Tensor | None, unsplit: bool) -> dict[str, Callable[[dict
         )
     if hasattr(dc, "PREPARE_GQA_SHARE"):
         out["launch 1 per value head"] = with_knobs(cu, dc_PREPARE_GQA_SHARE=False)
+        out["launch 1 shared, cap 216"] = with_knobs(cu, dc_PREPARE_GQA_REGS=216)
     if os.environ.get("MORE"):
         out["stored"] = with_knobs(cu, FORM_WU=False)
         out["vk 3 stages"] = with_knobs(cu, SPLIT_STAGES=3)
