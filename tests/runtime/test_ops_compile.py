@@ -177,21 +177,14 @@ for arch, dtype, tc in ((90, torch.bfloat16, True), (90, torch.float16, True), (
     p = "*" + name
     sp = "*" + {torch.bfloat16: "bf16", torch.float32: "fp32"}[dc._TORCH_DTYPE[pol.state_dtype]]
     common = dict(H=16, HV=32, K=128, V=128, BK=cfg.BK, BT=dc.BT, IS_VARLEN=True, ROUND_BF16=pol.round_bf16)
-    prep_types = dict(q=p, k=p, v=p, g="*fp32", beta="*fp32", w=p, u=p, aqk=p, gc="*fp32", kf="*fp32", qf="*fp32",
-                      lb="*fp32", cu_seqlens="*i32", scale="fp32")
-    prep = dict(common, L2NORM=True, CHUNK_BOUND=tc, BVF=cfg.BVF, KS=cfg.KS, VS=cfg.VS, BC=dc.BC,
-                LOG_BC=dc.BC.bit_length() - 1, SOLVE_BY_DOUBLING=cfg.solve_by_doubling, CHUNK_DT=pol.chunk_dtype,
-                SOLVE_PRECISION=pol.solve_precision, DOUBLING_PRECISION=dc.doubling_precision(pol))
-    # launch 1 as `prepare` launches it for the three launches (T_OUT not given: compiled as a
-    # runtime flag, both branches) and, bf16 only, for the split design (T stored; with the L2
-    # norm, as the models run it, the split stores no chunk bounds)
-    share, regs1 = dc.prepare_variant(cfg, tc, dtype, False)
-    launches = [("prepare", dc._chunk_prepare_kernel, prep_types, dict(prep, GQA_SHARE=share), cfg.warps1, 3, regs1)]
-    if dtype == torch.bfloat16:
-        share, regs1 = dc.prepare_variant(cfg, tc, dtype, True)
-        launches.append(("prepare split", dc._chunk_prepare_kernel, prep_types,
-                         dict(prep, T_OUT=True, CHUNK_BOUND=False, GQA_SHARE=share), cfg.warps1, 3, regs1))
-    launches += [
+    launches = [
+        ("prepare", dc._chunk_prepare_kernel,
+         dict(q=p, k=p, v=p, g="*fp32", beta="*fp32", w=p, u=p, aqk=p, gc="*fp32", kf="*fp32", qf="*fp32",
+              lb="*fp32", cu_seqlens="*i32", scale="fp32"),
+         dict(common, L2NORM=True, CHUNK_BOUND=tc, BVF=cfg.BVF, KS=cfg.KS, VS=cfg.VS, BC=dc.BC, LOG_BC=dc.BC.bit_length() - 1,
+              SOLVE_BY_DOUBLING=cfg.solve_by_doubling, CHUNK_DT=pol.chunk_dtype,
+              SOLVE_PRECISION=pol.solve_precision, DOUBLING_PRECISION=dc.doubling_precision(pol)),
+         cfg.warps1, 3, cfg.regs1),
         ("recurrence", dc._chunk_recurrence_kernel,
          dict(k=p, w=p, u=p, gc="*fp32", kf="*fp32", hs=sp, vn=sp, h0="*fp32", ht="*fp32", cu_seqlens="*i32"),
          dict(common, BV=cfg.BV, HAS_H0=True, STORE_FINAL=True,
@@ -219,11 +212,10 @@ def test_chunk_delta_rule_kernels_compile_for_sm90_and_sm70() -> None:
     """The three chunked delta-rule launches with the tiles `launch_config` picks at the real
     head dims: they compile for sm_90 (bf16, f16) without spills, except launch 1 under its
     register cap (168, three programs per SM: measured faster with a few spilled bytes, bounded
-    at 64 here); launch 1 also as the split design runs it (bf16, T stored; one program per key
-    head for all its value heads while `PREPARE_GQA_SHARE`), without spills; and for sm_70
-    (f16, the V100 that verification Jobs may get) with at most 1 KB of stack per thread."""
+    at 64 here), and for sm_70 (f16, the V100 that verification Jobs may get) with at most 1 KB
+    of stack per thread."""
     results = _compile_all(CHUNK_SCRIPT, 900)
-    assert len(results) == 10, results
+    assert len(results) == 9, results
 
     def allowed(key: str) -> int:
         return 64 if key.endswith("bf16 chunk prepare") else 0

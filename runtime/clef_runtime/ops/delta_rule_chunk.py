@@ -21,19 +21,16 @@ end, so it is ≤ 0 whenever g ≤ 0: nothing is exponentiated that can overflow
 Launches (grouped value heads read key head ``hv // (HV / H)`` by index: q/k are never
 repeated in memory):
 
-1. `_chunk_prepare_kernel`, grid ``(chunk slots · HV)`` with value heads fastest, or where the
-   split design below runs it ``(chunk slots · H)``, one program per chunk and key head doing
-   all its value heads (`PREPARE_GQA_SHARE`): per chunk and value head, the in-chunk work that does
-   not need the state: cumsum of g; the Gram matrices q kᵀ and k kᵀ of the raw inputs (they depend on the
-   key head alone: formed once per key head when shared) with K streamed in slices, the fused L2
-   norm applied as a rank-one rescaling; ``T`` by blockwise forward substitution (the four
-   diagonal 16×16 blocks by doubling the block size on tensor cores, row by row on the FMA
-   path, then the block-lower part in a few 64×64 dots); then ``w`` and ``u`` (stored in the
-   input dtype), the decayed, scaled causal ``q kᵀ`` block ``Aqk``, the cumulative decays
-   ``gc``, and two per-token float32 factors that the later launches apply to raw k and q
-   rows: ``kf = e^{G_L-G_t}/|k_t|`` (the decay to the chunk end) and ``qf = scale
-   e^{G_t}/|q_t|``.  ``gc``, ``kf``, ``qf`` are head-major ``[B, HV, T]``, so a chunk's 64
-   values are contiguous.  Tiles: `launch_config`.
+1. `_chunk_prepare_kernel`, grid ``(chunk slots · HV)`` with value heads fastest: per chunk and
+   value head, the in-chunk work that does not need the state: cumsum of g; the Gram matrices q
+   kᵀ and k kᵀ of the raw inputs with K streamed in slices, the fused L2 norm applied as a
+   rank-one rescaling; ``T`` by blockwise forward substitution (the four diagonal 16×16 blocks
+   by doubling the block size on tensor cores, row by row on the FMA path, then the block-lower
+   part in a few 64×64 dots); then ``w`` and ``u`` (stored in the input dtype), the decayed,
+   scaled causal ``q kᵀ`` block ``Aqk``, the cumulative decays ``gc``, and two per-token float32
+   factors that the later launches apply to raw k and q rows: ``kf = e^{G_L-G_t}/|k_t|`` (the
+   decay to the chunk end) and ``qf = scale e^{G_t}/|q_t|``.  ``gc``, ``kf``, ``qf`` are
+   head-major ``[B, HV, T]``, so a chunk's 64 values are contiguous.  Tiles: `launch_config`.
 2. `_chunk_recurrence_kernel`, grid ``(N·HV, V / BV)``: per sequence, value head and V block,
    sequential over the sequence's chunks with the float32 state in registers; each step forms
    ``v_new = u - w S`` and advances the state, ``S ← e^{G_L} S + kᵀ (kf ⊙ v_new)`` (the factor
@@ -100,25 +97,11 @@ OUT_BV = 128  # launch 3's V block
 OUT_WARPS = 4
 _TORCH_DTYPE = {tl.bfloat16: torch.bfloat16, tl.float16: torch.float16, tl.float32: torch.float32}
 BC = 16  # sub-block of the triangular solve (the smallest tl.dot tile)
-# Launch 1 of the split design (T stored: `delta_rule_chunk_split`, bf16 on tensor cores): one
-# program per chunk and key head, forming q kᵀ, k kᵀ and the norms once for all HV / H value heads
-# of that key head (True), or one program per chunk and value head, each forming them (False).
-# Not measured on a GPU yet.  The three launches' launch 1 (w and u formed here) never shares
-# (`prepare_variant`): sharing, it spills on sm_90 at 4 warps even uncapped (bf16 128 to 160
-# bytes per thread, f16 64 to 136, K = V = 128, HV = 2H); nor does the FMA path.
-PREPARE_GQA_SHARE = True
-# Launch 1's register cap when it shares (None: the compiler's choice).  Checked with ptxas for
-# sm_90, bf16, K = V = 128, HV = 2H, 4 warps, T stored (the split design's launch 1): 249
-# registers and no spill uncapped (two programs per SM); 168 (`launch_config`'s cap without
-# sharing: three programs per SM) spills 256 bytes per thread, 200 spills 72 and 216 none.
-PREPARE_GQA_REGS: int | None = None
 
 
 # Kernel bodies are written out rather than split into small @triton.jit helpers: the
 # interpreter (how CI runs them) spends ~5 ms on every nested jit call, which would dominate the
-# CPU test budget; on a GPU it makes no difference (helpers are inlined).  Launch 1's
-# per-value-head part is the exception (a few calls per chunk and value head): its program runs
-# it once or, sharing the key head's work, once per value head.
+# CPU test budget; on a GPU it makes no difference (helpers are inlined).
 
 # ---------------------------------------------------------------------------------------------
 # launch 1: everything in a chunk that does not need the state
@@ -199,24 +182,14 @@ def _chunk_prepare_kernel(
     DOUBLING_PRECISION: tl.constexpr,
     ROUND_BF16: tl.constexpr,
     T_OUT: tl.constexpr = False,
-    GQA_SHARE: tl.constexpr = False,
 ):
-    # A 1-D grid (the chunk count stays off the 65535-limited grid axes).  GQA_SHARE off: one
-    # program per chunk and value head, value heads fastest, so the value heads of one key head
-    # (and of one chunk) run side by side and share q and k through L2.  GQA_SHARE on
-    # (`prepare_variant`: the split design's, bf16): one program per chunk and key head, key heads
-    # fastest, that forms the Gram matrices and norms once for the HV / H value heads reading
-    # that key head and then does each one's part in turn; the value heads of a chunk are thus
-    # still visited in order, and each one's outputs (lb included) go where its own program
-    # would put them.
+    # a 1-D grid, value heads fastest: the value heads of one key head (and of one chunk) run
+    # side by side and share q and k through L2 (the chunk count stays off the 65535-limited
+    # grid axes)
     pid = tl.program_id(0).to(tl.int64)
-    if GQA_SHARE:
-        i_t = pid // H
-        h = (pid % H).to(tl.int32)
-    else:
-        i_t = pid // HV
-        hv = (pid % HV).to(tl.int32)
-        h = hv // (HV // H)
+    i_t = pid // HV
+    hv = (pid % HV).to(tl.int32)
+    h = hv // (HV // H)
     b, t0, eos = _slot_bounds(i_t, cu_seqlens, T, NT, N, BT, IS_VARLEN)
     # an empty slot of the varlen grid (t0 ≥ eos) masks every load and store below
 
@@ -224,13 +197,26 @@ def _chunk_prepare_kernel(
     # registers per element
     q += b * sqb + t0 * sqt + h * K
     k += b * skb + t0 * skt + h * K
-    v += b * svb + t0 * svt  # the value head's offset is added per value head
+    v += b * svb + t0 * svt + hv * V
+    tok0 = (b * T + t0) * HV + hv  # first row of the [B, T, HV, ...] tensors in this chunk
+    g += tok0
+    beta += tok0
+    hd0 = (b * HV + hv) * T + t0  # the same in the head-major [B, HV, T] per-token factors
+    gc += hd0
+    kf += hd0
+    qf += hd0
+    w += tok0 * K
+    u += tok0 * V
+    aqk += tok0 * BT
 
     r = tl.arange(0, BT)
     n_live = eos - t0
     live = r < n_live
-    if not GQA_SHARE:
-        bv, G, gl = _head_gates(g, beta, gc, b, t0, hv, n_live, T, HV, BT, True)
+    gv = tl.load(g + r * HV, mask=live, other=0.0)
+    bv = tl.load(beta + r * HV, mask=live, other=0.0)
+    G = tl.cumsum(gv, 0)  # in-chunk cumulative log-decay, float32
+    gl = tl.sum(tl.where(r == tl.minimum(n_live, BT) - 1, G, 0.0), 0)  # to the chunk end
+    tl.store(gc + r, G, mask=live)
 
     # Gram matrices of the raw q and k, K streamed in KS-wide slices: small dot operands keep
     # the FMA path (GPUs without usable tensor cores, or float32) from spilling whole operand
@@ -260,166 +246,29 @@ def _chunk_prepare_kernel(
     else:
         rk = tl.full([BT], 1.0, dtype=tl.float32)
         rq = tl.full([BT], 1.0, dtype=tl.float32)
-
-    if GQA_SHARE:
-        # Every value head's per-token factors and Aqk first (QK's last use), then every value
-        # head's solve: only KK is held across the solves, not QK too (each [BT, BT] float32 is
-        # 32 registers per thread at 4 warps).  The gates are loaded again for the solves (a
-        # 64-float row each, from cache) rather than held.
-        for j in tl.static_range(HV // H):
-            hv_j = h * (HV // H) + j
-            bv, G, gl = _head_gates(g, beta, gc, b, t0, hv_j, n_live, T, HV, BT, True)
-            _ = _head_outputs(
-                hv_j, lb + i_t * HV + hv_j, bv, G, gl, QK, ssk, rk, rq, b, t0, n_live,
-                aqk, kf, qf, scale, T, HV, BT, CHUNK_BOUND, ROUND_BF16,
-            )  # fmt: skip
-        for j in tl.static_range(HV // H):
-            hv_j = h * (HV // H) + j
-            bv, G, gl = _head_gates(g, beta, gc, b, t0, hv_j, n_live, T, HV, BT, False)
-            _head_solve(
-                hv_j, bv, G, _decay(G, BT), KK, rk, b, t0, n_live, k, v, w, u, T, skt, svt,
-                HV, K, V, BK, BVF, KS, VS, BT, BC, LOG_BC, SOLVE_BY_DOUBLING, CHUNK_DT,
-                SOLVE_PRECISION, DOUBLING_PRECISION, ROUND_BF16, T_OUT,
-            )  # fmt: skip
-    else:
-        decay = _head_outputs(
-            hv, lb + pid, bv, G, gl, QK, ssk, rk, rq, b, t0, n_live,
-            aqk, kf, qf, scale, T, HV, BT, CHUNK_BOUND, ROUND_BF16,
-        )  # fmt: skip
-        _head_solve(
-            hv, bv, G, decay, KK, rk, b, t0, n_live, k, v, w, u, T, skt, svt,
-            HV, K, V, BK, BVF, KS, VS, BT, BC, LOG_BC, SOLVE_BY_DOUBLING, CHUNK_DT,
-            SOLVE_PRECISION, DOUBLING_PRECISION, ROUND_BF16, T_OUT,
-        )  # fmt: skip
-
-
-# Launch 1's per-value-head part, in three helpers: the gates, then what needs QK (the per-token
-# factors, the chunk bound and Aqk), then what needs KK (the solve, T or w and u).  `k` and `v`
-# point at the chunk's first row (k's of the key head, v's without the value head's offset).
-
-
-@triton.jit
-def _head_gates(
-    g, beta, gc, b, t0, hv, n_live, T, HV: tl.constexpr, BT: tl.constexpr, STORE_GC: tl.constexpr
-):
-    """(β, the in-chunk cumulative log-decay G and its value at the chunk end) of value head
-    `hv` in the chunk at token `t0` of batch row `b`, float32; G also stored (STORE_GC)."""
-    tok0 = (b * T + t0) * HV + hv  # first row of the [B, T, HV, ...] tensors in this chunk
-    r = tl.arange(0, BT)
-    live = r < n_live
-    gv = tl.load(g + tok0 + r * HV, mask=live, other=0.0)
-    bv = tl.load(beta + tok0 + r * HV, mask=live, other=0.0)
-    G = tl.cumsum(gv, 0)
-    gl = tl.sum(tl.where(r == tl.minimum(n_live, BT) - 1, G, 0.0), 0)  # to the chunk end
-    if STORE_GC:
-        tl.store(gc + (b * HV + hv) * T + t0 + r, G, mask=live)
-    return bv, G, gl
-
-
-@triton.jit
-def _decay(G, BT: tl.constexpr):
-    """e^{G_t - G_j} for j ≤ t (exponent ≤ 0), zero above the diagonal (zeroed before exp)."""
-    r = tl.arange(0, BT)
-    causal = r[:, None] >= r[None, :]
-    return tl.where(causal, tl.exp(tl.where(causal, G[:, None] - G[None, :], 0.0)), 0.0)
-
-
-@triton.jit
-def _head_outputs(
-    hv,
-    lb_p,
-    bv,
-    G,
-    gl,
-    QK,
-    ssk,
-    rk,
-    rq,
-    b,
-    t0,
-    n_live,
-    aqk,
-    kf,
-    qf,
-    scale,
-    T,
-    HV: tl.constexpr,
-    BT: tl.constexpr,
-    CHUNK_BOUND: tl.constexpr,
-    ROUND_BF16: tl.constexpr,
-):
-    """Value head `hv`'s per-token factors, chunk bound (at `lb_p`) and Aqk."""
-    tok0 = (b * T + t0) * HV + hv
-    hd0 = (b * HV + hv) * T + t0  # the same in the head-major [B, HV, T] per-token factors
-    r = tl.arange(0, BT)
-    live = r < n_live
     # the per-token factors launches 2 and 3 apply to the raw k and q rows, so that neither
     # reduces a row nor exponentiates: the L2 norm and the decay to the chunk end (k, exponent
     # ≤ 0) or from the chunk start (q, with the scale)
-    tl.store(kf + hd0 + r, rk * tl.exp(gl - G), mask=live)
-    tl.store(qf + hd0 + r, (scale * rq) * tl.exp(G), mask=live)
+    tl.store(kf + r, rk * tl.exp(gl - G), mask=live)
+    tl.store(qf + r, (scale * rq) * tl.exp(G), mask=live)
     if CHUNK_BOUND:
         # log of a bound on the norm of the chunk's state map, for the split design's warm-up
         # walks: each token maps S to e^{g} (I - β k̂ k̂ᵀ) S, whose spectral norm is
         # e^{g} max(1, |1 - β |k̂|²|); the chunk's map is their product.  One float per chunk
-        # and value head.
+        # and value head, at this program's index.
         nk2 = ssk * rk * rk
         grow = tl.log(tl.maximum(tl.abs(1.0 - bv * nk2), 1.0))
-        tl.store(lb_p, gl + tl.sum(tl.where(live, grow, 0.0), 0))
+        tl.store(lb + pid, gl + tl.sum(tl.where(live, grow, 0.0), 0))
+
+    causal = r[:, None] >= r[None, :]
+    # e^{G_t - G_j} for j ≤ t (exponent ≤ 0); the upper triangle is zeroed before exp
+    decay = tl.where(causal, tl.exp(tl.where(causal, G[:, None] - G[None, :], 0.0)), 0.0)
 
     # Aqk = scale (q̂ k̂ᵀ ⊙ decay), causal with the diagonal: the in-chunk part of the output
-    decay = _decay(G, BT)
     a_qk = QK * (scale * rq)[:, None] * rk[None, :] * decay
     if ROUND_BF16:
         a_qk = rne_bf16(a_qk)
-    aqk += tok0 * BT
     tl.store(aqk + r[:, None] * (HV * BT) + r[None, :], a_qk.to(aqk.dtype.element_ty), mask=live[:, None])
-    return decay
-
-
-@triton.jit
-def _head_solve(
-    hv,
-    bv,
-    G,
-    decay,
-    KK,
-    rk,
-    b,
-    t0,
-    n_live,
-    k,
-    v,
-    w,
-    u,
-    T,
-    skt,
-    svt,
-    HV: tl.constexpr,
-    K: tl.constexpr,
-    V: tl.constexpr,
-    BK: tl.constexpr,
-    BVF: tl.constexpr,
-    KS: tl.constexpr,
-    VS: tl.constexpr,
-    BT: tl.constexpr,
-    BC: tl.constexpr,
-    LOG_BC: tl.constexpr,
-    SOLVE_BY_DOUBLING: tl.constexpr,
-    CHUNK_DT: tl.constexpr,
-    SOLVE_PRECISION: tl.constexpr,
-    DOUBLING_PRECISION: tl.constexpr,
-    ROUND_BF16: tl.constexpr,
-    T_OUT: tl.constexpr,
-):
-    """Value head `hv`'s T = (I + A)⁻¹, and T stored (T_OUT) or w and u."""
-    v += hv * V
-    tok0 = (b * T + t0) * HV + hv
-    hd0 = (b * HV + hv) * T + t0
-    w += tok0 * K
-    u += tok0 * V
-    r = tl.arange(0, BT)
-    live = r < n_live
 
     # A = β k̂ k̂ᵀ ⊙ decay, strictly lower, float32
     strict = r[:, None] > r[None, :]
@@ -875,15 +724,6 @@ def doubling_precision(policy: DotPolicy) -> str:
     return "tf32" if policy.chunk_dtype == tl.bfloat16 else "tf32x3"
 
 
-def prepare_variant(cfg: LaunchConfig, tc: bool, dtype: torch.dtype, t_out: bool) -> tuple[bool, int | None]:
-    """(GQA_SHARE, register cap) of launch 1 for inputs of `dtype`, storing T (`t_out`) or w and
-    u: whether one program per chunk and key head does all its value heads (`PREPARE_GQA_SHARE`:
-    bf16 on tensor cores storing T only), and the cap that goes with it (`PREPARE_GQA_REGS` when
-    sharing, else `LaunchConfig.regs1`)."""
-    share = PREPARE_GQA_SHARE and tc and dtype == torch.bfloat16 and t_out
-    return share, PREPARE_GQA_REGS if share else cfg.regs1
-
-
 def prepare(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -928,9 +768,8 @@ def prepare(
     lb = torch.empty(slots, HV, dtype=torch.float32, device=device) if chunk_bound else None
     policy = dot_policy(q.dtype, _chunk_prepare_kernel, tc)
     cfg = launch_config(K, V, q.dtype, tc)
-    share, maxnreg = prepare_variant(cfg, tc, q.dtype, t_out)
     if T > 0:
-        _chunk_prepare_kernel[(slots * (H if share else HV),)](
+        _chunk_prepare_kernel[(slots * HV,)](
             q, k, v, g, beta, w, u, aqk, gc, kf, qf, lb if lb is not None else gc, cu,
             scale, T, NT, N,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
@@ -939,8 +778,8 @@ def prepare(
             IS_VARLEN=cu_seqlens is not None, L2NORM=use_qk_l2norm, CHUNK_BOUND=chunk_bound,
             CHUNK_DT=policy.chunk_dtype, SOLVE_PRECISION=policy.solve_precision,
             DOUBLING_PRECISION=doubling_precision(policy),
-            ROUND_BF16=policy.round_bf16, T_OUT=t_out, GQA_SHARE=share,
-            num_warps=cfg.warps1, maxnreg=maxnreg,
+            ROUND_BF16=policy.round_bf16, T_OUT=t_out,
+            num_warps=cfg.warps1, maxnreg=cfg.regs1,
         )  # fmt: skip
     return Prepared(o, final, w, u, aqk, gc, kf, qf, lb, cu, NT, slots, policy, cfg)
 
