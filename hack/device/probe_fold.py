@@ -57,7 +57,7 @@ def inputs(B: int, T: int, seed: int) -> dict[str, torch.Tensor]:
 
 def with_knobs(cu: torch.Tensor | None, **knobs: object) -> Callable[[dict], object]:  # type: ignore[type-arg]
     """The default path with module constants set for the call: of `delta_rule_chunk_split`, or
-    of `delta_rule_chunk` where the name starts with ``dc_`` (``dc_PREPARE_GQA_SHARE``)."""
+    of `delta_rule_chunk` where the name starts with ``dc_``."""
 
     def where(name: str) -> tuple[object, str]:
         return (dc, name[3:]) if name.startswith("dc_") else (ds, name)
@@ -91,9 +91,6 @@ def variants(cu: torch.Tensor | None, unsplit: bool) -> dict[str, Callable[[dict
         out["vk 64w8 half segments"] = with_knobs(
             cu, FOLD_BV=64, FOLD_WARPS=8, WIDE_PER_SM=None, TARGET_PROGRAMS=ds.TARGET_PROGRAMS // 2
         )
-    if hasattr(dc, "PREPARE_GQA_SHARE"):
-        out["launch 1 per value head"] = with_knobs(cu, dc_PREPARE_GQA_SHARE=False)
-        out["launch 1 shared, cap 216"] = with_knobs(cu, dc_PREPARE_GQA_REGS=216)
     if os.environ.get("MORE"):
         out["stored"] = with_knobs(cu, FORM_WU=False)
         out["vk 3 stages"] = with_knobs(cu, SPLIT_STAGES=3)

@@ -20,7 +20,7 @@ from tests.runtime.test_ops_delta_rule_chunk import OP, QWEN, check_against_refe
 
 from clef_runtime.compare import assert_close
 from clef_runtime.inputs import gdn_inputs
-from clef_runtime.ops.delta_rule_chunk import BT
+from clef_runtime.ops.delta_rule_chunk import BT, prepare
 from clef_runtime.ops.delta_rule_chunk_split import (
     FOLD_BV,
     FOLD_WARPS,
@@ -155,6 +155,35 @@ def test_warmup_counts_keys_that_grow_the_state(rng: torch.Generator, device: to
     fail this test (checked by dropping the |1 - β |k|²| term from launch 1)."""
     starts = check_split(rng, device, uniform(-0.72, -0.68, rng), 4, T=512, l2norm=False, k_norm=3**0.5)
     assert starts == [-1, -1, -1]
+
+
+def test_warmup_bounds_per_value_head(rng: torch.Generator, device: torch.device) -> None:
+    """Two value heads of one key head with their own gates, the keys as in
+    `test_warmup_counts_keys_that_grow_the_state` (|k|² = 3): head 1 is that test's (β = 1
+    against g ≈ -0.7), so its warm-ups must reach the sequence start, while head 0 (β = 0.1, the
+    same g) has no growth to count and cuts each after one chunk.  Head 1's bound stored at
+    head 0's place, or formed with head 0's β, cuts its warm-ups short and fails this test."""
+    T, HV, P = 512, 2, 4
+    q, k, v, _, _ = gdn_inputs(rng, device, torch.bfloat16, B=1, T=T, H=1, HV=HV, K=32, V=32)
+    k = (3**0.5 * torch.nn.functional.normalize(k[:, :1].float(), dim=-1)).expand(1, T, 1, 32)
+    k = k.to(torch.bfloat16).contiguous()
+    g = (-0.72 + 0.04 * torch.rand(1, T, HV, generator=rng)).to(device)
+    beta = torch.tensor([0.1, 1.0]).expand(1, T, HV).contiguous().to(device)
+    h0 = 0.1 * torch.randn(1, HV, 32, 32, generator=rng).to(device)
+    bounds = chunk_log_bounds(k, g, beta, l2norm=False)[0]
+    assert warmup_starts(bounds[:, 0], P) == [1, 3, 5] and warmup_starts(bounds[:, 1], P) == [-1, -1, -1]
+    # launch 1's bounds themselves, every head at its place (a misplaced one could land on
+    # memory that happens to hold a harmless value)
+    p = prepare(q, k, v, g, beta, 1, 32**-0.5, None, False, False, True, chunk_bound=True, t_out=True)
+    assert p.lb is not None
+    torch.testing.assert_close(p.lb.double(), bounds, rtol=1e-5, atol=1e-3)
+    kw = dict(initial_state=h0, output_final_state=True, use_qk_l2norm=False)
+    o, ht = chunk_gated_delta_rule_split(q, k, v, g, beta, segments=P, **kw)  # type: ignore[arg-type]
+    ro, rht = ref.chunk_gated_delta_rule(q, k, v, g, beta, **kw)  # type: ignore[arg-type]
+    tol = tolerance(OP, "bf16")
+    assert_close(o, ro, tol, "split output, per-head bounds")
+    assert ht is not None and rht is not None
+    assert_close(ht, rht, tol, "split final state, per-head bounds")
 
 
 def test_warmup_varlen_with_empty_and_short_sequences(rng: torch.Generator, device: torch.device) -> None:
