@@ -77,12 +77,11 @@ def with_knobs(cu: torch.Tensor | None, **knobs: object) -> Callable[[dict], obj
 
 
 def variants(cu: torch.Tensor | None, unsplit: bool) -> dict[str, Callable[[dict], object]]:  # type: ignore[type-arg]
-    """The default path (folded, the state held transposed: `STATE_VK`, 64-wide V blocks, 4
-    warps); the state by rows (the eighth pass's walk); w and u stored (FORM_WU off: whole-V walks
-    at 8 warps); the transposed walk at other shapes, stages and segment counts."""
+    """The default path (folded, the state held transposed, `walk_shape`'s blocks); the walk at
+    other shapes; with MORE=1 also w and u stored (FORM_WU off: whole-V walks at 8 warps), three
+    stages and twice the segments."""
     out = {
         "default": with_knobs(cu),
-        "rows": with_knobs(cu, STATE_VK=False),
         "vk 64w4": with_knobs(cu, FOLD_BV=64, FOLD_WARPS=4, WIDE_PER_SM=None),
         "vk 128w8": with_knobs(cu, FOLD_BV=128, FOLD_WARPS=8, WIDE_PER_SM=None),
         "vk 64w8": with_knobs(cu, FOLD_BV=64, FOLD_WARPS=8, WIDE_PER_SM=None),  # no spill on sm_90

@@ -250,11 +250,11 @@ types = dict(q=p, k=p, v=p, beta=f32, w=p, u=p, gc=f32, kf=f32, qf=f32, aqk=p, o
 # unsplit and split into segments: w and u folded into the walk, 64-wide V; whole-V for many chains
 launches = [
     ("walk", ds._segment_output_kernel, dict(types, u=f32),
-     dict(consts, WARMUP=False, FORM_WU=ds.FORM_WU, STATE_VK=ds.STATE_VK, BV=ds.FOLD_BV), ds.FOLD_WARPS),
+     dict(consts, WARMUP=False, FORM_WU=ds.FORM_WU, BV=ds.FOLD_BV), ds.FOLD_WARPS),
     ("walk with warm-up", ds._segment_output_kernel, dict(types, u=f32),
-     dict(consts, WARMUP=True, FORM_WU=ds.FORM_WU, STATE_VK=ds.STATE_VK, BV=ds.FOLD_BV), ds.FOLD_WARPS),
+     dict(consts, WARMUP=True, FORM_WU=ds.FORM_WU, BV=ds.FOLD_BV), ds.FOLD_WARPS),
     ("walk whole-V", ds._segment_output_kernel, dict(types, u=f32),
-     dict(consts, WARMUP=False, FORM_WU=ds.FORM_WU, STATE_VK=ds.STATE_VK, BV=ds.WIDE_BV), ds.WIDE_WARPS),
+     dict(consts, WARMUP=False, FORM_WU=ds.FORM_WU, BV=ds.WIDE_BV), ds.WIDE_WARPS),
     ("warm-up plan", ds._warmup_plan_kernel,
      dict(lb=f32, gc=f32, beta=f32, cw="*i32", cu_seqlens="*i32", warmup_log_bound="fp32"),
      dict(HV=32, BT=dc.BT, WB=ds.WARMUP_BLOCK, IS_VARLEN=True, FROM_GATES=True), 4),

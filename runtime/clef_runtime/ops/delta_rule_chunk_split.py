@@ -35,7 +35,7 @@ blocks and 4 warps (whole-V blocks at 8 warps for grids of more than two program
 `_split_step_vk`) so that every dot is (a tile computed in registers) · (a tile loaded from
 memory)ᵀ: on Hopper that is a wgmma with its left operand in registers and its right one in the
 shared memory the pipelined loads fill, and no computed tile is copied to shared memory on the
-step's chain (``STATE_VK``).
+step's chain (docs/performance.md, "ninth pass").
 
 The segments differ from a single walk only in rounding.  With ``P = 1`` there is no warm-up
 and the kernel is the plain fused recurrence.  Segments hold ``ceil(chunks / P)`` chunks of their
@@ -98,10 +98,6 @@ FOLD_WARPS = 4
 WIDE_BV = 128
 WIDE_WARPS = 8
 WIDE_PER_SM: int | None = 2
-# With the fold, the walk holds its state block transposed and writes every dot as (computed
-# tile) · (loaded tile)ᵀ, so that no computed tile goes through shared memory on the step's chain
-# (`_split_step_vk`).
-STATE_VK = True
 
 
 def default_segments(N: int, HV: int, V: int, T: int, block_v: int = SPLIT_BV) -> int:
@@ -178,9 +174,6 @@ def _split_step(
     use_u,
     skt,
     sqt,
-    v_p,
-    svt,
-    b_p,
     HV: tl.constexpr,
     K: tl.constexpr,
     V: tl.constexpr,
@@ -191,13 +184,11 @@ def _split_step(
     STATE_DT: tl.constexpr,
     STATE_PRECISION: tl.constexpr,
     ROUND_BF16: tl.constexpr,
-    FORM_WU: tl.constexpr,
-    CHUNK_DT: tl.constexpr,
 ):
-    """One chunk from its start state S (columns of one block); with OUTPUT, the chunk's output
-    rows for these columns are stored if the chunk starts at or after t_out (a warm-up chunk's
-    output is computed and dropped: one loop keeps the walk's registers as they were).  Returns
-    the state at the chunk end."""
+    """One chunk from its start state S (K × the columns of one block) with w and u stored by
+    launch 1 (FORM_WU off); with OUTPUT, the chunk's output rows for these columns are stored if
+    the chunk starts at or after t_out (a warm-up chunk's output is computed and dropped: one loop
+    keeps the walk's registers as they were).  Returns the state at the chunk end."""
     n_live = eos - t0
     r = tl.arange(0, BT)
     live = r < n_live
@@ -207,35 +198,17 @@ def _split_step(
     vmask = live[:, None] & (rv < ncols)[None, :]
     gl = tl.load(gc_p + t0 + tl.minimum(n_live, BT) - 1)  # decay to the chunk end
     kfac = tl.load(kf_p + t0 + r, mask=live, other=0.0)
-    k_raw = tl.load(k_p + t0 * skt + r[:, None] * skt + rk[None, :], mask=kmask, other=0.0)
-    kc = k_raw.to(STATE_DT)
+    kc = tl.load(k_p + t0 * skt + r[:, None] * skt + rk[None, :], mask=kmask, other=0.0).to(STATE_DT)
     Sd = S.to(STATE_DT)
     if ROUND_BF16:
         Sd = rne_bf16(Sd)
-    if FORM_WU:
-        # v_new = u - w S = T (β v - β e^{G} k̂ S): w and u never exist.  w_p holds launch 1's T,
-        # u_p the factors β e^{G} / |k|, v_p and b_p point at v and β.
-        Tc = tl.load(
-            w_p + t0 * (HV * BT) + r[:, None] * (HV * BT) + r[None, :], mask=live[:, None], other=0.0
-        ).to(CHUNK_DT)
-        kb = (k_raw.to(tl.float32) * tl.load(u_p + t0 + r, mask=live, other=0.0)[:, None]).to(CHUNK_DT)
-        if ROUND_BF16:
-            kb = rne_bf16(kb)
-        bvv = tl.load(b_p + (t0 + r) * HV, mask=live, other=0.0)
-        v_raw = tl.load(v_p + (t0 + r)[:, None] * svt + rv[None, :], mask=vmask & use_u, other=0.0)
-        y = v_raw.to(tl.float32) * bvv[:, None] - tl.dot(kb.to(STATE_DT), Sd, input_precision=STATE_PRECISION)
-        y = y.to(CHUNK_DT)
-        if ROUND_BF16:
-            y = rne_bf16(y)
-        v_new = tl.dot(Tc, y, input_precision="ieee")
-    else:
-        wc = tl.load(w_p + t0 * (HV * K) + r[:, None] * (HV * K) + rk[None, :], mask=kmask, other=0.0).to(
-            STATE_DT
-        )
-        uc = tl.load(
-            u_p + t0 * (HV * V) + r[:, None] * (HV * V) + rv[None, :], mask=vmask & use_u, other=0.0
-        ).to(tl.float32)
-        v_new = uc - tl.dot(wc, Sd, input_precision=STATE_PRECISION)
+    wc = tl.load(w_p + t0 * (HV * K) + r[:, None] * (HV * K) + rk[None, :], mask=kmask, other=0.0).to(
+        STATE_DT
+    )
+    uc = tl.load(u_p + t0 * (HV * V) + r[:, None] * (HV * V) + rv[None, :], mask=vmask & use_u, other=0.0).to(
+        tl.float32
+    )
+    v_new = uc - tl.dot(wc, Sd, input_precision=STATE_PRECISION)
     vk = (v_new * kfac[:, None]).to(STATE_DT)
     if ROUND_BF16:
         vk = rne_bf16(vk)
@@ -245,8 +218,9 @@ def _split_step(
             vd = rne_bf16(vd)
         qfac = tl.load(qf_p + t0 + r, mask=live, other=0.0)
         qc = tl.load(q_p + t0 * sqt + r[:, None] * sqt + rk[None, :], mask=kmask, other=0.0).to(STATE_DT)
-        a_mask = live[:, None] & (r[None, :] <= r[:, None])  # launch 1 wrote the causal part only
-        Ac = tl.load(aqk_p + t0 * (HV * BT) + r[:, None] * (HV * BT) + r[None, :], mask=a_mask, other=0.0)
+        Ac = tl.load(
+            aqk_p + t0 * (HV * BT) + r[:, None] * (HV * BT) + r[None, :], mask=live[:, None], other=0.0
+        )
         oc = qfac[:, None] * tl.dot(qc, Sd, input_precision=STATE_PRECISION) + tl.dot(
             Ac.to(STATE_DT), vd, input_precision=STATE_PRECISION
         )
@@ -294,12 +268,12 @@ def _split_step_vk(
     ROUND_BF16: tl.constexpr,
     CHUNK_DT: tl.constexpr,
 ):
-    """`_split_step` with the fold, the state held transposed (``St = Sᵀ``, V block × K) and
+    """One chunk as `_split_step` does it, with the fold (FORM_WU), the state held transposed (``St = Sᵀ``, V block × K) and
     every product written as ``(computed tile) · (loaded tile)ᵀ``: the left operand of each dot
     is formed in registers and the right one is a tile read from memory.  On Hopper a wgmma
     takes its left operand from registers and its right one from shared memory, where the
     pipelined loads already put the tiles; so no computed tile (S, y, v_new) goes through shared
-    memory on the step's dependent chain (`STATE_VK`).  The factors β e^{G} / |k| scale the
+    memory on the step's dependent chain.  The factors β e^{G} / |k| scale the
     columns of ``Sᵀ kᵀ`` after the dot instead of k's rows before it (float32 instead of a bf16
     rounding of the scaled keys)."""
     n_live = eos - t0
@@ -363,7 +337,7 @@ def _walk(
     v_p, svt, b_p,
     HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
     OUTPUT: tl.constexpr, STATE_DT: tl.constexpr, STATE_PRECISION: tl.constexpr, ROUND_BF16: tl.constexpr,
-    INTERPRETED: tl.constexpr, FORM_WU: tl.constexpr, CHUNK_DT: tl.constexpr, STATE_VK: tl.constexpr,
+    INTERPRETED: tl.constexpr, FORM_WU: tl.constexpr, CHUNK_DT: tl.constexpr,
 ):
     """`_split_step` over the chunks of tokens [t_lo, t_hi) from state S, outputs from t_out on;
     returns the state at t_hi.  Both launches walk through here (inlined on a GPU: the same machine code as the walk
@@ -371,7 +345,7 @@ def _walk(
     if INTERPRETED:  # Triton 3.6's interpreter cannot take a runtime range bound (numpy ≥ 2)
         t0 = t_lo
         while t0 < t_hi:
-            if STATE_VK:
+            if FORM_WU:
                 S = _split_step_vk(
                     S, t0, t_out, eos, k_p, w_p, u_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, use_u, skt, sqt,
                     v_p, svt, b_p, HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16, CHUNK_DT,
@@ -379,14 +353,13 @@ def _walk(
             else:
                 S = _split_step(
                     S, t0, t_out, eos, k_p, w_p, u_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, use_u, skt, sqt,
-                    v_p, svt, b_p, HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16, FORM_WU,
-                    CHUNK_DT,
+                    HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16,
                 )  # fmt: skip
             t0 += BT
     else:
         # a for loop, so the compiler can pipeline the next chunk's loads behind this one's dots
         for c in range(0, tl.cdiv(t_hi - t_lo, BT)):
-            if STATE_VK:
+            if FORM_WU:
                 S = _split_step_vk(
                     S, t_lo + c * BT, t_out, eos, k_p, w_p, u_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, use_u,
                     skt, sqt, v_p, svt, b_p, HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16,
@@ -395,8 +368,7 @@ def _walk(
             else:
                 S = _split_step(
                     S, t_lo + c * BT, t_out, eos, k_p, w_p, u_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, use_u,
-                    skt, sqt, v_p, svt, b_p, HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16,
-                    FORM_WU, CHUNK_DT,
+                    skt, sqt, HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16,
                 )  # fmt: skip
     return S
 # fmt: on
@@ -525,7 +497,6 @@ def _segment_output_kernel(
     INTERPRETED: tl.constexpr,
     FORM_WU: tl.constexpr,
     CHUNK_DT: tl.constexpr,
-    STATE_VK: tl.constexpr,
 ):
     """Segment s of one sequence, value head and V block: its start state from a warm-up walk
     over the chunks before it, then its chunks with the output fused.  With FORM_WU, w holds
@@ -542,7 +513,7 @@ def _segment_output_kernel(
 
     rk = tl.arange(0, BK)
     rv = tl.arange(0, BV)
-    if STATE_VK:  # the state's block held transposed, [BV, BK] (`_split_step_vk`)
+    if FORM_WU:  # the state's block held transposed, [BV, BK] (`_split_step_vk`)
         s_off = rv[:, None] + rk[None, :] * V
         s_mask = (rv < ncols)[:, None] & (rk < K)[None, :]
     else:
@@ -562,7 +533,7 @@ def _segment_output_kernel(
         from_start = s == s
     if HAS_H0:
         S = tl.load(h0 + s_off, mask=s_mask & from_start, other=0.0)
-    elif STATE_VK:
+    elif FORM_WU:
         S = tl.zeros([BV, BK], dtype=tl.float32)
     else:
         S = tl.zeros([BK, BV], dtype=tl.float32)
@@ -583,7 +554,7 @@ def _segment_output_kernel(
     S = _walk(
         S, t_w, t_lo, t_hi, eos, k_p, w_p, u_p, gc + hd, kf + hd, q_p, qf + hd, aqk_p, o_p,
         ncols, True, skt, sqt, v + b * svb + hv * V + c0, svt, beta + tok,
-        HV, K, V, BK, BV, BT, True, STATE_DT, STATE_PRECISION, ROUND_BF16, INTERPRETED, FORM_WU, CHUNK_DT, STATE_VK,
+        HV, K, V, BK, BV, BT, True, STATE_DT, STATE_PRECISION, ROUND_BF16, INTERPRETED, FORM_WU, CHUNK_DT,
     )  # fmt: skip
     if STORE_FINAL:
         tl.store(ht + s_off, S, mask=s_mask & (s == P - 1))
@@ -659,7 +630,7 @@ def chunk_gated_delta_rule_split(
         HAS_H0=initial_state is not None, STORE_FINAL=p.final is not None,
         STATE_DT=policy.state_dtype, STATE_PRECISION=policy.state_precision, WARMUP=P > 1,
         ROUND_BF16=policy.round_bf16, INTERPRETED=interpreted(_segment_output_kernel),
-        FORM_WU=fold, CHUNK_DT=policy.chunk_dtype, STATE_VK=fold and STATE_VK,
+        FORM_WU=fold, CHUNK_DT=policy.chunk_dtype,
         num_warps=warps or walk_warps, num_stages=stages or SPLIT_STAGES,
     )  # fmt: skip
     return p.o, p.final
