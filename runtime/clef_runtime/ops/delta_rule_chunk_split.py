@@ -218,9 +218,8 @@ def _split_step(
             vd = rne_bf16(vd)
         qfac = tl.load(qf_p + t0 + r, mask=live, other=0.0)
         qc = tl.load(q_p + t0 * sqt + r[:, None] * sqt + rk[None, :], mask=kmask, other=0.0).to(STATE_DT)
-        Ac = tl.load(
-            aqk_p + t0 * (HV * BT) + r[:, None] * (HV * BT) + r[None, :], mask=live[:, None], other=0.0
-        )
+        a_mask = live[:, None] & (r[None, :] <= r[:, None])  # the causal part
+        Ac = tl.load(aqk_p + t0 * (HV * BT) + r[:, None] * (HV * BT) + r[None, :], mask=a_mask, other=0.0)
         oc = qfac[:, None] * tl.dot(qc, Sd, input_precision=STATE_PRECISION) + tl.dot(
             Ac.to(STATE_DT), vd, input_precision=STATE_PRECISION
         )
@@ -268,14 +267,15 @@ def _split_step_vk(
     ROUND_BF16: tl.constexpr,
     CHUNK_DT: tl.constexpr,
 ):
-    """One chunk as `_split_step` does it, with the fold (FORM_WU), the state held transposed (``St = Sᵀ``, V block × K) and
-    every product written as ``(computed tile) · (loaded tile)ᵀ``: the left operand of each dot
-    is formed in registers and the right one is a tile read from memory.  On Hopper a wgmma
-    takes its left operand from registers and its right one from shared memory, where the
-    pipelined loads already put the tiles; so no computed tile (S, y, v_new) goes through shared
-    memory on the step's dependent chain.  The factors β e^{G} / |k| scale the
-    columns of ``Sᵀ kᵀ`` after the dot instead of k's rows before it (float32 instead of a bf16
-    rounding of the scaled keys)."""
+    """One chunk as `_split_step` does it, with the fold (FORM_WU: w_p holds launch 1's T, u_p the
+    factors β e^{G} / |k|, v_p and b_p point at v and β), the state held transposed (``St = Sᵀ``,
+    V block × K) and every product written as ``(computed tile) · (loaded tile)ᵀ``: the left
+    operand of each dot is formed in registers and the right one is a tile read from memory.  On
+    Hopper a wgmma takes its left operand from registers and its right one from shared memory,
+    where the pipelined loads already put the tiles; so no computed tile (S, y, v_new) goes
+    through shared memory on the step's dependent chain.  The factors scale the columns of
+    ``Sᵀ k̂ᵀ`` after the dot instead of k's rows before it (float32 instead of a bf16 rounding of
+    the scaled keys)."""
     n_live = eos - t0
     r = tl.arange(0, BT)
     live = r < n_live
@@ -303,7 +303,7 @@ def _split_step_vk(
     y = y.to(CHUNK_DT)
     if ROUND_BF16:
         y = rne_bf16(y)
-    v_new = tl.dot(y.to(CHUNK_DT), tl.trans(Tc), input_precision="ieee")  # [BV, BT]
+    v_new = tl.dot(y, tl.trans(Tc), input_precision="ieee")  # [BV, BT]
     vk = (v_new * kfac[None, :]).to(STATE_DT)
     if ROUND_BF16:
         vk = rne_bf16(vk)
