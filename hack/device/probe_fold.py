@@ -85,11 +85,27 @@ def variants(cu: torch.Tensor | None, unsplit: bool) -> dict[str, Callable[[dict
         "vk 64w4": with_knobs(cu, FOLD_BV=64, FOLD_WARPS=4, WIDE_PER_SM=None),
         "vk 128w8": with_knobs(cu, FOLD_BV=128, FOLD_WARPS=8, WIDE_PER_SM=None),
         "vk 64w8": with_knobs(cu, FOLD_BV=64, FOLD_WARPS=8, WIDE_PER_SM=None),  # no spill on sm_90
+        "masked loads": with_knobs(cu, TMA_TILES=False),  # the walk's tiles by per-thread copies
+        "masked loads 64w4": with_knobs(cu, TMA_TILES=False, FOLD_BV=64, FOLD_WARPS=4, WIDE_PER_SM=None),
     }
     if not unsplit:  # 64w8 at one program per SM: half the segments to stay in one wave
         out["vk 64w8 half segments"] = with_knobs(
             cu, FOLD_BV=64, FOLD_WARPS=8, WIDE_PER_SM=None, TARGET_PROGRAMS=ds.TARGET_PROGRAMS // 2
         )
+    if os.environ.get("GLUON"):  # the walk in Gluon (gluon_walk.py): its wgmma asynchronous or not, ablations
+        from gluon_walk import chunk_gated_delta_rule_gluon
+
+        def gluon(**kw: object) -> Callable[[dict], object]:  # type: ignore[type-arg]
+            return lambda s: chunk_gated_delta_rule_gluon(
+                s["q"], s["k"], s["v"], s["g"], s["beta"], cu_seqlens=cu, **kw
+            )
+
+        out["gluon overlap"] = gluon(overlap=True)
+        out["gluon serial"] = gluon(overlap=False)
+        for abl, what in ((1, "no loads"), (2, "no store"), (3, "no loads no store")):
+            out[f"gluon serial {what}"] = gluon(overlap=False, ablate=abl)
+        if os.environ.get("GLUON") == "only":
+            return {k: v for k, v in out.items() if k == "default" or k.startswith("gluon")}
     if os.environ.get("MORE"):
         out["stored"] = with_knobs(cu, FORM_WU=False)
         out["vk 3 stages"] = with_knobs(cu, SPLIT_STAGES=3)

@@ -200,6 +200,62 @@ def test_warmup_varlen_with_empty_and_short_sequences(rng: torch.Generator, devi
     assert math.isfinite(WARMUP_LOG_BOUND)
 
 
+def tma_and_masked(
+    rng: torch.Generator, device: torch.device, monkeypatch: pytest.MonkeyPatch, layout: str, **dims: int
+) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    """The split design's output and final state with the walk's tiles by TMA and by masked
+    loads, on the same inputs: an initial state, 2 segments, V blocks narrower than V; "varlen"
+    has an empty sequence and sequences that end inside a chunk, "dense" a T that does too."""
+    from clef_runtime.ops import delta_rule_chunk_split as ds
+
+    if layout == "varlen":
+        lens = [70, 0, 130, 5]
+        cu: torch.Tensor | None = packed_cu_seqlens(lens, device)
+        B, T, N = 1, sum(lens), len(lens)
+    else:
+        cu, B, T = None, 2, 150
+        N = B
+    q, k, v, g, beta = gdn_inputs(rng, device, torch.bfloat16, B=B, T=T, **dims)
+    h0 = torch.randn(N, dims["HV"], dims["K"], dims["V"], generator=rng).to(device)
+    assert ds.tma_eligible(q, k, v)
+    out = []
+    for tiles in (True, False):
+        monkeypatch.setattr(ds, "TMA_TILES", tiles)
+        o, ht = chunk_gated_delta_rule_split(
+            q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu, use_qk_l2norm=True,
+            segments=2, block_v=dims["V"] // 2,
+        )  # fmt: skip
+        assert ht is not None
+        out.append((o, ht))
+    return out[0], out[1]
+
+
+@pytest.mark.parametrize("layout", ["varlen", "dense"])
+def test_tma_tiles_give_the_masked_loads_results(
+    layout: str, rng: torch.Generator, device: torch.device, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The walk's tiles by TMA (`TMA_TILES`: each program's tensor descriptors over its
+    sequence's rows, which read rows past the sequence end as zeros and do not write them) give
+    the masked loads' outputs and final states to the bit, here in the interpreter.  A descriptor
+    that let a partial chunk's rows through, or wrote the output rows past a sequence end (into
+    the next sequence's), fails this test."""
+    (o1, h1), (o0, h0) = tma_and_masked(rng, device, monkeypatch, layout, H=1, HV=2, K=32, V=64)
+    assert torch.equal(o1, o0) and torch.equal(h1, h0)
+
+
+def test_tma_needs_aligned_rows(rng: torch.Generator, device: torch.device) -> None:
+    """Descriptors need 16-byte aligned rows: head dims or token strides that are not whole
+    16-byte units keep the masked loads (the odd-dims case above runs them)."""
+    from clef_runtime.ops.delta_rule_chunk_split import tma_eligible
+
+    q, k, v, _, _ = gdn_inputs(rng, device, torch.bfloat16, B=1, T=8, H=1, HV=1, K=32, V=32)
+    assert tma_eligible(q, k, v)
+    q20, k20, v20, _, _ = gdn_inputs(rng, device, torch.bfloat16, B=1, T=8, H=1, HV=1, K=20, V=40)
+    assert not tma_eligible(q20, k20, v20)
+    wide = torch.zeros(1, 8, 1, 36, dtype=torch.bfloat16, device=device)[..., :32]  # token stride 36
+    assert not tma_eligible(wide, k, v)
+
+
 def test_split_refuses_the_fma_configuration(device: torch.device) -> None:
     q = torch.zeros(1, 4, 1, 16, device=device)
     v = torch.zeros(1, 4, 1, 16, device=device)
@@ -255,3 +311,16 @@ def test_split_matches_reference_gpu(
 ) -> None:
     kw = dict(initial=True, **shape, **QWEN)
     check_against_reference(rng, gpu_device, dtype_name, op=split_op(segments), **kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["varlen", "dense"])
+def test_tma_tiles_give_the_masked_loads_results_gpu(
+    layout: str, rng: torch.Generator, gpu_device: torch.device, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`test_tma_tiles_give_the_masked_loads_results` at the Qwen3.5 heads on the GPU (the same
+    dots and roundings: equal up to the order the compiler gives a sum, measured bit-identical on
+    the H200)."""
+    (o1, h1), (o0, h0) = tma_and_masked(rng, gpu_device, monkeypatch, layout, **QWEN)
+    torch.testing.assert_close(o1, o0, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(h1, h0, rtol=1e-6, atol=1e-6)

@@ -35,7 +35,10 @@ blocks and 4 warps (whole-V blocks at 8 warps for grids of more than two program
 `_split_step_vk`) so that every dot is (a tile computed in registers) · (a tile loaded from
 memory)ᵀ: on Hopper that is a wgmma with its left operand in registers and its right one in the
 shared memory the pipelined loads fill, and no computed tile is copied to shared memory on the
-step's chain (docs/performance.md, "ninth pass").
+step's chain (docs/performance.md, "ninth pass").  On sm_90 those tiles arrive, and the output
+leaves, by TMA (``TMA_TILES``): each program makes tensor descriptors over its sequence's rows,
+so rows past the sequence end read as zeros and are not written, as with masked loads and
+stores, without their per-thread address and mask arithmetic ("tenth pass").
 
 The segments differ from a single walk only in rounding.  With ``P = 1`` there is no warm-up
 and the kernel is the plain fused recurrence.  Segments hold ``ceil(chunks / P)`` chunks of their
@@ -53,6 +56,7 @@ import math
 import torch
 import triton
 import triton.language as tl
+from triton.runtime import _allocation
 
 from clef_runtime.interpreter import interpreted
 from clef_runtime.ops.delta_rule_chunk import BT, OP, checked_inputs, prepare
@@ -98,6 +102,13 @@ FOLD_WARPS = 4
 WIDE_BV = 128
 WIDE_WARPS = 8
 WIDE_PER_SM: int | None = 2
+# The folded walk moves its k, q, v, T and Aqk tiles and its output by TMA, through tensor
+# descriptors that each program makes for its sequence's rows (`tma_eligible`): on the H200 the
+# walk went 633 → 445 µs at B1 T32768, the whole call 1.20-1.24× faster at B1 T8192, B1 T32768 and
+# B4 T8192, with the same outputs to the bit (docs/performance.md, "tenth pass").  Its per-thread
+# copies' address and mask arithmetic (~540 instructions of a 1328-instruction step) and the
+# output's layout change go away, and so do its register spills.
+TMA_TILES = True
 
 
 def default_segments(N: int, HV: int, V: int, T: int, block_v: int = SPLIT_BV) -> int:
@@ -120,6 +131,30 @@ def walk_shape(programs: int, sms: int) -> tuple[int, int]:
     if WIDE_PER_SM is not None and programs > WIDE_PER_SM * sms:
         return WIDE_BV, WIDE_WARPS
     return FOLD_BV, FOLD_WARPS
+
+
+def tma_eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether the walk can take its tiles by TMA (TMA_TILES): a GPU of compute capability 9 or
+    more (the interpreter stands in for one on the CPU), and every row a descriptor addresses 16-byte
+    aligned: q, k and v's data, their batch and token strides and the head dims K and V in whole
+    16-byte units (the walk's own tensors are laid out so)."""
+    if not TMA_TILES:
+        return False
+    if q.device.type == "cuda" and torch.cuda.get_device_capability(q.device)[0] < 9:
+        return False
+    unit = 16 // q.element_size()
+    return all(
+        x.data_ptr() % 16 == 0
+        and x.stride(0) % unit == 0
+        and x.stride(1) % unit == 0
+        and x.shape[3] % unit == 0
+        for x in (q, k, v)
+    )
+
+
+def _scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
+    """Global memory for the descriptors the walk's programs make (Triton's allocator protocol)."""
+    return torch.empty(size, dtype=torch.int8, device="cuda")
 
 
 def _sm_count(device: torch.device) -> int:
@@ -255,6 +290,13 @@ def _split_step_vk(
     v_p,
     svt,
     b_p,
+    k_d,
+    q_d,
+    v_d,
+    t_d,
+    a_d,
+    o_d,
+    bos,
     HV: tl.constexpr,
     K: tl.constexpr,
     V: tl.constexpr,
@@ -266,6 +308,7 @@ def _split_step_vk(
     STATE_PRECISION: tl.constexpr,
     ROUND_BF16: tl.constexpr,
     CHUNK_DT: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     """One chunk as `_split_step` does it, with the fold (FORM_WU: w_p holds launch 1's T, u_p the
     factors β e^{G} / |k|, v_p and b_p point at v and β), the state held transposed (``St = Sᵀ``,
@@ -275,7 +318,9 @@ def _split_step_vk(
     where the pipelined loads already put the tiles; so no computed tile (S, y, v_new) goes
     through shared memory on the step's dependent chain.  The factors scale the columns of
     ``Sᵀ k̂ᵀ`` after the dot instead of k's rows before it (float32 instead of a bf16 rounding of
-    the scaled keys)."""
+    the scaled keys).  With TMA the tiles of k, q, v, T and Aqk come by the sequence's tensor
+    descriptors `*_d` (rows counted from ``bos``; rows past the sequence end read as zeros, as
+    the masked loads give them) and the output leaves by ``o_d`` (rows past the end dropped)."""
     n_live = eos - t0
     r = tl.arange(0, BT)
     live = r < n_live
@@ -285,19 +330,27 @@ def _split_step_vk(
     vmask_t = (rv < ncols)[:, None] & live[None, :]  # [BV, BT]
     gl = tl.load(gc_p + t0 + tl.minimum(n_live, BT) - 1)  # decay to the chunk end
     kfac = tl.load(kf_p + t0 + r, mask=live, other=0.0)
-    kc = tl.load(k_p + t0 * skt + r[:, None] * skt + rk[None, :], mask=kmask, other=0.0).to(STATE_DT)
+    row = (t0 - bos).to(tl.int32)  # the chunk's first row in the descriptors
+    if TMA:
+        kc = k_d.load([row, 0]).to(STATE_DT)
+        Tc = t_d.load([row, 0]).to(CHUNK_DT)
+    else:
+        kc = tl.load(k_p + t0 * skt + r[:, None] * skt + rk[None, :], mask=kmask, other=0.0).to(STATE_DT)
+        Tc = tl.load(
+            w_p + t0 * (HV * BT) + r[:, None] * (HV * BT) + r[None, :], mask=live[:, None], other=0.0
+        ).to(CHUNK_DT)
     Sd = St.to(STATE_DT)
     if ROUND_BF16:
         Sd = rne_bf16(Sd)
     # yᵀ = (β v - β e^{G} k̂ S)ᵀ, then v_newᵀ = yᵀ Tᵀ
-    Tc = tl.load(
-        w_p + t0 * (HV * BT) + r[:, None] * (HV * BT) + r[None, :], mask=live[:, None], other=0.0
-    ).to(CHUNK_DT)
     bfac = tl.load(u_p + t0 + r, mask=live, other=0.0)
     bvv = tl.load(b_p + (t0 + r) * HV, mask=live, other=0.0)
     if OUTPUT:
         qfac = tl.load(qf_p + t0 + r, mask=live, other=0.0)
-    v_t = tl.load(v_p + (t0 + r)[None, :] * svt + rv[:, None], mask=vmask_t & use_u, other=0.0)
+    if TMA:
+        v_t = tl.trans(v_d.load([row, 0]))
+    else:
+        v_t = tl.load(v_p + (t0 + r)[None, :] * svt + rv[:, None], mask=vmask_t & use_u, other=0.0)
     ks = tl.dot(Sd, tl.trans(kc), input_precision=STATE_PRECISION)
     y = v_t.to(tl.float32) * bvv[None, :] - ks * bfac[None, :]
     y = y.to(CHUNK_DT)
@@ -311,44 +364,51 @@ def _split_step_vk(
         vd = v_new.to(STATE_DT)
         if ROUND_BF16:
             vd = rne_bf16(vd)
-        qc = tl.load(q_p + t0 * sqt + r[:, None] * sqt + rk[None, :], mask=kmask, other=0.0).to(STATE_DT)
-        # launch 1 stored Aqk's whole rows, zero above the diagonal: a mask by rows only lets the
-        # load be pipelined (a per-element mask cannot be an asynchronous copy)
-        Ac = tl.load(
-            aqk_p + t0 * (HV * BT) + r[:, None] * (HV * BT) + r[None, :], mask=live[:, None], other=0.0
-        )
+        if TMA:
+            qc = q_d.load([row, 0]).to(STATE_DT)
+            Ac = a_d.load([row, 0])
+        else:
+            qc = tl.load(q_p + t0 * sqt + r[:, None] * sqt + rk[None, :], mask=kmask, other=0.0).to(STATE_DT)
+            # launch 1 stored Aqk's whole rows, zero above the diagonal: a mask by rows only lets the
+            # load be pipelined (a per-element mask cannot be an asynchronous copy)
+            Ac = tl.load(
+                aqk_p + t0 * (HV * BT) + r[:, None] * (HV * BT) + r[None, :], mask=live[:, None], other=0.0
+            )
         oc = tl.dot(Sd, tl.trans(qc), input_precision=STATE_PRECISION) * qfac[None, :] + tl.dot(
             vd, tl.trans(Ac.to(STATE_DT)), input_precision=STATE_PRECISION
         )  # oᵀ, [BV, BT]
         if ROUND_BF16:
             oc = rne_bf16(oc)
-        tl.store(
-            o_p + t0 * (HV * V) + r[None, :] * (HV * V) + rv[:, None],
-            oc.to(o_p.dtype.element_ty),
-            mask=vmask_t & (t0 >= t_out),
-        )
+        if TMA:  # cannot be masked: `_walk` runs the warm-up chunks without OUTPUT
+            o_d.store([row, 0], tl.trans(oc).to(o_p.dtype.element_ty))
+        else:
+            tl.store(
+                o_p + t0 * (HV * V) + r[None, :] * (HV * V) + rv[:, None],
+                oc.to(o_p.dtype.element_ty),
+                mask=vmask_t & (t0 >= t_out),
+            )
     return St * tl.exp(gl) + tl.dot(vk, kc, input_precision=STATE_PRECISION)
 
 
 # fmt: off
 @triton.jit
-def _walk(
+def _walk_span(
     S, t_lo, t_out, t_hi, eos, k_p, w_p, u_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, use_u, skt, sqt,
-    v_p, svt, b_p,
+    v_p, svt, b_p, k_d, q_d, v_d, t_d, a_d, o_d, bos,
     HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
     OUTPUT: tl.constexpr, STATE_DT: tl.constexpr, STATE_PRECISION: tl.constexpr, ROUND_BF16: tl.constexpr,
-    INTERPRETED: tl.constexpr, FORM_WU: tl.constexpr, CHUNK_DT: tl.constexpr,
+    INTERPRETED: tl.constexpr, FORM_WU: tl.constexpr, CHUNK_DT: tl.constexpr, TMA: tl.constexpr,
 ):
-    """`_split_step` over the chunks of tokens [t_lo, t_hi) from state S, outputs from t_out on;
-    returns the state at t_hi.  Both launches walk through here (inlined on a GPU: the same machine code as the walk
-    written out in each kernel, compared with cuobjdump for sm_90)."""
+    """`_split_step` (`_split_step_vk` with FORM_WU) over the chunks of tokens [t_lo, t_hi) from
+    state S, outputs from t_out on; returns the state at t_hi."""
     if INTERPRETED:  # Triton 3.6's interpreter cannot take a runtime range bound (numpy ≥ 2)
         t0 = t_lo
         while t0 < t_hi:
             if FORM_WU:
                 S = _split_step_vk(
                     S, t0, t_out, eos, k_p, w_p, u_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, use_u, skt, sqt,
-                    v_p, svt, b_p, HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16, CHUNK_DT,
+                    v_p, svt, b_p, k_d, q_d, v_d, t_d, a_d, o_d, bos,
+                    HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16, CHUNK_DT, TMA,
                 )  # fmt: skip
             else:
                 S = _split_step(
@@ -362,8 +422,8 @@ def _walk(
             if FORM_WU:
                 S = _split_step_vk(
                     S, t_lo + c * BT, t_out, eos, k_p, w_p, u_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, use_u,
-                    skt, sqt, v_p, svt, b_p, HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16,
-                    CHUNK_DT,
+                    skt, sqt, v_p, svt, b_p, k_d, q_d, v_d, t_d, a_d, o_d, bos,
+                    HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16, CHUNK_DT, TMA,
                 )  # fmt: skip
             else:
                 S = _split_step(
@@ -371,6 +431,32 @@ def _walk(
                     skt, sqt, HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16,
                 )  # fmt: skip
     return S
+
+
+@triton.jit
+def _walk(
+    S, t_lo, t_out, t_hi, eos, k_p, w_p, u_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, use_u, skt, sqt,
+    v_p, svt, b_p, k_d, q_d, v_d, t_d, a_d, o_d, bos,
+    HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
+    OUTPUT: tl.constexpr, STATE_DT: tl.constexpr, STATE_PRECISION: tl.constexpr, ROUND_BF16: tl.constexpr,
+    INTERPRETED: tl.constexpr, FORM_WU: tl.constexpr, CHUNK_DT: tl.constexpr, TMA: tl.constexpr,
+):
+    """`_walk_span` over the chunks of tokens [t_lo, t_hi) from state S, outputs from t_out on;
+    returns the state at t_hi.  Both launches walk through here (inlined on a GPU).  A TMA store
+    cannot be masked, so with TMA the warm-up chunks [t_lo, t_out) go first, without an output."""
+    t_first = t_lo
+    if TMA:
+        S = _walk_span(
+            S, t_lo, t_out, t_out, eos, k_p, w_p, u_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, use_u, skt, sqt,
+            v_p, svt, b_p, k_d, q_d, v_d, t_d, a_d, o_d, bos,
+            HV, K, V, BK, BV, BT, False, STATE_DT, STATE_PRECISION, ROUND_BF16, INTERPRETED, FORM_WU, CHUNK_DT, TMA,
+        )  # fmt: skip
+        t_first = t_out
+    return _walk_span(
+        S, t_first, t_out, t_hi, eos, k_p, w_p, u_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, use_u, skt, sqt,
+        v_p, svt, b_p, k_d, q_d, v_d, t_d, a_d, o_d, bos,
+        HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16, INTERPRETED, FORM_WU, CHUNK_DT, TMA,
+    )  # fmt: skip
 # fmt: on
 
 
@@ -497,10 +583,13 @@ def _segment_output_kernel(
     INTERPRETED: tl.constexpr,
     FORM_WU: tl.constexpr,
     CHUNK_DT: tl.constexpr,
+    TMA: tl.constexpr = False,
 ):
     """Segment s of one sequence, value head and V block: its start state from a warm-up walk
     over the chunks before it, then its chunks with the output fused.  With FORM_WU, w holds
-    launch 1's T per chunk and u the factors of k̂'s rows, and each step forms w and u."""
+    launch 1's T per chunk and u the factors of k̂'s rows, and each step forms w and u.  With TMA
+    (FORM_WU only) the walk moves its tiles by tensor descriptors of this sequence's rows
+    (`tma_eligible`)."""
     i_nh = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1)
     s = tl.program_id(2).to(tl.int64)
@@ -550,11 +639,29 @@ def _segment_output_kernel(
         u_p = u + tok * V + c0
     o_p = o + tok * V + c0
     aqk_p = aqk + tok * BT
+    v_p = v + b * svb + hv * V + c0
+    if TMA:
+        # one descriptor per tile source, over this sequence's rows [bos, eos) and this program's
+        # columns: rows (and V columns) past the end read as zeros and are not written
+        nrow = (eos - bos).to(tl.int32)
+        k_d = tl.make_tensor_descriptor(k_p + bos * skt, [nrow, K], [skt, 1], [BT, BK])
+        q_d = tl.make_tensor_descriptor(q_p + bos * sqt, [nrow, K], [sqt, 1], [BT, BK])
+        v_d = tl.make_tensor_descriptor(v_p + bos * svt, [nrow, ncols], [svt, 1], [BT, BV])
+        t_d = tl.make_tensor_descriptor(w_p + bos * (HV * BT), [nrow, BT], [HV * BT, 1], [BT, BT])
+        a_d = tl.make_tensor_descriptor(aqk_p + bos * (HV * BT), [nrow, BT], [HV * BT, 1], [BT, BT])
+        o_d = tl.make_tensor_descriptor(o_p + bos * (HV * V), [nrow, ncols], [HV * V, 1], [BT, BV])
+    else:
+        k_d = k_p  # unused
+        q_d = k_p
+        v_d = k_p
+        t_d = k_p
+        a_d = k_p
+        o_d = k_p
     # the warm-up chunks [t_w, t_lo) (their outputs dropped), then the segment's own
     S = _walk(
         S, t_w, t_lo, t_hi, eos, k_p, w_p, u_p, gc + hd, kf + hd, q_p, qf + hd, aqk_p, o_p,
-        ncols, True, skt, sqt, v + b * svb + hv * V + c0, svt, beta + tok,
-        HV, K, V, BK, BV, BT, True, STATE_DT, STATE_PRECISION, ROUND_BF16, INTERPRETED, FORM_WU, CHUNK_DT,
+        ncols, True, skt, sqt, v_p, svt, beta + tok, k_d, q_d, v_d, t_d, a_d, o_d, bos,
+        HV, K, V, BK, BV, BT, True, STATE_DT, STATE_PRECISION, ROUND_BF16, INTERPRETED, FORM_WU, CHUNK_DT, TMA,
     )  # fmt: skip
     if STORE_FINAL:
         tl.store(ht + s_off, S, mask=s_mask & (s == P - 1))
@@ -621,16 +728,26 @@ def chunk_gated_delta_rule_split(
             p.lb if p.lb is not None else p.gc, p.gc, beta, cw, p.cu, WARMUP_LOG_BOUND, T, p.NT, P,
             HV=HV, BT=BT, WB=WARMUP_BLOCK, IS_VARLEN=varlen, FROM_GATES=use_qk_l2norm, num_warps=4,
         )  # fmt: skip
-    _segment_output_kernel[(N * HV, triton.cdiv(V, BV), P)](
-        q, k, v, beta, p.w, p.u, p.gc, p.kf, p.qf, p.aqk, p.o, cw,
-        initial_state if initial_state is not None else p.gc,
-        p.final if p.final is not None else p.gc,
-        p.cu, T, P, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        H=H, HV=HV, K=K, V=V, BK=cfg.BK, BV=BV, BT=BT, IS_VARLEN=varlen,
-        HAS_H0=initial_state is not None, STORE_FINAL=p.final is not None,
-        STATE_DT=policy.state_dtype, STATE_PRECISION=policy.state_precision, WARMUP=P > 1,
-        ROUND_BF16=policy.round_bf16, INTERPRETED=interpreted(_segment_output_kernel),
-        FORM_WU=fold, CHUNK_DT=policy.chunk_dtype,
-        num_warps=warps or walk_warps, num_stages=stages or SPLIT_STAGES,
-    )  # fmt: skip
+    tma = fold and T > 0 and tma_eligible(q, k, v)
+    # the descriptors need global scratch memory from Triton's allocator: ours for this launch,
+    # unless the caller has set one (it is a context variable: nothing outside this call sees it)
+    token = None
+    if tma and isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        token = _allocation._allocator.set(_scratch)
+    try:
+        _segment_output_kernel[(N * HV, triton.cdiv(V, BV), P)](
+            q, k, v, beta, p.w, p.u, p.gc, p.kf, p.qf, p.aqk, p.o, cw,
+            initial_state if initial_state is not None else p.gc,
+            p.final if p.final is not None else p.gc,
+            p.cu, T, P, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            H=H, HV=HV, K=K, V=V, BK=cfg.BK, BV=BV, BT=BT, IS_VARLEN=varlen,
+            HAS_H0=initial_state is not None, STORE_FINAL=p.final is not None,
+            STATE_DT=policy.state_dtype, STATE_PRECISION=policy.state_precision, WARMUP=P > 1,
+            ROUND_BF16=policy.round_bf16, INTERPRETED=interpreted(_segment_output_kernel),
+            FORM_WU=fold, CHUNK_DT=policy.chunk_dtype, TMA=tma,
+            num_warps=warps or walk_warps, num_stages=stages or SPLIT_STAGES,
+        )  # fmt: skip
+    finally:
+        if token is not None:
+            _allocation._allocator.reset(token)
     return p.o, p.final
