@@ -52,6 +52,7 @@ design, whose FMA tiles were sized for sm70's registers.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import triton
@@ -152,9 +153,14 @@ def tma_eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     )
 
 
-def _scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
-    """Global memory for the descriptors the walk's programs make (Triton's allocator protocol)."""
-    return torch.empty(size, dtype=torch.int8, device="cuda")
+def _scratch_on(device: torch.device) -> Callable[[int, int, int | None], torch.Tensor]:
+    """Triton's allocator (size, alignment, stream) for the global memory the walk's descriptors
+    live in, on the device of the call's tensors (not whichever device is current)."""
+
+    def scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
+        return torch.empty(size, dtype=torch.int8, device=device)
+
+    return scratch
 
 
 def _sm_count(device: torch.device) -> int:
@@ -733,7 +739,7 @@ def chunk_gated_delta_rule_split(
     # unless the caller has set one (it is a context variable: nothing outside this call sees it)
     token = None
     if tma and isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
-        token = _allocation._allocator.set(_scratch)
+        token = _allocation._allocator.set(_scratch_on(q.device))
     try:
         _segment_output_kernel[(N * HV, triton.cdiv(V, BV), P)](
             q, k, v, beta, p.w, p.u, p.gc, p.kf, p.qf, p.aqk, p.o, cw,
