@@ -25,7 +25,7 @@ function that keeps each (docs/architecture.md, "The planner"):
    replica is available, then patch the Service selector in one patch (an adopted Service: only
    its selector, its `http` port and clef's annotations change); the switch is reported by the
    next pass, requeued at once.  Recreate: first scale the active revision to 0 and wait for its
-   pods to go, then the same.  The Service never selects a revision that is not available while
+   pods to go (the pods themselves, terminating ones included: `_stopped`), then the same.  The Service never selects a revision that is not available while
    another one serves.  A model in Service conflict scales its serving Deployments to 0.
 6. `retire_old_revisions`: revisions that no longer serve are scaled to 0
    `scaleDownDelaySeconds` after they were first seen not serving (recorded on them as an
@@ -621,7 +621,7 @@ def _roll_out(
 
     hold = Move(active.revision, active.deployment, candidate)
     old = active.deployment
-    if spec.rollout.strategy is Strategy.RECREATE and old is not None and not old.drained:
+    if spec.rollout.strategy is Strategy.RECREATE and old is not None and not _stopped(old, observed):
         return _recreate_first(hold, old, candidate)
     dep = observed.deployment(candidate)
     if dep is None:
@@ -651,6 +651,15 @@ def _roll_out(
             switching=True,
         )
     return replace(hold, stage=starting(dep.available_replicas))
+
+
+def _stopped(old: DeploymentState, observed: Observed) -> bool:
+    """The old revision holds no GPU: scaled to 0 and none of its pods left.  The Deployment's
+    status stops counting a pod once it is terminating, but a terminating pod keeps its GPUs until
+    it is gone (or has finished), so the pods themselves decide."""
+    if not old.drained:
+        return False
+    return not any(p.phase not in ("Succeeded", "Failed") for p in observed.pods_of_revision(old.revision))
 
 
 def _recreate_first(hold: Move, old: DeploymentState, candidate: str) -> Move:

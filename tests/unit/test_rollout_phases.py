@@ -220,6 +220,35 @@ def test_recreate_stops_the_active_revision_first():
     assert ScaleDeployment(old.name, 0, {labels.SCALE_DOWN_AT: None}) in m.actions
 
 
+@pytest.mark.parametrize(
+    ("phase", "starts"), [("Running", False), ("Pending", False), ("Succeeded", True), ("Failed", True)]
+)
+def test_recreate_waits_for_the_old_pods_not_the_deployment_status(phase: str, starts: bool):
+    """Scaled to 0, the old Deployment's status counts no terminating pod, yet a terminating pod
+    holds its GPUs until it is gone: the candidate starts only when no old pod holds one."""
+    spec = make_spec(rollout={"strategy": "Recreate"})
+    old = deployment("r0", 0)
+    pod = PodState(name="clef-flash-r0-x", component=labels.COMPONENT_SERVING, revision="r0", phase=phase)
+    active = Active("r0", old, service("r0"), False, None)
+    m = move_towards_desired(MODEL, OWNER, spec, Observed((old,), pods=(pod,)), candidate(spec), active)
+    created = any(type(a).__name__ == "CreateDeployment" for a in m.actions)
+    assert created is starts
+    if not starts:
+        assert m.stage is not None and m.stage.reason == Why.STOPPING_OLD and m.actions == ()
+
+
+def test_recreate_ignores_pods_of_other_revisions_and_verification():
+    spec = make_spec(rollout={"strategy": "Recreate"})
+    old = deployment("r0", 0)
+    others = (
+        PodState(name="a", component=labels.COMPONENT_SERVING, revision="r9", phase="Running"),
+        PodState(name="b", component=labels.COMPONENT_VERIFICATION, revision="r0", phase="Running"),
+    )
+    active = Active("r0", old, service("r0"), False, None)
+    m = move_towards_desired(MODEL, OWNER, spec, Observed((old,), pods=others), candidate(spec), active)
+    assert any(type(a).__name__ == "CreateDeployment" for a in m.actions)
+
+
 def test_blue_green_switches_to_an_available_candidate():
     spec = make_spec()
     want = candidate(spec)
