@@ -86,6 +86,7 @@ def variants(cu: torch.Tensor | None, unsplit: bool) -> dict[str, Callable[[dict
         "vk 128w8": with_knobs(cu, FOLD_BV=128, FOLD_WARPS=8, WIDE_PER_SM=None),
         "vk 64w8": with_knobs(cu, FOLD_BV=64, FOLD_WARPS=8, WIDE_PER_SM=None),  # no spill on sm_90
         "masked loads": with_knobs(cu, TMA_TILES=False),  # the walk's tiles by per-thread copies
+        "solve f16": with_knobs(cu, dc_SOLVE_F16=True),  # launch 1's solve dots with f16 operands
         "masked loads 64w4": with_knobs(cu, TMA_TILES=False, FOLD_BV=64, FOLD_WARPS=4, WIDE_PER_SM=None),
     }
     if not unsplit:  # 64w8 at one program per SM: half the segments to stay in one wave

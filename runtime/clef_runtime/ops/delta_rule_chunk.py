@@ -97,6 +97,10 @@ OUT_BV = 128  # launch 3's V block
 OUT_WARPS = 4
 _TORCH_DTYPE = {tl.bfloat16: torch.bfloat16, tl.float16: torch.float16, tl.float32: torch.float32}
 BC = 16  # sub-block of the triangular solve (the smallest tl.dot tile)
+# bf16 on tensor cores: launch 1's solve dots with f16 operands instead of TF32 (`solve_dtype`).
+# Off until timed on a GPU: sm_90 compiles it to 18% fewer instructions (docs/performance.md,
+# "eleventh pass"; hack/device/probe_prepare_table11.py, probe_fold.py's "solve f16").
+SOLVE_F16 = False
 
 
 # Kernel bodies are written out rather than split into small @triton.jit helpers: the
@@ -182,6 +186,7 @@ def _chunk_prepare_kernel(
     DOUBLING_PRECISION: tl.constexpr,
     ROUND_BF16: tl.constexpr,
     T_OUT: tl.constexpr = False,
+    SOLVE_DT: tl.constexpr = tl.float32,
 ):
     # a 1-D grid, value heads fastest: the value heads of one key head (and of one chunk) run
     # side by side and share q and k through L2 (the chunk count stays off the 65535-limited
@@ -307,9 +312,10 @@ def _chunk_prepare_kernel(
             # replaced 768 of the 880 FMAs per thread of the IEEE form (launch 1 902 → 813 µs on
             # the H200); bf16 takes plain TF32, whose error stays below the bf16 rounding of T
             # (launch 1 569 → 453 µs, docs/performance.md "eighth pass").
-            X = X - tl.dot(
-                tl.dot(X, Lb, input_precision=DOUBLING_PRECISION), X, input_precision=DOUBLING_PRECISION
-            )
+            # (SOLVE_DT f16: see `solve_dtype`; float32: the casts do nothing)
+            Xs = X.to(SOLVE_DT)
+            Xl = tl.dot(Xs, Lb.to(SOLVE_DT), input_precision=DOUBLING_PRECISION).to(SOLVE_DT)
+            X = X - tl.dot(Xl, Xs, input_precision=DOUBLING_PRECISION)
     else:
         X = tl.zeros([NB, BC, BC], dtype=tl.float32) + eye_c[None, :, :]
         for i in range(1, BC):
@@ -322,10 +328,11 @@ def _chunk_prepare_kernel(
     rb = tl.arange(0, NB)
     eye_b = (rb[:, None] == rb[None, :]).to(tl.float32)
     Dinv = tl.reshape(X[:, :, None, :] * eye_b[:, None, :, None], [BT, BT])
-    M = tl.dot(Dinv, tl.where(same_blk, 0.0, A), input_precision=SOLVE_PRECISION)
-    W = tl.dot(M, Dinv, input_precision=SOLVE_PRECISION)
-    M2 = tl.dot(M, M, input_precision=SOLVE_PRECISION)
-    Tm = Dinv - W + tl.dot(M2, Dinv - W, input_precision=SOLVE_PRECISION)
+    Ds = Dinv.to(SOLVE_DT)
+    M = tl.dot(Ds, tl.where(same_blk, 0.0, A).to(SOLVE_DT), input_precision=SOLVE_PRECISION).to(SOLVE_DT)
+    W = tl.dot(M, Ds, input_precision=SOLVE_PRECISION)
+    M2 = tl.dot(M, M, input_precision=SOLVE_PRECISION).to(SOLVE_DT)
+    Tm = Dinv - W + tl.dot(M2, (Dinv - W).to(SOLVE_DT), input_precision=SOLVE_PRECISION)
     # the WY products run on tensor cores: T rounded to the dot dtype
     Tm = Tm.to(CHUNK_DT)
     if ROUND_BF16:
@@ -724,6 +731,15 @@ def doubling_precision(policy: DotPolicy) -> str:
     return "tf32" if policy.chunk_dtype == tl.bfloat16 else "tf32x3"
 
 
+def solve_dtype(dtype: torch.dtype, tensor_cores: bool) -> tl.dtype:
+    """Operand dtype of launch 1's solve dots: float32 (at `doubling_precision` and the policy's
+    solve_precision), or f16 for bf16 inputs on tensor cores where SOLVE_F16 is set.  f16 keeps
+    TF32's 11-bit significand in a narrower range (the largest |T| entry in
+    hack/solve_precision_emulation.py is 1.8) at twice its tensor-core rate, in half the registers:
+    the emulated errors equal TF32's (docs/performance.md, "eleventh pass"; not yet timed, so off)."""
+    return tl.float16 if SOLVE_F16 and dtype == torch.bfloat16 and tensor_cores else tl.float32
+
+
 def prepare(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -777,7 +793,7 @@ def prepare(
             BT=BT, BC=BC, LOG_BC=BC.bit_length() - 1, SOLVE_BY_DOUBLING=cfg.solve_by_doubling,
             IS_VARLEN=cu_seqlens is not None, L2NORM=use_qk_l2norm, CHUNK_BOUND=chunk_bound,
             CHUNK_DT=policy.chunk_dtype, SOLVE_PRECISION=policy.solve_precision,
-            DOUBLING_PRECISION=doubling_precision(policy),
+            DOUBLING_PRECISION=doubling_precision(policy), SOLVE_DT=solve_dtype(q.dtype, tc),
             ROUND_BF16=policy.round_bf16, T_OUT=t_out,
             num_warps=cfg.warps1, maxnreg=cfg.regs1,
         )  # fmt: skip
