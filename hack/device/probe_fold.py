@@ -6,7 +6,7 @@ the B1 rows it splits into segments.  bf16, the Qwen3.5 shapes, the bench's gate
 graph replay), median of 7; each variant's relative L2 error (output and final state) against
 the default path; per-kernel times (torch.profiler) of the default and the fastest variant.
 
-    GRAPH=1 PYTHONPATH=runtime:contract python3 hack/device/probe_fold.py [rows]
+    GRAPH=1 [ONLY="default,solve f16"] PYTHONPATH=runtime:contract python3 hack/device/probe_fold.py [rows]
     rows: b4_t8192, packed_8x4096, b1_t8192, b1_t32768, b1_t2048, b1_t131072 (comma-separated,
     or all)
 """
@@ -112,6 +112,9 @@ def variants(cu: torch.Tensor | None, unsplit: bool) -> dict[str, Callable[[dict
         out["vk 3 stages"] = with_knobs(cu, SPLIT_STAGES=3)
         if not unsplit:
             out["vk 2x segments"] = with_knobs(cu, TARGET_PROGRAMS=2 * ds.TARGET_PROGRAMS)
+    if os.environ.get("ONLY"):  # ONLY="default,solve f16": these variants alone (default always)
+        keep = {"default", *os.environ["ONLY"].split(",")}
+        out = {k: v for k, v in out.items() if k in keep}
     return out
 
 
