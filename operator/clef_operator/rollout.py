@@ -25,7 +25,7 @@ function that keeps each (docs/architecture.md, "The planner"):
    replica is available, then patch the Service selector in one patch (an adopted Service: only
    its selector, its `http` port and clef's annotations change); the switch is reported by the
    next pass, requeued at once.  Recreate: first scale the active revision to 0 and wait for its
-   pods to go (the pods themselves, terminating ones included: `_stopped`), then the same.  The
+   pods to go (the pods themselves, terminating ones included: `_holding_gpus`), then the same.  The
    Service never selects a revision that is not available while another one serves.  A model
    in Service conflict scales its serving Deployments to 0.
 6. `retire_old_revisions`: revisions that no longer serve are scaled to 0
@@ -622,8 +622,10 @@ def _roll_out(
 
     hold = Move(active.revision, active.deployment, candidate)
     old = active.deployment
-    if spec.rollout.strategy is Strategy.RECREATE and old is not None and not _stopped(old, observed):
-        return _recreate_first(hold, old, candidate)
+    if spec.rollout.strategy is Strategy.RECREATE and old is not None:
+        left = _holding_gpus(old, observed)
+        if not old.drained or left:
+            return _recreate_first(hold, old, candidate, left)
     dep = observed.deployment(candidate)
     if dep is None:
         created = _event(
@@ -654,20 +656,22 @@ def _roll_out(
     return replace(hold, stage=starting(dep.available_replicas))
 
 
-def _stopped(old: DeploymentState, observed: Observed) -> bool:
-    """The old revision holds no GPU: scaled to 0 and none of its pods left.  The Deployment's
-    status stops counting a pod once it is terminating, but a terminating pod keeps its GPUs until
-    it is gone (or has finished), so the pods themselves decide."""
-    if not old.drained:
-        return False
-    return not any(p.phase not in ("Succeeded", "Failed") for p in observed.pods_of_revision(old.revision))
+def _holding_gpus(old: DeploymentState, observed: Observed) -> list[str]:
+    """The names of the old revision's pods that may still hold their GPUs: every one that has
+    not finished.  The Deployment's status stops counting a pod once it is terminating, but a
+    terminating pod keeps its GPUs until it is gone, so Recreate waits on the pods themselves."""
+    pods = observed.pods_of_revision(old.revision)
+    return sorted(p.name for p in pods if p.phase not in ("Succeeded", "Failed"))
 
 
-def _recreate_first(hold: Move, old: DeploymentState, candidate: str) -> Move:
-    """Recreate: the old revision's pods stop before the candidate starts."""
+def _recreate_first(hold: Move, old: DeploymentState, candidate: str, left: list[str]) -> Move:
+    """Recreate: the old revision's pods stop before the candidate starts (`left`: those that
+    have not, named in the condition so that a pod stuck terminating can be found)."""
+    named = ", ".join(left[:3]) + (f" and {len(left) - 3} more" if len(left) > 3 else "")
+    still = f" (still there: {named})" if left else ""
     stopping = Progress(
         Why.STOPPING_OLD,
-        f"Recreate: waiting for the pods of {old.name} to stop before starting revision {candidate}",
+        f"Recreate: waiting for the pods of {old.name} to stop before starting revision {candidate}{still}",
     )
     if old.replicas == 0:
         return replace(hold, stage=stopping)

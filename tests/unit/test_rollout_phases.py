@@ -235,6 +235,19 @@ def test_recreate_waits_for_the_old_pods_not_the_deployment_status(phase: str, s
     assert created is starts
     if not starts:
         assert m.stage is not None and m.stage.reason == Why.STOPPING_OLD and m.actions == ()
+        assert "(still there: clef-flash-r0-x)" in m.stage.message, "names the pod that holds its GPU"
+
+
+def test_recreate_names_at_most_three_pods_it_waits_for():
+    spec = make_spec(rollout={"strategy": "Recreate"})
+    old = deployment("r0", 0)
+    pods = tuple(
+        PodState(name=f"p{i}", component=labels.COMPONENT_SERVING, revision="r0", phase="Running")
+        for i in (4, 2, 0, 3, 1)
+    )
+    active = Active("r0", old, service("r0"), False, None)
+    m = move_towards_desired(MODEL, OWNER, spec, Observed((old,), pods=pods), candidate(spec), active)
+    assert m.stage is not None and m.stage.message.endswith("(still there: p0, p1, p2 and 2 more)")
 
 
 def test_recreate_ignores_pods_of_other_revisions_and_verification():
