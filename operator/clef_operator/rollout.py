@@ -25,9 +25,9 @@ function that keeps each (docs/architecture.md, "The planner"):
    replica is available, then patch the Service selector in one patch (an adopted Service: only
    its selector, its `http` port and clef's annotations change); the switch is reported by the
    next pass, requeued at once.  Recreate: first scale the active revision to 0 and wait for its
-   pods to go (the pods themselves, terminating ones included: `_holding_gpus`), then the same.  The
-   Service never selects a revision that is not available while another one serves.  A model
-   in Service conflict scales its serving Deployments to 0.
+   pods to go (the pods themselves, terminating ones included: `_holding_gpus`), then the
+   same.  The Service never selects a revision that is not available while another one serves.
+   A model in Service conflict scales its serving Deployments to 0.
 6. `retire_old_revisions`: revisions that no longer serve are scaled to 0
    `scaleDownDelaySeconds` after they were first seen not serving (recorded on them as an
    annotation, so it survives restarts), never while the active revision lacks available
