@@ -53,6 +53,7 @@ def compile_variant(kernel, types, consts, arch, num_warps, num_stages, div16, m
             f.write(k.asm["cubin"]); f.flush()
             out = subprocess.run([CUOBJDUMP, "-res-usage", f.name], capture_output=True, text=True).stdout
         usage = {m[0]: int(m[1]) for m in re.findall(r"(REG|STACK|LOCAL):(\d+)", out)}
+    usage["SHARED"] = int(k.metadata.shared)  # bytes of shared memory a program asks for
     return usage
 """
 
@@ -282,8 +283,9 @@ launches = [
 results = {}
 for launch, kernel, types, c, warps in launches:
     key = f"sm_90 bf16 split {launch}"
+    stages = ds.WIDE_STAGES if launch == "walk whole-V, TMA" else ds.SPLIT_STAGES  # as the op picks them
     try:
-        results[key] = {"ok": True, **compile_variant(kernel, types, c, 90, warps, ds.SPLIT_STAGES, DIV16)}
+        results[key] = {"ok": True, **compile_variant(kernel, types, c, 90, warps, stages, DIV16)}
     except Exception as e:
         results[key] = {"ok": False, "error": f"{type(e).__name__}: {e}"[-2000:]}
 print("RESULTS " + json.dumps(results))
@@ -298,10 +300,12 @@ def test_split_chunk_kernels_compile_for_sm90() -> None:
     sm_90 at its kept tiles: w and u folded into the walk, unsplit and split with the warm-up
     (64-wide V, 4 warps, 2 stages: 192 bytes of spill per thread with the warm-up and the state
     held transposed, 144 by rows) and whole-V at 8 warps (144 bytes) for grids of many chains;
-    with the tiles by TMA (the default on sm_90) neither spills at all.
+    with the tiles by TMA (the default on sm_90) neither spills at all, and the whole-V walk
+    takes three pipeline stages (`pipeline_stages`).
     That was measured faster with those spills (docs/performance.md, seventh to ninth passes);
-    the bound catches a change that makes them spill for real.  (Launch 1 with the chunk bounds
-    is the bf16 and f16 "prepare" of the test above.)"""
+    the bound catches a change that makes them spill for real.  Every kernel's shared memory must
+    fit the SM as the op launches it: two 64-wide walks per SM, one whole-V walk.  (Launch 1 with
+    the chunk bounds is the bf16 and f16 "prepare" of the test above.)"""
     results = _compile_all(SPLIT_SCRIPT, 900)
     assert len(results) == 6, results
     heavy = {
@@ -311,3 +315,9 @@ def test_split_chunk_kernels_compile_for_sm90() -> None:
         > (200 if "walk" in k and "TMA" not in k else 0)
     }
     assert not heavy, f"split kernels that spill more than their bound on sm_90: {heavy}"
+    # an H200 SM has 228 KB of shared memory, 227 KB at most for one program and 1 KB reserved per
+    # program: the 64-wide walks must fit two per SM, the whole-V walk (three stages with TMA) one
+    sm_bytes, reserved = 228 * 1024, 1024
+    for key, r in results.items():
+        per_sm = 2 if "walk" in key and "whole-V" not in key else 1
+        assert per_sm * (int(r["SHARED"]) + reserved) <= sm_bytes, (key, r["SHARED"], per_sm)

@@ -98,9 +98,10 @@ OUT_WARPS = 4
 _TORCH_DTYPE = {tl.bfloat16: torch.bfloat16, tl.float16: torch.float16, tl.float32: torch.float32}
 BC = 16  # sub-block of the triangular solve (the smallest tl.dot tile)
 # bf16 on tensor cores: launch 1's solve dots with f16 operands instead of TF32 (`solve_dtype`).
-# Off until timed on a GPU: sm_90 compiles it to 18% fewer instructions (docs/performance.md,
-# "eleventh pass"; hack/device/probe_prepare_table11.py, probe_fold.py's "solve f16").
-SOLVE_F16 = False
+# On the H200 launch 1 went 421.8 → 338.8 µs at B1 T32768 (18% fewer sm_90 instructions), the
+# whole call 1.10-1.12× faster on the rows short of FlashQLA, with errors against the float64
+# reference no larger (docs/performance.md, "eleventh pass"; hack/device/probe_prepare_table11.py).
+SOLVE_F16 = True
 
 
 # Kernel bodies are written out rather than split into small @triton.jit helpers: the
@@ -736,7 +737,8 @@ def solve_dtype(dtype: torch.dtype, tensor_cores: bool) -> tl.dtype:
     solve_precision), or f16 for bf16 inputs on tensor cores where SOLVE_F16 is set.  f16 keeps
     TF32's 11-bit significand in a narrower range (the largest |T| entry in
     hack/solve_precision_emulation.py is 1.8) at twice its tensor-core rate, in half the registers:
-    the emulated errors equal TF32's (docs/performance.md, "eleventh pass"; not yet timed, so off)."""
+    the emulated errors equal TF32's, and on the H200 the errors against the float64 reference
+    were no larger (docs/performance.md, "eleventh pass")."""
     return tl.float16 if SOLVE_F16 and dtype == torch.bfloat16 and tensor_cores else tl.float32
 
 

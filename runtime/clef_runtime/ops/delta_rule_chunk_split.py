@@ -103,6 +103,14 @@ FOLD_WARPS = 4
 WIDE_BV = 128
 WIDE_WARPS = 8
 WIDE_PER_SM: int | None = 2
+# The whole-V walk with its tiles by TMA (one program per SM) takes three pipeline stages (its k,
+# q, v, T and Aqk tiles are 64 KB a stage): on the H200, 8 packed × 4096 went 819.7 → 784.1 µs
+# (docs/performance.md, "eleventh pass").  The 64-wide walk keeps SPLIT_STAGES (two programs per
+# SM must fit in its shared memory), and so do the masked loads (not timed at three) and f16
+# (`pipeline_stages`).
+WIDE_STAGES = 3
+# A register cap for the walk (None: the compiler's choice), for measurements.
+WALK_MAXNREG: int | None = None
 # The folded walk moves its k, q, v, T and Aqk tiles and its output by TMA, through tensor
 # descriptors that each program makes for its sequence's rows (`tma_eligible`): on the H200 the
 # walk went 633 → 445 µs at B1 T32768, the whole call 1.20-1.24× faster at B1 T8192, B1 T32768 and
@@ -132,6 +140,13 @@ def walk_shape(programs: int, sms: int) -> tuple[int, int]:
     if WIDE_PER_SM is not None and programs > WIDE_PER_SM * sms:
         return WIDE_BV, WIDE_WARPS
     return FOLD_BV, FOLD_WARPS
+
+
+def pipeline_stages(tma: bool, block_v: int, state_dt: tl.dtype) -> int:
+    """The folded walk's pipeline stages: WIDE_STAGES for whole-V blocks whose tiles come by TMA
+    and whose state dots take 16-bit operands (bf16: where three were measured faster), else
+    SPLIT_STAGES (f16's float32 state operands need more shared memory than three stages leave)."""
+    return WIDE_STAGES if tma and block_v == WIDE_BV and state_dt != tl.float32 else SPLIT_STAGES
 
 
 def tma_eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
@@ -735,6 +750,7 @@ def chunk_gated_delta_rule_split(
             HV=HV, BT=BT, WB=WARMUP_BLOCK, IS_VARLEN=varlen, FROM_GATES=use_qk_l2norm, num_warps=4,
         )  # fmt: skip
     tma = fold and T > 0 and tma_eligible(q, k, v)
+    walk_stages = pipeline_stages(tma, BV, policy.state_dtype)
     # the descriptors need global scratch memory from Triton's allocator: ours for this launch,
     # unless the caller has set one (it is a context variable: nothing outside this call sees it)
     token = None
@@ -751,7 +767,8 @@ def chunk_gated_delta_rule_split(
             STATE_DT=policy.state_dtype, STATE_PRECISION=policy.state_precision, WARMUP=P > 1,
             ROUND_BF16=policy.round_bf16, INTERPRETED=interpreted(_segment_output_kernel),
             FORM_WU=fold, CHUNK_DT=policy.chunk_dtype, TMA=tma,
-            num_warps=warps or walk_warps, num_stages=stages or SPLIT_STAGES,
+            num_warps=warps or walk_warps, num_stages=stages or walk_stages,
+            **({} if WALK_MAXNREG is None else {"maxnreg": WALK_MAXNREG}),
         )  # fmt: skip
     finally:
         if token is not None:
