@@ -259,7 +259,7 @@ pol = dot_policy(torch.bfloat16, dc._chunk_prepare_kernel, True)
 p = "*bf16"
 consts = dict(H=16, HV=32, K=128, V=128, BK=128, BT=dc.BT, IS_VARLEN=True,
               HAS_H0=True, STORE_FINAL=True, STATE_DT=pol.state_dtype, STATE_PRECISION=pol.state_precision,
-              ROUND_BF16=False, INTERPRETED=False, CHUNK_DT=pol.chunk_dtype, TMA=False)
+              ROUND_BF16=False, INTERPRETED=False, CHUNK_DT=pol.chunk_dtype, TMA=False, TMA_FACTORS=False)
 f32 = "*fp32"
 types = dict(q=p, k=p, v=p, beta=f32, w=p, u=p, gc=f32, kf=f32, qf=f32, aqk=p, o=p,
              cw="*i32", h0=f32, ht=f32, cu_seqlens="*i32")
@@ -272,8 +272,10 @@ launches = [
     ("walk whole-V", ds._segment_output_kernel, dict(types, u=f32),
      dict(consts, WARMUP=False, FORM_WU=ds.FORM_WU, BV=ds.WIDE_BV), ds.WIDE_WARPS),
     # the tiles by TMA (ds.TMA_TILES, the default on sm_90)
+    # (B1 prompts: dense, split, the per-token factors by TMA too; packed sequences: varlen, whole-V)
     ("walk with warm-up, TMA", ds._segment_output_kernel, dict(types, u=f32),
-     dict(consts, WARMUP=True, FORM_WU=ds.FORM_WU, BV=ds.FOLD_BV, TMA=True), ds.FOLD_WARPS),
+     dict(consts, IS_VARLEN=False, WARMUP=True, FORM_WU=ds.FORM_WU, BV=ds.FOLD_BV, TMA=True,
+          TMA_FACTORS=ds.TMA_FACTORS), ds.FOLD_WARPS),
     ("walk whole-V, TMA", ds._segment_output_kernel, dict(types, u=f32),
      dict(consts, WARMUP=False, FORM_WU=ds.FORM_WU, BV=ds.WIDE_BV, TMA=True), ds.WIDE_WARPS),
     ("warm-up plan", ds._warmup_plan_kernel,

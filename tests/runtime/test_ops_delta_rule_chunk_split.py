@@ -209,16 +209,19 @@ def tma_and_masked(
 ) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
     """The split design's output and final state with the walk's tiles by TMA and by masked
     loads, on the same inputs: an initial state, 2 segments, V blocks narrower than V; "varlen"
-    has an empty sequence and sequences that end inside a chunk, "dense" a T that does too."""
+    has an empty sequence and sequences that end inside a chunk, "dense" a T that does too.  At
+    those T (205, 150) the per-token factors keep their masked loads (`TMA_FACTORS` needs a dense
+    T % 4 == 0); "dense-aligned" (T = 148) takes them by TMA too."""
     from clef_runtime.ops import delta_rule_chunk_split as ds
 
-    if layout == "varlen":
+    if layout.startswith("varlen"):
         lens = [70, 0, 130, 5]
         cu: torch.Tensor | None = packed_cu_seqlens(lens, device)
         B, T, N = 1, sum(lens), len(lens)
     else:
-        cu, B, T = None, 2, 150
+        cu, B, T = None, 2, 148 if layout.endswith("-aligned") else 150
         N = B
+    assert (T % 4 == 0) == (layout == "dense-aligned")
     q, k, v, g, beta = gdn_inputs(rng, device, torch.bfloat16, B=B, T=T, **dims)
     h0 = torch.randn(N, dims["HV"], dims["K"], dims["V"], generator=rng).to(device)
     assert ds.tma_eligible(q, k, v)
@@ -234,7 +237,7 @@ def tma_and_masked(
     return out[0], out[1]
 
 
-@pytest.mark.parametrize("layout", ["varlen", "dense"])
+@pytest.mark.parametrize("layout", ["varlen", "dense", "dense-aligned"])
 def test_tma_tiles_give_the_masked_loads_results(
     layout: str, rng: torch.Generator, device: torch.device, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -242,7 +245,8 @@ def test_tma_tiles_give_the_masked_loads_results(
     sequence's rows, which read rows past the sequence end as zeros and do not write them) give
     the masked loads' outputs and final states to the bit, here in the interpreter.  A descriptor
     that let a partial chunk's rows through, or wrote the output rows past a sequence end (into
-    the next sequence's), fails this test."""
+    the next sequence's), fails this test; so does a per-token factor past a sequence end (the
+    next sequence's, with `TMA_FACTORS`) that reached an output or a state."""
     (o1, h1), (o0, h0) = tma_and_masked(rng, device, monkeypatch, layout, H=1, HV=2, K=32, V=64)
     assert torch.equal(o1, o0) and torch.equal(h1, h0)
 
@@ -329,7 +333,7 @@ def test_split_matches_reference_gpu(
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("layout", ["varlen", "dense"])
+@pytest.mark.parametrize("layout", ["varlen", "dense", "dense-aligned"])
 def test_tma_tiles_give_the_masked_loads_results_gpu(
     layout: str, rng: torch.Generator, gpu_device: torch.device, monkeypatch: pytest.MonkeyPatch
 ) -> None:

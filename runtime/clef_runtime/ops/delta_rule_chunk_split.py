@@ -118,6 +118,14 @@ WALK_MAXNREG: int | None = None
 # copies' address and mask arithmetic (~540 instructions of a 1328-instruction step) and the
 # output's layout change go away, and so do its register spills.
 TMA_TILES = True
+# ... and two of its per-token factors (k's and β e^{G} / |k|, 64 floats each a step), which
+# otherwise take per-thread asynchronous copies with their address and mask arithmetic: the
+# sm_90 walk's loops 913 → 889 (output) and 687 → 633 (warm-up) instructions.  q's factor too
+# would take the loop to 826, but its buffers push the walk past half an SM's shared memory
+# (115800 bytes: one program per SM instead of two).  Dense calls with T % 4 == 0 only: a
+# descriptor's row must start 16-byte aligned, and so must a load's first element, which a
+# packed sequence's chunks need not be (they start at its own first token).
+TMA_FACTORS = True
 
 
 def default_segments(N: int, HV: int, V: int, T: int, block_v: int = SPLIT_BV) -> int:
@@ -330,6 +338,7 @@ def _split_step_vk(
     ROUND_BF16: tl.constexpr,
     CHUNK_DT: tl.constexpr,
     TMA: tl.constexpr,
+    TMA_FACTORS: tl.constexpr,
 ):
     """One chunk as `_split_step` does it, with the fold (FORM_WU: w_p holds launch 1's T, u_p the
     factors β e^{G} / |k|, v_p and b_p point at v and β), the state held transposed (``St = Sᵀ``,
@@ -350,7 +359,10 @@ def _split_step_vk(
     kmask = live[:, None] & (rk < K)[None, :]
     vmask_t = (rv < ncols)[:, None] & live[None, :]  # [BV, BT]
     gl = tl.load(gc_p + t0 + tl.minimum(n_live, BT) - 1)  # decay to the chunk end
-    kfac = tl.load(kf_p + t0 + r, mask=live, other=0.0)
+    if TMA_FACTORS:  # noqa: SIM108 (kf_p and u_p: descriptors over the head's row, see the kernel)
+        kfac = kf_p.load([t0.to(tl.int32)])
+    else:
+        kfac = tl.load(kf_p + t0 + r, mask=live, other=0.0)
     row = (t0 - bos).to(tl.int32)  # the chunk's first row in the descriptors
     if TMA:
         kc = k_d.load([row, 0]).to(STATE_DT)
@@ -364,7 +376,10 @@ def _split_step_vk(
     if ROUND_BF16:
         Sd = rne_bf16(Sd)
     # yᵀ = (β v - β e^{G} k̂ S)ᵀ, then v_newᵀ = yᵀ Tᵀ
-    bfac = tl.load(u_p + t0 + r, mask=live, other=0.0)
+    if TMA_FACTORS:  # noqa: SIM108
+        bfac = u_p.load([t0.to(tl.int32)])
+    else:
+        bfac = tl.load(u_p + t0 + r, mask=live, other=0.0)
     bvv = tl.load(b_p + (t0 + r) * HV, mask=live, other=0.0)
     if OUTPUT:
         qfac = tl.load(qf_p + t0 + r, mask=live, other=0.0)
@@ -419,6 +434,7 @@ def _walk_span(
     HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
     OUTPUT: tl.constexpr, STATE_DT: tl.constexpr, STATE_PRECISION: tl.constexpr, ROUND_BF16: tl.constexpr,
     INTERPRETED: tl.constexpr, FORM_WU: tl.constexpr, CHUNK_DT: tl.constexpr, TMA: tl.constexpr,
+    TMA_FACTORS: tl.constexpr,
 ):
     """`_split_step` (`_split_step_vk` with FORM_WU) over the chunks of tokens [t_lo, t_hi) from
     state S, outputs from t_out on; returns the state at t_hi."""
@@ -429,7 +445,7 @@ def _walk_span(
                 S = _split_step_vk(
                     S, t0, t_out, eos, k_p, w_p, u_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, use_u, skt, sqt,
                     v_p, svt, b_p, k_d, q_d, v_d, t_d, a_d, o_d, bos,
-                    HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16, CHUNK_DT, TMA,
+                    HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16, CHUNK_DT, TMA, TMA_FACTORS,
                 )  # fmt: skip
             else:
                 S = _split_step(
@@ -444,7 +460,7 @@ def _walk_span(
                 S = _split_step_vk(
                     S, t_lo + c * BT, t_out, eos, k_p, w_p, u_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, use_u,
                     skt, sqt, v_p, svt, b_p, k_d, q_d, v_d, t_d, a_d, o_d, bos,
-                    HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16, CHUNK_DT, TMA,
+                    HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16, CHUNK_DT, TMA, TMA_FACTORS,
                 )  # fmt: skip
             else:
                 S = _split_step(
@@ -461,6 +477,7 @@ def _walk(
     HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
     OUTPUT: tl.constexpr, STATE_DT: tl.constexpr, STATE_PRECISION: tl.constexpr, ROUND_BF16: tl.constexpr,
     INTERPRETED: tl.constexpr, FORM_WU: tl.constexpr, CHUNK_DT: tl.constexpr, TMA: tl.constexpr,
+    TMA_FACTORS: tl.constexpr,
 ):
     """`_walk_span` over the chunks of tokens [t_lo, t_hi) from state S, outputs from t_out on;
     returns the state at t_hi.  Both launches walk through here (inlined on a GPU).  A TMA store
@@ -470,13 +487,13 @@ def _walk(
         S = _walk_span(
             S, t_lo, t_out, t_out, eos, k_p, w_p, u_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, use_u, skt, sqt,
             v_p, svt, b_p, k_d, q_d, v_d, t_d, a_d, o_d, bos,
-            HV, K, V, BK, BV, BT, False, STATE_DT, STATE_PRECISION, ROUND_BF16, INTERPRETED, FORM_WU, CHUNK_DT, TMA,
+            HV, K, V, BK, BV, BT, False, STATE_DT, STATE_PRECISION, ROUND_BF16, INTERPRETED, FORM_WU, CHUNK_DT, TMA, TMA_FACTORS,
         )  # fmt: skip
         t_first = t_out
     return _walk_span(
         S, t_first, t_out, t_hi, eos, k_p, w_p, u_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, use_u, skt, sqt,
         v_p, svt, b_p, k_d, q_d, v_d, t_d, a_d, o_d, bos,
-        HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16, INTERPRETED, FORM_WU, CHUNK_DT, TMA,
+        HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16, INTERPRETED, FORM_WU, CHUNK_DT, TMA, TMA_FACTORS,
     )  # fmt: skip
 # fmt: on
 
@@ -605,6 +622,7 @@ def _segment_output_kernel(
     FORM_WU: tl.constexpr,
     CHUNK_DT: tl.constexpr,
     TMA: tl.constexpr = False,
+    TMA_FACTORS: tl.constexpr = False,
 ):
     """Segment s of one sequence, value head and V block: its start state from a warm-up walk
     over the chunks before it, then its chunks with the output fused.  With FORM_WU, w holds
@@ -678,11 +696,18 @@ def _segment_output_kernel(
         t_d = k_p
         a_d = k_p
         o_d = k_p
+    kf_h = kf + hd
+    if TMA_FACTORS:
+        # k's per-token factors by TMA too, through 1-D descriptors over the head's row [0, T)
+        # (dense, T % 4 == 0: the row and every chunk's first token 16-byte aligned); past T
+        # they read zeros, as the masked loads give them
+        kf_h = tl.make_tensor_descriptor(kf_h, [T], [1], [BT])
+        u_p = tl.make_tensor_descriptor(u_p, [T], [1], [BT])
     # the warm-up chunks [t_w, t_lo) (their outputs dropped), then the segment's own
     S = _walk(
-        S, t_w, t_lo, t_hi, eos, k_p, w_p, u_p, gc + hd, kf + hd, q_p, qf + hd, aqk_p, o_p,
+        S, t_w, t_lo, t_hi, eos, k_p, w_p, u_p, gc + hd, kf_h, q_p, qf + hd, aqk_p, o_p,
         ncols, True, skt, sqt, v_p, svt, beta + tok, k_d, q_d, v_d, t_d, a_d, o_d, bos,
-        HV, K, V, BK, BV, BT, True, STATE_DT, STATE_PRECISION, ROUND_BF16, INTERPRETED, FORM_WU, CHUNK_DT, TMA,
+        HV, K, V, BK, BV, BT, True, STATE_DT, STATE_PRECISION, ROUND_BF16, INTERPRETED, FORM_WU, CHUNK_DT, TMA, TMA_FACTORS,
     )  # fmt: skip
     if STORE_FINAL:
         tl.store(ht + s_off, S, mask=s_mask & (s == P - 1))
@@ -751,6 +776,7 @@ def chunk_gated_delta_rule_split(
         )  # fmt: skip
     tma = fold and T > 0 and tma_eligible(q, k, v)
     walk_stages = pipeline_stages(tma, BV, policy.state_dtype)
+    tma_factors = tma and TMA_FACTORS and not varlen and T % 4 == 0
     # the descriptors need global scratch memory from Triton's allocator: ours for this launch,
     # unless the caller has set one (it is a context variable: nothing outside this call sees it)
     token = None
@@ -766,7 +792,7 @@ def chunk_gated_delta_rule_split(
             HAS_H0=initial_state is not None, STORE_FINAL=p.final is not None,
             STATE_DT=policy.state_dtype, STATE_PRECISION=policy.state_precision, WARMUP=P > 1,
             ROUND_BF16=policy.round_bf16, INTERPRETED=interpreted(_segment_output_kernel),
-            FORM_WU=fold, CHUNK_DT=policy.chunk_dtype, TMA=tma,
+            FORM_WU=fold, CHUNK_DT=policy.chunk_dtype, TMA=tma, TMA_FACTORS=tma_factors,
             num_warps=warps or walk_warps, num_stages=stages or walk_stages,
             **({} if WALK_MAXNREG is None else {"maxnreg": WALK_MAXNREG}),
         )  # fmt: skip
