@@ -168,7 +168,7 @@ def test_kernels_compile_for_sm90_and_sm70_without_spills() -> None:
 
 _CHUNK_BODY = r"""
 import triton.language as tl
-from clef_runtime.ops import delta_rule_chunk as dc
+from clef_runtime.ops import delta_rule_chunk as dc, delta_rule_chunk_split as ds
 from clef_runtime.ops.delta_rule_common import dot_policy
 
 DIV16 = {"sqb", "sqt", "skb", "skt", "svb", "svt"}
@@ -190,7 +190,7 @@ for arch, dtype, tc in ((90, torch.bfloat16, True), (90, torch.float16, True), (
          dict(common, L2NORM=True, CHUNK_BOUND=tc, BVF=cfg.BVF, KS=cfg.KS, VS=cfg.VS, BC=dc.BC, LOG_BC=dc.BC.bit_length() - 1,
               SOLVE_BY_DOUBLING=cfg.solve_by_doubling, CHUNK_DT=pol.chunk_dtype,
               SOLVE_PRECISION=pol.solve_precision, DOUBLING_PRECISION=dc.doubling_precision(pol),
-              T_OUT=False, SOLVE_DT=dc.solve_dtype(dtype, tc)),
+              T_OUT=False, SOLVE_DT=dc.solve_dtype(dtype, tc), BETA_IN_T=False),
          cfg.warps1, 3, cfg.regs1),
         ("recurrence", dc._chunk_recurrence_kernel,
          dict(k=p, w=p, u=p, gc="*fp32", kf="*fp32", hs=sp, vn=sp, h0="*fp32", ht="*fp32", cu_seqlens="*i32"),
@@ -206,7 +206,10 @@ for arch, dtype, tc in ((90, torch.bfloat16, True), (90, torch.float16, True), (
         launch, kernel, types, consts, warps, stages, regs = launches[0]
         for what, solve_dt in (("", tl.float32), (" f16 solve", tl.float16)):
             launches.append((f"prepare T out{what}", kernel, dict(types, u="*fp32"),
-                             dict(consts, T_OUT=True, SOLVE_DT=solve_dt), warps, stages, regs))
+                             dict(consts, T_OUT=True, SOLVE_DT=solve_dt, BETA_IN_T=ds.BETA_IN_T), warps, stages, regs))
+        # with β folded into T (delta_rule_chunk_split.BETA_IN_T, off until timed), f16 solve
+        launches.append(("prepare T out f16 solve β in T", kernel, dict(types, u="*fp32"),
+                         dict(consts, T_OUT=True, SOLVE_DT=tl.float16, BETA_IN_T=True), warps, stages, regs))
     for launch, kernel, types, consts, warps, stages, regs in launches:
         key = f"sm_{arch} {name} chunk {launch}"
         try:
@@ -228,7 +231,7 @@ def test_chunk_delta_rule_kernels_compile_for_sm90_and_sm70() -> None:
     of stack per thread.  Also the split design's launch 1 (T stored, `T_OUT`), with its solve at
     TF32 and at f16 operands (`delta_rule_chunk.SOLVE_F16`), under the same cap without spill."""
     results = _compile_all(CHUNK_SCRIPT, 900)
-    assert len(results) == 11, results
+    assert len(results) == 12, results
 
     def allowed(key: str) -> int:
         # the three-launch design's launch 1 in bf16: 144 bytes under the cap (T_OUT off; until
@@ -259,7 +262,8 @@ pol = dot_policy(torch.bfloat16, dc._chunk_prepare_kernel, True)
 p = "*bf16"
 consts = dict(H=16, HV=32, K=128, V=128, BK=128, BT=dc.BT, IS_VARLEN=True,
               HAS_H0=True, STORE_FINAL=True, STATE_DT=pol.state_dtype, STATE_PRECISION=pol.state_precision,
-              ROUND_BF16=False, INTERPRETED=False, CHUNK_DT=pol.chunk_dtype, TMA=False, TMA_FACTORS=False)
+              ROUND_BF16=False, INTERPRETED=False, CHUNK_DT=pol.chunk_dtype, TMA=False, TMA_FACTORS=False,
+              BETA_IN_T=ds.BETA_IN_T)
 f32 = "*fp32"
 types = dict(q=p, k=p, v=p, beta=f32, w=p, u=p, gc=f32, kf=f32, qf=f32, aqk=p, o=p,
              cw="*i32", h0=f32, ht=f32, cu_seqlens="*i32")
@@ -278,6 +282,10 @@ launches = [
           TMA_FACTORS=ds.TMA_FACTORS), ds.FOLD_WARPS),
     ("walk whole-V, TMA", ds._segment_output_kernel, dict(types, u=f32),
      dict(consts, WARMUP=False, FORM_WU=ds.FORM_WU, BV=ds.WIDE_BV, TMA=True), ds.WIDE_WARPS),
+    # β folded into T (ds.BETA_IN_T, off until timed): q's factors by TMA as well
+    ("walk with warm-up, TMA, β in T", ds._segment_output_kernel, dict(types, u=f32),
+     dict(consts, IS_VARLEN=False, WARMUP=True, FORM_WU=ds.FORM_WU, BV=ds.FOLD_BV, TMA=True,
+          TMA_FACTORS=ds.TMA_FACTORS, BETA_IN_T=True), ds.FOLD_WARPS),
     ("warm-up plan", ds._warmup_plan_kernel,
      dict(lb=f32, gc=f32, beta=f32, cw="*i32", cu_seqlens="*i32", warmup_log_bound="fp32"),
      dict(HV=32, BT=dc.BT, WB=ds.WARMUP_BLOCK, IS_VARLEN=True, FROM_GATES=True), 4),
@@ -309,7 +317,7 @@ def test_split_chunk_kernels_compile_for_sm90() -> None:
     fit the SM as the op launches it: two 64-wide walks per SM, one whole-V walk.  (Launch 1 with
     the chunk bounds is the bf16 and f16 "prepare" of the test above.)"""
     results = _compile_all(SPLIT_SCRIPT, 900)
-    assert len(results) == 6, results
+    assert len(results) == 7, results
     heavy = {
         k: r
         for k, r in results.items()

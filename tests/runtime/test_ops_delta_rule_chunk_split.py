@@ -251,6 +251,24 @@ def test_tma_tiles_give_the_masked_loads_results(
     assert torch.equal(o1, o0) and torch.equal(h1, h0)
 
 
+@pytest.mark.parametrize(
+    "shape",
+    [dict(B=2, T=148), dict(lens=[70, 0, 130, 5])],
+    ids=["dense-aligned", "varlen"],
+)
+def test_beta_in_t_matches_reference(
+    shape: dict[str, object], rng: torch.Generator, device: torch.device, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`BETA_IN_T` (launch 1 stores T diag(β) and e^{G} / |k|, the walk loads no β, and on dense
+    aligned calls q's factors come by TMA too; off until timed on a GPU): the reference's outputs
+    at the default's tolerance, split into 2 segments (warm-ups) at V blocks narrower than V."""
+    from clef_runtime.ops import delta_rule_chunk_split as ds
+
+    monkeypatch.setattr(ds, "BETA_IN_T", True)
+    op = functools.partial(chunk_gated_delta_rule_split, segments=2, block_v=32)
+    check_against_reference(rng, device, "bf16", op=op, initial=True, H=1, HV=2, K=32, V=64, **shape)  # type: ignore[arg-type]
+
+
 def test_tma_needs_aligned_rows(rng: torch.Generator, device: torch.device) -> None:
     """Descriptors need 16-byte aligned rows: head dims or token strides that are not whole
     16-byte units keep the masked loads (the odd-dims case above runs them)."""
@@ -330,6 +348,22 @@ def test_split_matches_reference_gpu(
 ) -> None:
     kw = dict(initial=True, **shape, **QWEN)
     check_against_reference(rng, gpu_device, dtype_name, op=split_op(segments), **kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "shape", [dict(B=1, T=4096), dict(lens=[1, 63, 64, 65, 1000, 3000])], ids=["B1-T4096", "varlen-6"]
+)
+def test_beta_in_t_matches_reference_gpu(
+    shape: dict[str, object], rng: torch.Generator, gpu_device: torch.device, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`BETA_IN_T` on the GPU at the Qwen3.5 heads (split with warm-ups at B1 T4096, whole-V
+    for the packed sequences)."""
+    from clef_runtime.ops import delta_rule_chunk_split as ds
+
+    monkeypatch.setattr(ds, "BETA_IN_T", True)
+    kw = dict(initial=True, **shape, **QWEN)
+    check_against_reference(rng, gpu_device, "bf16", op=split_op(None), **kw)  # type: ignore[arg-type]
 
 
 @pytest.mark.gpu

@@ -188,6 +188,7 @@ def _chunk_prepare_kernel(
     ROUND_BF16: tl.constexpr,
     T_OUT: tl.constexpr = False,
     SOLVE_DT: tl.constexpr = tl.float32,
+    BETA_IN_T: tl.constexpr = False,
 ):
     # a 1-D grid, value heads fastest: the value heads of one key head (and of one chunk) run
     # side by side and share q and k through L2 (the chunk count stays off the 65535-limited
@@ -334,14 +335,16 @@ def _chunk_prepare_kernel(
     W = tl.dot(M, Ds, input_precision=SOLVE_PRECISION)
     M2 = tl.dot(M, M, input_precision=SOLVE_PRECISION).to(SOLVE_DT)
     Tm = Dinv - W + tl.dot(M2, (Dinv - W).to(SOLVE_DT), input_precision=SOLVE_PRECISION)
+    if BETA_IN_T:  # (T_OUT only) T diag(β) stored: the split walk's steps then need no β
+        Tm = Tm * bv[None, :]
     # the WY products run on tensor cores: T rounded to the dot dtype
     Tm = Tm.to(CHUNK_DT)
     if ROUND_BF16:
         Tm = rne_bf16(Tm)
 
     # w = T (β e^{G} k̂) and u = T (β v), in KS/VS-wide column slices (e^{G} ≤ 1: the decay
-    # from the chunk start)
-    cw = bv * tl.exp(G) * rk
+    # from the chunk start); with BETA_IN_T β is in T already
+    cw = tl.exp(G) * rk if BETA_IN_T else bv * tl.exp(G) * rk
     if T_OUT:
         # the split design's walk forms w and u itself from T, k, v and these factors
         # (`delta_rule_chunk_split`, FORM_WU): a quarter of w and u's bytes, and no w/u pass here
@@ -756,12 +759,13 @@ def prepare(
     tc: bool,
     chunk_bound: bool = False,
     t_out: bool = False,
+    beta_in_t: bool = False,
 ) -> Prepared:
     """Allocate the outputs and launch 1's intermediates, and run launch 1 (shared with
     `clef_runtime.ops.delta_rule_chunk_split`; ``chunk_bound``: also the per-chunk log bounds
     `Prepared.lb` its warm-up walks read; ``t_out``: `Prepared.w` holds each chunk's T
     ``[B, T, HV, BT]`` and `Prepared.u` the float32 factors ``β e^{G} / |k|`` ``[B, HV, T]``,
-    from which that walk forms w and u)."""
+    from which that walk forms w and u; with ``beta_in_t`` T diag(β) and ``e^{G} / |k|``)."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     device = q.device
@@ -796,7 +800,7 @@ def prepare(
             IS_VARLEN=cu_seqlens is not None, L2NORM=use_qk_l2norm, CHUNK_BOUND=chunk_bound,
             CHUNK_DT=policy.chunk_dtype, SOLVE_PRECISION=policy.solve_precision,
             DOUBLING_PRECISION=doubling_precision(policy), SOLVE_DT=solve_dtype(q.dtype, tc),
-            ROUND_BF16=policy.round_bf16, T_OUT=t_out,
+            ROUND_BF16=policy.round_bf16, T_OUT=t_out, BETA_IN_T=t_out and beta_in_t,
             num_warps=cfg.warps1, maxnreg=cfg.regs1,
         )  # fmt: skip
     return Prepared(o, final, w, u, aqk, gc, kf, qf, lb, cu, NT, slots, policy, cfg)

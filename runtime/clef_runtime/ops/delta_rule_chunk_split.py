@@ -120,12 +120,19 @@ WALK_MAXNREG: int | None = None
 TMA_TILES = True
 # ... and two of its per-token factors (k's and β e^{G} / |k|, 64 floats each a step), which
 # otherwise take per-thread asynchronous copies with their address and mask arithmetic: the
-# sm_90 walk's loops 913 → 889 (output) and 687 → 633 (warm-up) instructions.  q's factor too
-# would take the loop to 826, but its buffers push the walk past half an SM's shared memory
-# (115800 bytes: one program per SM instead of two).  Dense calls with T % 4 == 0 only: a
-# descriptor's row must start 16-byte aligned, and so must a load's first element, which a
-# packed sequence's chunks need not be (they start at its own first token).
+# sm_90 walk's loops 913 → 889 (output) and 687 → 633 (warm-up) instructions; on the H200 B1
+# T131072 3052.6 → 2991.1 µs, B1 T32768 775.5 → 762.9, bit-identical (docs/performance.md,
+# "eleventh pass").  q's factor as well would need 88 bytes of shared memory more than two walks
+# per SM have (it does fit with BETA_IN_T).  Dense calls with T % 4 == 0 only: a descriptor's
+# row must start 16-byte aligned, and so must a load's first element, which a packed sequence's
+# chunks need not be (they start at its own first token).
 TMA_FACTORS = True
+# Launch 1 stores T diag(β) and e^{G} / |k| for the fold (β folded into T), so that the walk's
+# steps need not load β (a strided per-thread load of 64 floats a step), and q's factor comes by
+# TMA too: the sm_90 walk's loops 913 → 624 (output) and 687 → 449 (warm-up) instructions per
+# step, in 115544 bytes of shared memory (two programs per SM fit).  Off until timed on a GPU
+# (no device time was left in the pass that wrote it).
+BETA_IN_T = False
 
 
 def default_segments(N: int, HV: int, V: int, T: int, block_v: int = SPLIT_BV) -> int:
@@ -339,6 +346,7 @@ def _split_step_vk(
     CHUNK_DT: tl.constexpr,
     TMA: tl.constexpr,
     TMA_FACTORS: tl.constexpr,
+    BETA_IN_T: tl.constexpr,
 ):
     """One chunk as `_split_step` does it, with the fold (FORM_WU: w_p holds launch 1's T, u_p the
     factors β e^{G} / |k|, v_p and b_p point at v and β), the state held transposed (``St = Sᵀ``,
@@ -359,7 +367,7 @@ def _split_step_vk(
     kmask = live[:, None] & (rk < K)[None, :]
     vmask_t = (rv < ncols)[:, None] & live[None, :]  # [BV, BT]
     gl = tl.load(gc_p + t0 + tl.minimum(n_live, BT) - 1)  # decay to the chunk end
-    if TMA_FACTORS:  # noqa: SIM108 (kf_p and u_p: descriptors over the head's row, see the kernel)
+    if TMA_FACTORS:  # noqa: SIM108 (kf_p, u_p, and qf_p with BETA_IN_T: descriptors over the head's row)
         kfac = kf_p.load([t0.to(tl.int32)])
     else:
         kfac = tl.load(kf_p + t0 + r, mask=live, other=0.0)
@@ -380,15 +388,22 @@ def _split_step_vk(
         bfac = u_p.load([t0.to(tl.int32)])
     else:
         bfac = tl.load(u_p + t0 + r, mask=live, other=0.0)
-    bvv = tl.load(b_p + (t0 + r) * HV, mask=live, other=0.0)
+    if not BETA_IN_T:
+        bvv = tl.load(b_p + (t0 + r) * HV, mask=live, other=0.0)
     if OUTPUT:
-        qfac = tl.load(qf_p + t0 + r, mask=live, other=0.0)
+        if TMA_FACTORS and BETA_IN_T:  # q's factors by TMA only with β in T (see the kernel)
+            qfac = qf_p.load([t0.to(tl.int32)])
+        else:
+            qfac = tl.load(qf_p + t0 + r, mask=live, other=0.0)
     if TMA:
         v_t = tl.trans(v_d.load([row, 0]))
     else:
         v_t = tl.load(v_p + (t0 + r)[None, :] * svt + rv[:, None], mask=vmask_t & use_u, other=0.0)
     ks = tl.dot(Sd, tl.trans(kc), input_precision=STATE_PRECISION)
-    y = v_t.to(tl.float32) * bvv[None, :] - ks * bfac[None, :]
+    if BETA_IN_T:  # launch 1 stored T diag(β) and e^{G} / |k|: v_newᵀ = (v - e^{G} k̂ S)ᵀ (T diag(β))ᵀ
+        y = v_t.to(tl.float32) - ks * bfac[None, :]
+    else:
+        y = v_t.to(tl.float32) * bvv[None, :] - ks * bfac[None, :]
     y = y.to(CHUNK_DT)
     if ROUND_BF16:
         y = rne_bf16(y)
@@ -434,7 +449,7 @@ def _walk_span(
     HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
     OUTPUT: tl.constexpr, STATE_DT: tl.constexpr, STATE_PRECISION: tl.constexpr, ROUND_BF16: tl.constexpr,
     INTERPRETED: tl.constexpr, FORM_WU: tl.constexpr, CHUNK_DT: tl.constexpr, TMA: tl.constexpr,
-    TMA_FACTORS: tl.constexpr,
+    TMA_FACTORS: tl.constexpr, BETA_IN_T: tl.constexpr,
 ):
     """`_split_step` (`_split_step_vk` with FORM_WU) over the chunks of tokens [t_lo, t_hi) from
     state S, outputs from t_out on; returns the state at t_hi."""
@@ -445,7 +460,7 @@ def _walk_span(
                 S = _split_step_vk(
                     S, t0, t_out, eos, k_p, w_p, u_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, use_u, skt, sqt,
                     v_p, svt, b_p, k_d, q_d, v_d, t_d, a_d, o_d, bos,
-                    HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16, CHUNK_DT, TMA, TMA_FACTORS,
+                    HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16, CHUNK_DT, TMA, TMA_FACTORS, BETA_IN_T,
                 )  # fmt: skip
             else:
                 S = _split_step(
@@ -460,7 +475,7 @@ def _walk_span(
                 S = _split_step_vk(
                     S, t_lo + c * BT, t_out, eos, k_p, w_p, u_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, use_u,
                     skt, sqt, v_p, svt, b_p, k_d, q_d, v_d, t_d, a_d, o_d, bos,
-                    HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16, CHUNK_DT, TMA, TMA_FACTORS,
+                    HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16, CHUNK_DT, TMA, TMA_FACTORS, BETA_IN_T,
                 )  # fmt: skip
             else:
                 S = _split_step(
@@ -477,7 +492,7 @@ def _walk(
     HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
     OUTPUT: tl.constexpr, STATE_DT: tl.constexpr, STATE_PRECISION: tl.constexpr, ROUND_BF16: tl.constexpr,
     INTERPRETED: tl.constexpr, FORM_WU: tl.constexpr, CHUNK_DT: tl.constexpr, TMA: tl.constexpr,
-    TMA_FACTORS: tl.constexpr,
+    TMA_FACTORS: tl.constexpr, BETA_IN_T: tl.constexpr,
 ):
     """`_walk_span` over the chunks of tokens [t_lo, t_hi) from state S, outputs from t_out on;
     returns the state at t_hi.  Both launches walk through here (inlined on a GPU).  A TMA store
@@ -487,13 +502,13 @@ def _walk(
         S = _walk_span(
             S, t_lo, t_out, t_out, eos, k_p, w_p, u_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, use_u, skt, sqt,
             v_p, svt, b_p, k_d, q_d, v_d, t_d, a_d, o_d, bos,
-            HV, K, V, BK, BV, BT, False, STATE_DT, STATE_PRECISION, ROUND_BF16, INTERPRETED, FORM_WU, CHUNK_DT, TMA, TMA_FACTORS,
+            HV, K, V, BK, BV, BT, False, STATE_DT, STATE_PRECISION, ROUND_BF16, INTERPRETED, FORM_WU, CHUNK_DT, TMA, TMA_FACTORS, BETA_IN_T,
         )  # fmt: skip
         t_first = t_out
     return _walk_span(
         S, t_first, t_out, t_hi, eos, k_p, w_p, u_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, use_u, skt, sqt,
         v_p, svt, b_p, k_d, q_d, v_d, t_d, a_d, o_d, bos,
-        HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16, INTERPRETED, FORM_WU, CHUNK_DT, TMA, TMA_FACTORS,
+        HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16, INTERPRETED, FORM_WU, CHUNK_DT, TMA, TMA_FACTORS, BETA_IN_T,
     )  # fmt: skip
 # fmt: on
 
@@ -623,6 +638,7 @@ def _segment_output_kernel(
     CHUNK_DT: tl.constexpr,
     TMA: tl.constexpr = False,
     TMA_FACTORS: tl.constexpr = False,
+    BETA_IN_T: tl.constexpr = False,
 ):
     """Segment s of one sequence, value head and V block: its start state from a warm-up walk
     over the chunks before it, then its chunks with the output fused.  With FORM_WU, w holds
@@ -697,17 +713,20 @@ def _segment_output_kernel(
         a_d = k_p
         o_d = k_p
     kf_h = kf + hd
+    qf_h = qf + hd
     if TMA_FACTORS:
-        # k's per-token factors by TMA too, through 1-D descriptors over the head's row [0, T)
+        # the per-token factors by TMA too, through 1-D descriptors over the head's row [0, T)
         # (dense, T % 4 == 0: the row and every chunk's first token 16-byte aligned); past T
         # they read zeros, as the masked loads give them
         kf_h = tl.make_tensor_descriptor(kf_h, [T], [1], [BT])
         u_p = tl.make_tensor_descriptor(u_p, [T], [1], [BT])
+        if BETA_IN_T:  # q's too where β's load is gone: with it, its buffers would not fit
+            qf_h = tl.make_tensor_descriptor(qf_h, [T], [1], [BT])
     # the warm-up chunks [t_w, t_lo) (their outputs dropped), then the segment's own
     S = _walk(
-        S, t_w, t_lo, t_hi, eos, k_p, w_p, u_p, gc + hd, kf_h, q_p, qf + hd, aqk_p, o_p,
+        S, t_w, t_lo, t_hi, eos, k_p, w_p, u_p, gc + hd, kf_h, q_p, qf_h, aqk_p, o_p,
         ncols, True, skt, sqt, v_p, svt, beta + tok, k_d, q_d, v_d, t_d, a_d, o_d, bos,
-        HV, K, V, BK, BV, BT, True, STATE_DT, STATE_PRECISION, ROUND_BF16, INTERPRETED, FORM_WU, CHUNK_DT, TMA, TMA_FACTORS,
+        HV, K, V, BK, BV, BT, True, STATE_DT, STATE_PRECISION, ROUND_BF16, INTERPRETED, FORM_WU, CHUNK_DT, TMA, TMA_FACTORS, BETA_IN_T,
     )  # fmt: skip
     if STORE_FINAL:
         tl.store(ht + s_off, S, mask=s_mask & (s == P - 1))
@@ -743,6 +762,7 @@ def chunk_gated_delta_rule_split(
     if P < 1:
         raise ValueError(f"{OP}: segments must be ≥ 1, got {P}")
     fold = FORM_WU
+    beta_in_t = fold and BETA_IN_T
     # launch 1 stores the chunk bounds only for keys it does not normalise (with normalised keys
     # the gates give them: `_chunk_bounds`); they cost it 14% at B1 T32768 on the H200
     p = prepare(
@@ -759,6 +779,7 @@ def chunk_gated_delta_rule_split(
         True,
         P > 1 and not use_qk_l2norm,
         fold,
+        beta_in_t,
     )
     policy, cfg = p.policy, p.cfg
     if fold:
@@ -793,6 +814,7 @@ def chunk_gated_delta_rule_split(
             STATE_DT=policy.state_dtype, STATE_PRECISION=policy.state_precision, WARMUP=P > 1,
             ROUND_BF16=policy.round_bf16, INTERPRETED=interpreted(_segment_output_kernel),
             FORM_WU=fold, CHUNK_DT=policy.chunk_dtype, TMA=tma, TMA_FACTORS=tma_factors,
+            BETA_IN_T=beta_in_t,
             num_warps=warps or walk_warps, num_stages=stages or walk_stages,
             **({} if WALK_MAXNREG is None else {"maxnreg": WALK_MAXNREG}),
         )  # fmt: skip
