@@ -8,6 +8,10 @@
 # 2368 instructions (-18%), HGMMA 48 -> 32, HMMA 24 -> 12.  The register peak is where q kᵀ,
 # k kᵀ and the decays are live together (133 registers without Aqk); forming q kᵀ or k kᵀ later
 # (reading the tile again) compiled to more registers, not fewer (234 / 178 uncapped).
+# Written for the module with the switch off (as it was until the eleventh pass measured this
+# table and turned it on): to run it again, start from that commit's module, e.g.
+#   git show 0688c37:runtime/clef_runtime/ops/delta_rule_chunk.py > .bench/old/delta_rule_chunk_0688c37.py
+# (probe_prepare.py's module argument; docs/performance.md, "How to reproduce").
 _ON = ("SOLVE_F16 = False", "SOLVE_F16 = True")  # the module's switch (`solve_dtype`)
 # with the switch on, one half of the solve back at float32 operands
 _DBL_F32 = (
