@@ -90,8 +90,6 @@ def variants(cu: torch.Tensor | None, unsplit: bool) -> dict[str, Callable[[dict
         # whole-V walks at twice the segments (two waves of one program per SM), and 64-wide ones
         "wide P8": with_knobs(cu, FOLD_BV=128, FOLD_WARPS=8, WIDE_PER_SM=None, TARGET_PROGRAMS=256),
         "64w4 P8": with_knobs(cu, TARGET_PROGRAMS=256),
-        # three 64-wide programs per SM: the registers capped (the walk spills), one stage
-        "walk cap 168 1 stage": with_knobs(cu, WALK_MAXNREG=168, SPLIT_STAGES=1),
         "vk 64w8": with_knobs(cu, FOLD_BV=64, FOLD_WARPS=8, WIDE_PER_SM=None),  # no spill on sm_90
         "masked loads": with_knobs(cu, TMA_TILES=False),  # the walk's tiles by per-thread copies
         "solve tf32": with_knobs(cu, dc_SOLVE_F16=False),  # launch 1's solve dots at TF32 (before pass 11)

@@ -109,8 +109,6 @@ WIDE_PER_SM: int | None = 2
 # SM must fit in its shared memory), and so do the masked loads (not timed at three) and f16
 # (`pipeline_stages`).
 WIDE_STAGES = 3
-# A register cap for the walk (None: the compiler's choice), for measurements.
-WALK_MAXNREG: int | None = None
 # The folded walk moves its k, q, v, T and Aqk tiles and its output by TMA, through tensor
 # descriptors that each program makes for its sequence's rows (`tma_eligible`): on the H200 the
 # walk went 633 → 445 µs at B1 T32768, the whole call 1.20-1.24× faster at B1 T8192, B1 T32768 and
@@ -817,7 +815,6 @@ def chunk_gated_delta_rule_split(
             FORM_WU=fold, CHUNK_DT=policy.chunk_dtype, TMA=tma, TMA_FACTORS=tma_factors,
             BETA_IN_T=beta_in_t,
             num_warps=warps or walk_warps, num_stages=stages or walk_stages,
-            **({} if WALK_MAXNREG is None else {"maxnreg": WALK_MAXNREG}),
         )  # fmt: skip
     finally:
         if token is not None:
