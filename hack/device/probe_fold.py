@@ -85,8 +85,8 @@ def variants(cu: torch.Tensor | None, unsplit: bool) -> dict[str, Callable[[dict
         "vk 64w4": with_knobs(cu, FOLD_BV=64, FOLD_WARPS=4, WIDE_PER_SM=None),
         "vk 128w8": with_knobs(cu, FOLD_BV=128, FOLD_WARPS=8, WIDE_PER_SM=None),
         "vk 128w8 2 stages": with_knobs(cu, FOLD_BV=128, FOLD_WARPS=8, WIDE_PER_SM=None, WIDE_STAGES=2),
-        "beta in walk": with_knobs(cu, BETA_IN_T=False),  # the walk loads β each step (pass 10)
         "factors masked": with_knobs(cu, TMA_FACTORS=False),  # k's factors by per-thread copies (pass 10)
+        "beta in T": with_knobs(cu, BETA_IN_T=True),  # launch 1 stores T diag(β): the walk loads no β (pass 12)
         # whole-V walks at twice the segments (two waves of one program per SM), and 64-wide ones
         "wide P8": with_knobs(cu, FOLD_BV=128, FOLD_WARPS=8, WIDE_PER_SM=None, TARGET_PROGRAMS=256),
         "64w4 P8": with_knobs(cu, TARGET_PROGRAMS=256),

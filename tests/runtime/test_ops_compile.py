@@ -207,7 +207,7 @@ for arch, dtype, tc in ((90, torch.bfloat16, True), (90, torch.float16, True), (
         for what, solve_dt in (("", tl.float32), (" f16 solve", tl.float16)):
             launches.append((f"prepare T out{what}", kernel, dict(types, u="*fp32"),
                              dict(consts, T_OUT=True, SOLVE_DT=solve_dt, BETA_IN_T=ds.BETA_IN_T), warps, stages, regs))
-        # with β folded into T (delta_rule_chunk_split.BETA_IN_T, off until timed), f16 solve
+        # with β folded into T (delta_rule_chunk_split.BETA_IN_T, off: measured no faster), f16 solve
         launches.append(("prepare T out f16 solve β in T", kernel, dict(types, u="*fp32"),
                          dict(consts, T_OUT=True, SOLVE_DT=tl.float16, BETA_IN_T=True), warps, stages, regs))
     for launch, kernel, types, consts, warps, stages, regs in launches:
@@ -282,7 +282,7 @@ launches = [
           TMA_FACTORS=ds.TMA_FACTORS), ds.FOLD_WARPS),
     ("walk whole-V, TMA", ds._segment_output_kernel, dict(types, u=f32),
      dict(consts, WARMUP=False, FORM_WU=ds.FORM_WU, BV=ds.WIDE_BV, TMA=True), ds.WIDE_WARPS),
-    # β folded into T (ds.BETA_IN_T, off until timed): q's factors by TMA as well
+    # β folded into T (ds.BETA_IN_T, off: measured no faster)
     ("walk with warm-up, TMA, β in T", ds._segment_output_kernel, dict(types, u=f32),
      dict(consts, IS_VARLEN=False, WARMUP=True, FORM_WU=ds.FORM_WU, BV=ds.FOLD_BV, TMA=True,
           TMA_FACTORS=ds.TMA_FACTORS, BETA_IN_T=True), ds.FOLD_WARPS),

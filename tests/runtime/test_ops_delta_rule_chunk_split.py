@@ -259,9 +259,9 @@ def test_tma_tiles_give_the_masked_loads_results(
 def test_beta_in_t_matches_reference(
     shape: dict[str, object], rng: torch.Generator, device: torch.device, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`BETA_IN_T` (launch 1 stores T diag(β) and e^{G} / |k|, the walk loads no β, and on dense
-    aligned calls q's factors come by TMA too; off until timed on a GPU): the reference's outputs
-    at the default's tolerance, split into 2 segments (warm-ups) at V blocks narrower than V."""
+    """`BETA_IN_T` (launch 1 stores T diag(β) and e^{G} / |k|, the walk loads no β; off, measured
+    no faster on the H200): the reference's outputs at the default's tolerance, split into 2
+    segments (warm-ups) at V blocks narrower than V."""
     from clef_runtime.ops import delta_rule_chunk_split as ds
 
     monkeypatch.setattr(ds, "BETA_IN_T", True)

@@ -121,15 +121,16 @@ TMA_TILES = True
 # sm_90 walk's loops 913 → 889 (output) and 687 → 633 (warm-up) instructions; on the H200 B1
 # T131072 3052.6 → 2991.1 µs, B1 T32768 775.5 → 762.9, bit-identical (docs/performance.md,
 # "eleventh pass").  q's factor as well would need 88 bytes of shared memory more than two walks
-# per SM have (it does fit with BETA_IN_T).  Dense calls with T % 4 == 0 only: a descriptor's
+# per SM have (with BETA_IN_T it fits, and was 6% slower: twelfth pass).  Dense calls with
+# T % 4 == 0 only: a descriptor's
 # row must start 16-byte aligned, and so must a load's first element, which a packed sequence's
 # chunks need not be (they start at its own first token).
 TMA_FACTORS = True
 # Launch 1 stores T diag(β) and e^{G} / |k| for the fold (β folded into T), so that the walk's
-# steps need not load β (a strided per-thread load of 64 floats a step), and q's factor comes by
-# TMA too: the sm_90 walk's loops 913 → 624 (output) and 687 → 449 (warm-up) instructions per
-# step, in 115544 bytes of shared memory (two programs per SM fit).  Off until timed on a GPU
-# (no device time was left in the pass that wrote it).
+# steps need not load β (a strided per-thread load of 64 floats a step).  Off: on the H200 the
+# walk gains what launch 1 loses (B1 T32768: walk 417.9 → 382.6 µs, launch 1 356.9 → 374.8,
+# the call 762.8 → 762.1; B4 T8192 0.995×, B1 T131072 1.011×, packed 8 × 4096 0.994×:
+# docs/performance.md, "twelfth pass").
 BETA_IN_T = False
 
 
@@ -366,7 +367,7 @@ def _split_step_vk(
     kmask = live[:, None] & (rk < K)[None, :]
     vmask_t = (rv < ncols)[:, None] & live[None, :]  # [BV, BT]
     gl = tl.load(gc_p + t0 + tl.minimum(n_live, BT) - 1)  # decay to the chunk end
-    if TMA_FACTORS:  # noqa: SIM108 (kf_p, u_p, and qf_p with BETA_IN_T: descriptors over the head's row)
+    if TMA_FACTORS:  # noqa: SIM108 (kf_p and u_p: descriptors over the head's row)
         kfac = kf_p.load([t0.to(tl.int32)])
     else:
         kfac = tl.load(kf_p + t0 + r, mask=live, other=0.0)
@@ -390,10 +391,7 @@ def _split_step_vk(
     if not BETA_IN_T:
         bvv = tl.load(b_p + (t0 + r) * HV, mask=live, other=0.0)
     if OUTPUT:
-        if TMA_FACTORS and BETA_IN_T:  # q's factors by TMA only with β in T (see the kernel)
-            qfac = qf_p.load([t0.to(tl.int32)])
-        else:
-            qfac = tl.load(qf_p + t0 + r, mask=live, other=0.0)
+        qfac = tl.load(qf_p + t0 + r, mask=live, other=0.0)
     if TMA:
         v_t = tl.trans(v_d.load([row, 0]))
     else:
@@ -719,8 +717,6 @@ def _segment_output_kernel(
         # they read zeros, as the masked loads give them
         kf_h = tl.make_tensor_descriptor(kf_h, [T], [1], [BT])
         u_p = tl.make_tensor_descriptor(u_p, [T], [1], [BT])
-        if BETA_IN_T:  # q's too where β's load is gone: with it, its buffers would not fit
-            qf_h = tl.make_tensor_descriptor(qf_h, [T], [1], [BT])
     # the warm-up chunks [t_w, t_lo) (their outputs dropped), then the segment's own
     S = _walk(
         S, t_w, t_lo, t_hi, eos, k_p, w_p, u_p, gc + hd, kf_h, q_p, qf_h, aqk_p, o_p,
