@@ -122,9 +122,8 @@ TMA_TILES = True
 # T131072 3052.6 → 2991.1 µs, B1 T32768 775.5 → 762.9, bit-identical (docs/performance.md,
 # "eleventh pass").  q's factor as well would need 88 bytes of shared memory more than two walks
 # per SM have (with BETA_IN_T it fits, and was 6% slower: twelfth pass).  Dense calls with
-# T % 4 == 0 only: a descriptor's
-# row must start 16-byte aligned, and so must a load's first element, which a packed sequence's
-# chunks need not be (they start at its own first token).
+# T % 4 == 0 only: a descriptor's row must start 16-byte aligned, and so must a load's first
+# element, which a packed sequence's chunks need not be (they start at its own first token).
 TMA_FACTORS = True
 # Launch 1 stores T diag(β) and e^{G} / |k| for the fold (β folded into T), so that the walk's
 # steps need not load β (a strided per-thread load of 64 floats a step).  Off: on the H200 the
