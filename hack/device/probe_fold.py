@@ -87,6 +87,11 @@ def variants(cu: torch.Tensor | None, unsplit: bool) -> dict[str, Callable[[dict
         "vk 128w8 2 stages": with_knobs(cu, FOLD_BV=128, FOLD_WARPS=8, WIDE_PER_SM=None, WIDE_STAGES=2),
         "factors masked": with_knobs(cu, TMA_FACTORS=False),  # k's factors by per-thread copies (pass 10)
         "beta in T": with_knobs(cu, BETA_IN_T=True),  # launch 1 stores T diag(β): the walk loads no β (pass 12)
+        # pass 13: the factors by chunk slot, β too; before it the input's β, and packed calls'
+        # factors by per-thread copies
+        "beta strided": with_knobs(cu, BETA_ROWS=False),
+        "twelfth pass": with_knobs(cu, BETA_ROWS=False, TMA_FACTORS=cu is None),
+        "beta not by TMA": with_knobs(cu, TMA_WIDE_FACTORS=False),  # whole-V walks: β contiguous, masked
         # whole-V walks at twice the segments (two waves of one program per SM), and 64-wide ones
         "wide P8": with_knobs(cu, FOLD_BV=128, FOLD_WARPS=8, WIDE_PER_SM=None, TARGET_PROGRAMS=256),
         "64w4 P8": with_knobs(cu, TARGET_PROGRAMS=256),

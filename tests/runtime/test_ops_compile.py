@@ -186,11 +186,11 @@ for arch, dtype, tc in ((90, torch.bfloat16, True), (90, torch.float16, True), (
     launches = [
         ("prepare", dc._chunk_prepare_kernel,
          dict(q=p, k=p, v=p, g="*fp32", beta="*fp32", w=p, u=p, aqk=p, gc="*fp32", kf="*fp32", qf="*fp32",
-              lb="*fp32", cu_seqlens="*i32", scale="fp32"),
+              lb="*fp32", bt="*fp32", cu_seqlens="*i32", scale="fp32"),
          dict(common, L2NORM=True, CHUNK_BOUND=tc, BVF=cfg.BVF, KS=cfg.KS, VS=cfg.VS, BC=dc.BC, LOG_BC=dc.BC.bit_length() - 1,
               SOLVE_BY_DOUBLING=cfg.solve_by_doubling, CHUNK_DT=pol.chunk_dtype,
               SOLVE_PRECISION=pol.solve_precision, DOUBLING_PRECISION=dc.doubling_precision(pol),
-              T_OUT=False, SOLVE_DT=dc.solve_dtype(dtype, tc), BETA_IN_T=False),
+              T_OUT=False, SOLVE_DT=dc.solve_dtype(dtype, tc), BETA_IN_T=False, BETA_ROWS=False),
          cfg.warps1, 3, cfg.regs1),
         ("recurrence", dc._chunk_recurrence_kernel,
          dict(k=p, w=p, u=p, gc="*fp32", kf="*fp32", hs=sp, vn=sp, h0="*fp32", ht="*fp32", cu_seqlens="*i32"),
@@ -206,7 +206,8 @@ for arch, dtype, tc in ((90, torch.bfloat16, True), (90, torch.float16, True), (
         launch, kernel, types, consts, warps, stages, regs = launches[0]
         for what, solve_dt in (("", tl.float32), (" f16 solve", tl.float16)):
             launches.append((f"prepare T out{what}", kernel, dict(types, u="*fp32"),
-                             dict(consts, T_OUT=True, SOLVE_DT=solve_dt, BETA_IN_T=ds.BETA_IN_T), warps, stages, regs))
+                             dict(consts, T_OUT=True, SOLVE_DT=solve_dt, BETA_IN_T=ds.BETA_IN_T,
+                                  BETA_ROWS=ds.BETA_ROWS), warps, stages, regs))
         # with β folded into T (delta_rule_chunk_split.BETA_IN_T, off: measured no faster), f16 solve
         launches.append(("prepare T out f16 solve β in T", kernel, dict(types, u="*fp32"),
                          dict(consts, T_OUT=True, SOLVE_DT=tl.float16, BETA_IN_T=True), warps, stages, regs))
@@ -262,10 +263,10 @@ pol = dot_policy(torch.bfloat16, dc._chunk_prepare_kernel, True)
 p = "*bf16"
 consts = dict(H=16, HV=32, K=128, V=128, BK=128, BT=dc.BT, IS_VARLEN=True,
               HAS_H0=True, STORE_FINAL=True, STATE_DT=pol.state_dtype, STATE_PRECISION=pol.state_precision,
-              ROUND_BF16=False, INTERPRETED=False, CHUNK_DT=pol.chunk_dtype, TMA=False, TMA_FACTORS=False,
-              BETA_IN_T=ds.BETA_IN_T)
+              ROUND_BF16=False, INTERPRETED=False, CHUNK_DT=pol.chunk_dtype, TMA=False, TMA_FACTORS=0,
+              BETA_IN_T=ds.BETA_IN_T, BETA_ROWS=False)
 f32 = "*fp32"
-types = dict(q=p, k=p, v=p, beta=f32, w=p, u=p, gc=f32, kf=f32, qf=f32, aqk=p, o=p,
+types = dict(q=p, k=p, v=p, beta=f32, bt=f32, w=p, u=p, gc=f32, kf=f32, qf=f32, aqk=p, o=p,
              cw="*i32", h0=f32, ht=f32, cu_seqlens="*i32")
 # unsplit and split into segments: w and u folded into the walk, 64-wide V; whole-V for many chains
 launches = [
@@ -279,13 +280,15 @@ launches = [
     # (B1 prompts: dense, split, the per-token factors by TMA too; packed sequences: varlen, whole-V)
     ("walk with warm-up, TMA", ds._segment_output_kernel, dict(types, u=f32),
      dict(consts, IS_VARLEN=False, WARMUP=True, FORM_WU=ds.FORM_WU, BV=ds.FOLD_BV, TMA=True,
-          TMA_FACTORS=ds.TMA_FACTORS), ds.FOLD_WARPS),
+          TMA_FACTORS=ds.factor_descriptors(True, ds.FOLD_BV, ds.BETA_ROWS), BETA_ROWS=ds.BETA_ROWS), ds.FOLD_WARPS),
     ("walk whole-V, TMA", ds._segment_output_kernel, dict(types, u=f32),
-     dict(consts, WARMUP=False, FORM_WU=ds.FORM_WU, BV=ds.WIDE_BV, TMA=True), ds.WIDE_WARPS),
+     dict(consts, WARMUP=False, FORM_WU=ds.FORM_WU, BV=ds.WIDE_BV, TMA=True,
+          TMA_FACTORS=ds.factor_descriptors(True, ds.WIDE_BV, ds.BETA_ROWS), BETA_ROWS=ds.BETA_ROWS), ds.WIDE_WARPS),
     # β folded into T (ds.BETA_IN_T, off: measured no faster)
     ("walk with warm-up, TMA, β in T", ds._segment_output_kernel, dict(types, u=f32),
      dict(consts, IS_VARLEN=False, WARMUP=True, FORM_WU=ds.FORM_WU, BV=ds.FOLD_BV, TMA=True,
-          TMA_FACTORS=ds.TMA_FACTORS, BETA_IN_T=True), ds.FOLD_WARPS),
+          TMA_FACTORS=ds.factor_descriptors(True, ds.FOLD_BV, False), BETA_IN_T=True, BETA_ROWS=False),
+     ds.FOLD_WARPS),
     ("warm-up plan", ds._warmup_plan_kernel,
      dict(lb=f32, gc=f32, beta=f32, cw="*i32", cu_seqlens="*i32", warmup_log_bound="fp32"),
      dict(HV=32, BT=dc.BT, WB=ds.WARMUP_BLOCK, IS_VARLEN=True, FROM_GATES=True), 4),

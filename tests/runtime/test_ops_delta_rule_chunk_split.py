@@ -209,9 +209,10 @@ def tma_and_masked(
 ) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
     """The split design's output and final state with the walk's tiles by TMA and by masked
     loads, on the same inputs: an initial state, 2 segments, V blocks narrower than V; "varlen"
-    has an empty sequence and sequences that end inside a chunk, "dense" a T that does too.  At
-    those T (205, 150) the per-token factors keep their masked loads (`TMA_FACTORS` needs a dense
-    T % 4 == 0); "dense-aligned" (T = 148) takes them by TMA too."""
+    has an empty sequence and sequences that end inside a chunk (at tokens 70, 200 and 205: no
+    chunk but the first starts at a multiple of 4), "dense" a T that does too (150: not a
+    multiple of 4), "dense-aligned" one that is (148).  The per-token factors come by TMA with the
+    tiles (launch 1 stores them by chunk slot, so every chunk's start is aligned)."""
     from clef_runtime.ops import delta_rule_chunk_split as ds
 
     if layout.startswith("varlen"):
@@ -249,6 +250,33 @@ def test_tma_tiles_give_the_masked_loads_results(
     next sequence's, with `TMA_FACTORS`) that reached an output or a state."""
     (o1, h1), (o0, h0) = tma_and_masked(rng, device, monkeypatch, layout, H=1, HV=2, K=32, V=64)
     assert torch.equal(o1, o0) and torch.equal(h1, h0)
+
+
+@pytest.mark.parametrize("layout", ["varlen", "dense"])
+def test_wide_walk_factors_by_tma_give_the_masked_loads_results(
+    layout: str, rng: torch.Generator, device: torch.device, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With `TMA_WIDE_FACTORS` the whole-V walk takes β (launch 1's by chunk slot,
+    `BETA_ROWS`) by TMA too (`factor_descriptors` = 2): the same outputs and final states, to the
+    bit, as the masked loads.  Here the test's V block stands for the whole-V one."""
+    from clef_runtime.ops import delta_rule_chunk_split as ds
+
+    monkeypatch.setattr(ds, "WIDE_BV", 32)  # the V block tma_and_masked takes
+    assert ds.factor_descriptors(True, 32, True) == 2
+    (o1, h1), (o0, h0) = tma_and_masked(rng, device, monkeypatch, layout, H=1, HV=2, K=32, V=64)
+    assert torch.equal(o1, o0) and torch.equal(h1, h0)
+
+
+def test_factor_descriptors() -> None:
+    """Which per-token factors the walk takes by TMA: none without TMA tiles, two for the 64-wide
+    walk (two programs per SM leave no shared memory for more), three for the whole-V walk when
+    launch 1 stored β by chunk slot."""
+    from clef_runtime.ops import delta_rule_chunk_split as ds
+
+    assert ds.factor_descriptors(False, ds.WIDE_BV, True) == 0
+    assert ds.factor_descriptors(True, ds.FOLD_BV, True) == 1
+    assert ds.factor_descriptors(True, ds.WIDE_BV, False) == 1
+    assert ds.factor_descriptors(True, ds.WIDE_BV, True) == 2
 
 
 @pytest.mark.parametrize(

@@ -29,8 +29,10 @@ repeated in memory):
    part in a few 64×64 dots); then ``w`` and ``u`` (stored in the input dtype), the decayed,
    scaled causal ``q kᵀ`` block ``Aqk``, the cumulative decays ``gc``, and two per-token float32
    factors that the later launches apply to raw k and q rows: ``kf = e^{G_L-G_t}/|k_t|`` (the
-   decay to the chunk end) and ``qf = scale e^{G_t}/|q_t|``.  ``gc``, ``kf``, ``qf`` are
-   head-major ``[B, HV, T]``, so a chunk's 64 values are contiguous.  Tiles: `launch_config`.
+   decay to the chunk end) and ``qf = scale e^{G_t}/|q_t|``.  ``gc`` is head-major
+   ``[B, HV, T]``; ``kf`` and ``qf`` go by chunk slot, ``[B, HV, NS, BT]`` with ``NS`` slots a
+   batch row, so a chunk's 64 values are contiguous and start 256-byte aligned even where a packed
+   sequence's chunks do not start at a multiple of 64 tokens.  Tiles: `launch_config`.
 2. `_chunk_recurrence_kernel`, grid ``(N·HV, V / BV)``: per sequence, value head and V block,
    sequential over the sequence's chunks with the float32 state in registers; each step forms
    ``v_new = u - w S`` and advances the state, ``S ← e^{G_L} S + kᵀ (kf ⊙ v_new)`` (the factor
@@ -156,6 +158,7 @@ def _chunk_prepare_kernel(
     kf,
     qf,
     lb,
+    bt,
     cu_seqlens,
     scale,
     T,
@@ -189,6 +192,7 @@ def _chunk_prepare_kernel(
     T_OUT: tl.constexpr = False,
     SOLVE_DT: tl.constexpr = tl.float32,
     BETA_IN_T: tl.constexpr = False,
+    BETA_ROWS: tl.constexpr = False,
 ):
     # a 1-D grid, value heads fastest: the value heads of one key head (and of one chunk) run
     # side by side and share q and k through L2 (the chunk count stays off the 65535-limited
@@ -208,10 +212,15 @@ def _chunk_prepare_kernel(
     tok0 = (b * T + t0) * HV + hv  # first row of the [B, T, HV, ...] tensors in this chunk
     g += tok0
     beta += tok0
-    hd0 = (b * HV + hv) * T + t0  # the same in the head-major [B, HV, T] per-token factors
+    hd0 = (b * HV + hv) * T + t0  # the same in the head-major [B, HV, T] cumulative decays
     gc += hd0
-    kf += hd0
-    qf += hd0
+    # the per-token factors by chunk slot, [B, HV, NS, BT] with NS slots a batch row: every
+    # chunk's 64 start at a multiple of 64 floats (the split design's walk takes them by TMA,
+    # which needs 16-byte aligned starts, also where a packed sequence's chunks start anywhere)
+    NS = NT + N if IS_VARLEN else NT
+    fd0 = ((b * HV + hv) * NS + i_t - b * NS) * BT
+    kf += fd0
+    qf += fd0
     w += tok0 * K
     u += tok0 * V
     aqk += tok0 * BT
@@ -258,6 +267,16 @@ def _chunk_prepare_kernel(
     # ≤ 0) or from the chunk start (q, with the scale)
     tl.store(kf + r, rk * tl.exp(gl - G), mask=live)
     tl.store(qf + r, (scale * rq) * tl.exp(G), mask=live)
+    # w's row factors, β e^{G} / |k| (e^{G} ≤ 1: the decay from the chunk start); with BETA_IN_T
+    # β goes into T instead
+    cw = tl.exp(G) * rk if BETA_IN_T else bv * tl.exp(G) * rk
+    if T_OUT:
+        # the split design's walk forms w and u itself from T, k, v and factors (FORM_WU): w's
+        # row factors in u's place and, with BETA_ROWS, β, both by chunk slot as kf (stored here,
+        # before the solve, so that their addresses take no registers through it)
+        tl.store(u - tok0 * V + fd0 + r, cw, mask=live)
+        if BETA_ROWS:  # β by chunk slot too: the walk reads it contiguous (or by TMA), not strided
+            tl.store(bt + fd0 + r, bv, mask=live)
     if CHUNK_BOUND:
         # log of a bound on the norm of the chunk's state map, for the split design's warm-up
         # walks: each token maps S to e^{g} (I - β k̂ k̂ᵀ) S, whose spectral norm is
@@ -342,16 +361,12 @@ def _chunk_prepare_kernel(
     if ROUND_BF16:
         Tm = rne_bf16(Tm)
 
-    # w = T (β e^{G} k̂) and u = T (β v), in KS/VS-wide column slices (e^{G} ≤ 1: the decay
-    # from the chunk start); with BETA_IN_T β is in T already
-    cw = tl.exp(G) * rk if BETA_IN_T else bv * tl.exp(G) * rk
+    # w = T (β e^{G} k̂) and u = T (β v), in KS/VS-wide column slices
     if T_OUT:
-        # the split design's walk forms w and u itself from T, k, v and these factors
-        # (`delta_rule_chunk_split`, FORM_WU): a quarter of w and u's bytes, and no w/u pass here
-        # T in w's place ([B, T, HV, BT], like Aqk), k̂'s row factors in u's ([B, HV, T])
+        # (`delta_rule_chunk_split`, FORM_WU: a quarter of w and u's bytes, and no w/u pass here)
+        # T in w's place ([B, T, HV, BT], like Aqk)
         t_p = w + tok0 * (BT - K)
         tl.store(t_p + r[:, None] * (HV * BT) + r[None, :], Tm.to(w.dtype.element_ty), mask=live[:, None])
-        tl.store(u - tok0 * V + hd0 + r, cw, mask=live)
     else:
         for c0 in tl.static_range(0, BK, KS):
             cols = c0 + tl.arange(0, KS)
@@ -472,6 +487,7 @@ def _chunk_recurrence_kernel(
     cu_seqlens,
     T,
     NT,
+    NS,
     skb,
     skt,
     H: tl.constexpr,
@@ -510,9 +526,9 @@ def _chunk_recurrence_kernel(
 
     k_p = k + b * skb + h * K
     tok = b * T * HV + hv
-    hd = (b * HV + hv) * T  # this head's row of the head-major per-token factors
-    gc_p = gc + hd
-    kf_p = kf + hd
+    gc_p = gc + (b * HV + hv) * T  # this head's row of the head-major cumulative decays
+    # kf by chunk slot ([B, HV, NS, BT]), offset so that token t0's chunk is at kf_p + t0
+    kf_p = kf + ((b * HV + hv) * NS + slot0 - b * NS) * BT - bos
     w_p = w + tok * K
     u_p = u + tok * V + i_v * BV
     vn_p = vn + tok * V + i_v * BV
@@ -595,7 +611,8 @@ def _chunk_output_kernel(
     b, t0, eos = _slot_bounds(i_t, cu_seqlens, T, NT, N, BT, IS_VARLEN)
     q += b * sqb + t0 * sqt + h * K
     tok0 = (b * T + t0) * HV + hv
-    qf += (b * HV + hv) * T + t0
+    NS = NT + N if IS_VARLEN else NT  # qf by chunk slot, [B, HV, NS, BT]
+    qf += ((b * HV + hv) * NS + i_t - b * NS) * BT
     aqk += tok0 * BT
     vn += tok0 * V + i_v * BV
     o += tok0 * V + i_v * BV
@@ -720,9 +737,11 @@ class Prepared:
     kf: torch.Tensor
     qf: torch.Tensor
     lb: torch.Tensor | None  # per chunk slot and value head: log of a bound on the chunk's state map
+    bt: torch.Tensor | None  # with ``beta_rows``: β by chunk slot, as kf
     cu: torch.Tensor  # cu_seqlens, or an unused pointer when not varlen
     NT: int
     slots: int
+    NS: int  # chunk slots a batch row (the per-token factors are [B, HV, NS, BT])
     policy: DotPolicy
     cfg: LaunchConfig
 
@@ -760,39 +779,46 @@ def prepare(
     chunk_bound: bool = False,
     t_out: bool = False,
     beta_in_t: bool = False,
+    beta_rows: bool = False,
 ) -> Prepared:
     """Allocate the outputs and launch 1's intermediates, and run launch 1 (shared with
     `clef_runtime.ops.delta_rule_chunk_split`; ``chunk_bound``: also the per-chunk log bounds
     `Prepared.lb` its warm-up walks read; ``t_out``: `Prepared.w` holds each chunk's T
-    ``[B, T, HV, BT]`` and `Prepared.u` the float32 factors ``β e^{G} / |k|`` ``[B, HV, T]``,
-    from which that walk forms w and u; with ``beta_in_t`` T diag(β) and ``e^{G} / |k|``)."""
+    ``[B, T, HV, BT]`` and `Prepared.u` the float32 factors ``β e^{G} / |k|`` by chunk slot
+    (as kf), from which that walk forms w and u; with ``beta_in_t`` T diag(β) and
+    ``e^{G} / |k|``; with ``beta_rows`` also β by chunk slot, `Prepared.bt`)."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     device = q.device
     o = torch.empty(B, T, HV, V, dtype=v.dtype, device=device)
     final = torch.empty(N, HV, K, V, dtype=torch.float32, device=device) if output_final_state else None
+    NT = triton.cdiv(T, BT)
+    slots = B * NT if cu_seqlens is None else NT + N  # varlen: an upper bound, see the kernel
+    NS = slots // B
+    # per-token float32 factors by chunk slot, [B, HV, NS, BT] (each chunk's 64 contiguous and
+    # 256-byte aligned; a varlen batch's unused slots are never written nor read)
+    factor_rows = (B, HV, NS * BT)
     # within-chunk intermediates, token-indexed, in the input dtype (see the module docstring)
     if t_out:
         w = torch.empty(B, T, HV, BT, dtype=q.dtype, device=device)
-        u = torch.empty(B, HV, T, dtype=torch.float32, device=device)
+        u = torch.empty(factor_rows, dtype=torch.float32, device=device)
     else:
         w = torch.empty(B, T, HV, K, dtype=q.dtype, device=device)
         u = torch.empty(B, T, HV, V, dtype=q.dtype, device=device)
     aqk = torch.empty(B, T, HV, BT, dtype=q.dtype, device=device)
-    # per-token float32 factors, head-major [B, HV, T] (a chunk's 64 are contiguous): the
-    # cumulative decay, and what launches 2 and 3 scale k and q rows by
+    # the cumulative decay, head-major [B, HV, T], and what launches 2 and 3 scale k and q rows by
     gc = torch.empty(B, HV, T, dtype=torch.float32, device=device)
-    kf = torch.empty(B, HV, T, dtype=torch.float32, device=device)
-    qf = torch.empty(B, HV, T, dtype=torch.float32, device=device)
-    NT = triton.cdiv(T, BT)
-    slots = B * NT if cu_seqlens is None else NT + N  # varlen: an upper bound, see the kernel
+    kf = torch.empty(factor_rows, dtype=torch.float32, device=device)
+    qf = torch.empty(factor_rows, dtype=torch.float32, device=device)
+    bt = torch.empty(factor_rows, dtype=torch.float32, device=device) if t_out and beta_rows else None
     cu = cu_seqlens if cu_seqlens is not None else gc  # an unused pointer when not varlen
     lb = torch.empty(slots, HV, dtype=torch.float32, device=device) if chunk_bound else None
     policy = dot_policy(q.dtype, _chunk_prepare_kernel, tc)
     cfg = launch_config(K, V, q.dtype, tc)
     if T > 0:
         _chunk_prepare_kernel[(slots * HV,)](
-            q, k, v, g, beta, w, u, aqk, gc, kf, qf, lb if lb is not None else gc, cu,
+            q, k, v, g, beta, w, u, aqk, gc, kf, qf, lb if lb is not None else gc,
+            bt if bt is not None else gc, cu,
             scale, T, NT, N,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             H=H, HV=HV, K=K, V=V, BK=cfg.BK, BVF=cfg.BVF, KS=cfg.KS, VS=cfg.VS,
@@ -801,9 +827,9 @@ def prepare(
             CHUNK_DT=policy.chunk_dtype, SOLVE_PRECISION=policy.solve_precision,
             DOUBLING_PRECISION=doubling_precision(policy), SOLVE_DT=solve_dtype(q.dtype, tc),
             ROUND_BF16=policy.round_bf16, T_OUT=t_out, BETA_IN_T=t_out and beta_in_t,
-            num_warps=cfg.warps1, maxnreg=cfg.regs1,
+            BETA_ROWS=bt is not None, num_warps=cfg.warps1, maxnreg=cfg.regs1,
         )  # fmt: skip
-    return Prepared(o, final, w, u, aqk, gc, kf, qf, lb, cu, NT, slots, policy, cfg)
+    return Prepared(o, final, w, u, aqk, gc, kf, qf, lb, bt, cu, NT, slots, NS, policy, cfg)
 
 
 def chunk_gated_delta_rule(
@@ -851,7 +877,7 @@ def chunk_gated_delta_rule(
         k, p.w, p.u, p.gc, p.kf, hs, vn,
         initial_state if initial_state is not None else p.gc,
         p.final if p.final is not None else p.gc,
-        p.cu, T, p.NT,
+        p.cu, T, p.NT, p.NS,
         k.stride(0), k.stride(1),
         H=H, HV=HV, K=K, V=V, BK=cfg.BK, BV=cfg.BV, BT=BT,
         IS_VARLEN=cu_seqlens is not None,

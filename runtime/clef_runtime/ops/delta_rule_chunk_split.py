@@ -121,10 +121,18 @@ TMA_TILES = True
 # sm_90 walk's loops 913 → 889 (output) and 687 → 633 (warm-up) instructions; on the H200 B1
 # T131072 3052.6 → 2991.1 µs, B1 T32768 775.5 → 762.9, bit-identical (docs/performance.md,
 # "eleventh pass").  q's factor as well would need 88 bytes of shared memory more than two walks
-# per SM have (with BETA_IN_T it fits, and was 6% slower: twelfth pass).  Dense calls with
-# T % 4 == 0 only: a descriptor's row must start 16-byte aligned, and so must a load's first
-# element, which a packed sequence's chunks need not be (they start at its own first token).
+# per SM have (with BETA_IN_T it fits, and was 6% slower: twelfth pass).  A descriptor's row
+# and a load's first element must start 16-byte aligned: launch 1 stores the factors by chunk
+# slot (each chunk's 64 at a multiple of 64 floats), so packed sequences take them too.
 TMA_FACTORS = True
+# Launch 1 stores β by chunk slot as well, so that a walk step whose tiles come by TMA reads its
+# chunk's 64 β contiguous (or by TMA) rather than with the input's stride of HV floats.
+BETA_ROWS = True
+# The whole-V walk (one program per SM, shared memory to spare) takes β by TMA too; the 64-wide
+# walk would need 344 bytes more shared memory than two programs per SM have.  (q's factor by TMA
+# is not pipelined, as it scales a dot's result rather than feeding an operand: the copy and its
+# wait land inside the step, twelfth pass's "q's factor by TMA", 4-10% slower.)
+TMA_WIDE_FACTORS = True
 # Launch 1 stores T diag(β) and e^{G} / |k| for the fold (β folded into T), so that the walk's
 # steps need not load β (a strided per-thread load of 64 floats a step).  Off: on the H200 the
 # walk gains what launch 1 loses (B1 T32768: walk 417.9 → 382.6 µs, launch 1 356.9 → 374.8,
@@ -179,6 +187,15 @@ def tma_eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
         and x.shape[3] % unit == 0
         for x in (q, k, v)
     )
+
+
+def factor_descriptors(tma: bool, block_v: int, beta_rows: bool) -> int:
+    """Which of the walk's per-token factors come by TMA: 0 (none: the tiles come by per-thread
+    copies, or TMA_FACTORS is off), 1 (k's and β e^{G} / |k|), 2 (also β, for the whole-V walk
+    where TMA_WIDE_FACTORS is set and launch 1 stored β by chunk slot)."""
+    if not (tma and TMA_FACTORS):
+        return 0
+    return 2 if TMA_WIDE_FACTORS and beta_rows and block_v == WIDE_BV else 1
 
 
 def _scratch_on(device: torch.device) -> Callable[[int, int, int | None], torch.Tensor]:
@@ -345,6 +362,7 @@ def _split_step_vk(
     TMA: tl.constexpr,
     TMA_FACTORS: tl.constexpr,
     BETA_IN_T: tl.constexpr,
+    BETA_ROWS: tl.constexpr,
 ):
     """One chunk as `_split_step` does it, with the fold (FORM_WU: w_p holds launch 1's T, u_p the
     factors β e^{G} / |k|, v_p and b_p point at v and β; with BETA_IN_T T diag(β) and e^{G} / |k|,
@@ -366,11 +384,11 @@ def _split_step_vk(
     kmask = live[:, None] & (rk < K)[None, :]
     vmask_t = (rv < ncols)[:, None] & live[None, :]  # [BV, BT]
     gl = tl.load(gc_p + t0 + tl.minimum(n_live, BT) - 1)  # decay to the chunk end
-    if TMA_FACTORS:  # noqa: SIM108 (kf_p and u_p: descriptors over the head's row)
-        kfac = kf_p.load([t0.to(tl.int32)])
+    row = (t0 - bos).to(tl.int32)  # the chunk's first row in the descriptors
+    if TMA_FACTORS > 0:  # noqa: SIM108 (kf_p and u_p: descriptors over the sequence's factors)
+        kfac = kf_p.load([row])
     else:
         kfac = tl.load(kf_p + t0 + r, mask=live, other=0.0)
-    row = (t0 - bos).to(tl.int32)  # the chunk's first row in the descriptors
     if TMA:
         kc = k_d.load([row, 0]).to(STATE_DT)
         Tc = t_d.load([row, 0]).to(CHUNK_DT)
@@ -383,13 +401,18 @@ def _split_step_vk(
     if ROUND_BF16:
         Sd = rne_bf16(Sd)
     # yᵀ = (β v - β e^{G} k̂ S)ᵀ, then v_newᵀ = yᵀ Tᵀ
-    if TMA_FACTORS:  # noqa: SIM108
-        bfac = u_p.load([t0.to(tl.int32)])
+    if TMA_FACTORS > 0:  # noqa: SIM108
+        bfac = u_p.load([row])
     else:
         bfac = tl.load(u_p + t0 + r, mask=live, other=0.0)
     if not BETA_IN_T:
-        bvv = tl.load(b_p + (t0 + r) * HV, mask=live, other=0.0)
-    if OUTPUT:
+        if TMA_FACTORS > 1:  # β by chunk slot (BETA_ROWS), by a descriptor
+            bvv = b_p.load([row])
+        elif BETA_ROWS:  # β by chunk slot, contiguous
+            bvv = tl.load(b_p + t0 + r, mask=live, other=0.0)
+        else:  # the input's β, stride HV
+            bvv = tl.load(b_p + (t0 + r) * HV, mask=live, other=0.0)
+    if OUTPUT:  # (by TMA it would not be pipelined: it scales a dot's result, not an operand)
         qfac = tl.load(qf_p + t0 + r, mask=live, other=0.0)
     if TMA:
         v_t = tl.trans(v_d.load([row, 0]))
@@ -445,7 +468,7 @@ def _walk_span(
     HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
     OUTPUT: tl.constexpr, STATE_DT: tl.constexpr, STATE_PRECISION: tl.constexpr, ROUND_BF16: tl.constexpr,
     INTERPRETED: tl.constexpr, FORM_WU: tl.constexpr, CHUNK_DT: tl.constexpr, TMA: tl.constexpr,
-    TMA_FACTORS: tl.constexpr, BETA_IN_T: tl.constexpr,
+    TMA_FACTORS: tl.constexpr, BETA_IN_T: tl.constexpr, BETA_ROWS: tl.constexpr,
 ):
     """`_split_step` (`_split_step_vk` with FORM_WU) over the chunks of tokens [t_lo, t_hi) from
     state S, outputs from t_out on; returns the state at t_hi."""
@@ -456,7 +479,7 @@ def _walk_span(
                 S = _split_step_vk(
                     S, t0, t_out, eos, k_p, w_p, u_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, use_u, skt, sqt,
                     v_p, svt, b_p, k_d, q_d, v_d, t_d, a_d, o_d, bos,
-                    HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16, CHUNK_DT, TMA, TMA_FACTORS, BETA_IN_T,
+                    HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16, CHUNK_DT, TMA, TMA_FACTORS, BETA_IN_T, BETA_ROWS,
                 )  # fmt: skip
             else:
                 S = _split_step(
@@ -471,7 +494,7 @@ def _walk_span(
                 S = _split_step_vk(
                     S, t_lo + c * BT, t_out, eos, k_p, w_p, u_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, use_u,
                     skt, sqt, v_p, svt, b_p, k_d, q_d, v_d, t_d, a_d, o_d, bos,
-                    HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16, CHUNK_DT, TMA, TMA_FACTORS, BETA_IN_T,
+                    HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16, CHUNK_DT, TMA, TMA_FACTORS, BETA_IN_T, BETA_ROWS,
                 )  # fmt: skip
             else:
                 S = _split_step(
@@ -488,7 +511,7 @@ def _walk(
     HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
     OUTPUT: tl.constexpr, STATE_DT: tl.constexpr, STATE_PRECISION: tl.constexpr, ROUND_BF16: tl.constexpr,
     INTERPRETED: tl.constexpr, FORM_WU: tl.constexpr, CHUNK_DT: tl.constexpr, TMA: tl.constexpr,
-    TMA_FACTORS: tl.constexpr, BETA_IN_T: tl.constexpr,
+    TMA_FACTORS: tl.constexpr, BETA_IN_T: tl.constexpr, BETA_ROWS: tl.constexpr,
 ):
     """`_walk_span` over the chunks of tokens [t_lo, t_hi) from state S, outputs from t_out on;
     returns the state at t_hi.  Both launches walk through here (inlined on a GPU).  A TMA store
@@ -498,13 +521,13 @@ def _walk(
         S = _walk_span(
             S, t_lo, t_out, t_out, eos, k_p, w_p, u_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, use_u, skt, sqt,
             v_p, svt, b_p, k_d, q_d, v_d, t_d, a_d, o_d, bos,
-            HV, K, V, BK, BV, BT, False, STATE_DT, STATE_PRECISION, ROUND_BF16, INTERPRETED, FORM_WU, CHUNK_DT, TMA, TMA_FACTORS, BETA_IN_T,
+            HV, K, V, BK, BV, BT, False, STATE_DT, STATE_PRECISION, ROUND_BF16, INTERPRETED, FORM_WU, CHUNK_DT, TMA, TMA_FACTORS, BETA_IN_T, BETA_ROWS,
         )  # fmt: skip
         t_first = t_out
     return _walk_span(
         S, t_first, t_out, t_hi, eos, k_p, w_p, u_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, use_u, skt, sqt,
         v_p, svt, b_p, k_d, q_d, v_d, t_d, a_d, o_d, bos,
-        HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16, INTERPRETED, FORM_WU, CHUNK_DT, TMA, TMA_FACTORS, BETA_IN_T,
+        HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16, INTERPRETED, FORM_WU, CHUNK_DT, TMA, TMA_FACTORS, BETA_IN_T, BETA_ROWS,
     )  # fmt: skip
 # fmt: on
 
@@ -590,12 +613,13 @@ def _warmup_plan_kernel(
     tl.store(cw + i_nh * P + s, c_w.to(tl.int32))
 
 
-@triton.jit(do_not_specialize=["T", "P"])
+@triton.jit(do_not_specialize=["T", "P", "NS"])
 def _segment_output_kernel(
     q,
     k,
     v,
     beta,
+    bt,
     w,
     u,
     gc,
@@ -609,6 +633,7 @@ def _segment_output_kernel(
     cu_seqlens,
     T,
     P,
+    NS,
     sqb,
     sqt,
     skb,
@@ -633,8 +658,9 @@ def _segment_output_kernel(
     FORM_WU: tl.constexpr,
     CHUNK_DT: tl.constexpr,
     TMA: tl.constexpr = False,
-    TMA_FACTORS: tl.constexpr = False,
+    TMA_FACTORS: tl.constexpr = 0,
     BETA_IN_T: tl.constexpr = False,
+    BETA_ROWS: tl.constexpr = False,
 ):
     """Segment s of one sequence, value head and V block: its start state from a warm-up walk
     over the chunks before it, then its chunks with the output fused.  With FORM_WU, w holds
@@ -682,9 +708,13 @@ def _segment_output_kernel(
     q_p = q + b * sqb + h * K
     tok = b * T * HV + hv
     hd = (b * HV + hv) * T
+    # the sequence's per-token factors by chunk slot (launch 1's [B, HV, NS, BT]), offset so that
+    # token t0's chunk is at `+ t0` as in the token-indexed tensors
+    slot0 = bos // BT + n if IS_VARLEN else n * 0  # its first slot in the batch row
+    fd = ((b * HV + hv) * NS + slot0) * BT
     if FORM_WU:
         w_p = w + tok * BT
-        u_p = u + hd
+        u_p = u + fd - bos
     else:
         w_p = w + tok * K
         u_p = u + tok * V + c0
@@ -708,19 +738,24 @@ def _segment_output_kernel(
         t_d = k_p
         a_d = k_p
         o_d = k_p
-    kf_h = kf + hd
-    qf_h = qf + hd
-    if TMA_FACTORS:
-        # the per-token factors by TMA too, through 1-D descriptors over the head's row [0, T)
-        # (dense, T % 4 == 0: the row and every chunk's first token 16-byte aligned); past T
+    kf_h = kf + fd - bos
+    qf_h = qf + fd - bos
+    b_h = bt + fd - bos if BETA_ROWS else beta + tok
+    if TMA_FACTORS > 0:
+        # the per-token factors by TMA too, through 1-D descriptors over the sequence's
+        # [eos - bos) (each chunk's 64 start 256-byte aligned, launch 1's slots); past the end
         # they read zeros, as the masked loads give them
-        kf_h = tl.make_tensor_descriptor(kf_h, [T], [1], [BT])
-        u_p = tl.make_tensor_descriptor(u_p, [T], [1], [BT])
+        nfac = (eos - bos).to(tl.int32)
+        kf_h = tl.make_tensor_descriptor(kf + fd, [nfac], [1], [BT])
+        u_p = tl.make_tensor_descriptor(u + fd, [nfac], [1], [BT])
+        if TMA_FACTORS > 1:  # also β (`factor_descriptors`)
+            b_h = tl.make_tensor_descriptor(bt + fd, [nfac], [1], [BT])
     # the warm-up chunks [t_w, t_lo) (their outputs dropped), then the segment's own
     S = _walk(
         S, t_w, t_lo, t_hi, eos, k_p, w_p, u_p, gc + hd, kf_h, q_p, qf_h, aqk_p, o_p,
-        ncols, True, skt, sqt, v_p, svt, beta + tok, k_d, q_d, v_d, t_d, a_d, o_d, bos,
+        ncols, True, skt, sqt, v_p, svt, b_h, k_d, q_d, v_d, t_d, a_d, o_d, bos,
         HV, K, V, BK, BV, BT, True, STATE_DT, STATE_PRECISION, ROUND_BF16, INTERPRETED, FORM_WU, CHUNK_DT, TMA, TMA_FACTORS, BETA_IN_T,
+        BETA_ROWS,
     )  # fmt: skip
     if STORE_FINAL:
         tl.store(ht + s_off, S, mask=s_mask & (s == P - 1))
@@ -757,6 +792,10 @@ def chunk_gated_delta_rule_split(
         raise ValueError(f"{OP}: segments must be ≥ 1, got {P}")
     fold = FORM_WU
     beta_in_t = fold and BETA_IN_T
+    tma = fold and T > 0 and tma_eligible(q, k, v)
+    # (the walk by per-thread copies keeps the input's β: with β by slot its 64-wide form spills
+    # 16 bytes more on sm_90, and it was not measured so)
+    beta_rows = tma and BETA_ROWS and not beta_in_t
     # launch 1 stores the chunk bounds only for keys it does not normalise (with normalised keys
     # the gates give them: `_chunk_bounds`); they cost it 14% at B1 T32768 on the H200
     p = prepare(
@@ -774,6 +813,7 @@ def chunk_gated_delta_rule_split(
         P > 1 and not use_qk_l2norm,
         fold,
         beta_in_t,
+        beta_rows,
     )
     policy, cfg = p.policy, p.cfg
     if fold:
@@ -789,9 +829,8 @@ def chunk_gated_delta_rule_split(
             p.lb if p.lb is not None else p.gc, p.gc, beta, cw, p.cu, WARMUP_LOG_BOUND, T, p.NT, P,
             HV=HV, BT=BT, WB=WARMUP_BLOCK, IS_VARLEN=varlen, FROM_GATES=use_qk_l2norm, num_warps=4,
         )  # fmt: skip
-    tma = fold and T > 0 and tma_eligible(q, k, v)
     walk_stages = pipeline_stages(tma, BV, policy.state_dtype)
-    tma_factors = tma and TMA_FACTORS and not varlen and T % 4 == 0
+    tma_factors = factor_descriptors(tma, BV, beta_rows)
     # the descriptors need global scratch memory from Triton's allocator: ours for this launch,
     # unless the caller has set one (it is a context variable: nothing outside this call sees it)
     token = None
@@ -799,16 +838,16 @@ def chunk_gated_delta_rule_split(
         token = _allocation._allocator.set(_scratch_on(q.device))
     try:
         _segment_output_kernel[(N * HV, triton.cdiv(V, BV), P)](
-            q, k, v, beta, p.w, p.u, p.gc, p.kf, p.qf, p.aqk, p.o, cw,
+            q, k, v, beta, p.bt if p.bt is not None else p.gc, p.w, p.u, p.gc, p.kf, p.qf, p.aqk, p.o, cw,
             initial_state if initial_state is not None else p.gc,
             p.final if p.final is not None else p.gc,
-            p.cu, T, P, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            p.cu, T, P, p.NS, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             H=H, HV=HV, K=K, V=V, BK=cfg.BK, BV=BV, BT=BT, IS_VARLEN=varlen,
             HAS_H0=initial_state is not None, STORE_FINAL=p.final is not None,
             STATE_DT=policy.state_dtype, STATE_PRECISION=policy.state_precision, WARMUP=P > 1,
             ROUND_BF16=policy.round_bf16, INTERPRETED=interpreted(_segment_output_kernel),
             FORM_WU=fold, CHUNK_DT=policy.chunk_dtype, TMA=tma, TMA_FACTORS=tma_factors,
-            BETA_IN_T=beta_in_t,
+            BETA_IN_T=beta_in_t, BETA_ROWS=beta_rows,
             num_warps=warps or walk_warps, num_stages=stages or walk_stages,
         )  # fmt: skip
     finally:
