@@ -13,6 +13,7 @@ the default path; per-kernel times (torch.profiler) of the default and the faste
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from collections.abc import Callable
@@ -76,6 +77,16 @@ def with_knobs(cu: torch.Tensor | None, **knobs: object) -> Callable[[dict], obj
     return run
 
 
+def launch1_at(warps: int, regs: int | None) -> Callable[..., dc.LaunchConfig]:
+    """`delta_rule_chunk.launch_config` with launch 1 at these warps and register cap."""
+    base = dc.launch_config
+
+    def config(*args: object) -> dc.LaunchConfig:
+        return dataclasses.replace(base(*args), warps1=warps, regs1=regs, regs1_t=regs)  # type: ignore[arg-type]
+
+    return config
+
+
 def variants(cu: torch.Tensor | None, unsplit: bool) -> dict[str, Callable[[dict], object]]:  # type: ignore[type-arg]
     """The default path (folded, the state held transposed, `walk_shape`'s blocks); the walk at
     other shapes; with MORE=1 also w and u stored (FORM_WU off: whole-V walks at 8 warps), three
@@ -92,6 +103,11 @@ def variants(cu: torch.Tensor | None, unsplit: bool) -> dict[str, Callable[[dict
         "beta strided": with_knobs(cu, BETA_ROWS=False),
         "twelfth pass": with_knobs(cu, BETA_ROWS=False, TMA_FACTORS=cu is None),
         "beta not by TMA": with_knobs(cu, TMA_WIDE_FACTORS=False),  # whole-V walks: β contiguous, masked
+        # launch 1 at three programs per SM (4 warps capped at 168 registers: before pass 13) or
+        # two of 8 warps (128 registers, no spill), against four of 4 warps at 128 (24 bytes of
+        # spill on sm_90; pass 13: 1.01-1.03x)
+        "l1 cap168": with_knobs(cu, dc_launch_config=launch1_at(4, 168)),
+        "l1 8w": with_knobs(cu, dc_launch_config=launch1_at(8, None)),
         # whole-V walks at twice the segments (two waves of one program per SM), and 64-wide ones
         "wide P8": with_knobs(cu, FOLD_BV=128, FOLD_WARPS=8, WIDE_PER_SM=None, TARGET_PROGRAMS=256),
         "64w4 P8": with_knobs(cu, TARGET_PROGRAMS=256),

@@ -207,10 +207,10 @@ for arch, dtype, tc in ((90, torch.bfloat16, True), (90, torch.float16, True), (
         for what, solve_dt in (("", tl.float32), (" f16 solve", tl.float16)):
             launches.append((f"prepare T out{what}", kernel, dict(types, u="*fp32"),
                              dict(consts, T_OUT=True, SOLVE_DT=solve_dt, BETA_IN_T=ds.BETA_IN_T,
-                                  BETA_ROWS=ds.BETA_ROWS), warps, stages, regs))
+                                  BETA_ROWS=ds.BETA_ROWS), warps, stages, cfg.regs1_t))
         # with β folded into T (delta_rule_chunk_split.BETA_IN_T, off: measured no faster), f16 solve
         launches.append(("prepare T out f16 solve β in T", kernel, dict(types, u="*fp32"),
-                         dict(consts, T_OUT=True, SOLVE_DT=tl.float16, BETA_IN_T=True), warps, stages, regs))
+                         dict(consts, T_OUT=True, SOLVE_DT=tl.float16, BETA_IN_T=True), warps, stages, cfg.regs1_t))
     for launch, kernel, types, consts, warps, stages, regs in launches:
         key = f"sm_{arch} {name} chunk {launch}"
         try:
@@ -230,15 +230,19 @@ def test_chunk_delta_rule_kernels_compile_for_sm90_and_sm70() -> None:
     register cap (168, three programs per SM: measured faster with a few spilled bytes, bounded
     at 160 here), and for sm_70 (f16, the V100 that verification Jobs may get) with at most 1 KB
     of stack per thread.  Also the split design's launch 1 (T stored, `T_OUT`), with its solve at
-    TF32 and at f16 operands (`delta_rule_chunk.SOLVE_F16`), under the same cap without spill."""
+    TF32 and at f16 operands (`delta_rule_chunk.SOLVE_F16`), under its own cap (128, four programs
+    per SM: measured faster with 24 bytes spilled at the op's default, 64 with the chunk bounds
+    compiled here; bounded at 128)."""
     results = _compile_all(CHUNK_SCRIPT, 900)
     assert len(results) == 12, results
 
     def allowed(key: str) -> int:
         # the three-launch design's launch 1 in bf16: 144 bytes under the cap (T_OUT off; until
         # 2026-12-02 this test compiled T_OUT as a runtime argument, both branches in one kernel,
-        # and bounded that at 64); the split design's launch 1 does not spill
-        return 160 if key.endswith("bf16 chunk prepare") else 0
+        # and bounded that at 64); the split design's launch 1 at its cap of 128 registers
+        if key.endswith("bf16 chunk prepare"):
+            return 160
+        return 128 if "prepare T out" in key else 0
 
     hopper_spills = {
         k: r

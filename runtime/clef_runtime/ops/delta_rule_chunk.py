@@ -664,6 +664,7 @@ class LaunchConfig:
     warps3: int
     solve_by_doubling: bool  # launch 1: how the 16×16 diagonal blocks are inverted
     regs1: int | None  # launch 1: register cap per thread (None: the compiler's choice)
+    regs1_t: int | None  # the same for the split design's launch 1 (T stored: `prepare`'s t_out)
 
 
 def launch_config(K: int, V: int, dtype: torch.dtype, tensor_cores: bool) -> LaunchConfig:
@@ -695,10 +696,15 @@ def launch_config(K: int, V: int, dtype: torch.dtype, tensor_cores: bool) -> Lau
             # bytes): launch 1 at B1 T32768 went 813 → 690 µs on the H200 with the 3xTF32 solve,
             # in bf16; f16 was not timed with the cap, so it keeps the compiler's choice.
             regs1=168 if small and dtype == torch.bfloat16 else None,
+            # the split design's launch 1 (T stored, the f16 solve) at 128: four programs per SM,
+            # 24 bytes of spill; on the H200 it went 346 → 326 µs at B1 T32768 and 363 → 338
+            # for 8 packed × 4096, the whole call 1.01-1.03× faster (docs/performance.md,
+            # "thirteenth pass")
+            regs1_t=128 if small and dtype == torch.bfloat16 else None,
         )  # fmt: skip
     return LaunchConfig(
         BK=BK, BVF=BVF, KS=min(16, BK), VS=min(16, BVF), BV=min(16, BVF), BVO=min(16, BVF),
-        warps1=8, warps2=8, stages2=1, warps3=8, solve_by_doubling=False, regs1=None,
+        warps1=8, warps2=8, stages2=1, warps3=8, solve_by_doubling=False, regs1=None, regs1_t=None,
     )  # fmt: skip
 
 
@@ -827,7 +833,7 @@ def prepare(
             CHUNK_DT=policy.chunk_dtype, SOLVE_PRECISION=policy.solve_precision,
             DOUBLING_PRECISION=doubling_precision(policy), SOLVE_DT=solve_dtype(q.dtype, tc),
             ROUND_BF16=policy.round_bf16, T_OUT=t_out, BETA_IN_T=t_out and beta_in_t,
-            BETA_ROWS=bt is not None, num_warps=cfg.warps1, maxnreg=cfg.regs1,
+            BETA_ROWS=bt is not None, num_warps=cfg.warps1, maxnreg=cfg.regs1_t if t_out else cfg.regs1,
         )  # fmt: skip
     return Prepared(o, final, w, u, aqk, gc, kf, qf, lb, bt, cu, NT, slots, NS, policy, cfg)
 
