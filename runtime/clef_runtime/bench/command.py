@@ -227,10 +227,16 @@ def device_info(device: torch.device) -> dict[str, Any]:
 
 
 def _git_commit() -> str | None:
+    """The checkout's commit, with ``-dirty`` where the files differ from it (a working tree
+    copied onto a bench host without its new commits reads as its old commit, dirty)."""
     here = Path(__file__).resolve().parent
     try:
         out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5
+            ["git", "describe", "--always", "--dirty", "--abbrev=7"],
+            cwd=here,
+            capture_output=True,
+            text=True,
+            timeout=5,
         )
     except (OSError, subprocess.SubprocessError):
         return None
