@@ -6,17 +6,24 @@ that hit the illegal address; clef alone ran the row (753.1 µs), and so did cle
 (`probe_packed.py`).  This runs clef's packed call (8 × 4096, bf16, the Qwen3.5 heads) after one
 of three steps, each in a process of its own:
 
-    none    nothing else (the control)
-    import  FLA imported, not called (prints Triton's allocator after the import)
-    run     FLA's packed call on the same tensors first (int64 offsets), then clef's
+    none            nothing else (the control)
+    import          FLA imported, not called (prints Triton's allocator after the import)
+    run             FLA's packed call on the same tensors first (int64 offsets), then clef's
+    failed-capture  no FLA: a CUDA-graph capture that fails (a host sync inside it, as FLA's and
+                    FlashQLA's packed calls do when the bench switches host-bound rows to graph
+                    replay), then clef's packed call eagerly, then its dense B1 T32768 call
 
-    for s in none import run; do
+    for s in none import run failed-capture; do
         CUDA_LAUNCH_BLOCKING=1 PYTHONPATH=runtime:contract:/tmp/site python3 hack/device/diag_fla_packed.py $s
     done
 
 "import" faulting points at something FLA's import changes; "run" alone at FLA's call leaving
-memory that clef then reads (or a fault of FLA's reported late); none of them at the bench's
-rotation of input sets (run `clef-runtime bench --rows chunk_packed_8x4096` with and without FLA).
+memory that clef then reads (or a fault of FLA's reported late); "failed-capture" at the process
+state a failed capture leaves (torch 2.11's `CUDAGraph::capture_end` can leave the caching
+allocator routing to the graph's pool: pytorch/pytorch#180395, #190308), which the bench would
+then have to avoid (no graph switch for rows whose peers sync on the host); none of them at the
+bench's rotation of input sets (run `clef-runtime bench --rows chunk_packed_8x4096` with and
+without FLA, and read its notes for "timed by CUDA-graph replay instead").
 """
 
 from __future__ import annotations
@@ -42,6 +49,14 @@ def main(step: str) -> None:
     g = F.logsigmoid(torch.randn(1, T, HV, device="cuda", generator=gen) + 3)
     beta = torch.rand(1, T, HV, device="cuda", generator=gen)
     cu = torch.arange(0, T + 1, T // SEQS, device="cuda", dtype=torch.int32)
+    if step == "failed-capture":
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                float(beta.sum())  # a host sync: the capture fails
+        except Exception as e:
+            print(f"{step}: the capture failed as meant: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
+        del graph
     if step in ("import", "run"):
         import triton.runtime._allocation as allocation
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla
@@ -57,6 +72,10 @@ def main(step: str) -> None:
         )
         torch.cuda.synchronize()
     print(f"{step}: clef's call ran 3 times, |o| = {float(o.float().norm()):.4e}")
+    if step == "failed-capture":  # the dense call after it too (B1 T32768: split, TMA)
+        o, _h = chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm=True, output_final_state=True)
+        torch.cuda.synchronize()
+        print(f"{step}: clef's dense call ran, |o| = {float(o.float().norm()):.4e}")
 
 
 if __name__ == "__main__":

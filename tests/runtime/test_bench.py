@@ -473,3 +473,17 @@ def test_cuda_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         assert r["clef"]["median_s"] > 0 and r["rotation_sets"] >= 8
     assert by_name["recurrent_b1"]["mode"] == "graph"
     assert by_name["layer_core_decode_b1_graph"]["mode"] == "graph"
+
+
+@pytest.mark.gpu
+def test_host_sync_names_a_call_that_syncs() -> None:
+    """`host_sync` finds a round that synchronises with the host (as FLA's and FlashQLA's packed
+    calls do: the bench then times the row eagerly instead of capturing a graph that would fail)
+    and passes one that only launches work; the sync debug mode is restored either way."""
+    from clef_runtime.bench.timing import host_sync
+
+    x = torch.ones(1024, device="cuda")
+    before = torch.cuda.get_sync_debug_mode()
+    assert host_sync(lambda: float(x.sum())) is not None
+    assert host_sync(lambda: x.mul_(1.0)) is None
+    assert torch.cuda.get_sync_debug_mode() == before

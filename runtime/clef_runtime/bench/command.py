@@ -40,6 +40,7 @@ from clef_runtime.bench.timing import (
     Round,
     Stats,
     capture_graph,
+    host_sync,
     measure_copy_bandwidth,
     synchronize,
     time_rounds,
@@ -317,22 +318,32 @@ def _time(
     if env.device.type != "cuda":
         return "host", time_rounds(rounds, calls, env.device, env.budget), notes
     graph = env.mode == "graph" or (env.mode == "auto" and row.graph)
-    switched = False
+    bound: list[str] = []
     if env.mode == "auto" and not row.graph:
         probe = time_rounds(rounds, calls, env.device, Budget(0.0, 5, 5, 0))
         bound = [n for n, s in zip(names, probe, strict=True) if s.host_bound]
-        if bound:
-            graph, switched = True, True
+        graph = bool(bound)
+    if graph:
+        # a call that syncs with the host cannot be captured: time the row eagerly rather than
+        # try (a capture that fails part-way can leave the process unsafe: `host_sync`)
+        syncing = [n for n, r in zip(names, rounds, strict=True) if host_sync(r) is not None]
+        if syncing:
+            graph = False
             notes.append(
-                f"launched eagerly, {' and '.join(bound)} was host-bound (the GPU waited on Python): "
-                "timed by CUDA-graph replay instead"
+                f"not timed by CUDA-graph replay: {' and '.join(syncing)} synchronises with the host "
+                "(a capture would fail); timed eagerly"
             )
     timed = rounds
     mode = "eager"
     if graph:
+        if bound:
+            notes.append(
+                f"launched eagerly, {' and '.join(bound)} was host-bound (the GPU waited on Python): "
+                "timed by CUDA-graph replay instead"
+            )
         try:
             timed = [capture_graph(r, env.device) for r in rounds]
-            mode = "graph*" if switched else "graph"
+            mode = "graph*" if bound else "graph"
         except Exception as e:
             synchronize(env.device)
             notes.append(f"CUDA-graph capture failed ({type(e).__name__}: {e}); timed eagerly")

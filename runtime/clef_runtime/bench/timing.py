@@ -147,6 +147,27 @@ def time_rounds(
     return [Stats(tuple(d)) for d in dev]
 
 
+def host_sync(fn: Round) -> str | None:
+    """Call ``fn`` once with PyTorch's sync debug mode raising, and return what stopped it if it
+    synchronised with the host (``.item()``, ``.tolist()``, a copy to the host: FLA's and
+    FlashQLA's packed calls read their offsets so), else None.  A CUDA-graph capture of such a
+    call fails, and a capture that fails part-way can leave the process's CUDA state unsafe
+    for the calls after it (torch 2.11's `CUDAGraph::capture_end` could leave the caching
+    allocator routing to the abandoned graph's pool: pytorch/pytorch#180395, #190308), so the
+    bench asks this before it captures anything."""
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        fn()
+    except RuntimeError as e:
+        if "synchronizing" not in str(e):
+            raise
+        return str(e).splitlines()[0]
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
+    return None
+
+
 def capture_graph(fn: Round, device: torch.device, warmup: int = 2) -> Round:
     """Capture ``fn`` (after ``warmup`` eager calls on a side stream, as CUDA graphs require) and
     return the replay.  The graph's memory pool lives as long as the returned function."""
