@@ -107,6 +107,8 @@ def variants(cu: torch.Tensor | None, unsplit: bool) -> dict[str, Callable[[dict
         # two of 8 warps (128 registers, no spill), against four of 4 warps at 128 (24 bytes of
         # spill on sm_90; pass 13: 1.01-1.03x)
         "l1 cap168": with_knobs(cu, dc_launch_config=launch1_at(4, 168)),
+        # the walk by programmatic dependent launch (prepared in pass 13, off until timed)
+        "pdl": with_knobs(cu, PDL=True),
         "l1 8w": with_knobs(cu, dc_launch_config=launch1_at(8, None)),
         # whole-V walks at twice the segments (two waves of one program per SM), and 64-wide ones
         "wide P8": with_knobs(cu, FOLD_BV=128, FOLD_WARPS=8, WIDE_PER_SM=None, TARGET_PROGRAMS=256),

@@ -190,7 +190,7 @@ for arch, dtype, tc in ((90, torch.bfloat16, True), (90, torch.float16, True), (
          dict(common, L2NORM=True, CHUNK_BOUND=tc, BVF=cfg.BVF, KS=cfg.KS, VS=cfg.VS, BC=dc.BC, LOG_BC=dc.BC.bit_length() - 1,
               SOLVE_BY_DOUBLING=cfg.solve_by_doubling, CHUNK_DT=pol.chunk_dtype,
               SOLVE_PRECISION=pol.solve_precision, DOUBLING_PRECISION=dc.doubling_precision(pol),
-              T_OUT=False, SOLVE_DT=dc.solve_dtype(dtype, tc), BETA_IN_T=False, BETA_ROWS=False),
+              T_OUT=False, SOLVE_DT=dc.solve_dtype(dtype, tc), BETA_IN_T=False, BETA_ROWS=False, PDL=False),
          cfg.warps1, 3, cfg.regs1),
         ("recurrence", dc._chunk_recurrence_kernel,
          dict(k=p, w=p, u=p, gc="*fp32", kf="*fp32", hs=sp, vn=sp, h0="*fp32", ht="*fp32", cu_seqlens="*i32"),
@@ -211,6 +211,10 @@ for arch, dtype, tc in ((90, torch.bfloat16, True), (90, torch.float16, True), (
         # with β folded into T (delta_rule_chunk_split.BETA_IN_T, off: measured no faster), f16 solve
         launches.append(("prepare T out f16 solve β in T", kernel, dict(types, u="*fp32"),
                          dict(consts, T_OUT=True, SOLVE_DT=tl.float16, BETA_IN_T=True), warps, stages, cfg.regs1_t))
+        # signalling the walk, launched as a dependant (delta_rule_chunk_split.PDL, off: not timed)
+        launches.append(("prepare T out f16 solve PDL", kernel, dict(types, u="*fp32"),
+                         dict(consts, T_OUT=True, SOLVE_DT=tl.float16, BETA_IN_T=ds.BETA_IN_T,
+                              BETA_ROWS=ds.BETA_ROWS, PDL=True), warps, stages, cfg.regs1_t))
     for launch, kernel, types, consts, warps, stages, regs in launches:
         key = f"sm_{arch} {name} chunk {launch}"
         try:
@@ -234,7 +238,7 @@ def test_chunk_delta_rule_kernels_compile_for_sm90_and_sm70() -> None:
     per SM: measured faster with 24 bytes spilled at the op's default, 64 with the chunk bounds
     compiled here; bounded at 128)."""
     results = _compile_all(CHUNK_SCRIPT, 900)
-    assert len(results) == 12, results
+    assert len(results) == 13, results
 
     def allowed(key: str) -> int:
         # the three-launch design's launch 1 in bf16: 144 bytes under the cap (T_OUT off; until
@@ -268,7 +272,7 @@ p = "*bf16"
 consts = dict(H=16, HV=32, K=128, V=128, BK=128, BT=dc.BT, IS_VARLEN=True,
               HAS_H0=True, STORE_FINAL=True, STATE_DT=pol.state_dtype, STATE_PRECISION=pol.state_precision,
               ROUND_BF16=False, INTERPRETED=False, CHUNK_DT=pol.chunk_dtype, TMA=False, TMA_FACTORS=0,
-              BETA_IN_T=ds.BETA_IN_T, BETA_ROWS=False)
+              BETA_IN_T=ds.BETA_IN_T, BETA_ROWS=False, PDL=False)
 f32 = "*fp32"
 types = dict(q=p, k=p, v=p, beta=f32, bt=f32, w=p, u=p, gc=f32, kf=f32, qf=f32, aqk=p, o=p,
              cw="*i32", h0=f32, ht=f32, cu_seqlens="*i32")
@@ -288,6 +292,11 @@ launches = [
     ("walk whole-V, TMA", ds._segment_output_kernel, dict(types, u=f32),
      dict(consts, WARMUP=False, FORM_WU=ds.FORM_WU, BV=ds.WIDE_BV, TMA=True,
           TMA_FACTORS=ds.factor_descriptors(True, ds.WIDE_BV, ds.BETA_ROWS), BETA_ROWS=ds.BETA_ROWS), ds.WIDE_WARPS),
+    # launched as a dependant of launch 1 (ds.PDL, off: not timed)
+    ("walk whole-V, TMA, PDL", ds._segment_output_kernel, dict(types, u=f32),
+     dict(consts, WARMUP=False, FORM_WU=ds.FORM_WU, BV=ds.WIDE_BV, TMA=True,
+          TMA_FACTORS=ds.factor_descriptors(True, ds.WIDE_BV, ds.BETA_ROWS), BETA_ROWS=ds.BETA_ROWS, PDL=True),
+     ds.WIDE_WARPS),
     # β folded into T (ds.BETA_IN_T, off: measured no faster)
     ("walk with warm-up, TMA, β in T", ds._segment_output_kernel, dict(types, u=f32),
      dict(consts, IS_VARLEN=False, WARMUP=True, FORM_WU=ds.FORM_WU, BV=ds.FOLD_BV, TMA=True,
@@ -300,7 +309,7 @@ launches = [
 results = {}
 for launch, kernel, types, c, warps in launches:
     key = f"sm_90 bf16 split {launch}"
-    stages = ds.WIDE_STAGES if launch == "walk whole-V, TMA" else ds.SPLIT_STAGES  # as the op picks them
+    stages = ds.WIDE_STAGES if launch.startswith("walk whole-V, TMA") else ds.SPLIT_STAGES  # as the op picks them
     try:
         results[key] = {"ok": True, **compile_variant(kernel, types, c, 90, warps, stages, DIV16)}
     except Exception as e:
@@ -324,7 +333,7 @@ def test_split_chunk_kernels_compile_for_sm90() -> None:
     fit the SM as the op launches it: two 64-wide walks per SM, one whole-V walk.  (Launch 1 with
     the chunk bounds is the bf16 and f16 "prepare" of the test above.)"""
     results = _compile_all(SPLIT_SCRIPT, 900)
-    assert len(results) == 7, results
+    assert len(results) == 8, results
     heavy = {
         k: r
         for k, r in results.items()

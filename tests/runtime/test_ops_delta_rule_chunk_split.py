@@ -405,3 +405,29 @@ def test_tma_tiles_give_the_masked_loads_results_gpu(
     (o1, h1), (o0, h0) = tma_and_masked(rng, gpu_device, monkeypatch, layout, **QWEN)
     torch.testing.assert_close(o1, o0, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(h1, h0, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seqs", [0, 8], ids=["b1-split", "packed-whole-v"])
+def test_pdl_gives_the_same_results_gpu(
+    seqs: int, rng: torch.Generator, gpu_device: torch.device, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`PDL` (the walk launched as a dependant of the kernel before it, waiting for its results
+    with `griddepcontrol.wait`) changes no arithmetic: the outputs and final states equal the
+    default's to the bit, at the Qwen3.5 heads, B1 T8192 split into segments (launch 2 between)
+    and 8 packed sequences of 4096 whole-V (launch 1 right before).  A wait placed after the first
+    read of launch 1's results would read stale T or factors and differ."""
+    from clef_runtime.ops import delta_rule_chunk_split as ds
+
+    T = 8192 if seqs == 0 else 8 * 4096
+    cu = packed_cu_seqlens([T // seqs] * seqs, gpu_device) if seqs else None
+    q, k, v, g, beta = gdn_inputs(rng, gpu_device, torch.bfloat16, B=1, T=T, H=16, HV=32, K=128, V=128)
+    out = []
+    for pdl in (False, True):
+        monkeypatch.setattr(ds, "PDL", pdl)
+        o, ht = chunk_gated_delta_rule_split(
+            q, k, v, g, beta, output_final_state=True, cu_seqlens=cu, use_qk_l2norm=True
+        )
+        assert ht is not None
+        out.append((o, ht))
+    assert torch.equal(out[0][0], out[1][0]) and torch.equal(out[0][1], out[1][1])

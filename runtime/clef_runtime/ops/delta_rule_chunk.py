@@ -80,6 +80,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents
 
 from clef_runtime.interpreter import interpreted
 from clef_runtime.ops._common import check_cu_seqlens, check_runnable
@@ -193,7 +194,10 @@ def _chunk_prepare_kernel(
     SOLVE_DT: tl.constexpr = tl.float32,
     BETA_IN_T: tl.constexpr = False,
     BETA_ROWS: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
+    if PDL:  # the split design's walk is launched as a dependant (`delta_rule_chunk_split.PDL`)
+        gdc_launch_dependents()
     # a 1-D grid, value heads fastest: the value heads of one key head (and of one chunk) run
     # side by side and share q and k through L2 (the chunk count stays off the 65535-limited
     # grid axes)
@@ -786,13 +790,15 @@ def prepare(
     t_out: bool = False,
     beta_in_t: bool = False,
     beta_rows: bool = False,
+    pdl: bool = False,
 ) -> Prepared:
     """Allocate the outputs and launch 1's intermediates, and run launch 1 (shared with
     `clef_runtime.ops.delta_rule_chunk_split`; ``chunk_bound``: also the per-chunk log bounds
     `Prepared.lb` its warm-up walks read; ``t_out``: `Prepared.w` holds each chunk's T
     ``[B, T, HV, BT]`` and `Prepared.u` the float32 factors ``β e^{G} / |k|`` by chunk slot
     (as kf), from which that walk forms w and u; with ``beta_in_t`` T diag(β) and
-    ``e^{G} / |k|``; with ``beta_rows`` also β by chunk slot, `Prepared.bt`)."""
+    ``e^{G} / |k|``; with ``beta_rows`` also β by chunk slot, `Prepared.bt`; with ``pdl`` it
+    lets the kernel after it start early: programmatic dependent launch, sm_90)."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     device = q.device
@@ -833,7 +839,7 @@ def prepare(
             CHUNK_DT=policy.chunk_dtype, SOLVE_PRECISION=policy.solve_precision,
             DOUBLING_PRECISION=doubling_precision(policy), SOLVE_DT=solve_dtype(q.dtype, tc),
             ROUND_BF16=policy.round_bf16, T_OUT=t_out, BETA_IN_T=t_out and beta_in_t,
-            BETA_ROWS=bt is not None, num_warps=cfg.warps1, maxnreg=cfg.regs1_t if t_out else cfg.regs1,
+            BETA_ROWS=bt is not None, PDL=pdl, num_warps=cfg.warps1, maxnreg=cfg.regs1_t if t_out else cfg.regs1,
         )  # fmt: skip
     return Prepared(o, final, w, u, aqk, gc, kf, qf, lb, bt, cu, NT, slots, NS, policy, cfg)
 

@@ -57,6 +57,7 @@ from collections.abc import Callable
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
 from triton.runtime import _allocation
 
 from clef_runtime.interpreter import interpreted
@@ -133,6 +134,12 @@ BETA_ROWS = True
 # is not pipelined, as it scales a dot's result rather than feeding an operand: the copy and its
 # wait land inside the step, twelfth pass's "q's factor by TMA", 4-10% slower.)
 TMA_WIDE_FACTORS = True
+# The walk launched with programmatic dependent launch (sm_90): its programs may start while the
+# kernel before it (launch 1, or launch 2 with segments) finishes, and wait for its results
+# (`griddepcontrol.wait`) only before reading them; launch 1 signals its dependants as it starts.
+# That hides the launch gap and launch 1's last, partly filled wave.  Off: not yet timed
+# (docs/performance.md, "thirteenth pass", next steps).
+PDL = False
 # Launch 1 stores T diag(β) and e^{G} / |k| for the fold (β folded into T), so that the walk's
 # steps need not load β (a strided per-thread load of 64 floats a step).  Off: on the H200 the
 # walk gains what launch 1 loses (B1 T32768: walk 417.9 → 382.6 µs, launch 1 356.9 → 374.8,
@@ -661,6 +668,7 @@ def _segment_output_kernel(
     TMA_FACTORS: tl.constexpr = 0,
     BETA_IN_T: tl.constexpr = False,
     BETA_ROWS: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     """Segment s of one sequence, value head and V block: its start state from a warm-up walk
     over the chunks before it, then its chunks with the output fused.  With FORM_WU, w holds
@@ -691,6 +699,8 @@ def _segment_output_kernel(
     t_lo = tl.minimum(bos + s * seg * BT, eos)
     t_hi = tl.minimum(bos + (s + 1) * seg * BT, eos)
     t_w = bos  # where the walk starts: from the initial state at the sequence start, or ...
+    if PDL:  # launched as a dependant: launch 1's (and 2's) results are complete from here on
+        gdc_wait()
     if WARMUP:  # ... from zero at the first chunk whose map onto t_lo is below the bound
         c_w = tl.load(cw + i_nh * P + s).to(tl.int64)  # launch 2's `_warmup_start`
         t_w = tl.where(c_w < 0, bos, bos + c_w * BT)
@@ -793,6 +803,7 @@ def chunk_gated_delta_rule_split(
     fold = FORM_WU
     beta_in_t = fold and BETA_IN_T
     tma = fold and T > 0 and tma_eligible(q, k, v)
+    pdl = PDL and tma and q.device.type == "cuda" and not interpreted(_segment_output_kernel)
     # (the walk by per-thread copies keeps the input's β: with β by slot its 64-wide form spills
     # 16 bytes more on sm_90, and it was not measured so)
     beta_rows = tma and BETA_ROWS and not beta_in_t
@@ -814,6 +825,7 @@ def chunk_gated_delta_rule_split(
         fold,
         beta_in_t,
         beta_rows,
+        pdl,
     )
     policy, cfg = p.policy, p.cfg
     if fold:
@@ -847,7 +859,7 @@ def chunk_gated_delta_rule_split(
             STATE_DT=policy.state_dtype, STATE_PRECISION=policy.state_precision, WARMUP=P > 1,
             ROUND_BF16=policy.round_bf16, INTERPRETED=interpreted(_segment_output_kernel),
             FORM_WU=fold, CHUNK_DT=policy.chunk_dtype, TMA=tma, TMA_FACTORS=tma_factors,
-            BETA_IN_T=beta_in_t, BETA_ROWS=beta_rows,
+            BETA_IN_T=beta_in_t, BETA_ROWS=beta_rows, PDL=pdl, launch_pdl=pdl,
             num_warps=warps or walk_warps, num_stages=stages or walk_stages,
         )  # fmt: skip
     finally:
