@@ -372,8 +372,10 @@ def _split_step_vk(
     BETA_ROWS: tl.constexpr,
 ):
     """One chunk as `_split_step` does it, with the fold (FORM_WU: w_p holds launch 1's T, u_p the
-    factors β e^{G} / |k|, v_p and b_p point at v and β; with BETA_IN_T T diag(β) and e^{G} / |k|,
-    and b_p is not read), the state held transposed (``St = Sᵀ``,
+    factors β e^{G} / |k|, v_p at v and b_p at β: launch 1's by chunk slot with BETA_ROWS (a
+    descriptor with TMA_FACTORS > 1), else the input's, stride HV; with BETA_IN_T T diag(β) and
+    e^{G} / |k|, and b_p is not read; the factor pointers kf_p, u_p, qf_p are offset so that
+    chunk t0's factors are at ``+ t0``, descriptors load at the chunk's row), the state held transposed (``St = Sᵀ``,
     V block × K) and every product written as ``(computed tile) · (loaded tile)ᵀ``: the left
     operand of each dot is formed in registers and the right one is a tile read from memory.  On
     Hopper a wgmma takes its left operand from registers and its right one from shared memory,
