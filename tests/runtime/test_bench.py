@@ -32,7 +32,7 @@ from clef_runtime.bench.floors import (
 )
 from clef_runtime.bench.report import ImplResult, RowResult, fmt_time, number_notes, table_lines
 from clef_runtime.bench.rows import ROWS, Context, Impl, Row, Setup, Tensors, rotation_sets, select_rows
-from clef_runtime.bench.timing import Budget, Stats
+from clef_runtime.bench.timing import Budget, Stats, paired_ratios
 from clef_runtime.interpreter import interpreting
 
 # A small GDN shape for hand arithmetic: D = 2*H*K + HV*V = 2*2*8 + 4*16 = 96.
@@ -304,6 +304,30 @@ def test_table() -> None:
     ratio_end = lines[0].index("FLA/clef") + len("FLA/clef")
     assert chunk.index("2.00x") + len("2.00x") == ratio_end
     assert rec[ratio_end - 1] == "-" and bad[ratio_end - 1] == "-"
+
+
+def test_paired_ratios() -> None:
+    """Sample j of each implementation comes from the same interleaved pass: the pair-by-pair
+    ratio cancels drift that moves both (here clef 1.00-1.30 ms drifting, the peer 1.1× it in
+    every pair), which the medians' spreads cannot show."""
+    clef = Stats(tuple(1e-3 * (1.0 + 0.05 * j) for j in range(7)))
+    peer = Stats(tuple(1.1 * t for t in clef.samples))
+    paired = paired_ratios(clef, peer)
+    assert paired is not None
+    assert paired.p10 == pytest.approx(1.1) and paired.p90 == pytest.approx(1.1)
+    assert clef.spread > 0.2  # the medians alone: 1.10x inside a 23% spread
+    # unpaired (different counts) or too few pairs: no range
+    assert paired_ratios(clef, Stats(peer.samples[:6])) is None
+    assert paired_ratios(Stats(clef.samples[:4]), Stats(peer.samples[:4])) is None
+    r = RowResult("chunk_x", "op", "B1 T8", chunk_floor(SMALL, 1, 8, BF16))
+    r.clef, r.fla = ImplResult("clef", clef), ImplResult("fla", peer)
+    r.peers["flashqla"] = ImplResult("flashqla", Stats(tuple(0.9 * t for t in clef.samples)))
+    line = table_lines([r], 1e9)[1]
+    assert "1.10x (1.10-1.10)" in line and "0.90x (0.90-0.90)" in line
+    rec = r.record(1e9)
+    assert rec["fla"]["paired_ratio_over_clef"]["p10"] == pytest.approx(1.1)
+    assert rec["peers"]["flashqla"]["paired_ratio_over_clef"]["p90"] == pytest.approx(0.9)
+    assert "paired_ratio_over_clef" not in rec["clef"]
 
 
 # ---- the check keeps a wrong kernel from being timed ------------------------------------------------

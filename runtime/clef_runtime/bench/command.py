@@ -827,7 +827,8 @@ def _header(
         f"copy bandwidth {copy.bytes_per_s / 1e9:.0f} GB/s (bytes read + written; {copy.nbytes / 2**30:.2f} GiB "
         f"copy, median of {len(copy.stats.samples)}, spread {100 * copy.stats.spread:.1f}%)",
         "times: median per call ± (p90-p10)/median; floor: byte floor / copy BW; BW: share of copy BW; "
-        "FLA/clef (X/clef) > 1: clef faster",
+        "FLA/clef (X/clef) > 1: clef faster, as the ratio of the medians (in brackets: p10-p90 of the "
+        "ratios of samples taken side by side)",
     ]
     if tiny:
         lines.append("TINY SHAPES ON THE CPU (Triton interpreter, host clock): these numbers mean nothing")

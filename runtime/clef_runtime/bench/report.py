@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from clef_runtime.bench.floors import Floor
-from clef_runtime.bench.timing import Stats
+from clef_runtime.bench.timing import Stats, paired_ratios
 
 SCHEMA = "clef-bench/1"
 
@@ -89,6 +89,12 @@ class RowResult:
             return None
         return impl.stats.median / self.clef.stats.median
 
+    def paired_to_clef(self, impl: ImplResult) -> Stats | None:
+        """``impl``'s time / clef's, pair by pair of interleaved samples (`paired_ratios`)."""
+        if self.clef.stats is None or impl.stats is None:
+            return None
+        return paired_ratios(self.clef.stats, impl.stats)
+
     def floor_s(self, copy_bw: float) -> float:
         return self.floor.bytes / copy_bw
 
@@ -116,6 +122,13 @@ class RowResult:
             if i.stats is not None:
                 out["bw_share"] = self.share(i, copy_bw)
                 out["tflops"] = self.tflops(i)
+            paired = None if i is self.clef else self.paired_to_clef(i)
+            if paired is not None:  # this implementation's time / clef's, pair by pair
+                out["paired_ratio_over_clef"] = {
+                    "median": paired.median,
+                    "p10": paired.p10,
+                    "p90": paired.p90,
+                }
             return out
 
         return {
@@ -171,8 +184,14 @@ def _impl_cell(row: RowResult, impl: ImplResult) -> str:
     return f"{fmt_time(impl.stats.median)} ±{100 * impl.stats.spread:.1f}%"
 
 
-def _ratio_cell(r: float | None) -> str:
-    return "-" if r is None else f"{r:.2f}x"
+def _ratio_cell(r: float | None, paired: Stats | None = None) -> str:
+    """The ratio of medians, and where the samples were paired the p10-p90 of the pair-by-pair
+    ratios (`paired_ratios`): "1.02x (0.99-1.05)"."""
+    if r is None:
+        return "-"
+    if paired is None:
+        return f"{r:.2f}x"
+    return f"{r:.2f}x ({paired.p10:.2f}-{paired.p90:.2f})"
 
 
 def _tflops_cell(row: RowResult, impl: ImplResult) -> str:
@@ -217,8 +236,10 @@ def table_lines(
     rows: Sequence[RowResult], copy_bw: float, notes: dict[str, list[int]] | None = None
 ) -> list[str]:
     """The aligned table: one line per row; times are medians with the (p90 - p10)/median spread;
-    BW is the share of the measured copy bandwidth at the byte floor.  Peers (FlashQLA, clef's
-    split design) get a time and a ratio column each, when any row has them."""
+    ratios are of the medians, with the p10-p90 of the pair-by-pair ratios where the samples
+    were interleaved in pairs (`paired_ratios`); BW is the share of the measured copy bandwidth
+    at the byte floor.  Peers (FlashQLA, clef's split design) get a time and a ratio column
+    each, when any row has them."""
     peer_names: list[str] = []
     for r in rows:
         peer_names += [n for n in r.peers if n not in peer_names]
@@ -230,7 +251,10 @@ def table_lines(
         peer_cells: list[str] = []
         for n in peer_names:
             p = r.peers.get(n)
-            peer_cells += ["", ""] if p is None else [_impl_cell(r, p), _ratio_cell(r.ratio_to_clef(p))]
+            if p is None:
+                peer_cells += ["", ""]
+            else:
+                peer_cells += [_impl_cell(r, p), _ratio_cell(r.ratio_to_clef(p), r.paired_to_clef(p))]
         body.append(
             (
                 r.name,
@@ -239,7 +263,7 @@ def table_lines(
                 fmt_time(r.floor_s(copy_bw)),
                 _impl_cell(r, r.clef),
                 _impl_cell(r, r.fla),
-                _ratio_cell(r.ratio),
+                _ratio_cell(r.ratio, r.paired_to_clef(r.fla)),
                 fmt_pct(r.share(r.clef, copy_bw)),
                 fmt_pct(r.share(r.fla, copy_bw)),
                 _tflops_cell(r, r.clef),

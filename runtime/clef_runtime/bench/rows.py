@@ -153,13 +153,18 @@ def _chunk(ctx: Context, B: int, T: int, seqs: int = 0) -> Setup:
     """``seqs`` > 0: B must be 1 and the T tokens are ``seqs`` packed sequences of T / seqs."""
     d, dt = ctx.dims, ctx.dtype
     N = seqs or B
+    # One offsets tensor for every input set, as a model's GDN layers share their batch's: FLA and
+    # FlashQLA cache what they read from it on the host (by tensor identity), so after the first
+    # call they no longer sync with the host, and the row can be timed by graph replay like the
+    # dense ones (offsets of their own per set made every call sync: host-bound, launch overhead
+    # timed).  clef takes int32 offsets, FLA and FlashQLA int64 (int32 faulted in FlashQLA or FLA).
+    offsets: Tensors = {}
+    if seqs:
+        offsets["cu_seqlens"] = torch.arange(0, T + 1, T // seqs, dtype=torch.int32, device=ctx.device)
+        offsets["cu_seqlens64"] = offsets["cu_seqlens"].long()
 
     def make_set(seed: int) -> Tensors:
-        s = _gdn_set(Draw(ctx.device, seed), d, B, T, dt)
-        if seqs:  # clef takes int32 offsets, FLA and FlashQLA int64 (int32 faulted in FlashQLA or FLA)
-            s["cu_seqlens"] = torch.arange(0, T + 1, T // seqs, dtype=torch.int32, device=ctx.device)
-            s["cu_seqlens64"] = s["cu_seqlens"].long()
-        return s
+        return {**_gdn_set(Draw(ctx.device, seed), d, B, T, dt), **offsets}
 
     def call(fn: Callable[..., tuple[torch.Tensor, torch.Tensor | None]], what: str, **kw: object) -> Impl:
         cu_key = "cu_seqlens" if what.startswith("clef") else "cu_seqlens64"

@@ -86,6 +86,21 @@ class Stats:
         return out
 
 
+# fewer interleaved pairs than this give no paired range (`paired_ratios`)
+MIN_PAIRS = 5
+
+
+def paired_ratios(base: Stats, other: Stats) -> Stats | None:
+    """``other``'s time over ``base``'s, sample by sample: `time_rounds` takes sample j of every
+    implementation in the same interleaved pass, so each ratio compares two calls made side by
+    side, and drift that moves both cancels in it.  Its p10 above 1 says ``base`` was faster in
+    nine pairs of ten, a statement the two medians and their spreads cannot make.  None when the
+    samples are not paired (different counts) or fewer than MIN_PAIRS."""
+    if len(base.samples) != len(other.samples) or len(base.samples) < MIN_PAIRS:
+        return None
+    return Stats(tuple(o / b for o, b in zip(other.samples, base.samples, strict=True)))
+
+
 @dataclass(frozen=True)
 class Budget:
     """How long to sample each row: at least ``min_samples``, then until ``seconds`` have passed
