@@ -34,6 +34,7 @@ from clef_runtime.bench.report import ImplResult, RowResult, fmt_time, number_no
 from clef_runtime.bench.rows import ROWS, Context, Impl, Row, Setup, Tensors, rotation_sets, select_rows
 from clef_runtime.bench.timing import Budget, Stats, paired_ratios
 from clef_runtime.interpreter import interpreting
+from clef_runtime.opset import get_opset
 
 # A small GDN shape for hand arithmetic: D = 2*H*K + HV*V = 2*2*8 + 4*16 = 96.
 SMALL = Dims(H=2, HV=4, K=8, V=16, W=4, hidden=32)
@@ -147,6 +148,22 @@ def test_every_row_of_the_brief_is_there() -> None:
     by_name = {r.name: r for r in ROWS}
     for name, (B, T, graph) in want.items():
         assert (*by_name[name].full, by_name[name].graph) == (B, T, graph), name
+
+
+def test_packed_rows_share_one_offsets_tensor() -> None:
+    """Every input set of the packed row holds the same offsets tensors (as a model's GDN layers
+    share their batch's): FLA and FlashQLA cache what they read from it on the host by tensor
+    identity, so after a first call they no longer sync, and the row can be captured in a graph."""
+    row = next(r for r in ROWS if r.name == "chunk_packed_8x4096")
+    ctx = Context(
+        device=torch.device("cpu"), dtype=torch.bfloat16, dims=SMALL, ops=get_opset("reference"), fla=None
+    )
+    setup = row.build(ctx, *row.tiny)
+    a, b = setup.make_set(1), setup.make_set(2)
+    assert a["cu_seqlens"] is b["cu_seqlens"] and a["cu_seqlens64"] is b["cu_seqlens64"]
+    assert a["cu_seqlens"].dtype == torch.int32 and a["cu_seqlens64"].dtype == torch.int64
+    assert a["cu_seqlens"].tolist() == list(range(0, row.tiny[1] + 1, row.tiny[1] // 8))
+    assert not torch.equal(a["q"], b["q"])  # the inputs still differ per set
 
 
 # ---- floors -------------------------------------------------------------------------------------
