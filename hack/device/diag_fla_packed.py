@@ -1,4 +1,8 @@
-"""Which step makes clef's packed call fault once FLA is in the process (not yet run).
+"""Which step makes clef's packed call fault once FLA is in the process.
+
+Run on the H200 (2026-12-03, fourteenth pass): none of the four steps faulted (|o| 1.4268e+02
+each time), and the bench's row ran with FLA once the bench stopped capturing calls that sync
+(docs/performance.md, "fourteenth pass").  Kept to re-check if the fault comes back.
 
 On the H200 (2026-12-03) the bench's `chunk_packed_8x4096` row broke the CUDA context with FLA
 loaded (no FlashQLA), and with CUDA_LAUNCH_BLOCKING=1 the bench named clef's timing as the call
