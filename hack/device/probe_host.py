@@ -3,6 +3,11 @@ on an idle GPU and behind a backlog of queued work, to tell the op's own host co
 back-pressure of a full launch queue (which the bench's "host enqueue" of a GPU-bound eager row
 includes).  bf16, the Qwen3.5 heads; median of 30 calls each.
 
+Run on the H200 (2026-12-03, docs/performance.md "fourteenth pass"): back to back 161 µs (B1
+T512), 261 (B1 T8192), 227 (B1 T32768), 188 (8 packed × 4096).  The "GPU idle" column came out
+larger (207-540 µs) and its GPU time includes the wait for the host's launches, so read the
+back-to-back column.
+
     PYTHONPATH=runtime:contract python3 hack/device/probe_host.py
 """
 
