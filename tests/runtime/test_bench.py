@@ -333,6 +333,10 @@ def test_paired_ratios() -> None:
     assert paired is not None
     assert paired.p10 == pytest.approx(1.1) and paired.p90 == pytest.approx(1.1)
     assert clef.spread > 0.2  # the medians alone: 1.10x inside a 23% spread
+    # the ratios are taken pair by pair, by sample index: a peer 1.3x and 1.0x clef in turn
+    turns = Stats(tuple(t * (1.3 if j % 2 == 0 else 1.0) for j, t in enumerate(clef.samples)))
+    by_pair = paired_ratios(clef, turns)
+    assert by_pair is not None and by_pair.p10 == pytest.approx(1.0) and by_pair.p90 == pytest.approx(1.3)
     # unpaired (different counts) or too few pairs: no range
     assert paired_ratios(clef, Stats(peer.samples[:6])) is None
     assert paired_ratios(Stats(clef.samples[:4]), Stats(peer.samples[:4])) is None

@@ -137,9 +137,9 @@ TMA_WIDE_FACTORS = True
 # The walk launched with programmatic dependent launch (sm_90): its programs may start while the
 # kernel before it (launch 1, or launch 2 with segments) finishes, and wait for its results
 # (`griddepcontrol.wait`) only before reading them; launch 1 signals its dependants as it starts.
-# That hides the launch gap and launch 1's last, partly filled wave.  Off: timed on the H200 at
-# 0.997-1.009x on four rows and 1.031x once on B4 T8192, bit-identical (docs/performance.md,
-# "fourteenth pass"); on when a repeat shows that gain.
+# That hides the launch gap and launch 1's last, partly filled wave.  Off: bit-identical, and on
+# the H200 0.5-1% faster on unsplit rows (B4 T8192 1.031x, then 1.012x on a repeat), no faster on
+# split ones, inside the probe's noise (docs/performance.md, "fourteenth pass").
 PDL = False
 # Launch 1 stores T diag(β) and e^{G} / |k| for the fold (β folded into T), so that the walk's
 # steps need not load β (a strided per-thread load of 64 floats a step).  Off: on the H200 the
