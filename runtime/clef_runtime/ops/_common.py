@@ -23,12 +23,18 @@ from clef_runtime.interpreter import interpreting
 FLOAT_DTYPES: tuple[torch.dtype, ...] = tuple(torch_dtypes().values())
 
 
+# Host-side integer helpers in plain Python: triton.cdiv and triton.next_power_of_2 are
+# constexpr functions whose wrapper costs ~13 µs a call on the host (2-core build machine), and
+# an op computes several of these per call (docs/performance.md, "fourteenth pass").
+
+
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
 def next_pow2(n: int) -> int:
-    return int(triton.next_power_of_2(max(int(n), 1)))
+    """The smallest power of two ≥ n (1 for n ≤ 1), as triton.next_power_of_2."""
+    return 1 << (max(int(n), 1) - 1).bit_length()
 
 
 def shape_str(t: torch.Tensor) -> str:

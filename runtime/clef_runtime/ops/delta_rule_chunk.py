@@ -83,7 +83,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents
 
 from clef_runtime.interpreter import interpreted
-from clef_runtime.ops._common import check_cu_seqlens, check_runnable
+from clef_runtime.ops._common import cdiv, check_cu_seqlens, check_runnable
 from clef_runtime.ops.delta_rule_common import (
     DotPolicy,
     check_gdn_inputs,
@@ -804,7 +804,7 @@ def prepare(
     device = q.device
     o = torch.empty(B, T, HV, V, dtype=v.dtype, device=device)
     final = torch.empty(N, HV, K, V, dtype=torch.float32, device=device) if output_final_state else None
-    NT = triton.cdiv(T, BT)
+    NT = cdiv(T, BT)
     slots = B * NT if cu_seqlens is None else NT + N  # varlen: an upper bound, see the kernel
     NS = slots // B
     # per-token float32 factors by chunk slot, [B, HV, NS, BT] (each chunk's 64 contiguous and
@@ -866,15 +866,15 @@ def chunk_gated_delta_rule(
     `clef_runtime.opset.get_opset` from `clef_runtime.kernel_config`."""
     B, T, H, HV, K, V, N, scale = checked_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens)
     tc = tensor_core_dots(q.dtype, q.device, tensor_cores)
-    from clef_runtime.ops.delta_rule_chunk_split import chunk_gated_delta_rule_split, takes_default_path
+    from clef_runtime.ops.delta_rule_chunk_split import run_split, takes_default_path
 
     if not fault_state_in_io_dtype and takes_default_path(q.dtype, tc, N, HV, K, V, T):
         # enough (sequence, value head) chains to fill the GPU unsplit, or long sequences split
         # into segments with warm-ups: the output fused into the walk, no chunk states stored
-        # (`delta_rule_chunk_split`; measured faster there)
-        return chunk_gated_delta_rule_split(
-            q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
-            cu_seqlens=cu_seqlens, use_qk_l2norm=use_qk_l2norm,
+        # (`delta_rule_chunk_split`; measured faster there); the inputs are checked already
+        return run_split(
+            q, k, v, g, beta, (T, H, HV, K, V, N), scale, initial_state, output_final_state, cu_seqlens,
+            use_qk_l2norm,
         )  # fmt: skip
     device = q.device
     p = prepare(q, k, v, g, beta, N, scale, cu_seqlens, use_qk_l2norm, output_final_state, tc)
@@ -885,7 +885,7 @@ def chunk_gated_delta_rule(
     state_torch = _TORCH_DTYPE[policy.state_dtype]
     hs = torch.empty(p.slots, HV, K, V, dtype=state_torch, device=device)
     vn = p.u if state_torch == p.u.dtype else torch.empty(B, T, HV, V, dtype=state_torch, device=device)
-    _chunk_recurrence_kernel[(N * HV, triton.cdiv(V, cfg.BV))](
+    _chunk_recurrence_kernel[(N * HV, cdiv(V, cfg.BV))](
         k, p.w, p.u, p.gc, p.kf, hs, vn,
         initial_state if initial_state is not None else p.gc,
         p.final if p.final is not None else p.gc,
@@ -901,7 +901,7 @@ def chunk_gated_delta_rule(
         num_stages=cfg.stages2,
     )  # fmt: skip
     if T > 0:
-        _chunk_output_kernel[(p.slots * HV, triton.cdiv(V, cfg.BVO))](
+        _chunk_output_kernel[(p.slots * HV, cdiv(V, cfg.BVO))](
             q, p.aqk, p.qf, hs, vn, p.o, p.cu, T, p.NT, N, q.stride(0), q.stride(1),
             H=H, HV=HV, K=K, V=V, BK=cfg.BK, BV=cfg.BVO, BT=BT,
             IS_VARLEN=cu_seqlens is not None,

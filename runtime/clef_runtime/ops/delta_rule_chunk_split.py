@@ -51,6 +51,7 @@ design, whose FMA tiles were sized for sm70's registers.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
@@ -61,8 +62,9 @@ from triton.language.extra.cuda import gdc_wait
 from triton.runtime import _allocation
 
 from clef_runtime.interpreter import interpreted
+from clef_runtime.ops._common import cdiv
 from clef_runtime.ops.delta_rule_chunk import BT, OP, checked_inputs, prepare
-from clef_runtime.ops.delta_rule_common import rne_bf16, tensor_core_dots
+from clef_runtime.ops.delta_rule_common import capability, rne_bf16, tensor_core_dots
 
 # With FORM_WU off, launches 2 and 3 take the whole V = 128 per program (k, w, q and Aqk are then
 # read once per chunk and value head, not once per V block), 8 warps, 2 stages (3 need 254 KB of
@@ -153,11 +155,11 @@ def default_segments(N: int, HV: int, V: int, T: int, block_v: int = SPLIT_BV) -
     """Segments per sequence: one when the unsplit walk has enough programs, else enough for
     TARGET_PROGRAMS, none shorter than MIN_SEGMENT_CHUNKS chunks on average (host arithmetic
     only: no sync on cu_seqlens)."""
-    programs = N * HV * triton.cdiv(V, block_v)
+    programs = N * HV * cdiv(V, block_v)
     if programs >= UNSPLIT_PROGRAMS:
         return 1
-    want = triton.cdiv(TARGET_PROGRAMS, max(1, programs))
-    per_seq_chunks = triton.cdiv(T, BT) // max(1, N)
+    want = cdiv(TARGET_PROGRAMS, max(1, programs))
+    per_seq_chunks = cdiv(T, BT) // max(1, N)
     room = max(1, per_seq_chunks // MIN_SEGMENT_CHUNKS)
     return int(max(1, min(want, room, MAX_SEGMENTS)))
 
@@ -185,7 +187,7 @@ def tma_eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     16-byte units (the walk's own tensors are laid out so)."""
     if not TMA_TILES:
         return False
-    if q.device.type == "cuda" and torch.cuda.get_device_capability(q.device)[0] < 9:
+    if q.device.type == "cuda" and capability(q.device)[0] < 9:
         return False
     unit = 16 // q.element_size()
     return all(
@@ -216,6 +218,7 @@ def _scratch_on(device: torch.device) -> Callable[[int, int, int | None], torch.
     return scratch
 
 
+@functools.lru_cache(maxsize=16)
 def _sm_count(device: torch.device) -> int:
     """The device's SM count (1 off a CUDA device: the interpreter runs one program at a time)."""
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
@@ -800,6 +803,34 @@ def chunk_gated_delta_rule_split(
     _, T, H, HV, K, V, N, scale = checked_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens)
     if not tensor_core_dots(q.dtype, q.device):
         raise ValueError(f"{OP}: the split design runs on tensor cores only (16-bit inputs, sm80+)")
+    return run_split(
+        q, k, v, g, beta, (T, H, HV, K, V, N), scale, initial_state, output_final_state, cu_seqlens, use_qk_l2norm,
+        segments, block_v, warps, stages,
+    )  # fmt: skip
+
+
+def run_split(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    dims: tuple[int, int, int, int, int, int],
+    scale: float,
+    initial_state: torch.Tensor | None,
+    output_final_state: bool,
+    cu_seqlens: torch.Tensor | None,
+    use_qk_l2norm: bool,
+    segments: int | None = None,
+    block_v: int | None = None,
+    warps: int | None = None,
+    stages: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`chunk_gated_delta_rule_split` on inputs already checked (`checked_inputs`: ``dims`` is its
+    (T, H, HV, K, V, N), ``scale`` its scale) and on tensor cores: what
+    `delta_rule_chunk.chunk_gated_delta_rule` hands over, so that a call checks its inputs once
+    (the checks cost tens of µs of host time a call)."""
+    T, H, HV, K, V, N = dims
     P = default_segments(N, HV, V, T) if segments is None else int(segments)
     if P < 1:
         raise ValueError(f"{OP}: segments must be ≥ 1, got {P}")
@@ -832,7 +863,7 @@ def chunk_gated_delta_rule_split(
     )
     policy, cfg = p.policy, p.cfg
     if fold:
-        walk_bv, walk_warps = walk_shape(N * HV * triton.cdiv(V, FOLD_BV) * P, _sm_count(q.device))
+        walk_bv, walk_warps = walk_shape(N * HV * cdiv(V, FOLD_BV) * P, _sm_count(q.device))
     else:
         walk_bv, walk_warps = SPLIT_BV, SPLIT_WARPS
     BV = min(block_v or walk_bv, cfg.BVF)
@@ -852,7 +883,7 @@ def chunk_gated_delta_rule_split(
     if tma and isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
         token = _allocation._allocator.set(_scratch_on(q.device))
     try:
-        _segment_output_kernel[(N * HV, triton.cdiv(V, BV), P)](
+        _segment_output_kernel[(N * HV, cdiv(V, BV), P)](
             q, k, v, beta, p.bt if p.bt is not None else p.gc, p.w, p.u, p.gc, p.kf, p.qf, p.aqk, p.o, cw,
             initial_state if initial_state is not None else p.gc,
             p.final if p.final is not None else p.gc,

@@ -25,6 +25,7 @@ import triton.language as tl
 
 from clef_runtime.dtypes import torch_dtypes
 from clef_runtime.interpreter import interpreted
+from clef_runtime.ops._common import next_pow2
 
 # The largest key/value head dim the kernels hold in registers (one tile per program).
 MAX_HEAD_DIM = 256
@@ -68,7 +69,9 @@ def dot_policy(dtype: torch.dtype, kernel: object, tensor_cores: bool = True) ->
 
 
 @functools.lru_cache(maxsize=16)
-def _capability(device: torch.device) -> tuple[int, int]:
+def capability(device: torch.device) -> tuple[int, int]:
+    """The CUDA device's compute capability, asked once per device (a host-side query per call
+    would cost every launch)."""
     return torch.cuda.get_device_capability(device)
 
 
@@ -85,11 +88,11 @@ def tensor_core_dots(dtype: torch.dtype, device: torch.device, forced: bool | No
         return forced
     if device.type != "cuda":
         return True
-    return _capability(device)[0] >= 8
+    return capability(device)[0] >= 8
 
 
 def pow2_at_least(n: int, floor: int = MIN_DOT_DIM) -> int:
-    return max(floor, triton.next_power_of_2(n))
+    return max(floor, next_pow2(n))
 
 
 def check_gdn_inputs(

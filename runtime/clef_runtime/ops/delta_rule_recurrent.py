@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from clef_runtime.ops._common import check_runnable, check_state_indices
+from clef_runtime.ops._common import cdiv, check_runnable, check_state_indices
 from clef_runtime.ops.delta_rule_common import (
     check_gdn_inputs,
     check_state,
@@ -166,7 +166,7 @@ def fused_recurrent_gated_delta_rule(
         return o
     BK = pow2_at_least(K, 1)
     BV = min(BV_MAX, pow2_at_least(V, 1))
-    _recurrent_kernel[(B * HV, triton.cdiv(V, BV))](
+    _recurrent_kernel[(B * HV, cdiv(V, BV))](
         q, k, v, g, beta, o, state,
         state_indices if state_indices is not None else state,
         scale, T, pool,
