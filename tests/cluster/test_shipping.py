@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -164,7 +165,7 @@ def test_operator_rbac_is_exactly_what_it_uses(
     try:
         try:
             kernels_run = _drive_every_api_path(Models(cluster, namespace), operator, tmp_path)
-            samples = operator.metrics()
+            samples = _settled_metrics(operator)
         except AssertionError as e:
             # A missing rule shows up as a rollout that never finishes; say which request it was.
             raise AssertionError(
@@ -346,6 +347,22 @@ def _drive_goldens(models: Models, operator: ElectedOperator, tmp: Path) -> None
     models.wait_condition(name, "Verified", "False", "GoldensUntrusted", timeout=120)
     wait_for(lambda: not stored(), 60, "the untrusted goldens deleted", operator.tail)
     models.delete(name)
+    wait_for(lambda: _gone(models, name), 60, "the goldens ClefModel gone", operator.tail)
+
+
+def _settled_metrics(operator: ElectedOperator) -> Samples:
+    """/metrics once the operator has caught up with the last deletion: a model's gauge and queue
+    drop when its deletion's handler has run, a moment after the object is gone.  If they never
+    settle, the last scrape is returned and `_check_metrics` names what stayed."""
+    samples = operator.metrics()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(
+        metric(samples, name)
+        for name in ("clef_reconcile_queue_depth", "clef_reconciles_in_progress", "clef_models")
+    ):
+        time.sleep(0.5)
+        samples = operator.metrics()
+    return samples
 
 
 def _gone(models: Models, name: str) -> bool:
