@@ -58,7 +58,8 @@ fmt: $(STAMP)
 # The runtime tier is CPU-bound (Triton's interpreter); the cluster tier mostly waits on the
 # control plane and the operator's loop.  So `make test` runs the two at once: each one's output is
 # printed in one piece when it ends (--output-sync), and either one failing fails `make test`
-# (after the other has finished).  `make test-runtime` / `make test-cluster` run one alone.
+# (after the other has finished).  `make test-runtime` / `make test-cluster` run one alone.  Each
+# ends with its slowest tests (--durations), so a log shows where a tier's time goes.
 .PHONY: test
 test: $(STAMP) lint cluster-build-if-possible test-unit
 	@$(MAKE) --no-print-directory -j2 --output-sync=target test-runtime test-cluster
@@ -69,7 +70,7 @@ test-unit: $(STAMP)
 
 .PHONY: test-runtime
 test-runtime: $(STAMP)
-	TRITON_INTERPRET=1 $(VPY) -m pytest tests/runtime -q
+	TRITON_INTERPRET=1 $(VPY) -m pytest tests/runtime -q --durations=25 --durations-min=10
 
 # CLEF_REQUIRE_GPU: without a usable GPU every gpu test fails instead of skipping.
 .PHONY: test-gpu

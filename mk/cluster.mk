@@ -30,7 +30,7 @@ cluster-build-if-possible: $(STAMP)
 	@if [ -z "$${CLEF_KUBECONFIG:-}" ]; then $(CLUSTER) build --if-possible; fi
 
 test-cluster: cluster-build-if-possible
-	CLEF_CACHE=$(CLEF_CACHE) $(VPY) -m pytest tests/cluster -q
+	CLEF_CACHE=$(CLEF_CACHE) $(VPY) -m pytest tests/cluster -q --durations=25 --durations-min=10
 
 # Machines with Docker and kind only (untested on the Docker-less build machines): a kind cluster
 # with kwok's GPU nodes, the RuntimeClass, the image table and the runner added from this host.
