@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 from types import SimpleNamespace
 
-from clef_runtime.interpreter import interpreting, round_bf16_like_gpus
+from clef_runtime.interpreter import interpreting, patch_language_once_per_launch, round_bf16_like_gpus
 from clef_runtime.ops.conv import causal_conv1d, causal_conv1d_update
 from clef_runtime.ops.delta_rule_chunk import chunk_gated_delta_rule
 from clef_runtime.ops.delta_rule_recurrent import fused_recurrent_gated_delta_rule
@@ -19,6 +19,7 @@ from clef_runtime.ops.norm import gated_rmsnorm
 
 if interpreting():
     round_bf16_like_gpus()  # before any kernel runs: bf16 outputs round as on a GPU
+    patch_language_once_per_launch()  # helper calls inside a kernel skip re-patching triton.language
 
 __all__ = [
     "TRITON_OPS",
