@@ -1,12 +1,10 @@
 """Helper calls inside an interpreted kernel patch ``triton.language`` once per launch
 (`clef_runtime.interpreter.patch_language_once_per_launch`), with the same results as Triton's
-own way, which patches it again at every helper call."""
+own way, which patches it again at every helper call.  That importing the kernels applies it is
+checked with the rounding fix (tests/runtime/test_interpreter_rounding.py)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -97,15 +95,3 @@ def test_a_failing_launch_leaves_no_launch_behind() -> None:
     with pytest.raises(Exception):  # noqa: B017 - the interpreter wraps the error in its own type
         _helpers_kernel[(1,)](torch.empty(1), torch.empty(1), STEPS=STEPS, BLOCK=BLOCK + 1)
     assert interpreter._patch_lang.launches() == []
-
-
-def test_importing_the_kernels_applies_it() -> None:
-    """What `verify`, `goldens` and `serve` get on a CPU: no test conftest, just the package."""
-    code = (
-        "import clef_runtime.ops\n"
-        "from triton.runtime import interpreter\n"
-        "assert type(interpreter._patch_lang).__name__ == '_LanguagePatches', interpreter._patch_lang\n"
-    )
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr

@@ -42,11 +42,13 @@ def test_kernel_cast_rounds_to_nearest_even() -> None:
 
 
 def test_importing_the_kernels_applies_it() -> None:
-    """What `verify`, `goldens` and `serve` get on a CPU: no test conftest, just the package."""
+    """What `verify`, `goldens` and `serve` get on a CPU: no test conftest, just the package.  It
+    applies `patch_language_once_per_launch` too (tests/runtime/test_interpreter_patching.py)."""
     code = (
         "import clef_runtime.ops\n"
         "from triton.runtime import interpreter\n"
         "assert getattr(interpreter.InterpreterBuilder.cast_impl, '_clef_rtne', False)\n"
+        "assert type(interpreter._patch_lang).__name__ == '_LanguagePatches', interpreter._patch_lang\n"
     )
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
