@@ -53,3 +53,138 @@ def test_a_chunked_call_checks_its_inputs_once(
     assert calls == [dc.OP]
     assert h is not None and h2 is not None
     assert torch.equal(o, o2) and torch.equal(h, h2)
+
+
+# --- plans: a layout's host work done once (delta_rule_plan, fast_launch) --------------------
+
+
+def test_workspace_layout_aligns_every_intermediate() -> None:
+    from clef_runtime.ops.delta_rule_plan import ALIGN, layout
+
+    total, offsets = layout([((3, 5), torch.bfloat16), None, ((7,), torch.float32), ((0, 4), torch.int32)])
+    assert offsets == [0, None, ALIGN, 2 * ALIGN]
+    assert total == 2 * ALIGN  # an empty tensor takes no room
+    assert all(o is None or o % ALIGN == 0 for o in offsets)
+
+
+def test_no_plan_under_the_interpreter_or_an_unknown_triton(
+    rng: torch.Generator, device: torch.device
+) -> None:
+    """The CPU tier runs the kernels interpreted: the direct launch must stay off there (and on
+    any Triton this was not written against), and every call takes the plain path."""
+    from clef_runtime.interpreter import interpreted
+    from clef_runtime.ops import fast_launch
+
+    kernel = dc._chunk_prepare_kernel
+    if interpreted(kernel):
+        assert not fast_launch.supported(kernel)
+    real = triton.__version__
+    triton.__version__ = "99.0.0"
+    fast_launch._internals.cache_clear()
+    try:
+        assert fast_launch._internals() is None
+        assert not fast_launch.supported(kernel)
+        q, k, v, g, beta = gdn_inputs(rng, device, torch.bfloat16, B=1, T=80, H=1, HV=2, K=16, V=16)
+        before = len(dc._PLANS)
+        o, _ = dc.chunk_gated_delta_rule(q, k, v, g, beta, tensor_cores=True)
+        assert len(dc._PLANS) == before and torch.isfinite(o.float()).all()
+    finally:
+        triton.__version__ = real
+        fast_launch._internals.cache_clear()
+
+
+def test_a_plan_passes_what_the_recorded_launch_passed() -> None:
+    """A plan's launch arguments (built by one generated function) are the recorded call's: input
+    and output addresses where it passed those tensors, workspace addresses at each intermediate's
+    offset, the scalars and the constexprs as recorded, the global scratch inside the workspace."""
+    from clef_runtime.ops import delta_rule_plan as dp
+    from clef_runtime.ops import fast_launch
+
+    seen: list[tuple[object, ...]] = []
+    rec = fast_launch.Recorded(
+        "k",
+        lambda *a: None,
+        1234,
+        (4, 1, 0),
+        5,
+        (16, "x"),
+        lambda *a: seen.append(a),
+        (False, True),
+        (64, 128),
+    )
+    inputs = [torch.zeros(3), torch.zeros(2), None, torch.zeros(1), torch.zeros(1), None, None]
+    r = dp.Recorder(inputs)
+    specs = [((10,), torch.float32), None, ((4, 4), torch.bfloat16)]
+    _, _, w2 = dp.carve(specs, torch.device("cpu"), r)
+    o, final = torch.zeros(2), None
+    r.outputs(o, final)
+    r.launches.append((rec, (3, 2), [r._source(a) for a in (inputs[1], w2, o, 7, 0.5)]))  # type: ignore[misc]
+    assert r._source(torch.zeros(1)) is None and r._source(True) is None
+    plan = r.plan()
+    assert plan is not None
+    total, offsets = dp.layout(specs)
+    scratch_off = -(-total // 256) * 256
+    assert plan.ws_bytes == scratch_off + 3 * 2 * 64
+    out, fin = plan(99, torch.device("cpu"), [11, 22, 0, 44, 55, 0, 0, 0, 0])
+    assert fin is None and out.shape == o.shape
+    (args,) = seen
+    base = args[7] - scratch_off
+    assert args[:7] == (3, 2, 1, 99, 1234, False, True) and args[8:13] == (None, (4, 1, 0), None, None, None)
+    assert args[13:] == (22, base + offsets[2], out.data_ptr(), 7, 0.5, 16, "x")
+
+
+PLAN_CASES = {
+    "three-launch": dict(B=1, T=512),
+    "split-segments": dict(B=1, T=4096),
+    "unsplit-b4": dict(B=4, T=2048),
+    "varlen": dict(lens=[1, 64, 200, 4000]),
+    "initial-state": dict(B=2, T=300, initial=True),
+    "no-final": dict(B=1, T=2048, final=False),
+    "f16": dict(B=1, T=700, dtype=torch.float16),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", list(PLAN_CASES))
+def test_planned_calls_match_the_plain_path_gpu(
+    case: str, rng: torch.Generator, gpu_device: torch.device, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The second call of a layout runs its recorded plan (one workspace, direct launches): the
+    same outputs to the bit as the plain path, on fresh inputs of that layout, and on inputs of
+    another layout (a new plan)."""
+    from clef_runtime.ops import fast_launch
+
+    kw = dict(PLAN_CASES[case])
+    dtype = kw.pop("dtype", torch.bfloat16)
+    initial, final = kw.pop("initial", False), kw.pop("final", True)
+    lens = kw.pop("lens", None)
+    B, T = (1, sum(lens)) if lens else (kw["B"], kw["T"])
+    Hs = dict(H=16, HV=32, K=128, V=128)
+    cu = None
+    if lens:
+        cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=gpu_device)
+    N = len(lens) if lens else B
+
+    def call() -> tuple[torch.Tensor, torch.Tensor | None]:
+        q, k, v, g, beta = gdn_inputs(rng, gpu_device, dtype, B=B, T=T, **Hs)
+        h0 = (torch.randn(N, 32, 128, 128, generator=rng) * 0.1).to(gpu_device) if initial else None
+        args = (q, k, v, g, beta)
+        opts = dict(initial_state=h0, output_final_state=final, cu_seqlens=cu, use_qk_l2norm=True)
+        monkeypatch.setattr(fast_launch, "ENABLED", False)
+        ref = dc.chunk_gated_delta_rule(*args, **opts)  # type: ignore[arg-type]
+        monkeypatch.setattr(fast_launch, "ENABLED", True)
+        for _ in range(2):  # a layout's first call notes it, the second records its plan
+            dc.chunk_gated_delta_rule(*args, **opts)  # type: ignore[arg-type]
+        n = len(dc._PLANS)
+        out = dc.chunk_gated_delta_rule(*args, **opts)  # type: ignore[arg-type]
+        assert len(dc._PLANS) == n
+        assert torch.equal(out[0], ref[0]), case
+        assert (out[1] is None) == (ref[1] is None) == (not final)
+        if out[1] is not None:
+            assert ref[1] is not None and torch.equal(out[1], ref[1]), case
+        return out
+
+    call()
+    key_count = len(dc._PLANS)
+    call()  # fresh inputs, the same layout: no new plan
+    assert len(dc._PLANS) == key_count

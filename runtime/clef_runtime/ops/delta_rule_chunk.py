@@ -70,12 +70,15 @@ Variable-length batches: chunks never cross a sequence boundary.  Launch 1 runs 
 ``ceil(T/64) + N`` slots (an upper bound on the chunk count) and finds each slot's sequence and
 chunk by a binary search over ``cu_seqlens`` inside the kernel (so does launch 3; launch 2 stores
 chunk c of sequence n in slot ``cu[n] // 64 + n + c``, the slot launch 3 finds); launch 2 reads
-its sequence's bounds directly.  Nothing is prepared on the host, so there is no sync and no cache.
+its sequence's bounds directly.  Nothing is prepared on the host from the offsets' values, so
+there is no sync.  The host side's own work (checks, tiles, allocations, Triton's launcher) is
+recorded per input layout and replayed (`clef_runtime.ops.delta_rule_plan`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import ModuleType
 
 import torch
 import triton
@@ -83,6 +86,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents
 
 from clef_runtime.interpreter import interpreted
+from clef_runtime.ops import fast_launch
 from clef_runtime.ops._common import cdiv, check_cu_seqlens, check_runnable
 from clef_runtime.ops.delta_rule_common import (
     DotPolicy,
@@ -93,6 +97,7 @@ from clef_runtime.ops.delta_rule_common import (
     rne_bf16,
     tensor_core_dots,
 )
+from clef_runtime.ops.delta_rule_plan import MAX_PLANS, Plan, Recorder, Spec, carve, plain_launch, tensor_key
 
 OP = "chunk_gated_delta_rule"
 BT = 64  # chunk length
@@ -754,6 +759,7 @@ class Prepared:
     NS: int  # chunk slots a batch row (the per-token factors are [B, HV, NS, BT])
     policy: DotPolicy
     cfg: LaunchConfig
+    extra: tuple[torch.Tensor | None, ...] = ()  # the caller's `extra` workspace tensors
 
 
 def doubling_precision(policy: DotPolicy) -> str:
@@ -791,6 +797,8 @@ def prepare(
     beta_in_t: bool = False,
     beta_rows: bool = False,
     pdl: bool = False,
+    extra: tuple[Spec | None, ...] = (),
+    rec: Recorder | None = None,
 ) -> Prepared:
     """Allocate the outputs and launch 1's intermediates, and run launch 1 (shared with
     `clef_runtime.ops.delta_rule_chunk_split`; ``chunk_bound``: also the per-chunk log bounds
@@ -802,46 +810,61 @@ def prepare(
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     device = q.device
-    o = torch.empty(B, T, HV, V, dtype=v.dtype, device=device)
-    final = torch.empty(N, HV, K, V, dtype=torch.float32, device=device) if output_final_state else None
     NT = cdiv(T, BT)
     slots = B * NT if cu_seqlens is None else NT + N  # varlen: an upper bound, see the kernel
     NS = slots // B
     # per-token float32 factors by chunk slot, [B, HV, NS, BT] (each chunk's 64 contiguous and
     # 256-byte aligned; a varlen batch's unused slots are never written nor read)
     factor_rows = (B, HV, NS * BT)
-    # within-chunk intermediates, token-indexed, in the input dtype (see the module docstring)
-    if t_out:
-        w = torch.empty(B, T, HV, BT, dtype=q.dtype, device=device)
-        u = torch.empty(factor_rows, dtype=torch.float32, device=device)
-    else:
-        w = torch.empty(B, T, HV, K, dtype=q.dtype, device=device)
-        u = torch.empty(B, T, HV, V, dtype=q.dtype, device=device)
-    aqk = torch.empty(B, T, HV, BT, dtype=q.dtype, device=device)
-    # the cumulative decay, head-major [B, HV, T], and what launches 2 and 3 scale k and q rows by
-    gc = torch.empty(B, HV, T, dtype=torch.float32, device=device)
-    kf = torch.empty(factor_rows, dtype=torch.float32, device=device)
-    qf = torch.empty(factor_rows, dtype=torch.float32, device=device)
-    bt = torch.empty(factor_rows, dtype=torch.float32, device=device) if t_out and beta_rows else None
+    f32 = torch.float32
+    # launch 1's intermediates and the caller's `extra` (one workspace allocation in a plan,
+    # `delta_rule_plan`): within-chunk intermediates, token-indexed, in the
+    # input dtype (see the module docstring); the cumulative decay, head-major [B, HV, T]; what
+    # launches 2 and 3 scale k and q rows by
+    specs: tuple[Spec | None, ...] = (
+        ((B, T, HV, BT if t_out else K), q.dtype),  # w (T with t_out)
+        (factor_rows, f32) if t_out else ((B, T, HV, V), q.dtype),  # u (w's row factors with t_out)
+        ((B, T, HV, BT), q.dtype),  # aqk
+        ((B, HV, T), f32),  # gc
+        (factor_rows, f32),  # kf
+        (factor_rows, f32),  # qf
+        (factor_rows, f32) if t_out and beta_rows else None,  # bt
+        ((slots, HV), f32) if chunk_bound else None,  # lb
+        *extra,
+    )
+    views = carve(specs, device, rec)
+    w, u, aqk, gc, kf, qf, bt, lb = views[:8]
+    assert w is not None and u is not None and aqk is not None and gc is not None
+    assert kf is not None and qf is not None
     cu = cu_seqlens if cu_seqlens is not None else gc  # an unused pointer when not varlen
-    lb = torch.empty(slots, HV, dtype=torch.float32, device=device) if chunk_bound else None
     policy = dot_policy(q.dtype, _chunk_prepare_kernel, tc)
     cfg = launch_config(K, V, q.dtype, tc)
     if T > 0:
-        _chunk_prepare_kernel[(slots * HV,)](
-            q, k, v, g, beta, w, u, aqk, gc, kf, qf, lb if lb is not None else gc,
-            bt if bt is not None else gc, cu,
-            scale, T, NT, N,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-            H=H, HV=HV, K=K, V=V, BK=cfg.BK, BVF=cfg.BVF, KS=cfg.KS, VS=cfg.VS,
-            BT=BT, BC=BC, LOG_BC=BC.bit_length() - 1, SOLVE_BY_DOUBLING=cfg.solve_by_doubling,
-            IS_VARLEN=cu_seqlens is not None, L2NORM=use_qk_l2norm, CHUNK_BOUND=chunk_bound,
-            CHUNK_DT=policy.chunk_dtype, SOLVE_PRECISION=policy.solve_precision,
-            DOUBLING_PRECISION=doubling_precision(policy), SOLVE_DT=solve_dtype(q.dtype, tc),
-            ROUND_BF16=policy.round_bf16, T_OUT=t_out, BETA_IN_T=t_out and beta_in_t,
-            BETA_ROWS=bt is not None, PDL=pdl, num_warps=cfg.warps1, maxnreg=cfg.regs1_t if t_out else cfg.regs1,
+        # the first long kernel goes into the queue before the outputs are allocated
+        plain_launch(
+            rec, _chunk_prepare_kernel, (slots * HV,),
+            (
+                q, k, v, g, beta, w, u, aqk, gc, kf, qf, lb if lb is not None else gc,
+                bt if bt is not None else gc, cu,
+                scale, T, NT, N,
+                q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            ),
+            dict(
+                H=H, HV=HV, K=K, V=V, BK=cfg.BK, BVF=cfg.BVF, KS=cfg.KS, VS=cfg.VS,
+                BT=BT, BC=BC, LOG_BC=BC.bit_length() - 1, SOLVE_BY_DOUBLING=cfg.solve_by_doubling,
+                IS_VARLEN=cu_seqlens is not None, L2NORM=use_qk_l2norm, CHUNK_BOUND=chunk_bound,
+                CHUNK_DT=policy.chunk_dtype, SOLVE_PRECISION=policy.solve_precision,
+                DOUBLING_PRECISION=doubling_precision(policy), SOLVE_DT=solve_dtype(q.dtype, tc),
+                ROUND_BF16=policy.round_bf16, T_OUT=t_out, BETA_IN_T=t_out and beta_in_t,
+                BETA_ROWS=bt is not None, PDL=pdl, num_warps=cfg.warps1,
+                maxnreg=cfg.regs1_t if t_out else cfg.regs1,
+            ),
         )  # fmt: skip
-    return Prepared(o, final, w, u, aqk, gc, kf, qf, lb, bt, cu, NT, slots, NS, policy, cfg)
+    o = torch.empty(B, T, HV, V, dtype=v.dtype, device=device)
+    final = torch.empty(N, HV, K, V, dtype=torch.float32, device=device) if output_final_state else None
+    if rec is not None:
+        rec.outputs(o, final)
+    return Prepared(o, final, w, u, aqk, gc, kf, qf, lb, bt, cu, NT, slots, NS, policy, cfg, tuple(views[8:]))
 
 
 def chunk_gated_delta_rule(
@@ -864,48 +887,176 @@ def chunk_gated_delta_rule(
     the fault ``fp16_state_overflow``, set only by `clef_runtime.ops.faulty`; ``tensor_cores``
     forces the launch configuration (None: the device decides, see `tensor_core_dots`), set by
     `clef_runtime.opset.get_opset` from `clef_runtime.kernel_config`."""
+    ds = _split_module()
+    inputs = (q, k, v, g, beta, cu_seqlens, initial_state)
+    planned = None
+    if fast_launch.supported(_chunk_prepare_kernel):
+        planned = plan_key(
+            inputs,
+            scale,
+            output_final_state,
+            use_qk_l2norm,
+            fault_state_in_io_dtype,
+            tensor_cores,
+            ds.tunables(),
+        )
+        if planned is not None:
+            plan = _PLANS.get(planned[0])
+            if plan is not None:  # this layout's checks passed and its launches were recorded
+                return plan(planned[1], q.device, planned[2])
     B, T, H, HV, K, V, N, scale = checked_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens)
     tc = tensor_core_dots(q.dtype, q.device, tensor_cores)
-    from clef_runtime.ops.delta_rule_chunk_split import run_split, takes_default_path
+    rec = Recorder(inputs) if planned is not None and _seen_before(planned[0]) else None
 
-    if not fault_state_in_io_dtype and takes_default_path(q.dtype, tc, N, HV, K, V, T):
+    if not fault_state_in_io_dtype and ds.takes_default_path(q.dtype, tc, N, HV, K, V, T):
         # enough (sequence, value head) chains to fill the GPU unsplit, or long sequences split
         # into segments with warm-ups: the output fused into the walk, no chunk states stored
         # (`delta_rule_chunk_split`; measured faster there); the inputs are checked already
-        return run_split(
+        out = ds.run_split(
             q, k, v, g, beta, (T, H, HV, K, V, N), scale, initial_state, output_final_state, cu_seqlens,
-            use_qk_l2norm,
+            use_qk_l2norm, rec=rec,
         )  # fmt: skip
-    device = q.device
-    p = prepare(q, k, v, g, beta, N, scale, cu_seqlens, use_qk_l2norm, output_final_state, tc)
-    policy, cfg = p.policy, p.cfg
+        _keep(planned, rec)
+        return out
     # the chunk-start states and v_new, as the state dots see them (STATE_DT), for launch 3; for
     # bf16 on a GPU v_new has u's dtype and overwrites it (each element of u is read once, by the
     # program that writes the same element of v_new)
+    policy = dot_policy(q.dtype, _chunk_prepare_kernel, tc)
     state_torch = _TORCH_DTYPE[policy.state_dtype]
-    hs = torch.empty(p.slots, HV, K, V, dtype=state_torch, device=device)
-    vn = p.u if state_torch == p.u.dtype else torch.empty(B, T, HV, V, dtype=state_torch, device=device)
-    _chunk_recurrence_kernel[(N * HV, cdiv(V, cfg.BV))](
-        k, p.w, p.u, p.gc, p.kf, hs, vn,
-        initial_state if initial_state is not None else p.gc,
-        p.final if p.final is not None else p.gc,
-        p.cu, T, p.NT, p.NS,
-        k.stride(0), k.stride(1),
-        H=H, HV=HV, K=K, V=V, BK=cfg.BK, BV=cfg.BV, BT=BT,
-        IS_VARLEN=cu_seqlens is not None,
-        HAS_H0=initial_state is not None, STORE_FINAL=p.final is not None,
-        STATE_IN_IO_DTYPE=fault_state_in_io_dtype,
-        STATE_DT=policy.state_dtype, STATE_PRECISION=policy.state_precision, ROUND_BF16=policy.round_bf16,
-        INTERPRETED=interpreted(_chunk_recurrence_kernel),
-        num_warps=cfg.warps2,
-        num_stages=cfg.stages2,
+    slots = B * cdiv(T, BT) if cu_seqlens is None else cdiv(T, BT) + N
+    own_vn = state_torch != q.dtype
+    extra = (((slots, HV, K, V), state_torch), ((B, T, HV, V), state_torch) if own_vn else None)
+    p = prepare(
+        q, k, v, g, beta, N, scale, cu_seqlens, use_qk_l2norm, output_final_state, tc, extra=extra, rec=rec
+    )
+    cfg = p.cfg
+    hs = p.extra[0]
+    vn = p.extra[1] if own_vn else p.u
+    assert hs is not None and vn is not None
+    plain_launch(
+        rec, _chunk_recurrence_kernel, (N * HV, cdiv(V, cfg.BV)),
+        (
+            k, p.w, p.u, p.gc, p.kf, hs, vn,
+            initial_state if initial_state is not None else p.gc,
+            p.final if p.final is not None else p.gc,
+            p.cu, T, p.NT, p.NS,
+            k.stride(0), k.stride(1),
+        ),
+        dict(
+            H=H, HV=HV, K=K, V=V, BK=cfg.BK, BV=cfg.BV, BT=BT,
+            IS_VARLEN=cu_seqlens is not None,
+            HAS_H0=initial_state is not None, STORE_FINAL=p.final is not None,
+            STATE_IN_IO_DTYPE=fault_state_in_io_dtype,
+            STATE_DT=policy.state_dtype, STATE_PRECISION=policy.state_precision, ROUND_BF16=policy.round_bf16,
+            INTERPRETED=interpreted(_chunk_recurrence_kernel),
+            num_warps=cfg.warps2,
+            num_stages=cfg.stages2,
+        ),
     )  # fmt: skip
     if T > 0:
-        _chunk_output_kernel[(p.slots * HV, cdiv(V, cfg.BVO))](
-            q, p.aqk, p.qf, hs, vn, p.o, p.cu, T, p.NT, N, q.stride(0), q.stride(1),
-            H=H, HV=HV, K=K, V=V, BK=cfg.BK, BV=cfg.BVO, BT=BT,
-            IS_VARLEN=cu_seqlens is not None,
-            STATE_DT=policy.state_dtype, STATE_PRECISION=policy.state_precision, ROUND_BF16=policy.round_bf16,
-            num_warps=cfg.warps3,
+        plain_launch(
+            rec, _chunk_output_kernel, (p.slots * HV, cdiv(V, cfg.BVO)),
+            (q, p.aqk, p.qf, hs, vn, p.o, p.cu, T, p.NT, N, q.stride(0), q.stride(1)),
+            dict(
+                H=H, HV=HV, K=K, V=V, BK=cfg.BK, BV=cfg.BVO, BT=BT,
+                IS_VARLEN=cu_seqlens is not None,
+                STATE_DT=policy.state_dtype, STATE_PRECISION=policy.state_precision,
+                ROUND_BF16=policy.round_bf16,
+                num_warps=cfg.warps3,
+            ),
         )  # fmt: skip
+    _keep(planned, rec)
     return p.o, p.final
+
+
+# ---------------------------------------------------------------------------------------------
+# plans: a layout's host work done once (`delta_rule_plan`)
+# ---------------------------------------------------------------------------------------------
+
+_PLANS: dict[tuple[object, ...], Plan] = {}
+# layouts called once: a layout's second call records its plan, so that a caller whose layouts
+# rarely repeat (an engine's chunked prefill with a new token count every step) pays the key,
+# not the recording (Triton's plain launch and a generated function a launch), on every call
+_SEEN: dict[tuple[object, ...], None] = {}
+
+
+def _seen_before(key: tuple[object, ...]) -> bool:
+    """Whether a call of this layout came before (and note this one)."""
+    if key in _SEEN:
+        return True
+    if len(_SEEN) >= MAX_PLANS:
+        _SEEN.clear()
+    _SEEN[key] = None
+    return False
+
+
+def tunables() -> tuple[object, ...]:
+    """This module's settings that the host side reads (part of a plan's key)."""
+    return (SOLVE_F16, OUT_BV, OUT_WARPS)
+
+
+def plan_key(
+    inputs: tuple[torch.Tensor | None, ...],
+    scale: float | None,
+    output_final_state: bool,
+    use_qk_l2norm: bool,
+    fault: bool,
+    tensor_cores: bool | None,
+    split_tunables: tuple[object, ...],
+) -> tuple[tuple[object, ...], int, list[int]] | None:
+    """(the key of a call's plan, the current stream, the inputs' addresses), or None where a call
+    takes no plan (not on a CUDA device, or arguments that are not tensors: the plain path then
+    checks them).  The key holds what the checks read (shapes, strides, dtypes, devices), each
+    address's remainder mod 16 (Triton's specialisation), the flags, the current device and the
+    modules' settings."""
+    if scale is not None and type(scale) not in (float, int):
+        return None  # (a tensor's value could change under the same key)
+    try:
+        q, k, v, g, beta, cu, h0 = inputs
+        if not q.is_cuda:  # type: ignore[union-attr]
+            return None
+        device, stream = fast_launch.current_stream()
+        # the addresses in `delta_rule_plan.Recorder.sources` order (o and the final state last)
+        ptrs = [
+            q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr(), beta.data_ptr(),  # type: ignore[union-attr]
+            0 if cu is None else cu.data_ptr(), 0 if h0 is None else h0.data_ptr(), 0, 0,
+        ]  # fmt: skip
+        key = (
+            q.shape, q.stride(), q.dtype, q.get_device(),  # type: ignore[union-attr]
+            k.shape, k.stride(), k.dtype, k.get_device(),  # type: ignore[union-attr]
+            v.shape, v.stride(), v.dtype, v.get_device(),  # type: ignore[union-attr]
+            g.shape, g.stride(), g.dtype, g.get_device(),  # type: ignore[union-attr]
+            beta.shape, beta.stride(), beta.dtype, beta.get_device(),  # type: ignore[union-attr]
+            tensor_key(cu), tensor_key(h0),
+            ptrs[0] & 15, ptrs[1] & 15, ptrs[2] & 15, ptrs[3] & 15, ptrs[4] & 15, ptrs[5] & 15, ptrs[6] & 15,
+            scale, bool(output_final_state), bool(use_qk_l2norm), bool(fault), tensor_cores, device,
+            tunables(), split_tunables,
+        )  # fmt: skip
+        hash(key)
+    except (AttributeError, TypeError, ValueError):
+        return None
+    return key, stream, ptrs
+
+
+_SPLIT: list[ModuleType] = []
+
+
+def _split_module() -> ModuleType:
+    """`delta_rule_chunk_split` (which imports this module), imported at the first call."""
+    if not _SPLIT:
+        from clef_runtime.ops import delta_rule_chunk_split
+
+        _SPLIT.append(delta_rule_chunk_split)
+    return _SPLIT[0]
+
+
+def _keep(planned: tuple[tuple[object, ...], int, list[int]] | None, rec: Recorder | None) -> None:
+    """Store the plan `rec` recorded under the call's key."""
+    if planned is None or rec is None:
+        return
+    plan = rec.plan()
+    if plan is None:
+        return
+    if len(_PLANS) >= MAX_PLANS:
+        _PLANS.clear()
+    _PLANS[planned[0]] = plan

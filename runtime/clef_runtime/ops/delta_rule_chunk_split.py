@@ -53,18 +53,17 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
 
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
-from triton.runtime import _allocation
 
 from clef_runtime.interpreter import interpreted
 from clef_runtime.ops._common import cdiv
 from clef_runtime.ops.delta_rule_chunk import BT, OP, checked_inputs, prepare
 from clef_runtime.ops.delta_rule_common import capability, rne_bf16, tensor_core_dots
+from clef_runtime.ops.delta_rule_plan import Recorder, plain_launch
 
 # With FORM_WU off, launches 2 and 3 take the whole V = 128 per program (k, w, q and Aqk are then
 # read once per chunk and value head, not once per V block), 8 warps, 2 stages (3 need 254 KB of
@@ -206,16 +205,6 @@ def factor_descriptors(tma: bool, block_v: int, beta_rows: bool) -> int:
     if not (tma and TMA_FACTORS):
         return 0
     return 2 if TMA_WIDE_FACTORS and beta_rows and block_v == WIDE_BV else 1
-
-
-def _scratch_on(device: torch.device) -> Callable[[int, int, int | None], torch.Tensor]:
-    """Triton's allocator (size, alignment, stream) for the global memory the walk's descriptors
-    live in, on the device of the call's tensors (not whichever device is current)."""
-
-    def scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
-        return torch.empty(size, dtype=torch.int8, device=device)
-
-    return scratch
 
 
 @functools.lru_cache(maxsize=16)
@@ -825,11 +814,13 @@ def run_split(
     block_v: int | None = None,
     warps: int | None = None,
     stages: int | None = None,
+    rec: Recorder | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`chunk_gated_delta_rule_split` on inputs already checked (`checked_inputs`: ``dims`` is its
     (T, H, HV, K, V, N), ``scale`` its scale) and on tensor cores: what
     `delta_rule_chunk.chunk_gated_delta_rule` hands over, so that a call checks its inputs once
-    (the checks cost tens of µs of host time a call)."""
+    (the checks cost tens of µs of host time a call); ``rec`` records its launches for a plan
+    (`delta_rule_plan`)."""
     T, H, HV, K, V, N = dims
     P = default_segments(N, HV, V, T) if segments is None else int(segments)
     if P < 1:
@@ -843,24 +834,12 @@ def run_split(
     beta_rows = tma and BETA_ROWS and not beta_in_t
     # launch 1 stores the chunk bounds only for keys it does not normalise (with normalised keys
     # the gates give them: `_chunk_bounds`); they cost it 14% at B1 T32768 on the H200
+    P_warm = P > 1
     p = prepare(
-        q,
-        k,
-        v,
-        g,
-        beta,
-        N,
-        scale,
-        cu_seqlens,
-        use_qk_l2norm,
-        output_final_state,
-        True,
-        P > 1 and not use_qk_l2norm,
-        fold,
-        beta_in_t,
-        beta_rows,
-        pdl,
-    )
+        q, k, v, g, beta, N, scale, cu_seqlens, use_qk_l2norm, output_final_state, True,
+        P_warm and not use_qk_l2norm, fold, beta_in_t, beta_rows, pdl,
+        extra=(((N * HV * P,), torch.int32) if P_warm else None,), rec=rec,
+    )  # fmt: skip
     policy, cfg = p.policy, p.cfg
     if fold:
         walk_bv, walk_warps = walk_shape(N * HV * cdiv(V, FOLD_BV) * P, _sm_count(q.device))
@@ -869,34 +848,46 @@ def run_split(
     BV = min(block_v or walk_bv, cfg.BVF)
     varlen = cu_seqlens is not None
     cw = p.gc  # an unused pointer with one segment
-    if P > 1:
-        cw = torch.empty(N * HV * P, dtype=torch.int32, device=q.device)
-        _warmup_plan_kernel[(N * HV, P)](
-            p.lb if p.lb is not None else p.gc, p.gc, beta, cw, p.cu, WARMUP_LOG_BOUND, T, p.NT, P,
-            HV=HV, BT=BT, WB=WARMUP_BLOCK, IS_VARLEN=varlen, FROM_GATES=use_qk_l2norm, num_warps=4,
+    if P_warm:
+        assert p.extra[0] is not None
+        cw = p.extra[0]
+        plain_launch(
+            rec, _warmup_plan_kernel, (N * HV, P),
+            (p.lb if p.lb is not None else p.gc, p.gc, beta, cw, p.cu, WARMUP_LOG_BOUND, T, p.NT, P),
+            dict(HV=HV, BT=BT, WB=WARMUP_BLOCK, IS_VARLEN=varlen, FROM_GATES=use_qk_l2norm, num_warps=4),
         )  # fmt: skip
     walk_stages = pipeline_stages(tma, BV, policy.state_dtype)
     tma_factors = factor_descriptors(tma, BV, beta_rows)
     # the descriptors need global scratch memory from Triton's allocator: ours for this launch,
-    # unless the caller has set one (it is a context variable: nothing outside this call sees it)
-    token = None
-    if tma and isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
-        token = _allocation._allocator.set(_scratch_on(q.device))
-    try:
-        _segment_output_kernel[(N * HV, cdiv(V, BV), P)](
+    # unless the caller has set one (`delta_rule_plan.launch_with_scratch`)
+    plain_launch(
+        rec, _segment_output_kernel, (N * HV, cdiv(V, BV), P),
+        (
             q, k, v, beta, p.bt if p.bt is not None else p.gc, p.w, p.u, p.gc, p.kf, p.qf, p.aqk, p.o, cw,
             initial_state if initial_state is not None else p.gc,
             p.final if p.final is not None else p.gc,
             p.cu, T, P, p.NS, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        ),
+        dict(
             H=H, HV=HV, K=K, V=V, BK=cfg.BK, BV=BV, BT=BT, IS_VARLEN=varlen,
             HAS_H0=initial_state is not None, STORE_FINAL=p.final is not None,
-            STATE_DT=policy.state_dtype, STATE_PRECISION=policy.state_precision, WARMUP=P > 1,
+            STATE_DT=policy.state_dtype, STATE_PRECISION=policy.state_precision, WARMUP=P_warm,
             ROUND_BF16=policy.round_bf16, INTERPRETED=interpreted(_segment_output_kernel),
             FORM_WU=fold, CHUNK_DT=policy.chunk_dtype, TMA=tma, TMA_FACTORS=tma_factors,
             BETA_IN_T=beta_in_t, BETA_ROWS=beta_rows, PDL=pdl, launch_pdl=pdl,
             num_warps=warps or walk_warps, num_stages=stages or walk_stages,
-        )  # fmt: skip
-    finally:
-        if token is not None:
-            _allocation._allocator.reset(token)
+        ),
+        scratch=q.device if tma else None,
+    )  # fmt: skip
     return p.o, p.final
+
+
+def tunables() -> tuple[object, ...]:
+    """The settings of this module that the host side reads: part of a plan's key
+    (`delta_rule_chunk.plan_key`), so that a test or probe that changes one gets a new plan."""
+    return (
+        SPLIT_BV, SPLIT_WARPS, SPLIT_STAGES, UNSPLIT_PROGRAMS, TARGET_PROGRAMS, MIN_SEGMENT_CHUNKS,
+        MAX_SEGMENTS, WARMUP_LOG_BOUND, WARMUP_BLOCK, DEFAULT_MIN_CHAINS, DEFAULT_MIN_SPLIT_TOKENS,
+        FORM_WU, FOLD_BV, FOLD_WARPS, WIDE_BV, WIDE_WARPS, WIDE_PER_SM, WIDE_STAGES, TMA_TILES,
+        TMA_FACTORS, BETA_ROWS, TMA_WIDE_FACTORS, PDL, BETA_IN_T,
+    )  # fmt: skip
