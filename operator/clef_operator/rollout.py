@@ -83,7 +83,14 @@ from clef_operator.api import (
     Verifier,
     effective_mode,
 )
-from clef_operator.children import Drift, adoption_annotations, repair_ports, revert_drift, service_conflict
+from clef_operator.children import (
+    Drift,
+    adoption_annotations,
+    repair_ports,
+    revert_drift,
+    service_conflict,
+    unnamed_port_conflict,
+)
 from clef_operator.conditions import (
     DEGRADED,
     PROGRESSING,
@@ -451,7 +458,9 @@ def active_revision(
     deleted active Deployment is recreated as it was, a hand-edited selector or port put back.  A
     Service this model may not drive (`children.service_conflict`) is left untouched."""
     svc = observed.service
-    conflict_message = service_conflict(svc, model.name, spec.service.adopt)
+    conflict_message = service_conflict(svc, model.name, spec.service.adopt) or unnamed_port_conflict(
+        svc, spec
+    )
     conflict = bool(conflict_message)
     rev = "" if svc is None or conflict else _selected_revision(model, svc, observed)
     dep = observed.deployment(rev) if rev else None

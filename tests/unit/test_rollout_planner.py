@@ -662,3 +662,29 @@ def test_a_service_pointed_at_a_preview_never_makes_it_the_active_revision():
     assert w.condition("Ready")[:2] == ("False", "ServiceRestoring")
     switched = [a for a in p.actions if isinstance(a, PatchServiceSelector)]
     assert [a.selector for a in switched] == [labels.selector("clef-flash", active.revision)], p.actions
+
+
+def test_an_adopted_service_with_an_unnamed_port_is_a_conflict_unless_it_is_clefs_port():
+    """Two ports need a name each (the API server refuses the patch otherwise): a conflict that
+    says so, no write; an unnamed port already on clef's numbers is simply replaced."""
+    unnamed = ({"port": 80, "targetPort": 8080, "protocol": "TCP"},)
+    w = World(make_spec(service={"name": "clef-serve", "adopt": True}))
+    w.service = ServiceState(name="clef-serve", selector={"app": "old"}, ports=unnamed)
+    w.step()
+    w.finish_job()
+    for _ in range(3):
+        p = w.step()
+        w.settle()
+        assert not [a for a in p.actions if type(a).__name__.startswith(("PatchService", "CreateService"))]
+    degraded = w.condition("Degraded")
+    assert degraded[:2] == ("True", "ServiceConflict") and "80->8080" in degraded[2], degraded
+    same = ({"port": 8000, "targetPort": 8000, "protocol": "TCP"},)
+    w = World(make_spec(service={"name": "clef-serve", "adopt": True}))
+    w.service = ServiceState(name="clef-serve", selector={"app": "old"}, ports=same)
+    w.step()
+    w.finish_job()
+    w.step()
+    w.settle()
+    w.step()
+    assert "ServiceAdopted" in w.event_reasons()
+    assert w.condition("Degraded")[0] == "False"
