@@ -353,6 +353,11 @@ BAD: list[tuple[str, Mutation, str]] = [
         "spec.verification.endpoint.maxNewTokens",
     ),
     (
+        "one new token: no decode step (issue 33, finding 9)",
+        asks_engine(maxNewTokens=1),
+        "spec.verification.endpoint.maxNewTokens",
+    ),
+    (
         "zero request timeout",
         asks_engine(requestTimeoutSeconds=0),
         "spec.verification.endpoint.requestTimeoutSeconds",
@@ -450,7 +455,7 @@ GOOD: list[tuple[str, Mutation]] = [
     ("endpoint mode", asks_engine()),
     (
         "mode both, with prompts and a token cap",
-        asks_engine("both", builtinPrompts="none", prompts=[{"name": "q", "text": "2+2?"}], maxNewTokens=1),
+        asks_engine("both", builtinPrompts="none", prompts=[{"name": "q", "text": "2+2?"}], maxNewTokens=2),
     ),
     ("vllm asks its engine", both(asks_engine(), spec(engine="vllm", gpuMemoryMiB=32768))),
     ("default mode, unverified: no runtime image needed", nested("spec.verification", {"required": False})),

@@ -116,7 +116,14 @@ from clef_operator.render import (
 )
 from clef_operator.revision import deployment_name, job_name
 from clef_operator.verdicts import Verdicts, collect_verdicts, encode_verdict, sign
-from clef_operator.verification import Outcome, Progress, Verification, VerificationState, judge
+from clef_operator.verification import (
+    Outcome,
+    Progress,
+    Verification,
+    VerificationState,
+    floor_shortfalls,
+    judge,
+)
 
 MAX_RECORDS = 16
 # How soon a pass looks again at a verification Job that has no pod (kube reads its FailedCreate).
@@ -373,9 +380,11 @@ def _pass_message(spec: ClefModelSpec, record: VerificationRecord) -> str:
     where = f" on {record.gpu_class}" if record.gpu_class else ""
     image = record.image if record.digest in (None, record.image) else f"{record.image} ({record.digest})"
     if record.step is Step.ENDPOINT:
+        weak = floor_shortfalls(spec)
+        below = f". Weaker than clef's floor: {'; '.join(weak)}" if weak else ""
         return (
             f"{image} answered the goldens through its own engine at {record.dtype.value}{where}:"
-            f" {record.summary}"
+            f" {record.summary}{below}"
         )
     if record.verifier is Verifier.CUSTOM:
         return (
