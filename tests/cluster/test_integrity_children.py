@@ -522,7 +522,10 @@ def _hijack(cluster: Cluster, namespace: str, kind: str, i: int) -> None:
     if kind == "deleted":
         cluster.core.delete_namespaced_service(SERVICE, namespace)
         return
-    patch: dict[str, Any] = {"spec": {"selector": {"app": f"hijack-{i}"}}}
+    # A strategic merge patch merges maps: clef's keys are removed explicitly (null).
+    patch: dict[str, Any] = {
+        "spec": {"selector": {"app": f"hijack-{i}", labels.MODEL: None, labels.REVISION: None}}
+    }
     if kind == "annotations-stripped":
         patch["metadata"] = {
             "annotations": {labels.SERVICE_MODEL: None, labels.SERVICE_ACTIVE_REVISION: None}

@@ -625,13 +625,15 @@ def test_a_hijacked_service_is_put_back_and_ready_says_so_meanwhile():
     """Rule 12: whatever was done to clef's Service (selector pointed elsewhere, clef's annotations
     stripped with it, the Service deleted), the pass that sees it puts it back, and its status,
     written before the actions, does not call the model Ready; the next pass does."""
-    for hijack in ("selector", "annotations-stripped", "deleted"):
+    for hijack in ("selector", "annotations-stripped", "annotations-stripped-selector-kept", "deleted"):
         w = World(make_spec())
         w.deploy_first()
         active = w.active_deployment()
         assert w.service is not None
         if hijack == "deleted":
             w.service = None
+        elif hijack == "annotations-stripped-selector-kept":
+            w.service = replace(w.service, selector={**w.service.selector, "app": "hijack"}, annotations={})
         else:
             stripped = {} if hijack == "annotations-stripped" else w.service.annotations
             w.service = replace(w.service, selector={"app": "hijack"}, annotations=stripped)
