@@ -531,9 +531,10 @@ def _hijack(cluster: Cluster, namespace: str, kind: str, i: int) -> None:
             "annotations": {labels.SERVICE_MODEL: None, labels.SERVICE_ACTIVE_REVISION: None}
         }
     elif kind == "ports":
-        svc = cluster.core.read_namespaced_service(SERVICE, namespace)
-        ports = [{"name": p.name, "port": p.port + 1000 + i, "targetPort": 9999} for p in svc.spec.ports]
-        patch = {"spec": {"ports": ports}}
+        port = cluster.core.read_namespaced_service(SERVICE, namespace).spec.ports[0].port
+        moved = [{"op": "replace", "path": "/spec/ports/0/port", "value": port + 1000 + i}]
+        cluster.core.patch_namespaced_service(SERVICE, namespace, moved)  # a list: a JSON patch
+        return
     cluster.core.patch_namespaced_service(SERVICE, namespace, patch)
 
 
