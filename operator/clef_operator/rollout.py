@@ -481,7 +481,7 @@ def active_revision(
         else:
             rev = ""
     restore: tuple[Action, ...] = ()
-    if svc is not None and not conflict and svc.intended_revision and rev:
+    if svc is not None and not conflict and rev and (svc.intended_revision or svc.owned or svc.model):
         restore = _restore_selector(model, svc, rev)
     actions += restore
     if not conflict:
@@ -557,8 +557,9 @@ def _recreate_served(
 
 
 def _restore_selector(model: ModelRef, svc: ServiceState, rev: str) -> tuple[Action, ...]:
+    """The selector and clef's annotations put back, whichever of them was changed."""
     wanted = labels.selector(model.name, rev)
-    if dict(svc.selector) == wanted:
+    if dict(svc.selector) == wanted and svc.intended_revision == rev and svc.model == model.name:
         return ()
     return (
         PatchServiceSelector(svc.name, wanted, service_annotations(model.name, rev)),
