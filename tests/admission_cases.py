@@ -15,6 +15,20 @@ Body = dict[str, Any]
 Mutation = Callable[[Body], None]
 
 
+# Each name of syntax.CODE_STEERING_ENV_NAMES, and for a prefix, names real programs read.
+CODE_STEERING_ENV = (
+    *("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE", "PYTHONPLATLIBDIR", "PYTHONSAFEPATH"),
+    *("HOME", "LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "GLIBC_TUNABLES", "GCONV_PATH", "GETCONF_DIR"),
+    *("LOCPATH", "NLSPATH", "HOSTALIASES", "PATH"),
+    *("TRITON_KERNEL_OVERRIDE", "TRITON_OVERRIDE_DIR", "TRITON_HOME", "TRITON_CACHE_DIR"),
+)
+# Names beside them that engines use and that stay allowed.
+NEAR_CODE_STEERING_ENV = (
+    *("HF_HOME", "MY_PYTHONPATH", "LD", "PATHS", "HOMEDIR", "XLD_PRELOAD", "MALLOC_ARENA_MAX"),
+    "CUDA_LAUNCH_BLOCKING",
+)
+
+
 def spec(**changes: Any) -> Mutation:
     def mutate(body: Body) -> None:
         body["spec"].update(changes)
@@ -237,6 +251,15 @@ BAD: list[tuple[str, Mutation, str]] = [
         spec(env=[{"name": "TRITON_INTERPRET", "value": "1"}]),
         "spec.env[0].name",
     ),
+    # Names that would choose the code the verifier runs (syntax.CODE_STEERING_ENV_NAMES), each.
+    *(
+        (
+            f"env steering code: {name}",
+            spec(env=[{"name": "RUST_LOG", "value": "info"}, {"name": name, "value": "/m"}]),
+            "spec.env[1].name",
+        )
+        for name in CODE_STEERING_ENV
+    ),
     # Argument lists.
     ("too many args", spec(args=["--x"] * 65), "spec.args"),
     ("oversized arg", spec(args=["x" * 1025]), "spec.args[0]"),
@@ -330,6 +353,11 @@ BAD: list[tuple[str, Mutation, str]] = [
         "spec.verification.endpoint.maxNewTokens",
     ),
     (
+        "one new token: no decode step (issue 33, finding 9)",
+        asks_engine(maxNewTokens=1),
+        "spec.verification.endpoint.maxNewTokens",
+    ),
+    (
         "zero request timeout",
         asks_engine(requestTimeoutSeconds=0),
         "spec.verification.endpoint.requestTimeoutSeconds",
@@ -415,6 +443,10 @@ GOOD: list[tuple[str, Mutation]] = [
     ("request without a limit", resources(requests={"memory": "64Gi"})),
     ("env", spec(env=[{"name": "RUST_LOG", "value": "info"}, {"name": "CLEFX", "value": "1"}])),
     (
+        "env names beside the code-steering ones",
+        spec(env=[{"name": n, "value": "1"} for n in NEAR_CODE_STEERING_ENV]),
+    ),
+    (
         "pvc with a subPath",
         nested("spec.model.volume", {"pvc": {"claimName": "weights.v1"}, "subPath": "clef/flash..v2"}),
     ),
@@ -423,7 +455,7 @@ GOOD: list[tuple[str, Mutation]] = [
     ("endpoint mode", asks_engine()),
     (
         "mode both, with prompts and a token cap",
-        asks_engine("both", builtinPrompts="none", prompts=[{"name": "q", "text": "2+2?"}], maxNewTokens=1),
+        asks_engine("both", builtinPrompts="none", prompts=[{"name": "q", "text": "2+2?"}], maxNewTokens=2),
     ),
     ("vllm asks its engine", both(asks_engine(), spec(engine="vllm", gpuMemoryMiB=32768))),
     ("default mode, unverified: no runtime image needed", nested("spec.verification", {"required": False})),

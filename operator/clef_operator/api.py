@@ -432,6 +432,13 @@ class EnvVar(ApiModel):
             " shapes, device, fault injection and report), which must check what serving runs",
             lambda v: not syntax.matches(syntax.RESERVED_ENV, v),
         ),
+        Check(
+            f"!self.matches(r'{syntax.CODE_STEERING_ENV}')",
+            "spec.env[].name: names that choose the code a process loads are refused ("
+            + ", ".join(syntax.CODE_STEERING_ENV_NAMES)
+            + "): the verification pod gets spec.env, and its verifier must run only its own code",
+            lambda v: not syntax.matches(syntax.CODE_STEERING_ENV, v),
+        ),
     ] = Field(max_length=256)
     value: Annotated[str, no_nul("spec.env[].value")] = Field(default="", max_length=8192)
 
@@ -533,12 +540,22 @@ class EndpointSpec(ApiModel):
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
         description="Chat prompts added to the goldens.",
     )
-    max_new_tokens: Annotated[int, in_range("spec.verification.endpoint.maxNewTokens", 1, 4096)] | None = (
-        Field(
-            default=None,
-            description="Caps the new tokens of every prompt (unset: each prompt's own, 64 or 96 for the built-in"
-            " ones).",
-        )
+    max_new_tokens: (
+        Annotated[
+            int,
+            Check(
+                "self >= 2 && self <= 4096",
+                "spec.verification.endpoint.maxNewTokens: must be between 2 and 4096 (the first new token comes"
+                " from the prompt's prefill; the second is the fewest that runs a decode step, where the conv"
+                " and delta-rule states advance)",
+                lambda v: 2 <= v <= 4096,
+            ),
+        ]
+        | None
+    ) = Field(
+        default=None,
+        description="Caps the new tokens of every prompt (unset: each prompt's own, 64 or 96 for the built-in"
+        " ones); at least 2, so that a decode step runs.",
     )
     request_timeout_seconds: Annotated[
         int, in_range("spec.verification.endpoint.requestTimeoutSeconds", 1, 3600)

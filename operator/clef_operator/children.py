@@ -140,6 +140,25 @@ def wanted_ports(svc: ServiceState, spec: ClefModelSpec) -> tuple[Mapping[str, A
     return (wanted | node_port, *kept)
 
 
+def unnamed_port_conflict(svc: ServiceState | None, spec: ClefModelSpec) -> str:
+    """Why clef cannot put its `http` port on an adopted Service ("" when it can): the API server
+    requires a name on every port of a Service with more than one, and clef never renames a port
+    it does not own.  Said once, as a conflict, instead of a patch refused on every pass."""
+    if svc is None or svc.owned:
+        return ""
+    ports = wanted_ports(svc, spec)
+    unnamed = [p for p in ports or () if not p.get("name")]
+    if not unnamed or len(ports or ()) < 2:
+        return ""
+    shown = ", ".join(f"{p.get('port')}->{p.get('targetPort', p.get('port'))}" for p in unnamed)
+    return (
+        f"Service {svc.name} has a port without a name ({shown}), and a Service with two ports needs a name"
+        f" on each: clef cannot add its `http` port ({spec.service.port}->{spec.service.container_port})"
+        " beside it. Name that port, or set spec.service.port and containerPort to that port's numbers"
+        " so that clef uses it as it is"
+    )
+
+
 def repair_ports(svc: ServiceState | None, spec: ClefModelSpec) -> tuple[Action, ...]:
     if svc is None:
         return ()

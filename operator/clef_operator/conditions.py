@@ -91,6 +91,9 @@ class Why:
     COMPLETE = "RolloutComplete"
     HALTED = "VerificationFailed"
     SERVICE_CONFLICT = "ServiceConflict"
+    # The Service was changed or deleted outside clef: this pass puts it back, and nothing can be
+    # said to serve behind it until it selects clef's revision again.
+    SERVICE_RESTORING = "ServiceRestoring"
     # What is wrong with a pod (`observed.PodState.problem`).
     CRASH_LOOP = "CrashLoopBackOff"
     UNSCHEDULABLE = "Unschedulable"

@@ -81,6 +81,7 @@ def reconcile(kube: Kube, namespace: str, name: str, now: datetime | None = None
     the next event or resync)."""
     obj = kube.read_model(namespace, name)
     if obj is None:
+        kube.service_readers.forget(namespace, name)
         return None
     todo = finalizer.step(obj["metadata"])
     if todo is finalizer.Step.RELEASE:

@@ -352,8 +352,53 @@ def _by_name(obj: Any) -> cache.Key:
 
 
 def _service_wakes(s: Any) -> cache.Key | None:
-    model = (s.metadata.annotations or {}).get(labels.SERVICE_MODEL)
-    return (s.metadata.namespace or "", model) if model else None
+    """The Service's own name: `ServiceReaders` turns it into the models whose spec names it (an
+    event must wake them whatever the Service's annotations say: stripping them is an attack)."""
+    return (s.metadata.namespace or "", s.metadata.name)
+
+
+class ServiceReaders:
+    """Which models' specs name each Service, as their last pass read them (`Kube.observe`), so
+    that an event on a Service wakes those models by its name.  Every model has a pass once the
+    cache has synced, and after every change of its spec, so the index is current from then on."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._service_of: dict[cache.Key, str] = {}
+        self._readers: dict[cache.Key, set[str]] = {}
+
+    def note(self, namespace: str, model: str, service: str) -> None:
+        with self._lock:
+            old = self._service_of.get((namespace, model))
+            if old == service:
+                return
+            self._drop(namespace, model, old)
+            self._service_of[(namespace, model)] = service
+            self._readers.setdefault((namespace, service), set()).add(model)
+
+    def forget(self, namespace: str, model: str) -> None:
+        with self._lock:
+            self._drop(namespace, model, self._service_of.pop((namespace, model), None))
+
+    def _drop(self, namespace: str, model: str, service: str | None) -> None:
+        readers = self._readers.get((namespace, service or ""))
+        if readers is not None:
+            readers.discard(model)
+            if not readers:
+                del self._readers[(namespace, service or "")]
+
+    def models(self, namespace: str, service: str) -> list[str]:
+        with self._lock:
+            return sorted(self._readers.get((namespace, service), ()))
+
+    def waking(self, wake: cache.Wake) -> cache.Wake:
+        """`wake` for the models that name the Service an event is about."""
+
+        def wake_readers(namespace: str, service: str) -> None:
+            for model in self.models(namespace, service):
+                wake(namespace, model)
+
+        return wake_readers
 
 
 # What a pass reads of a ClefModel's metadata (`handlers.reconcile`, the cache's keys and versions).
@@ -441,6 +486,7 @@ class Kube:
         self.custom = client.CustomObjectsApi(api)
         self.instance = socket.gethostname()
         self._verdict_key: bytes | None = None
+        self.service_readers = ServiceReaders()
 
     def warm_up(self) -> None:
         """Make before the first burst of passes what a pass would otherwise make once, mid-burst,
@@ -484,11 +530,12 @@ class Kube:
             ),
         }
         for kind, (namespaced, everywhere) in listers.items():
+            woken = self.service_readers.waking(wake) if kind == "services" else wake
             if namespaces:
                 for ns in namespaces:
-                    self.cache.add(kind, namespaced, ns, wake)
+                    self.cache.add(kind, namespaced, ns, woken)
             else:
-                self.cache.add(kind, everywhere, None, wake)
+                self.cache.add(kind, everywhere, None, woken)
         self.cache.add("nodes", self.core.list_node, None, wake)
         self.cache.start()
 
@@ -553,6 +600,7 @@ class Kube:
         watch holds: the log of a completed goldens pod whose goldens are not stored yet, and the
         FailedCreate events of an active verification Job that has no pod."""
         key = (model.namespace, model.name)
+        self.service_readers.note(model.namespace, model.name, service_name)
         deployments = [d for owners, d in self.cache["deployments"].get(key) if model.uid in owners]
         jobs = [j for owners, j in self.cache["jobs"].get(key) if model.uid in owners]
         pods = sorted((self._on_node(p) for p in self.cache["pods"].get(key)), key=lambda p: p.name)

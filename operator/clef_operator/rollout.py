@@ -83,7 +83,14 @@ from clef_operator.api import (
     Verifier,
     effective_mode,
 )
-from clef_operator.children import Drift, adoption_annotations, repair_ports, revert_drift, service_conflict
+from clef_operator.children import (
+    Drift,
+    adoption_annotations,
+    repair_ports,
+    revert_drift,
+    service_conflict,
+    unnamed_port_conflict,
+)
 from clef_operator.conditions import (
     DEGRADED,
     PROGRESSING,
@@ -109,7 +116,14 @@ from clef_operator.render import (
 )
 from clef_operator.revision import deployment_name, job_name
 from clef_operator.verdicts import Verdicts, collect_verdicts, encode_verdict, sign
-from clef_operator.verification import Outcome, Progress, Verification, VerificationState, judge
+from clef_operator.verification import (
+    Outcome,
+    Progress,
+    Verification,
+    VerificationState,
+    floor_shortfalls,
+    judge,
+)
 
 MAX_RECORDS = 16
 # How soon a pass looks again at a verification Job that has no pod (kube reads its FailedCreate).
@@ -366,9 +380,11 @@ def _pass_message(spec: ClefModelSpec, record: VerificationRecord) -> str:
     where = f" on {record.gpu_class}" if record.gpu_class else ""
     image = record.image if record.digest in (None, record.image) else f"{record.image} ({record.digest})"
     if record.step is Step.ENDPOINT:
+        weak = floor_shortfalls(spec)
+        below = f". Weaker than clef's floor: {'; '.join(weak)}" if weak else ""
         return (
             f"{image} answered the goldens through its own engine at {record.dtype.value}{where}:"
-            f" {record.summary}"
+            f" {record.summary}{below}"
         )
     if record.verifier is Verifier.CUSTOM:
         return (
@@ -434,6 +450,8 @@ class Active:
     served: ClefModelSpec | None
     actions: tuple[Action, ...] = ()
     conflict_message: str = ""
+    # How the Service was found changed or deleted outside clef ("" when it was not).
+    tampered: str = ""
 
 
 def active_revision(
@@ -449,9 +467,11 @@ def active_revision(
     deleted active Deployment is recreated as it was, a hand-edited selector or port put back.  A
     Service this model may not drive (`children.service_conflict`) is left untouched."""
     svc = observed.service
-    conflict_message = service_conflict(svc, model.name, spec.service.adopt)
+    conflict_message = service_conflict(svc, model.name, spec.service.adopt) or unnamed_port_conflict(
+        svc, spec
+    )
     conflict = bool(conflict_message)
-    rev = "" if svc is None or conflict else _selected_revision(model, svc)
+    rev = "" if svc is None or conflict else _selected_revision(model, svc, observed)
     dep = observed.deployment(rev) if rev else None
     served = _served_spec(status, rev, verdicts)
     actions: tuple[Action, ...] = ()
@@ -460,18 +480,43 @@ def active_revision(
             actions = _recreate_served(model, owner, spec, verdicts, rev, served, status.active_image)
         else:
             rev = ""
-    if svc is not None and not conflict and svc.intended_revision and rev:
-        actions += _restore_selector(model, svc, rev)
+    restore: tuple[Action, ...] = ()
+    if svc is not None and not conflict and rev and (svc.intended_revision or svc.owned or svc.model):
+        restore = _restore_selector(model, svc, rev)
+    actions += restore
     if not conflict:
         actions += repair_ports(svc, spec)
-    return Active(rev, dep, svc, conflict, served, actions, conflict_message)
+    tampered = "" if conflict else _tampered(model, svc, status, rev, bool(restore))
+    return Active(rev, dep, svc, conflict, served, actions, conflict_message, tampered)
 
 
-def _selected_revision(model: ModelRef, svc: ServiceState) -> str:
-    if svc.intended_revision:
-        return svc.intended_revision
-    if svc.selector.get(labels.MODEL) == model.name:
-        return svc.selector.get(labels.REVISION, "")
+def _selected_revision(model: ModelRef, svc: ServiceState, observed: Observed) -> str:
+    """The revision the Service selects, by clef's annotation (else by its selector), unless that
+    is a preview: a preview never serves, whoever pointed the Service at it."""
+    rev = svc.intended_revision
+    if not rev and svc.selector.get(labels.MODEL) == model.name:
+        rev = svc.selector.get(labels.REVISION, "")
+    dep = observed.deployment(rev) if rev else None
+    if dep is not None and labels.PREVIEW_FOR in dep.annotations:
+        return ""
+    return rev
+
+
+def _tampered(
+    model: ModelRef, svc: ServiceState | None, status: ClefModelStatus, rev: str, restoring: bool
+) -> str:
+    """How the Service clef drives was changed or deleted outside clef (rule 12: the Service named
+    in the spec is clef's by name, whatever its annotations say)."""
+    if svc is None:
+        if status.active_revision:
+            return f"the Service does not exist (deleted outside clef, or newly named) while revision {status.active_revision} served"
+        return ""
+    if not (svc.owned or svc.model == model.name):
+        return ""  # not clef's yet: created by someone else, not adopted
+    if restoring or (not rev and status.active_revision):
+        return f"Service {svc.name} selects {dict(svc.selector)}, not what clef set (changed outside clef)"
+    if not svc.intended_revision and status.active_revision:
+        return f"Service {svc.name} lost clef's annotations (changed outside clef)"
     return ""
 
 
@@ -512,8 +557,9 @@ def _recreate_served(
 
 
 def _restore_selector(model: ModelRef, svc: ServiceState, rev: str) -> tuple[Action, ...]:
+    """The selector and clef's annotations put back, whichever of them was changed."""
     wanted = labels.selector(model.name, rev)
-    if dict(svc.selector) == wanted:
+    if dict(svc.selector) == wanted and svc.intended_revision == rev and svc.model == model.name:
         return ()
     return (
         PatchServiceSelector(svc.name, wanted, service_annotations(model.name, rev)),
@@ -877,7 +923,7 @@ def derive_conditions(
     verified = _verified(at, spec, verification, _failure_advice(model, move.active_revision))
     drifted = (drift.drifted if drift is not None else {}).get(move.active_revision, ())
     return Conditions(
-        ready=_ready(at, spec, verification, move, verified, active_problems, drifted),
+        ready=_ready(at, spec, verification, move, verified, active_problems, drifted, active.tampered),
         verified=verified,
         progressing=_progressing(at, spec, verification, move, retired, verified, candidate_problems),
         degraded=_degraded(
@@ -963,8 +1009,18 @@ def _ready(
     verified: Condition,
     problems: list[PodProblem],
     drifted: tuple[str, ...] = (),
+    tampered: str = "",
 ) -> Condition:
     rev, dep, replicas = move.active_revision, move.active_deployment, spec.replicas
+    if tampered:
+        # Status goes out before the pass's actions: until the Service is back (the next pass,
+        # woken by its event), nothing can be said to serve behind it.
+        return at.condition(
+            READY,
+            ConditionStatus.FALSE,
+            Why.SERVICE_RESTORING,
+            f"{tampered}; restoring Service {spec.service.name}",
+        )
     if drifted:
         # Its pods run a template clef did not render (and no verdict speaks for): not Ready
         # until the reverted template's pods are.

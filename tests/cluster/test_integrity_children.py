@@ -507,3 +507,118 @@ def test_an_older_revision_keeps_its_pods_while_the_active_one_lacks_them(
             "the older revision to go to 0 once the active one is back",
             lambda: models.describe(NAME),
         )
+
+
+# ---------------------------------------------------------------------- the Service is clef's by name
+
+HIJACKS = 52  # four kinds, 13 of each: enough samples for a p99 (a figure, printed, not asserted)
+# The resync re-plans every model after 300 s with no event: an undoing well inside this bound
+# can only have come from the Service's own event, whatever the hijack left on it.
+UNDO_BOUND_SECONDS = 30
+
+
+def _hijack(cluster: Cluster, namespace: str, kind: str, i: int) -> None:
+    """One edit a namespace editor can make to clef's Service."""
+    if kind == "deleted":
+        cluster.core.delete_namespaced_service(SERVICE, namespace)
+        return
+    # A strategic merge patch merges maps: clef's keys are removed explicitly (null).
+    patch: dict[str, Any] = {
+        "spec": {"selector": {"app": f"hijack-{i}", labels.MODEL: None, labels.REVISION: None}}
+    }
+    if kind == "annotations-stripped":
+        patch["metadata"] = {
+            "annotations": {labels.SERVICE_MODEL: None, labels.SERVICE_ACTIVE_REVISION: None}
+        }
+    elif kind == "ports":
+        port = cluster.core.read_namespaced_service(SERVICE, namespace).spec.ports[0].port
+        moved = [{"op": "replace", "path": "/spec/ports/0/port", "value": port + 1000 + i}]
+        cluster.core.patch_namespaced_service(SERVICE, namespace, moved)  # a list: a JSON patch
+        return
+    cluster.core.patch_namespaced_service(SERVICE, namespace, patch)
+
+
+def _clefs(svc: Any, wanted: dict[str, str], port: int) -> bool:
+    """The Service as clef sets it: its selector, its annotations, its port."""
+    if svc is None:
+        return False
+    annotations = svc.metadata.annotations or {}
+    return (
+        dict(svc.spec.selector or {}) == wanted
+        and annotations.get(labels.SERVICE_ACTIVE_REVISION) == wanted[labels.REVISION]
+        and [p.port for p in svc.spec.ports or []] == [port]
+    )
+
+
+def _ready_reason(model: dict[str, Any]) -> tuple[str, str]:
+    found = [c for c in (model.get("status") or {}).get("conditions", []) if c["type"] == "Ready"]
+    return (found[0]["status"], found[0]["reason"]) if found else ("", "")
+
+
+def test_the_service_is_clefs_by_name_whatever_its_annotations_say(
+    cluster: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    """Issue 33, route 4: a changed selector, stripped annotations, changed ports or a deleted
+    Service are undone by the Service's own event (on the old code, an edit that stripped clef's
+    annotations waited for the 300 s resync, while Ready said the model served behind it); while
+    it is not restored, the model says so (Ready=False, ServiceRestoring) before the Service is
+    put back.  Both are read from gapless watches of the Service and of the ClefModel."""
+    from clef_operator.api import GROUP, PLURAL, VERSION
+
+    from .watches import GaplessWatch, states
+
+    kinds = ("selector", "annotations-stripped", "ports", "deleted")
+    with _models(cluster, namespace, tmp_path) as models:
+        models.create(clefmodel(NAME, verification={"required": False}))  # the Service is the point
+        rev = _serving(models)["activeRevision"]
+        wanted = labels.selector(NAME, rev)
+        port = cluster.core.read_namespaced_service(SERVICE, namespace).spec.ports[0].port
+        undo: list[float] = []
+        custom = client.CustomObjectsApi(cluster.api)
+        named = f"metadata.name={SERVICE}"
+        with (
+            GaplessWatch(cluster.core.list_namespaced_service, namespace, field_selector=named) as services,
+            GaplessWatch(
+                custom.list_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL
+            ) as model_changes,
+        ):
+            for i in range(HIJACKS):
+                kind = kinds[i % len(kinds)]
+                started = time.monotonic()
+                _hijack(cluster, namespace, kind, i)
+
+                def restored() -> bool:
+                    try:
+                        return _clefs(cluster.core.read_namespaced_service(SERVICE, namespace), wanted, port)
+                    except ApiException as e:
+                        if e.status == 404:
+                            return False
+                        raise
+
+                wait_for(
+                    restored, UNDO_BOUND_SECONDS, f"hijack {i} ({kind}) undone", lambda: models.describe(NAME)
+                )
+                undo.append(time.monotonic() - started)
+                models.wait_condition(NAME, "Ready", "True", "Available", timeout=UNDO_BOUND_SECONDS)
+        # Every stretch of the Service's history in which it was not clef's, as resourceVersions.
+        stretches: list[tuple[int, int]] = []
+        bad_since: int | None = None
+        changes = services.snapshot()
+        for state, change in zip(states(services.initial, changes), [None, *changes], strict=True):
+            ok = _clefs(state.get(SERVICE), wanted, port)
+            if change is not None and not ok and bad_since is None:
+                bad_since = change.resource_version
+            elif ok and bad_since is not None and change is not None:
+                stretches.append((bad_since, change.resource_version))
+                bad_since = None
+        assert len(stretches) == HIJACKS, f"{len(stretches)} hijack stretches seen, {HIJACKS} made"
+        said = [(c.resource_version, _ready_reason(c.obj)) for c in model_changes.snapshot()]
+        made = [kinds[i % len(kinds)] for i in range(HIJACKS)]
+        for kind, (bad, good) in zip(made, stretches, strict=True):
+            inside = [r for v, r in said if bad < v < good]
+            if kind != "ports":  # wrong ports leave the selector right: what serves is still clef's
+                assert ("False", "ServiceRestoring") in inside, f"{kind}: Ready while hijacked said {inside}"
+            assert ("True", "Available") not in inside, f"{kind}: Ready=True while hijacked: {inside}"
+    undo.sort()
+    p50, p99 = undo[len(undo) // 2], undo[min(len(undo) - 1, int(len(undo) * 0.99))]
+    print(f"\nService hijacks undone: {len(undo)}, p50 {p50:.2f}s, p99 {p99:.2f}s, max {undo[-1]:.2f}s")

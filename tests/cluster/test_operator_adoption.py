@@ -3,6 +3,7 @@ outlives the ClefModel with its selector back (issue 6, test 6; issue 13)."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -182,3 +183,45 @@ def gone(models: Models, name: str) -> bool:
             return True
         raise
     return False
+
+
+# A Service whose writes the operator attempted would change its resourceVersion or, refused
+# (422), leave it and come back on every pass: the window covers several passes of a model
+# whose pass is refused (REFUSED_RETRY_SECONDS is 30; a hot loop retried 18 times a second).
+UNTOUCHED_SECONDS = 10
+
+
+def test_an_unnamed_port_is_refused_once_as_a_conflict_not_retried(
+    cluster: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    """Issue 33, finding 8: adopting a Service whose one port has no name and another number
+    would need a second port, which the API server refuses without names (422): the old operator
+    retried the patch 18 times in the first second, forever.  Now it is a ServiceConflict that
+    says what to do, and the Service is left exactly as it was (watched, not sampled)."""
+    from .watches import GaplessWatch
+
+    cluster.image_table()
+    legacy = client.V1Service(
+        metadata=client.V1ObjectMeta(name="clef-serve"),
+        spec=client.V1ServiceSpec(
+            selector={"app": "legacy-predictor"}, ports=[client.V1ServicePort(port=80, target_port=8080)]
+        ),
+    )
+    before = cluster.core.create_namespaced_service(namespace, legacy)
+    named = "metadata.name=clef-serve"
+    with (
+        operator_running(cluster, namespace, tmp_path) as op,
+        GaplessWatch(cluster.core.list_namespaced_service, namespace, field_selector=named) as service,
+    ):
+        models = Models(cluster, namespace, op)
+        models.create(clefmodel("clef-flash", service={"name": "clef-serve", "adopt": True}))
+        degraded = models.wait_condition("clef-flash", "Degraded", "True", "ServiceConflict", timeout=60)
+        assert "without a name" in degraded["message"] and "80->8080" in degraded["message"], degraded
+        deadline = time.monotonic() + UNTOUCHED_SECONDS
+        while time.monotonic() < deadline:
+            assert not service.snapshot(), f"the Service was changed: {service.snapshot()}"
+            time.sleep(0.5)
+        ready = models.get("clef-flash")["status"]["conditions"]
+        assert ("Ready", "False") in [(c["type"], c["status"]) for c in ready]
+    after = cluster.core.read_namespaced_service("clef-serve", namespace)
+    assert after.metadata.resource_version == before.metadata.resource_version

@@ -491,3 +491,72 @@ def test_operator_start_up_check_sees_whether_the_crd_is_served(cluster: Cluster
     assert serves(cluster.api, "clef.riotpiao.com", "v1alpha1", "clefmodels")
     assert not serves(cluster.api, "clef.riotpiao.com", "v1alpha1", "clefmodelz")
     assert not serves(cluster.api, "absent.clef.test", "v1", "things")
+
+
+def test_the_operators_token_cannot_take_a_secret_into_a_pod(
+    cluster: Cluster, base: list[dict[str, Any]], namespace: str, tmp_path: Path
+) -> None:
+    """Issue 33, finding 6: with its RBAC alone, the ServiceAccount created a Job in another
+    namespace that took a Secret into its environment, then read it through `pods/log`.  Its
+    admission policy (kustomize/base/admission.yaml) refuses every Job or Deployment from it whose
+    pod takes a Secret, by env, envFrom, a secret volume or a projected one; the operator's own
+    Jobs and Deployments pass it (test_operator_rbac_is_exactly_what_it_uses runs them all)."""
+    from kubernetes import config
+
+    sa = config.new_client_from_config(
+        config_file=str(
+            service_account_kubeconfig(
+                cluster.kubeconfig, OPERATOR_NAMESPACE, OPERATOR_SA, tmp_path / "operator.kubeconfig", 600
+            )
+        )
+    )
+    cluster.core.create_namespaced_secret(
+        namespace, client.V1Secret(metadata=client.V1ObjectMeta(name="db"), string_data={"password": "x"})
+    )
+    container: dict[str, Any] = {
+        "name": "c",
+        "image": "registry.clef.test/x:1.0",
+        "command": ["cat", "/s/password"],
+    }
+    takes = {
+        "env": {**container, "env": [{"name": "P", "valueFrom": {"secretKeyRef": {"name": "db", "key": "password"}}}]},
+        "envFrom": {**container, "envFrom": [{"secretRef": {"name": "db"}}]},
+        "volume": {"volumes": [{"name": "s", "secret": {"secretName": "db"}}]},
+        "projected": {"volumes": [{"name": "s", "projected": {"sources": [{"secret": {"name": "db"}}]}}]},
+    }  # fmt: skip
+
+    def pod(way: str, kind: str) -> dict[str, Any]:
+        spec = takes[way]
+        restart = {"restartPolicy": "Never" if kind == "Job" else "Always"}
+        if "volumes" in spec:
+            mounted = {**container, "volumeMounts": [{"name": "s", "mountPath": "/s"}]}
+            return {**restart, "containers": [mounted], "volumes": spec["volumes"]}
+        return {**restart, "containers": [spec]}
+
+    # Server-side dry runs: they pass admission as a create would, and leave nothing behind.  The
+    # wait covers the API server's first load of the policy after the base was applied.
+    def refused(way: str, kind: str) -> str:
+        template = {"metadata": {"labels": {"app": "steal"}}, "spec": pod(way, kind)}
+        name = f"steal-{way.lower()}"
+        try:
+            if kind == "Job":
+                body = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name},
+                        "spec": {"template": template}}  # fmt: skip
+                client.BatchV1Api(sa).create_namespaced_job(namespace, body, dry_run="All")
+            else:
+                body = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
+                        "spec": {"selector": {"matchLabels": {"app": "steal"}}, "template": template}}  # fmt: skip
+                client.AppsV1Api(sa).create_namespaced_deployment(namespace, body, dry_run="All")
+        except ApiException as e:
+            # Refused by this policy, not by anything else (RBAC, validation).
+            return str(e.body) if "clef-operator-no-secrets" in str(e.body) else ""
+        return ""
+
+    try:
+        for kind in ("Job", "Deployment"):
+            for way in takes:
+                assert "Secret" in wait_for(
+                    lambda w=way, k=kind: refused(w, k), 30, f"{kind} by {way} refused"
+                )
+    finally:
+        sa.close()

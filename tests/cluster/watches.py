@@ -32,13 +32,20 @@ class Change:
 
     @property
     def name(self) -> str:
-        return str(self.obj.metadata.name)
+        return str(_metadata(self.obj)["name"])
+
+
+def _metadata(obj: Any) -> dict[str, Any]:
+    """metadata of a typed client model or of a custom object (a dict)."""
+    if isinstance(obj, dict):
+        return dict(obj["metadata"])
+    return {"name": obj.metadata.name, "resourceVersion": obj.metadata.resource_version}
 
 
 def resource_version(obj: Any) -> int:
     """An object's resourceVersion as a number: the API server's storage revision, which orders
     changes across every kind stored in the same etcd (the cluster tier's clusters)."""
-    return int(obj.metadata.resource_version)
+    return int(_metadata(obj)["resourceVersion"])
 
 
 class GaplessWatch:
@@ -62,8 +69,12 @@ class GaplessWatch:
         """List, then watch from the list's resourceVersion (or `from_version`: the test of this
         class uses one the server refuses, to show that a broken watch fails)."""
         listed = self.list_fn(*self.args, **self.kwargs)
-        self.initial = list(listed.items)
-        self._version = from_version or listed.metadata.resource_version
+        if isinstance(listed, dict):  # custom objects
+            self.initial = list(listed["items"])
+            self._version = from_version or listed["metadata"]["resourceVersion"]
+        else:
+            self.initial = list(listed.items)
+            self._version = from_version or listed.metadata.resource_version
         self.start_version = str(self._version)
         self._thread.start()
         return self
@@ -118,7 +129,7 @@ class GaplessWatch:
 def states(initial: Iterable[Any], changes: Iterable[Change]) -> Iterable[dict[str, Any]]:
     """Every state the watched set of objects went through, by name: the initial list, then one
     state after each change (so a state that lasted a millisecond is here too)."""
-    current = {o.metadata.name: o for o in initial}
+    current = {_metadata(o)["name"]: o for o in initial}
     yield dict(current)
     for c in changes:
         if c.type == "DELETED":

@@ -5,6 +5,7 @@ operator test, which now reads only from this cache)."""
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 from typing import Any
 
 from kubernetes import client
@@ -233,3 +234,26 @@ def test_a_compacted_table_gives_back_the_room_of_deleted_objects_and_keeps_the_
     assert sys.getsizeof(t.by_uid) <= 2 * one and sys.getsizeof(t.by_key) <= 2 * one
     assert replicas(t, "m0") == [1] and len(t) == 1
     assert t.put(deployment("m1-a", "m1", "11")) is None, "the deleted stay deleted"
+
+
+def test_an_event_on_a_service_wakes_the_models_that_name_it_whatever_its_annotations():
+    from clef_operator.kube import ServiceReaders, _service_wakes
+
+    readers = ServiceReaders()
+    readers.note("ns", "a", "clef-serve")
+    readers.note("ns", "b", "clef-serve")
+    readers.note("other", "c", "clef-serve")
+    readers.note("ns", "d", "d-svc")
+    woken: list[tuple[str, str]] = []
+    wake = readers.waking(lambda ns, model: woken.append((ns, model)))
+    stripped = SimpleNamespace(metadata=SimpleNamespace(namespace="ns", name="clef-serve", annotations=None))
+    wake(*_service_wakes(stripped))
+    assert woken == [("ns", "a"), ("ns", "b")]
+    # A model that names another Service from its next pass on, or is gone, is no longer woken.
+    readers.note("ns", "a", "renamed")
+    readers.forget("ns", "b")
+    woken.clear()
+    wake("ns", "clef-serve")
+    assert woken == []
+    wake("ns", "renamed")
+    assert woken == [("ns", "a")]

@@ -25,6 +25,7 @@ from clef_operator.conditions import Reason
 from clef_operator.endpoint import check_job_name
 from clef_operator.goldens import GOLDENS_FILE, MAX_STORED_BYTES, goldens_key, goldens_name
 from clef_operator.observed import PodState
+from clef_operator.verification import floor_shortfalls
 
 RUNTIME = "registry.clef.test/clef-runtime:1.0"
 V100 = "Tesla-V100-SXM2-16GB"
@@ -161,14 +162,17 @@ def test_goldens_preview_comparison_then_the_pinned_candidate_serves() -> None:
     pod = manifest["spec"]["template"]["spec"]
     container = pod["containers"][0]
     assert manifest["metadata"]["name"] == gjob
-    assert container["image"] == RUNTIME and container["command"][:3] == [
+    assert container["image"] == RUNTIME and container["command"][:4] == [
         "clef-runtime",
         "goldens",
         "--checkpoint",
+        "/clef/model",
     ]
     assert container["command"][6:8] == ["--out", "-"]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
-    assert {"name": "model", "mountPath": "/models/clef-flash", "readOnly": True} in container["volumeMounts"]
+    # The checkpoint at clef's own path, whatever spec.model.path says (it could name the
+    # verifier's site-packages).
+    assert {"name": "model", "mountPath": "/clef/model", "readOnly": True} in container["volumeMounts"]
     assert w.condition("Verified")[0] == "Unknown"
     finish_goldens(w)
     plan = w.step()
@@ -519,3 +523,24 @@ def test_step_records_are_written_once() -> None:
     w.step()
     steps = [r.step for r in w.status.verifications]
     assert steps.count(Step.PREVIEW) == 1 and steps.count(Step.GOLDENS) == 1
+
+
+def test_a_verification_below_the_floor_says_so() -> None:
+    """Issue 33, finding 9: prompts that cannot be shown to cross one 64-token chunk of the delta
+    rule leave the state carried between chunks unchecked: the pass says so, naming the floor."""
+    short = endpoint_spec(builtinPrompts="none", prompts=[{"name": "q", "text": "2+2?"}], maxNewTokens=4)
+    assert floor_shortfalls(short) and "64-token chunk" in floor_shortfalls(short)[0]
+    assert "longest is 4 bytes" in floor_shortfalls(short)[0]
+    long_text = "Summarise the history of the printing press in Europe, from Gutenberg onwards."
+    assert len(long_text.encode()) > 64
+    assert (
+        floor_shortfalls(endpoint_spec(builtinPrompts="none", prompts=[{"name": "q", "text": long_text}]))
+        == []
+    )
+    assert floor_shortfalls(endpoint_spec()) == [], "the built-in set has 65-, 1001- and 8197-token prompts"
+    w = World(short)
+    to_comparison(w)
+    w.finish_job(check_job(w), message=endpoint_message(), image=RUNTIME)
+    w.step()
+    status, reason, message = w.condition("Verified")
+    assert (status, reason) == ("True", "Verified") and "Weaker than clef's floor" in message, message

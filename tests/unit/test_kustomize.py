@@ -82,6 +82,8 @@ def test_base_holds_exactly_the_operator_install(base: Objects) -> None:
         ("RoleBinding", "clef-operator-lease"),
         ("RoleBinding", "clef-verdict-key"),
         ("ServiceAccount", "clef-operator"),
+        ("ValidatingAdmissionPolicy", "clef-operator-no-secrets"),
+        ("ValidatingAdmissionPolicyBinding", "clef-operator-no-secrets"),
     ]
     namespaced = [o for o in base if o["kind"] in ("Deployment", "ServiceAccount", "Role", "RoleBinding")]
     assert {o["metadata"]["namespace"] for o in namespaced} == {OPERATOR_NAMESPACE}

@@ -12,6 +12,7 @@ from clef_operator.actions import Action, CreateJob
 from clef_operator.api import ClefModelStatus
 from clef_operator.finalizer import FINALIZER
 from clef_operator.handlers import REFUSED_RETRY_SECONDS, reconcile
+from clef_operator.kube import ServiceReaders
 from clef_operator.observed import ModelRef, Observed
 
 
@@ -28,6 +29,7 @@ class RecordingKube:
         self.status: ClefModelStatus | None = None
         self.verdict_key = b"clef-unit-test-verdict-key-32byte"
         self.statuses: list[ClefModelStatus] = []
+        self.service_readers = ServiceReaders()
 
     def read_model(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.obj
@@ -95,8 +97,10 @@ def test_a_failing_action_stops_the_rest():
 
 def test_a_model_gone_from_the_cache_is_left_alone():
     kube = RecordingKube(None)
+    kube.service_readers.note("ns", "m", "clef-serve")
     assert reconcile(kube, "ns", "m", now=T0) is None  # type: ignore[arg-type]
     assert kube.calls == []
+    assert kube.service_readers.models("ns", "clef-serve") == [], "an event on its Service wakes it no more"
 
 
 def test_the_first_pass_adds_the_finalizer_then_reconciles():

@@ -619,3 +619,74 @@ def test_an_unverified_first_deploy_writes_its_status_three_times():
     # created (waiting 0/1), Service switching, Ready: the pass that sees the new Deployment
     # says the same as the one that made it
     assert writes == [True, False, True, True, False]
+
+
+def test_a_hijacked_service_is_put_back_and_ready_says_so_meanwhile():
+    """Rule 12: whatever was done to clef's Service (selector pointed elsewhere, clef's annotations
+    stripped with it, the Service deleted), the pass that sees it puts it back, and its status,
+    written before the actions, does not call the model Ready; the next pass does."""
+    for hijack in ("selector", "annotations-stripped", "annotations-stripped-selector-kept", "deleted"):
+        w = World(make_spec())
+        w.deploy_first()
+        active = w.active_deployment()
+        assert w.service is not None
+        if hijack == "deleted":
+            w.service = None
+        elif hijack == "annotations-stripped-selector-kept":
+            w.service = replace(w.service, selector={**w.service.selector, "app": "hijack"}, annotations={})
+        else:
+            stripped = {} if hijack == "annotations-stripped" else w.service.annotations
+            w.service = replace(w.service, selector={"app": "hijack"}, annotations=stripped)
+        p = w.step()
+        assert kinds(p) in (["PatchServiceSelector"], ["CreateService"]), (hijack, kinds(p))
+        assert w.condition("Ready")[:2] == ("False", "ServiceRestoring"), hijack
+        w.settle()
+        assert w.step().actions == (), hijack
+        assert w.condition("Ready")[:2] == ("True", "Available"), hijack
+        assert w.active_deployment() == active
+
+
+def test_a_service_pointed_at_a_preview_never_makes_it_the_active_revision():
+    """A preview (the unverified candidate at one replica) is never what serves, even when its
+    revision is in the Service's selector and annotations."""
+    w = World(make_spec())
+    w.deploy_first()
+    active = w.active_deployment()
+    assert w.service is not None
+    preview = replace(active, name="clef-flash-p", revision="p", annotations={labels.PREVIEW_FOR: "k"})
+    w.deployments[preview.name] = preview
+    w.service = replace(
+        w.service,
+        selector=labels.selector("clef-flash", "p"),
+        annotations={labels.SERVICE_MODEL: "clef-flash", labels.SERVICE_ACTIVE_REVISION: "p"},
+    )
+    p = w.step()
+    assert w.condition("Ready")[:2] == ("False", "ServiceRestoring")
+    switched = [a for a in p.actions if isinstance(a, PatchServiceSelector)]
+    assert [a.selector for a in switched] == [labels.selector("clef-flash", active.revision)], p.actions
+
+
+def test_an_adopted_service_with_an_unnamed_port_is_a_conflict_unless_it_is_clefs_port():
+    """Two ports need a name each (the API server refuses the patch otherwise): a conflict that
+    says so, no write; an unnamed port already on clef's numbers is simply replaced."""
+    unnamed = ({"port": 80, "targetPort": 8080, "protocol": "TCP"},)
+    w = World(make_spec(service={"name": "clef-serve", "adopt": True}))
+    w.service = ServiceState(name="clef-serve", selector={"app": "old"}, ports=unnamed)
+    w.step()
+    w.finish_job()
+    for _ in range(3):
+        p = w.step()
+        w.settle()
+        assert not [a for a in p.actions if type(a).__name__.startswith(("PatchService", "CreateService"))]
+    degraded = w.condition("Degraded")
+    assert degraded[:2] == ("True", "ServiceConflict") and "80->8080" in degraded[2], degraded
+    same = ({"port": 8000, "targetPort": 8000, "protocol": "TCP"},)
+    w = World(make_spec(service={"name": "clef-serve", "adopt": True}))
+    w.service = ServiceState(name="clef-serve", selector={"app": "old"}, ports=same)
+    w.step()
+    w.finish_job()
+    w.step()
+    w.settle()
+    w.step()
+    assert "ServiceAdopted" in w.event_reasons()
+    assert w.condition("Degraded")[0] == "False"
