@@ -205,6 +205,14 @@ class RealNode:
                 "-j", "DNAT", "--to-destination", f"127.0.0.1:{api_port}",
             ]
         )  # fmt: skip
+        # The bridge plugin turns on ip_forward for its gateway; nothing from a pod may leave the
+        # machine through it (host DNS included: pods have no cluster DNS here).
+        _run(
+            [
+                "iptables", "-A", "FORWARD", "-s", POD_CIDR, "!", "-d", POD_CIDR,
+                "-m", "comment", "--comment", hoststate.IPTABLES_COMMENT, "-j", "DROP",
+            ]
+        )  # fmt: skip
         conflist = {
             "cniVersion": "1.0.0",
             "name": "clef-realnode",
@@ -388,6 +396,9 @@ state = "{d / "containerd" / "state"}"
         records = self.records()
         problems: list[str] = []
         kubelet = [r for r in records if r.name == "kubelet"]
+        if any(is_alive(r) for r in kubelet):
+            # The clean path first: the kubelet stops the pods (CNI DEL, unmounts) while it can.
+            self._drain()
         survivors = stop(kubelet, grace=10.0)
         containerd = [r for r in records if r.name == "containerd"]
         if any(is_alive(r) for r in containerd):
@@ -418,6 +429,23 @@ state = "{d / "containerd" / "state"}"
             if not hoststate.mountpoints_under(self.dir / sub):
                 _rmtree(self.dir / sub)
         return problems
+
+    def _drain(self, timeout: float = 30.0) -> None:
+        try:
+            rest = Rest(self.cluster.kubeconfig, timeout=5)
+            path = "/api/v1/pods"
+            selector = {"fieldSelector": f"spec.nodeName={NODE_NAME}"}
+            for pod in rest.get(path, **selector)["items"]:
+                meta = pod["metadata"]
+                rest.delete(
+                    f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
+                    {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 5},
+                )
+            deadline = time.monotonic() + timeout
+            while rest.get(path, **selector)["items"] and time.monotonic() < deadline:
+                time.sleep(0.2)
+        except (ApiError, OSError, ValueError) as e:
+            self.log(f"node: could not drain through the API server ({e}); stopping containers directly")
 
     def _kill_tasks(self) -> None:
         ctr = [str(self.bin.ctr), f"--address={self.socket}", "-n", K8S_NAMESPACE]

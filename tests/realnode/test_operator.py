@@ -1,5 +1,6 @@
 """The operator image, deployed from the shipped kustomize tree, on a real node: both replicas
-Ready, one elected (Lease clef-system/clef-operator held), /healthz passing, the verdict key made.
+Ready, one elected (Lease clef-system/clef-operator held), /healthz passing, the verdict key made;
+then, with that in-cluster operator, Pod Security "restricted" enforced on the pods it creates.
 
 This is what every other tier cannot see: the image's own Python, user (UID 65532 with no passwd
 entry), read-only root, seccomp profile, service-account token and in-cluster configuration.
@@ -15,9 +16,11 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from clef_devcluster.host_operator import OPERATOR_NAMESPACE
+from clef_devcluster.host_operator import OPERATOR_NAMESPACE, clef_flash
 from clef_devcluster.kustomize import BASE, find, kustomize_build
 from clef_devcluster.realnode import LABEL, NODE_NAME, TOLERATION
+from clef_operator.api import GROUP, PLURAL, VERSION
+from clef_operator.conditions import READY
 from clef_operator.kube import VERDICT_KEY_SECRET
 from clef_operator.leader import LEASE_NAME
 
@@ -48,7 +51,7 @@ def _json(value: Any) -> str:
     return json.dumps(value)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def deployed_operator(real: RealCluster, operator_image: BuiltImage) -> Iterator[list[dict[str, Any]]]:
     """The pinned overlay (`make images`: kustomize/base with the operator at the digest just
     built; the install path of docs/operations.md) applied with the placement above."""
@@ -169,3 +172,115 @@ def test_operator_image_from_the_shipped_tree_runs_and_elects_a_leader(
         namespace=OPERATOR_NAMESPACE, field_selector=f"metadata.name={VERDICT_KEY_SECRET}",
     )  # fmt: skip
     print(f"leader: {holder}")
+
+
+# A model as the cluster tier's (kwok's V100 node, the harness's image table: the runner runs
+# its verification for real on this host); only the namespace is new: it enforces "restricted".
+MODEL_IMAGE = "registry.clef.test/clef-runtime:1.0"
+V100 = "Tesla-V100-SXM2-16GB"
+RESTRICTED = {f"pod-security.kubernetes.io/{mode}": "restricted" for mode in ("enforce", "warn", "audit")}
+ROLLOUT_SECONDS = 600.0
+
+
+def test_restricted_pod_security_admits_every_pod_the_operator_creates(
+    real: RealCluster, deployed_operator: list[dict[str, Any]]
+) -> None:
+    ns = "t-restricted"
+    real.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns, labels=RESTRICTED)))
+    custom = client.CustomObjectsApi(real.api)
+    try:
+        watch_until(
+            real.core.list_namespaced_service_account, lambda sas: sas or None, 30, f"ServiceAccount {ns}/default",
+            namespace=ns, field_selector="metadata.name=default",
+        )  # fmt: skip
+        # The namespace really enforces the profile: a pod without its settings is refused.
+        probe = real.run_kubectl(
+            "-n", ns, "run", "pss-probe", "--image=registry.clef.test/x:1.0", "--dry-run=server", check=False
+        )  # fmt: skip
+        assert probe.returncode != 0 and "PodSecurity" in probe.stderr, probe.stderr
+        spec = {
+            **clef_flash(MODEL_IMAGE),
+            "nodeSelector": {"nvidia.com/gpu.product": V100},
+            "service": {"name": "clef-serve"},
+            "verification": {"mode": "kernels", "timeoutSeconds": int(ROLLOUT_SECONDS)},
+        }
+        body = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "ClefModel",
+            "metadata": {"name": "flash"},
+            "spec": spec,
+        }
+        custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, body)
+
+        def refused(events: list[client.CoreV1Event]) -> None:
+            bad = [e for e in events if e.reason == "FailedCreate" and "PodSecurity" in (e.message or "")]
+            if bad:
+                raise AssertionError(
+                    "Pod Security 'restricted' refused pods the operator created:\n"
+                    + "\n".join(
+                        f"{e.involved_object.kind}/{e.involved_object.name}: {e.message}" for e in bad
+                    )
+                )
+
+        def model_ready(models: list[Any]) -> dict[str, Any] | None:
+            refused(real.core.list_namespaced_event(ns).items)
+            for m in models:
+                for c in (m.get("status") or {}).get("conditions") or []:
+                    if c["type"] == READY and c["status"] == "True":
+                        return dict(m)
+            return None
+
+        def describe() -> str:
+            events = real.core.list_namespaced_event(ns).items
+            return "\n".join(
+                f"{e.involved_object.kind}/{e.involved_object.name}: {e.reason}: {e.message}"
+                for e in events[-15:]
+            )
+
+        _watch_models(custom, ns, model_ready, ROLLOUT_SECONDS, describe)
+        pods = real.core.list_namespaced_pod(ns).items
+        kinds = {(p.metadata.labels or {}).get("clef.riotpiao.com/component", "?") for p in pods}
+        # Both kinds of pod the operator makes were admitted: the verification Job's and serving's.
+        assert len(pods) >= 2, [p.metadata.name for p in pods]
+        print(f"admitted under restricted: {sorted(p.metadata.name for p in pods)} ({sorted(kinds)})")
+    finally:
+        for m in custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)["items"]:
+            custom.delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, m["metadata"]["name"])
+        real.core.delete_namespace(ns)
+
+
+def _watch_models(
+    custom: client.CustomObjectsApi, ns: str, done: Any, timeout: float, describe: Any
+) -> dict[str, Any]:
+    """watch_until for custom objects (plain dicts, not models)."""
+    import time
+
+    from kubernetes import watch
+
+    deadline = time.monotonic() + timeout
+    listed = custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)
+    found = done(listed["items"])
+    if found:
+        return dict(found)
+    rv = listed["metadata"]["resourceVersion"]
+    objects = {m["metadata"]["name"]: m for m in listed["items"]}
+    w = watch.Watch()
+    while (left := deadline - time.monotonic()) > 0:
+        for event in w.stream(
+            custom.list_namespaced_custom_object, GROUP, VERSION, ns, PLURAL,
+            resource_version=rv, timeout_seconds=max(1, int(min(left, 20))),
+        ):  # fmt: skip
+            obj = event["object"]
+            rv = obj["metadata"]["resourceVersion"]
+            objects[obj["metadata"]["name"]] = obj
+            found = done(list(objects.values()))
+            if found:
+                w.stop()
+                return dict(found)
+        # A watch that ended without news: look at the events once more (a refusal is an event).
+        found = done(list(objects.values()))
+        if found:
+            return dict(found)
+    raise AssertionError(
+        f"timed out after {timeout:.0f}s waiting for the ClefModel to be Ready\n{describe()}"
+    )
