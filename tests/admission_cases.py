@@ -15,6 +15,20 @@ Body = dict[str, Any]
 Mutation = Callable[[Body], None]
 
 
+# Each name of syntax.CODE_STEERING_ENV_NAMES, and for a prefix, names real programs read.
+CODE_STEERING_ENV = (
+    *("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE", "PYTHONPLATLIBDIR", "PYTHONSAFEPATH"),
+    *("HOME", "LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "GLIBC_TUNABLES", "GCONV_PATH", "GETCONF_DIR"),
+    *("LOCPATH", "NLSPATH", "HOSTALIASES", "PATH"),
+    *("TRITON_KERNEL_OVERRIDE", "TRITON_OVERRIDE_DIR", "TRITON_HOME", "TRITON_CACHE_DIR"),
+)
+# Names beside them that engines use and that stay allowed.
+NEAR_CODE_STEERING_ENV = (
+    *("HF_HOME", "MY_PYTHONPATH", "LD", "PATHS", "HOMEDIR", "XLD_PRELOAD", "MALLOC_ARENA_MAX"),
+    "CUDA_LAUNCH_BLOCKING",
+)
+
+
 def spec(**changes: Any) -> Mutation:
     def mutate(body: Body) -> None:
         body["spec"].update(changes)
@@ -237,6 +251,15 @@ BAD: list[tuple[str, Mutation, str]] = [
         spec(env=[{"name": "TRITON_INTERPRET", "value": "1"}]),
         "spec.env[0].name",
     ),
+    # Names that would choose the code the verifier runs (syntax.CODE_STEERING_ENV_NAMES), each.
+    *(
+        (
+            f"env steering code: {name}",
+            spec(env=[{"name": "RUST_LOG", "value": "info"}, {"name": name, "value": "/m"}]),
+            "spec.env[1].name",
+        )
+        for name in CODE_STEERING_ENV
+    ),
     # Argument lists.
     ("too many args", spec(args=["--x"] * 65), "spec.args"),
     ("oversized arg", spec(args=["x" * 1025]), "spec.args[0]"),
@@ -414,6 +437,10 @@ GOOD: list[tuple[str, Mutation]] = [
     ("extended resource", resources(requests={"example.com/fpga": "1"}, limits={"example.com/fpga": "1"})),
     ("request without a limit", resources(requests={"memory": "64Gi"})),
     ("env", spec(env=[{"name": "RUST_LOG", "value": "info"}, {"name": "CLEFX", "value": "1"}])),
+    (
+        "env names beside the code-steering ones",
+        spec(env=[{"name": n, "value": "1"} for n in NEAR_CODE_STEERING_ENV]),
+    ),
     (
         "pvc with a subPath",
         nested("spec.model.volume", {"pvc": {"claimName": "weights.v1"}, "subPath": "clef/flash..v2"}),

@@ -20,13 +20,38 @@ OPERATOR_SA = "clef-operator"
 OPERATOR_USER = f"system:serviceaccount:{OPERATOR_NAMESPACE}:{OPERATOR_SA}"
 
 
-def spawn_operator(args: Sequence[str], kubeconfig: Path, log: IO[bytes]) -> subprocess.Popen[bytes]:
+# The operator image's user (images/operator/Dockerfile): a UID with no passwd entry.
+IMAGE_UID = 65532
+
+
+def spawn_operator(
+    args: Sequence[str], kubeconfig: Path, log: IO[bytes], uid: int | None = None
+) -> subprocess.Popen[bytes]:
     """`clef-operator ARGS` from this checkout, talking to the API server of `kubeconfig`, its
-    output appended to `log`, in a process group of its own (so a stop ends its children too)."""
+    output appended to `log`, in a process group of its own (so a stop ends its children too).
+
+    With `uid`, as its container starts it: that UID and GID (one that no passwd entry names,
+    such as IMAGE_UID, is what a pod gets), only the image's environment (none of this host's USER,
+    LOGNAME, ...), HOME=/tmp and `/` as working directory.  The IDs are mapped in a user namespace
+    of its own onto this host's user, so the checkout and `kubeconfig` stay readable wherever they
+    lie: what changes is only what the process sees of itself."""
+    argv = [sys.executable, "-m", "clef_operator.cli", *args]
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1"}
+    cwd: Path | str = REPO_ROOT
+    if uid is not None:
+        argv = ["unshare", "--user", f"--map-user={uid}", f"--map-group={uid}", *argv]
+        env = {
+            "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
+            "HOME": "/tmp",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONUNBUFFERED": "1",
+            "KUBECONFIG": str(kubeconfig),
+        }
+        cwd = "/"
     return subprocess.Popen(
-        [sys.executable, "-m", "clef_operator.cli", *args],
-        cwd=REPO_ROOT,
-        env={**os.environ, "KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1"},
+        argv,
+        cwd=cwd,
+        env=env,
         stdin=subprocess.DEVNULL,
         stdout=log,
         stderr=subprocess.STDOUT,

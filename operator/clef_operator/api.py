@@ -432,6 +432,13 @@ class EnvVar(ApiModel):
             " shapes, device, fault injection and report), which must check what serving runs",
             lambda v: not syntax.matches(syntax.RESERVED_ENV, v),
         ),
+        Check(
+            f"!self.matches(r'{syntax.CODE_STEERING_ENV}')",
+            "spec.env[].name: names that choose the code a process loads are refused ("
+            + ", ".join(syntax.CODE_STEERING_ENV_NAMES)
+            + "): the verification pod gets spec.env, and its verifier must run only its own code",
+            lambda v: not syntax.matches(syntax.CODE_STEERING_ENV, v),
+        ),
     ] = Field(max_length=256)
     value: Annotated[str, no_nul("spec.env[].value")] = Field(default="", max_length=8192)
 

@@ -53,6 +53,7 @@ def _run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 3
+    from clef_operator import leader
     from clef_operator.handlers import Tuning, start_watching
 
     namespaces = args.namespace or None
@@ -63,6 +64,10 @@ def _run(args: argparse.Namespace) -> int:
     elector = _elect(args) if args.leader_elect else None
     try:
         kopf.run(
+            # Without an identity kopf builds one from getpass.getuser(), which raises in a
+            # container that runs as a UID with no passwd entry (the images' 65532, or any UID a
+            # platform assigns).  The election's identity needs no user database.
+            identity=_kopf_identity(leader.identity()),
             standalone=True,
             clusterwide=namespaces is None,
             namespaces=namespaces or (),
@@ -73,6 +78,13 @@ def _run(args: argparse.Namespace) -> int:
         if elector is not None:
             elector.release()
     return 0
+
+
+def _kopf_identity(name: str) -> Any:
+    """`name` as kopf's peering identity type (a NewType of str that kopf does not export)."""
+    from kopf._core.engines.peering import Identity
+
+    return Identity(name)
 
 
 def _elect(args: argparse.Namespace) -> Any:

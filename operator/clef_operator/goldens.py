@@ -39,6 +39,7 @@ from clef_operator.conditions import Reason
 from clef_operator.observed import ConfigMapState, JobState, ModelRef, PodState
 from clef_operator.render import (
     CONTAINER_SECURITY,
+    VERIFIER_MODEL_PATH,
     Owner,
     env_with,
     job_manifest,
@@ -85,7 +86,7 @@ def goldens_name(model: str, key: str) -> str:
 
 def goldens_argv(spec: ClefModelSpec) -> list[str]:
     endpoint = endpoint_of(spec)
-    argv = ["clef-runtime", "goldens", "--checkpoint", spec.model.path, "--dtype", spec.dtype.value]
+    argv = ["clef-runtime", "goldens", "--checkpoint", VERIFIER_MODEL_PATH, "--dtype", spec.dtype.value]
     argv += ["--out", STDOUT]
     if endpoint.builtin_prompts is BuiltinPrompts.SHORT:
         argv.append("--no-long")
@@ -102,7 +103,7 @@ def goldens_argv(spec: ClefModelSpec) -> list[str]:
 def render_goldens_job(owner: Owner, spec: ClefModelSpec) -> dict[str, Any]:
     """One GPU, the runtime image, the checkpoint mounted read-only, as the spec schedules its pods."""
     key = goldens_key(spec)
-    volumes, mounts = model_volume(spec)
+    volumes, mounts = model_volume(spec, VERIFIER_MODEL_PATH)
     volumes.append({"name": "tmp", "emptyDir": {}})
     mounts.append({"name": "tmp", "mountPath": "/tmp"})
     resources: dict[str, Any] = {"limits": {**spec.resources.limits, labels.GPU_RESOURCE: "1"}}

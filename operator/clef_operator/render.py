@@ -116,7 +116,7 @@ def verify_argv(spec: ClefModelSpec) -> list[str]:
     # preset's defaults are (clef-runtime verify --shape).
     argv += shape_flags(arch.model_dump())
     if verification.suite is not Suite.KERNELS and spec.model.volume is not None:
-        argv += ["--checkpoint", spec.model.path]
+        argv += ["--checkpoint", VERIFIER_MODEL_PATH]
     if verification.tolerance_scale is not None:
         argv += ["--tolerance-scale", f"{verification.tolerance_scale:g}"]
     return argv
@@ -141,7 +141,16 @@ def env_with(env: list[dict[str, str]], extra: dict[str, str]) -> list[dict[str,
     return env + [{"name": name, "value": value} for name, value in extra.items() if name not in names]
 
 
-def model_volume(spec: ClefModelSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+# Where a verifier (kernels verify, goldens) finds the checkpoint: a path of clef's, not
+# spec.model.path, which a namespace editor could point at the verifier's own code (mounting the
+# weights volume over site-packages) to run code of their own in its place.
+VERIFIER_MODEL_PATH = "/clef/model"
+
+
+def model_volume(
+    spec: ClefModelSpec, mount_path: str | None = None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The weights volume and its read-only mount, at spec.model.path or at `mount_path`."""
     volume = spec.model.volume
     if volume is None:
         return [], []
@@ -151,7 +160,7 @@ def model_volume(spec: ClefModelSpec) -> tuple[list[dict[str, Any]], list[dict[s
     else:
         assert volume.host_path is not None, "the CRD requires exactly one volume source"
         source = {"hostPath": {"path": volume.host_path.path, "type": "Directory"}}
-    mount: dict[str, Any] = {"name": "model", "mountPath": spec.model.path, "readOnly": True}
+    mount: dict[str, Any] = {"name": "model", "mountPath": mount_path or spec.model.path, "readOnly": True}
     if volume.sub_path:
         mount["subPath"] = volume.sub_path
     return [{"name": "model", **source}], [mount]
@@ -235,7 +244,7 @@ def render_verification_pod_spec(spec: ClefModelSpec) -> dict[str, Any]:
     volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {}}]
     mounts: list[dict[str, Any]] = [{"name": "tmp", "mountPath": "/tmp"}]
     if spec.verification.suite is not Suite.KERNELS:
-        model_volumes, model_mounts = model_volume(spec)
+        model_volumes, model_mounts = model_volume(spec, VERIFIER_MODEL_PATH)
         volumes += model_volumes
         mounts += model_mounts
     container = {

@@ -47,6 +47,35 @@ ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 # runtime reads CLEF_VERIFY_SHAPES, CLEF_VERIFY_DEVICE, CLEF_RUNTIME_FAULT, and Triton's
 # interpreter swaps the GPU for the CPU.  A user's env would silently change what is verified.
 RESERVED_ENV = r"^(CLEF_.*|TRITON_INTERPRET.*)$"
+# Names that choose the code a process runs, refused in spec.env: spec.env reaches the kernels
+# verification pod, so any of them would let a namespace editor run code of their own in place of
+# the verifier (a sitecustomize.py on the weights volume and PYTHONPATH pointing at it wrote a
+# passing report).  Each entry is a name or, ending in '*', a prefix; where each comes from:
+#   CPython (docs: "Command line and environment"): every PYTHON* name (PYTHONPATH, PYTHONHOME,
+#     PYTHONSTARTUP, PYTHONUSERBASE, PYTHONPLATLIBDIR, PYTHONSAFEPATH, ...), and HOME, under which
+#     the per-user site-packages (~/.local/lib/pythonX.Y/site-packages) is imported at start-up;
+#   glibc (ld.so(8), and the variables it drops for set-user-ID programs): LD_* (LD_PRELOAD,
+#     LD_LIBRARY_PATH, LD_AUDIT, ...), GLIBC_TUNABLES, and the paths from which it loads shared
+#     objects or data at run time: GCONV_PATH, GETCONF_DIR, LOCPATH, NLSPATH, HOSTALIASES;
+#   the shell's PATH, through which the verifier's argv[0] (clef-runtime) is found;
+#   Triton: TRITON_* (TRITON_KERNEL_OVERRIDE with TRITON_OVERRIDE_DIR swaps compiled kernels for
+#     files from a directory; TRITON_HOME, TRITON_CACHE_DIR place them).
+CODE_STEERING_ENV_NAMES = (
+    "PYTHON*",
+    "HOME",
+    "LD_*",
+    "GLIBC_TUNABLES",
+    "GCONV_PATH",
+    "GETCONF_DIR",
+    "LOCPATH",
+    "NLSPATH",
+    "HOSTALIASES",
+    "PATH",
+    "TRITON_*",
+)
+CODE_STEERING_ENV = (
+    "^(" + "|".join(n[:-1] + ".*" if n.endswith("*") else n for n in CODE_STEERING_ENV_NAMES) + ")$"
+)
 
 # CEL's escape for the NUL character (the rule text itself must not hold one).
 NUL_ESCAPE = "\\u0000"

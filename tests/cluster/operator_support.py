@@ -91,7 +91,9 @@ class ElectedOperator:
     """`clef-operator run ... --leader-elect --metrics-bind-address=127.0.0.1:PORT` on this host,
     as the Deployment runs it (`args`: the scope and any election durations)."""
 
-    def __init__(self, kubeconfig: Path, args: Sequence[str], log: Path, identity: str = "") -> None:
+    def __init__(
+        self, kubeconfig: Path, args: Sequence[str], log: Path, identity: str = "", uid: int | None = None
+    ) -> None:
         self.port = free_port()
         self.log = log
         self.identity = identity
@@ -99,7 +101,7 @@ class ElectedOperator:
         if identity:
             argv.append(f"--leader-elect-identity={identity}")
         with log.open("ab") as out:
-            self.proc = spawn_operator(argv, kubeconfig, out)
+            self.proc = spawn_operator(argv, kubeconfig, out, uid)
 
     def get(self, path: str) -> str | None:
         try:

@@ -23,6 +23,7 @@ retry 1 s.
 from __future__ import annotations
 
 import json
+import pwd
 import signal
 import subprocess
 import time
@@ -35,7 +36,12 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from clef_devcluster.host_operator import OPERATOR_NAMESPACE, OPERATOR_SA, service_account_kubeconfig
+from clef_devcluster.host_operator import (
+    IMAGE_UID,
+    OPERATOR_NAMESPACE,
+    OPERATOR_SA,
+    service_account_kubeconfig,
+)
 from clef_devcluster.kustomize import BASE, kustomize_build
 from clef_operator.leader import EXIT_LOST_LEASE, LEASE_NAME
 
@@ -278,3 +284,31 @@ def test_standby_takes_over_and_a_resumed_leader_writes_nothing(
     )
     assert not _writes(_audited(audit, offset, "op-a", resumed)), a.tail()
     assert _writes(_audited(audit, offset, "op-b", resumed)), "op-b's writes after it resumed are seen"
+
+
+def test_the_operator_starts_as_a_uid_with_no_passwd_entry(
+    cluster: Cluster, namespace: str, rbac: Rbac, tmp_path: Path
+) -> None:
+    """The operator image runs as 65532, a UID no passwd entry names, with HOME=/tmp and no USER:
+    kopf's own fallback identity (getpass.getuser()) raised KeyError there and the pod crash-looped
+    on start, which no tier saw while each ran the operator as this host's root.  Here it starts as
+    that UID, elects itself, serves /healthz and reconciles a model to Ready."""
+    with pytest.raises(KeyError):
+        pwd.getpwuid(IMAGE_UID)  # else this host names the UID, and the start below proves nothing
+    delete_lease(cluster)
+    op = ElectedOperator(
+        rbac.operator, ["--namespace", namespace, *DURATIONS], tmp_path / "image-uid.log", "op-uid", IMAGE_UID
+    )
+    try:
+        wait_for(lambda: lease_holder(cluster) == "op-uid" or op.proc.poll() is not None, 60,
+                 "the operator to take the Lease", op.tail)  # fmt: skip
+        assert op.proc.poll() is None, f"the operator exited ({op.proc.returncode}):\n{op.tail()}"
+        wait_for(op.healthy, 60, "the operator's /healthz", op.tail)
+        models = Models(cluster, namespace)
+        models.create(clefmodel("uid", verification={"required": False}))
+        models.wait_condition("uid", "Ready", "True", "Available", timeout=120)
+        assert "getpwuid" not in op.log.read_text(errors="replace"), op.tail()
+    finally:
+        delete_models(cluster, namespace)
+        op.stop()
+        delete_lease(cluster)

@@ -161,14 +161,17 @@ def test_goldens_preview_comparison_then_the_pinned_candidate_serves() -> None:
     pod = manifest["spec"]["template"]["spec"]
     container = pod["containers"][0]
     assert manifest["metadata"]["name"] == gjob
-    assert container["image"] == RUNTIME and container["command"][:3] == [
+    assert container["image"] == RUNTIME and container["command"][:4] == [
         "clef-runtime",
         "goldens",
         "--checkpoint",
+        "/clef/model",
     ]
     assert container["command"][6:8] == ["--out", "-"]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
-    assert {"name": "model", "mountPath": "/models/clef-flash", "readOnly": True} in container["volumeMounts"]
+    # The checkpoint at clef's own path, whatever spec.model.path says (it could name the
+    # verifier's site-packages).
+    assert {"name": "model", "mountPath": "/clef/model", "readOnly": True} in container["volumeMounts"]
     assert w.condition("Verified")[0] == "Unknown"
     finish_goldens(w)
     plan = w.step()

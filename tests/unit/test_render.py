@@ -11,6 +11,8 @@ from clef_operator.render import (
     render_deployment,
     render_job,
     render_service,
+    render_serving_pod_spec,
+    render_verification_pod_spec,
     serving_revision,
     verification_key,
     verify_argv,
@@ -122,10 +124,25 @@ def test_job_contract():
         "--shape=linear_key_dim=128",
         "--shape=linear_value_dim=128",
         "--checkpoint",
-        "/models/clef-flash",
+        "/clef/model",
         "--tolerance-scale",
         "2",
     ]
+
+
+def test_verifiers_mount_the_checkpoint_at_clefs_path_not_the_specs():
+    """spec.model.path may name any directory, the verifier's own site-packages too: a verifier
+    pod mounts the weights at clef's path, so the volume can never cover code it runs."""
+    path = "/opt/clef/lib/python3.11/site-packages/clef_runtime"
+    spec = make_spec(
+        model={"name": "clef-flash", "path": path, "volume": {"hostPath": {"path": "/srv/models"}}},
+        verification={"suite": "full"},
+    )
+    container = render_verification_pod_spec(spec)["containers"][0]
+    assert [m["mountPath"] for m in container["volumeMounts"]] == ["/tmp", "/clef/model"]
+    assert path not in container["command"]
+    serving = render_serving_pod_spec(spec, PINNED)["containers"][0]
+    assert {"name": "model", "mountPath": path, "readOnly": True} in serving["volumeMounts"]
 
 
 def test_reverify_job_gets_a_suffix_within_63_characters():
