@@ -329,32 +329,31 @@ state = "{d / "containerd" / "state"}"
         )
         return out
 
-    def import_image(self, archive: Path) -> None:
-        """`ctr -n k8s.io images import` of a docker- or OCI-archive, for the kubelet to use."""
+    def _ctr(self) -> list[str]:
+        return [str(self.bin.ctr), f"--address={self.socket}", "-n", K8S_NAMESPACE]
+
+    def import_image(self, archive: Path, ref: str = "", digest: str = "") -> None:
+        """`ctr -n k8s.io images import` of a docker- or OCI-archive, for the kubelet to use.
+        With `ref` (the name:tag the archive carries) and `digest` (its manifest's), the image is
+        also named NAME@DIGEST, the name a digest-pinned pod asks for (what a pull would record;
+        ctr's own --digests names the archive's index instead)."""
         started = time.monotonic()
         proc = subprocess.run(
-            [
-                str(self.bin.ctr),
-                f"--address={self.socket}",
-                "-n",
-                K8S_NAMESPACE,
-                "images",
-                "import",
-                str(archive),
-            ],
-            capture_output=True,
-            text=True,
+            [*self._ctr(), "images", "import", str(archive)], capture_output=True, text=True
         )
         if proc.returncode != 0:
             raise NodeError(f"ctr images import {archive} failed: {proc.stderr.strip()}")
+        if ref and digest:
+            pinned = f"{ref.rsplit(':', 1)[0]}@{digest}"
+            proc = subprocess.run(
+                [*self._ctr(), "images", "tag", "--force", ref, pinned], capture_output=True, text=True
+            )
+            if proc.returncode != 0:
+                raise NodeError(f"ctr images tag {ref} {pinned} failed: {proc.stderr.strip()}")
         self.log(f"node: imported {archive.name} in {time.monotonic() - started:.1f}s")
 
     def images(self) -> list[str]:
-        proc = subprocess.run(
-            [str(self.bin.ctr), f"--address={self.socket}", "-n", K8S_NAMESPACE, "images", "ls", "-q"],
-            capture_output=True,
-            text=True,
-        )
+        proc = subprocess.run([*self._ctr(), "images", "ls", "-q"], capture_output=True, text=True)
         return proc.stdout.split()
 
     def _containerd_ready(self) -> bool:
@@ -448,7 +447,7 @@ state = "{d / "containerd" / "state"}"
             self.log(f"node: could not drain through the API server ({e}); stopping containers directly")
 
     def _kill_tasks(self) -> None:
-        ctr = [str(self.bin.ctr), f"--address={self.socket}", "-n", K8S_NAMESPACE]
+        ctr = self._ctr()
         proc = subprocess.run([*ctr, "tasks", "ls", "-q"], capture_output=True, text=True, timeout=30)
         for task in proc.stdout.split():
             subprocess.run([*ctr, "tasks", "kill", "-s", "SIGKILL", task], capture_output=True, timeout=30)

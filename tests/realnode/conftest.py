@@ -144,7 +144,7 @@ def built_image(name: str) -> BuiltImage:
 @pytest.fixture(scope="session")
 def operator_image(real: RealCluster) -> BuiltImage:
     image = built_image("clef-operator")
-    real.node.import_image(image.archive)
+    real.node.import_image(image.archive, image.ref, image.digest)
     present = real.node.images()
     assert image.pinned in present, f"{image.pinned} not among the node's images after import: {present}"
     return image
