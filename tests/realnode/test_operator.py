@@ -167,9 +167,19 @@ def test_operator_image_from_the_shipped_tree_runs_and_elects_a_leader(
             assert r.status == 200, (pod.metadata.name, r.status)
 
     # The leader did its first work through the in-cluster API path (DNAT to the API server).
+    def logs() -> str:
+        out = []
+        for pod in pods:
+            try:
+                text = real.core.read_namespaced_pod_log(pod.metadata.name, OPERATOR_NAMESPACE, tail_lines=25)
+            except ApiException as e:
+                text = f"(no log: {e.reason})"
+            out.append(f"--- {pod.metadata.name} ---\n{text}")
+        return "\n".join(out)
+
     watch_until(
         real.core.list_namespaced_secret, lambda secrets: secrets or None, 60, f"Secret {VERDICT_KEY_SECRET}",
-        namespace=OPERATOR_NAMESPACE, field_selector=f"metadata.name={VERDICT_KEY_SECRET}",
+        logs, namespace=OPERATOR_NAMESPACE, field_selector=f"metadata.name={VERDICT_KEY_SECRET}",
     )  # fmt: skip
     print(f"leader: {holder}")
 

@@ -35,6 +35,19 @@ def _node_processes(real: RealCluster) -> list[str]:
     return found
 
 
+def _rss(real: RealCluster) -> str:
+    """Resident memory of the kubelet and containerd (the tier's numbers in docs/local-cluster.md)."""
+    out = []
+    for rec in real.node.records():
+        try:
+            status = Path(f"/proc/{rec.pid}/status").read_text()
+        except OSError:
+            continue
+        kib = next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")), 0)
+        out.append(f"{rec.name} {kib // 1024} MiB")
+    return ", ".join(out)
+
+
 def test_node_down_restores_the_host(real: RealCluster) -> None:
     node = real.node
     before = HostSnapshot.load(node.snapshot_file)
@@ -48,6 +61,7 @@ def test_node_down_restores_the_host(real: RealCluster) -> None:
     assert any(f"/{KUBEPODS}" in c for c in changed), changed
     assert any(c.startswith(f"network link {BRIDGE}") for c in changed), changed
     assert _node_processes(real)
+    print(f"node memory (RSS): {_rss(real)}")
 
     problems = node.down()
 
