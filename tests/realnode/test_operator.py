@@ -114,6 +114,21 @@ def _why_not_running(real: RealCluster, pod: client.V1Pod) -> str | None:
     return None
 
 
+def _logs(real: RealCluster) -> str:
+    """Each operator pod's state and last log lines (its previous container's if it restarted)."""
+    out = []
+    for pod in real.core.list_namespaced_pod(OPERATOR_NAMESPACE, label_selector=SELECTOR).items:
+        restarts = sum(cs.restart_count for cs in (pod.status and pod.status.container_statuses) or [])
+        try:
+            text = real.core.read_namespaced_pod_log(
+                pod.metadata.name, OPERATOR_NAMESPACE, tail_lines=25, previous=restarts > 0
+            )
+        except ApiException as e:
+            text = f"(no log: {e.reason})"
+        out.append(f"--- {pod.metadata.name} ({pod.status.phase}, {restarts} restarts) ---\n{text}")
+    return "\n".join(out)
+
+
 def _ready(pod: client.V1Pod) -> bool:
     return any(c.type == "Ready" and c.status == "True" for c in (pod.status and pod.status.conditions) or [])
 
@@ -163,23 +178,16 @@ def test_operator_image_from_the_shipped_tree_runs_and_elects_a_leader(
     # /healthz from the host, at each pod's address on the node's bridge (what the kubelet's
     # liveness probe asks too), in the leader and in the standby.
     for pod in pods:
-        with urllib.request.urlopen(f"http://{pod.status.pod_ip}:9090/healthz", timeout=5) as r:
-            assert r.status == 200, (pod.metadata.name, r.status)
+        try:
+            with urllib.request.urlopen(f"http://{pod.status.pod_ip}:9090/healthz", timeout=5) as r:
+                assert r.status == 200, (pod.metadata.name, r.status)
+        except OSError as e:
+            raise AssertionError(f"/healthz of {pod.metadata.name}: {e}\n{_logs(real)}") from None
 
     # The leader did its first work through the in-cluster API path (DNAT to the API server).
-    def logs() -> str:
-        out = []
-        for pod in pods:
-            try:
-                text = real.core.read_namespaced_pod_log(pod.metadata.name, OPERATOR_NAMESPACE, tail_lines=25)
-            except ApiException as e:
-                text = f"(no log: {e.reason})"
-            out.append(f"--- {pod.metadata.name} ---\n{text}")
-        return "\n".join(out)
-
     watch_until(
         real.core.list_namespaced_secret, lambda secrets: secrets or None, 60, f"Secret {VERDICT_KEY_SECRET}",
-        logs, namespace=OPERATOR_NAMESPACE, field_selector=f"metadata.name={VERDICT_KEY_SECRET}",
+        lambda: _logs(real), namespace=OPERATOR_NAMESPACE, field_selector=f"metadata.name={VERDICT_KEY_SECRET}",
     )  # fmt: skip
     print(f"leader: {holder}")
 
