@@ -31,6 +31,11 @@ def _parser() -> argparse.ArgumentParser:
         metavar="KUBECONFIG",
         help="start only kwok and the runner against an existing cluster (kind)",
     )
+    u.add_argument(
+        "--real-node",
+        action="store_true",
+        help="also start a real node (containerd + kubelet, as root; `build.sh node` first)",
+    )
     sub.add_parser("down", help="stop everything started from --state-dir")
     sub.add_parser("status", help="what is running")
     sub.add_parser("env", help='shell exports for kubectl: eval "$(python -m clef_devcluster env)"')
@@ -66,6 +71,16 @@ def _up(cluster: LocalCluster, args: argparse.Namespace) -> int:
     except ClusterError as e:
         print(f"cluster: {e}", file=sys.stderr)
         return 1
+    if args.real_node:
+        from .realnode import NodeError, RealNode
+
+        try:
+            node_seconds = RealNode(cluster).up()
+        except NodeError as e:
+            print(f"cluster: real node: {e}", file=sys.stderr)
+            cluster.down()
+            return 1
+        print(f"cluster: real node `localhost` Ready in {node_seconds:.1f}s", file=sys.stderr)
     print(f"cluster: up in {seconds:.1f}s; to use it:", file=sys.stderr)
     print("\n".join(cluster.env_lines()))
     return 0

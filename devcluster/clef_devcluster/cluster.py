@@ -387,6 +387,15 @@ class LocalCluster:
 
     # -- down --------------------------------------------------------------------------------
     def down(self) -> DownReport:
+        # A real node (realnode.py) goes first and puts the host back as it found it; its
+        # problems are reported as survivors, so `down` is not clean until the host is.
+        node_problems: list[str] = []
+        if (self.dir / "node" / "host-before.json").exists() or any(
+            r.name in ("kubelet", "containerd") for r in self.ledger.load()
+        ):
+            from .realnode import RealNode
+
+            node_problems = RealNode(self).down()
         records = self.ledger.load()
         ports = [int(p) for p in (self.state().get("ports") or {}).values()]
         stopped: list[str] = []
@@ -412,7 +421,7 @@ class LocalCluster:
             shutil.rmtree(self.dir / "runs", ignore_errors=True)
             self.kubeconfig.unlink(missing_ok=True)
             (self.dir / "run" / "runner.ready").unlink(missing_ok=True)
-        return DownReport(stopped, [f"{r.name} (pid {r.pid})" for r in survivors], still)
+        return DownReport(stopped, [f"{r.name} (pid {r.pid})" for r in survivors] + node_problems, still)
 
 
 def _load_yaml(path: Path) -> list[dict[str, Any]]:

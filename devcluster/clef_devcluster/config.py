@@ -43,6 +43,9 @@ class Versions:
     kubernetes: str
     etcd: str
     kwok: str
+    # The real node's (`make test-real`); its kubelet is KUBERNETES_VERSION's.
+    containerd: str = ""
+    cni_plugins: str = ""
 
     @classmethod
     def load(cls, path: Path = VERSIONS_FILE) -> Versions:
@@ -56,7 +59,13 @@ class Versions:
                 raise ValueError(f"{path}: {raw!r} is not KEY=value")
             values[key.strip()] = value.strip()
         try:
-            return cls(values["KUBERNETES_VERSION"], values["ETCD_VERSION"], values["KWOK_VERSION"])
+            return cls(
+                values["KUBERNETES_VERSION"],
+                values["ETCD_VERSION"],
+                values["KWOK_VERSION"],
+                values.get("CONTAINERD_VERSION", ""),
+                values.get("CNI_PLUGINS_VERSION", ""),
+            )
         except KeyError as e:
             raise ValueError(f"{path}: {e.args[0]} is not set") from e
 
@@ -96,6 +105,56 @@ class Binaries:
     def missing(self) -> list[Path]:
         # build.sh writes .complete last, so a binary without it is from an interrupted build.
         return [b for b in self.all() if not (b.is_file() and (b.parent.parent / ".complete").is_file())]
+
+
+@dataclass(frozen=True)
+class NodeBinaries:
+    """The real node's binaries: `build.sh node` puts them in one cache entry."""
+
+    dir: Path
+
+    @classmethod
+    def for_versions(cls, versions: Versions, root: Path | None = None) -> NodeBinaries:
+        root = root or cache_root()
+        name = f"node-{versions.kubernetes}-{versions.containerd}-{versions.cni_plugins}"
+        return cls(root / name / "bin")
+
+    @property
+    def kubelet(self) -> Path:
+        return self.dir / "kubelet"
+
+    @property
+    def containerd(self) -> Path:
+        return self.dir / "containerd"
+
+    @property
+    def ctr(self) -> Path:
+        return self.dir / "ctr"
+
+    @property
+    def pause(self) -> Path:
+        return self.dir / "pause"
+
+    NAMES = (
+        "kubelet",
+        "containerd",
+        "containerd-shim-runc-v2",
+        "ctr",
+        "bridge",
+        "host-local",
+        "loopback",
+        "portmap",
+        "pause",
+    )
+
+    def missing(self) -> list[Path]:
+        if not (self.dir.parent / ".complete").is_file():
+            return [self.dir / n for n in self.NAMES]
+        return [self.dir / n for n in self.NAMES if not (self.dir / n).is_file()]
+
+
+def default_node_binaries() -> NodeBinaries:
+    return NodeBinaries.for_versions(Versions.load())
 
 
 def default_binaries() -> Binaries:

@@ -46,6 +46,9 @@ CLIENTS = (
     ClientIdentity("runner", "clef-runner", ("system:masters",)),
     # What the API server shows the stand-in kubelet's log endpoint (runner/logs.py).
     ClientIdentity("apiserver-kubelet-client", "kube-apiserver-kubelet-client"),
+    # The real node's kubelet (realnode.py, `make test-real`): the Node authorizer's identity for
+    # node `localhost` (the kubelet runs with --hostname-override=localhost).
+    ClientIdentity("node-localhost", "system:node:localhost", ("system:nodes",)),
 )
 # The runner's kubelet endpoint (`kubectl logs`) serves on loopback with this leaf, which the API
 # server checks against the cluster CA (--kubelet-certificate-authority).

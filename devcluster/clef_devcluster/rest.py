@@ -34,6 +34,7 @@ _RESOURCES: dict[tuple[str, str], tuple[str, bool]] = {
     ("v1", "ConfigMap"): ("configmaps", True),
     ("node.k8s.io/v1", "RuntimeClass"): ("runtimeclasses", False),
     ("apiextensions.k8s.io/v1", "CustomResourceDefinition"): ("customresourcedefinitions", False),
+    ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): ("clusterrolebindings", False),
 }
 
 
