@@ -32,6 +32,8 @@ PREVIEW_POD_UID = f"{PREFIX}/preview-pod-uid"
 PREVIEW_POD_IP = f"{PREFIX}/preview-pod-ip"
 PREVIEW_IMAGE_ID = f"{PREFIX}/preview-image-id"
 GOLDENS_CONFIGMAP = f"{PREFIX}/goldens-configmap"
+# The signed sha256 of the goldens a comparison Job was given (also in its argv, which is binding).
+GOLDENS_SHA256 = f"{PREFIX}/goldens-sha256"
 
 # On the ClefModel: any new value asks for a fresh verification of the current spec.
 REVERIFY = f"{PREFIX}/reverify"
