@@ -107,6 +107,7 @@ class Ctx:
             run=self.run,
             step=step,
             final=not passed or step is Step.ENDPOINT,
+            generation=self.model.generation,
             **fields,
         )
         return sign(self.secret, self.model, record)

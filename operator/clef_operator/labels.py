@@ -60,6 +60,7 @@ GPU_CLASS = f"{PREFIX}/gpu-class"
 # The re-verify run a Deployment's verdict (or a Job) belongs to: each new reverify value is a new run.
 REVERIFY_RUN = f"{PREFIX}/reverify-run"
 VERIFIED_AT = f"{PREFIX}/verified-at"
+VERIFIED_GENERATION = f"{PREFIX}/verified-generation"
 VERIFICATION_JOB = f"{PREFIX}/verification-job"
 VERIFICATION_JOB_UID = f"{PREFIX}/verification-job-uid"
 VERIFIER = f"{PREFIX}/verifier"
