@@ -6,7 +6,8 @@
   forgery.  Before the fix the faulty engine was `Verified=True`.  Now the Job carries the signed
   digest, the check refuses the other bytes before it asks anything, and the operator reports
   `GoldensUntrusted` with an event.
-* **Replay** (finding 3): see `test_a_signed_pass_written_back_after_a_failed_run_never_counts`.
+* **Replay** (finding 3): a genuinely signed pass, saved before a re-verify that failed, written
+  back into status (`test_a_signed_pass_written_back_after_a_failed_run_never_counts`).
 
 The comparison pod is held back deterministically by a ResourceQuota on pods (the Job controller
 cannot create it until the quota goes), not by timing.  The operator is stopped meanwhile, as the
@@ -17,10 +18,12 @@ from __future__ import annotations
 
 import base64
 import gzip
+import hashlib
 import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,9 +34,17 @@ from kubernetes import client
 
 from clef_devcluster.checkpoints import write_chat_checkpoint
 from clef_devcluster.config import ENGINE_IMAGE_PREFIX
+from clef_devcluster.images import put_image
 
 from .conftest import Cluster, wait_for
-from .operator_support import VERIFY_SECONDS, Models, OperatorProcess, clefmodel, delete_models
+from .operator_support import (
+    VERIFY_SECONDS,
+    Models,
+    OperatorProcess,
+    clefmodel,
+    delete_models,
+    operator_running,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -153,7 +164,7 @@ def test_goldens_swapped_between_signing_and_reading_never_verify(
     original = dict(signed_cm.binary_data)
     signed = json.loads(signed_cm.metadata.annotations["clef.riotpiao.com/goldens"])["sha256"]
     forged = faulty_goldens(checkpoint, tmp_path / "forged.json")
-    forged_digest = "sha256:" + __import__("hashlib").sha256(forged).hexdigest()
+    forged_digest = "sha256:" + hashlib.sha256(forged).hexdigest()
     assert forged_digest != signed, "the faulty kernels answer differently"
 
     # Room for exactly one more pod (the preview): the comparison pod waits on the quota.
@@ -162,11 +173,15 @@ def test_goldens_swapped_between_signing_and_reading_never_verify(
         spec=client.V1ResourceQuotaSpec(hard={"pods": str(_live_pods(core, ns) + 1)}),
     )
     core.create_namespaced_resource_quota(ns, quota)
-    wait_for(
-        lambda: (core.read_namespaced_resource_quota("hold-comparison", ns).status.hard or {}).get("pods"),
-        60,
-        "the quota counted",
-    )
+    live = _live_pods(core, ns)
+
+    def counted() -> bool:
+        # Admission adds to status.used: until the quota controller has filled it in, a pod more
+        # than the quota allows could still be admitted.
+        status = core.read_namespaced_resource_quota("hold-comparison", ns).status
+        return bool(status.hard) and (status.used or {}).get("pods") == str(live)
+
+    wait_for(counted, 60, "the quota counted")
     models.set_image(NAME, BROKEN)
 
     def comparison() -> client.V1Job | None:
@@ -182,6 +197,8 @@ def test_goldens_swapped_between_signing_and_reading_never_verify(
         comparison, VERIFY_SECONDS, "the comparison Job of the broken image", lambda: models.describe(NAME)
     )
     operator.stop()
+    held = core.list_namespaced_pod(ns, label_selector=f"job-name={job.metadata.name}").items
+    assert not held, "the quota holds the comparison pod back until the goldens are swapped"
     # The attack: the signed ConfigMap swapped by name for the faulty kernels' goldens...
     _replace_config_map(
         core, ns, _copy(signed_cm, {GOLDENS_FILE: base64.b64encode(gzip.compress(forged)).decode()})
@@ -215,3 +232,69 @@ def test_goldens_swapped_between_signing_and_reading_never_verify(
     status = models.get(NAME)["status"]
     assert status["activeRevision"] == active, "the old revision keeps serving"
     assert models.condition(NAME, "Degraded")["reason"] == "GoldensUntrusted"
+
+
+# ---------------------------------------------------------------------------------- finding 3
+
+REVERIFY = "clef.riotpiao.com/reverify"
+# How long a replayed pass is watched for not promoting anything, once the operator has answered it.
+REPLAY_WINDOW = 15.0
+
+
+def test_a_signed_pass_written_back_after_a_failed_run_never_counts(
+    cluster: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    """Issue 33, finding 3: a genuinely signed Passed record, saved before a re-verify that failed
+    (the tag moved to a faulty digest), written back into status.  Before the fix Verified went
+    from False/KernelMismatch to True, Degraded cleared, the failure was gone, and no event said so.
+    Now the operator's ledger (outside the namespace) holds the failed run: the pass is ignored
+    with StaleVerdictIgnored, the failure is put back, and nothing changes over the window."""
+    cluster.image_table()
+    tag = f"registry.clef.test/clef-runtime:ci-{namespace[-8:]}"
+    first = put_image(cluster.core, tag, "good")
+    with operator_running(cluster, namespace, tmp_path) as op:
+        models = Models(cluster, namespace, op)
+        models.create(clefmodel("flash", tag))
+        models.wait_status(
+            "flash", lambda s: s.get("activeImage") == first.image_id, "run 1 serves", VERIFY_SECONDS
+        )
+        saved = models.get("flash")["status"]["verifications"]
+        assert saved[0]["verdict"] == "Passed" and saved[0].get("signature"), saved[0]
+        # The tag moves to a digest with the key-band fault; a re-verify fails on it.
+        put_image(cluster.core, tag, "fault", fault=BROKEN_FAULT)
+        models.patch("flash", {"metadata": {"annotations": {REVERIFY: "moved"}}})
+        models.wait_condition("flash", "Verified", "False", "KernelMismatch", timeout=VERIFY_SECONDS)
+        failed = models.get("flash")["status"]["verifications"][0]
+        assert failed["verdict"] == "Failed", failed
+        # The replay: the saved, genuinely signed pass written back over the failure.
+        models.custom.patch_namespaced_custom_object_status(
+            "clef.riotpiao.com",
+            "v1alpha1",
+            namespace,
+            "clefmodels",
+            "flash",
+            {"status": {"verifications": saved}},
+            _content_type="application/merge-patch+json",
+        )
+        models.wait_status(
+            "flash",
+            lambda s: (s.get("verifications") or [{}])[0].get("jobUid") == failed["jobUid"],
+            "the failed run put back from the ledger",
+            60,
+        )
+        models.wait_events("flash", "StaleVerdictIgnored", timeout=30)
+        stale = [e for e in models.events("flash") if e.reason == "StaleVerdictIgnored"]
+        assert stale[0].type == "Warning" and failed["job"] in stale[0].message, stale[0].message
+        # Nothing promotes the replayed pass over the stated window.
+        deadline = time.monotonic() + REPLAY_WINDOW
+        while time.monotonic() < deadline:
+            verified = models.condition("flash", "Verified")
+            assert (verified["status"], verified["reason"]) == ("False", "KernelMismatch"), verified
+            assert models.condition("flash", "Degraded")["status"] == "True"
+            time.sleep(0.5)
+        status = models.get("flash")["status"]
+        assert status["activeImage"] == first.image_id, "the verified digest keeps serving"
+        assert not any(
+            r["verdict"] == "Passed" and not r.get("superseded") and r["key"] == status["verificationKey"]
+            for r in status["verifications"]
+        ), status["verifications"]
