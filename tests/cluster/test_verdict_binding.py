@@ -9,8 +9,9 @@
 * **Replay** (finding 3): a genuinely signed pass, saved before a re-verify that failed, written
   back into status (`test_a_signed_pass_written_back_after_a_failed_run_never_counts`).
 
-The comparison pod is held back deterministically by a ResourceQuota on pods (the Job controller
-cannot create it until the quota goes), not by timing.  The operator is stopped meanwhile, as the
+The comparison pod is held back deterministically by a LimitRange its memory limit exceeds, made
+once the preview pod exists (the Job controller cannot create the comparison pod until it goes),
+not by timing.  The operator is stopped meanwhile, as the
 issue allows.
 """
 
@@ -167,22 +168,20 @@ def test_goldens_swapped_between_signing_and_reading_never_verify(
     forged_digest = "sha256:" + hashlib.sha256(forged).hexdigest()
     assert forged_digest != signed, "the faulty kernels answer differently"
 
-    # Room for exactly one more pod (the preview): the comparison pod waits on the quota.
-    quota = client.V1ResourceQuota(
-        metadata=client.V1ObjectMeta(name="hold-comparison"),
-        spec=client.V1ResourceQuotaSpec(hard={"pods": str(_live_pods(core, ns) + 1)}),
-    )
-    core.create_namespaced_resource_quota(ns, quota)
     live = _live_pods(core, ns)
-
-    def counted() -> bool:
-        # Admission adds to status.used: until the quota controller has filled it in, a pod more
-        # than the quota allows could still be admitted.
-        status = core.read_namespaced_resource_quota("hold-comparison", ns).status
-        return bool(status.hard) and (status.used or {}).get("pods") == str(live)
-
-    wait_for(counted, 60, "the quota counted")
     models.set_image(NAME, BROKEN)
+    # Once the preview pod exists, a LimitRange that the comparison pod's memory limit (1Gi)
+    # exceeds: the Job controller cannot create that pod until it goes.
+    wait_for(
+        lambda: _live_pods(core, ns) > live, VERIFY_SECONDS, "the preview pod", lambda: models.describe(NAME)
+    )
+    hold = client.V1LimitRange(
+        metadata=client.V1ObjectMeta(name="hold-comparison"),
+        spec=client.V1LimitRangeSpec(
+            limits=[client.V1LimitRangeItem(type="Container", max={"memory": "512Mi"})]
+        ),
+    )
+    core.create_namespaced_limit_range(ns, hold)
 
     def comparison() -> client.V1Job | None:
         key = models.get(NAME).get("status", {}).get("verificationKey")
@@ -198,12 +197,12 @@ def test_goldens_swapped_between_signing_and_reading_never_verify(
     )
     operator.stop()
     held = core.list_namespaced_pod(ns, label_selector=f"job-name={job.metadata.name}").items
-    assert not held, "the quota holds the comparison pod back until the goldens are swapped"
+    assert not held, "the LimitRange holds the comparison pod back until the goldens are swapped"
     # The attack: the signed ConfigMap swapped by name for the faulty kernels' goldens...
     _replace_config_map(
         core, ns, _copy(signed_cm, {GOLDENS_FILE: base64.b64encode(gzip.compress(forged)).decode()})
     )
-    core.delete_namespaced_resource_quota("hold-comparison", ns)
+    core.delete_namespaced_limit_range("hold-comparison", ns)
 
     def finished() -> client.V1Job | None:
         j = cluster.batch.read_namespaced_job(job.metadata.name, ns)
