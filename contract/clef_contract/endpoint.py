@@ -1,4 +1,4 @@
-"""The compact endpoint report (`endpoint-report/v1`): `clef-runtime endpoint-check`'s verdict on a
+"""The compact endpoint report (`endpoint-report/v2`): `clef-runtime endpoint-check`'s verdict on a
 serving engine, for the termination log.
 
 Same family as verify's report (`clef_contract.report`): the same shared fields, the same 4 KiB
@@ -11,13 +11,17 @@ bound, the same shrinking builder and the same strict, fail-closed parser; `suit
 * ``firstDivergence``: the first prompt whose ids left the golden's (``null`` when none did):
   prompt, position, expected id and text, got id and text, and the golden's logprob margin
   between the two tokens (``null`` when the engine's token is not in the golden's top-k).
-  A divergence at a near-tie is named here too, with ``nearTie: true``, on a passing report.
+  A divergence at a near-tie is named here too, with ``nearTie: true``, on a passing report;
+* ``goldensSha256``: ``sha256:<hex>`` of the goldens file (uncompressed) the check read and
+  compared with, ``null`` only when it read none.  A pass always names it: the operator accepts a
+  pass only when it is the digest it signed for this goldens key (v2 added it; v1 had none).
 
 The endpoint-check's command line and environment live here as well, for the operator's Job.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -33,11 +37,11 @@ from clef_contract.report import (
     shrink_to_fit,
 )
 
-ENDPOINT_SCHEMA_VERSION: Final = "clef.riotpiao.com/endpoint-report/v1"
+ENDPOINT_SCHEMA_VERSION: Final = "clef.riotpiao.com/endpoint-report/v2"
 ENDPOINT_SUITE: Final = "endpoint"
 DIALECTS: Final = ("clef", "vllm", "candle-vllm")
 LOGPROBS_MODES: Final = ("compared", "placeholder")
-ENDPOINT_FIELDS: Final = (*FIELDS, "dialect", "logprobs", "firstDivergence")
+ENDPOINT_FIELDS: Final = (*FIELDS, "dialect", "logprobs", "firstDivergence", "goldensSha256")
 DIVERGENCE_FIELDS: Final = (
     "prompt",
     "position",
@@ -53,6 +57,9 @@ DIVERGENCE_FIELDS: Final = (
 ENDPOINT_URL_ENV: Final = "CLEF_ENDPOINT_URL"
 ENDPOINT_DIALECT_ENV: Final = "CLEF_ENDPOINT_DIALECT"
 GOLDENS_ENV: Final = "CLEF_GOLDENS"
+GOLDENS_SHA256_ENV: Final = "CLEF_GOLDENS_SHA256"
+# The form of a goldens digest, in the Job's argv and in the report.
+SHA256_RE: Final = re.compile(r"sha256:[0-9a-f]{64}")
 
 # Token texts are for people; the ids decide.  Bounded so the report keeps its other fields.
 _TEXT_WIDTH: Final = 60
@@ -76,6 +83,7 @@ class EndpointReport:
     dialect: str
     logprobs: str
     first_divergence: Divergence | None
+    goldens_sha256: str | None = None  # the goldens the check read (None: it read none)
 
 
 def _divergence_doc(d: Divergence) -> dict[str, Any]:
@@ -100,6 +108,7 @@ def build_endpoint_report(report: EndpointReport, limit: int = MAX_REPORT_BYTES)
     doc["firstDivergence"] = (
         None if report.first_divergence is None else _divergence_doc(report.first_divergence)
     )
+    doc["goldensSha256"] = report.goldens_sha256
     return shrink_to_fit(doc, limit)
 
 
@@ -155,4 +164,15 @@ def parse_endpoint_report(message: str | None) -> EndpointReport:
             f"endpoint report logprobs {logprobs!r} is not one of {', '.join(LOGPROBS_MODES)}"
         )
     divergence = _parse_divergence(obj["firstDivergence"])
-    return EndpointReport(compact=compact, dialect=dialect, logprobs=logprobs, first_divergence=divergence)
+    goldens = obj["goldensSha256"]
+    if goldens is not None and (not isinstance(goldens, str) or not SHA256_RE.fullmatch(goldens)):
+        raise ReportInvalid("endpoint report goldensSha256 must be sha256:<64 hex digits> or null")
+    if goldens is None and compact.verdict != "error":
+        raise ReportInvalid(f"endpoint report says {compact.verdict} but names no goldensSha256")
+    return EndpointReport(
+        compact=compact,
+        dialect=dialect,
+        logprobs=logprobs,
+        first_divergence=divergence,
+        goldens_sha256=goldens,
+    )

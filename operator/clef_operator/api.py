@@ -916,6 +916,9 @@ class VerificationRecord(ApiModel):
     superseded: bool = Field(
         default=False, description="A re-verify was requested after this verdict; it no longer counts."
     )
+    generation: int | None = Field(
+        default=None, description="The ClefModel's metadata.generation the run was made for."
+    )
     step: Step = Field(
         default=Step.KERNELS,
         description="The step: kernels (the verify Job), goldens, preview or endpoint (the comparison).",

@@ -4,15 +4,18 @@
   the GPU class of a kernels pass (mode both) or where the spec schedules it.  No Service selects
   it: the stable Service selects the active revision by its revision label.
 * the **comparison Job**: the runtime image, no GPU, `clef-runtime endpoint-check` against the
-  preview pod's IP with the goldens ConfigMap mounted; its verdict is read from the termination
-  message of the pod that belongs to the Job's UID (`clef_contract.endpoint`).
+  preview pod's IP with the goldens ConfigMap mounted and, in its argv, the sha256 the operator
+  signed for those goldens (`--goldens-sha256`): the check refuses other bytes before it asks
+  anything, and its report names the digest it read.  Its verdict is read from the termination
+  message of the pod that belongs to the Job's UID (`clef_contract.endpoint`); `goldens_read`
+  accepts it only when that digest is the signed one.
 * `judge_run`: a goldens or comparison Job, fail closed, in the words of its report.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -67,7 +70,7 @@ def preview_url(spec: ClefModelSpec, pod: PodState) -> str:
     return f"http://{pod.ip}:{spec.service.container_port}"
 
 
-def comparison_argv(spec: ClefModelSpec, pod: PodState) -> list[str]:
+def comparison_argv(spec: ClefModelSpec, pod: PodState, goldens_sha256: str) -> list[str]:
     endpoint = endpoint_of(spec)
     return [
         "clef-runtime",
@@ -76,6 +79,8 @@ def comparison_argv(spec: ClefModelSpec, pod: PodState) -> list[str]:
         preview_url(spec, pod),
         "--goldens",
         f"{GOLDENS_MOUNT}/{GOLDENS_FILE}",
+        "--goldens-sha256",
+        goldens_sha256,
         "--dialect",
         dialect_of(spec),
         "--timeout",
@@ -98,6 +103,7 @@ def render_comparison_job(
         labels.PREVIEW_POD_IP: pod.ip,
         labels.PREVIEW_IMAGE_ID: pod.image_id,
         labels.GOLDENS_CONFIGMAP: goldens.name,
+        labels.GOLDENS_SHA256: goldens.sha256,
     }
     if run:
         annotations[labels.REVERIFY_RUN] = run
@@ -105,7 +111,7 @@ def render_comparison_job(
         "name": CHECK_CONTAINER,
         "image": endpoint_of(spec).runtime_image,
         "imagePullPolicy": "IfNotPresent",
-        "command": comparison_argv(spec, pod),
+        "command": comparison_argv(spec, pod, goldens.sha256),
         "env": [{"name": TERMINATION_LOG_ENV, "value": TERMINATION_LOG}],
         "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
         "volumeMounts": [{"name": "goldens", "mountPath": GOLDENS_MOUNT, "readOnly": True}],
@@ -139,6 +145,7 @@ class Judged:
     runtime_version: str | None = None
     pod: PodState | None = None
     stop_job: bool = False
+    goldens_sha256: str | None = None  # the goldens a comparison read, as its report says
 
 
 @dataclass(frozen=True)
@@ -150,6 +157,7 @@ class Read:
     failing: tuple[FailingCheck, ...] = ()
     device: str | None = None
     runtime_version: str | None = None
+    goldens_sha256: str | None = None
 
 
 def read_comparison(message: str | None, dialect: str) -> Read:
@@ -167,7 +175,9 @@ def read_comparison(message: str | None, dialect: str) -> Read:
             f"prompt {d.prompt}, token {d.position}: expected id {d.expected_id} ({d.expected_text!r}),"
             f" the engine said {d.got_id} ({d.got_text!r}); {c.summary}"
         )
-    return Read(c.verdict, summary, failing, c.device or None, c.runtime_version or None)
+    return Read(
+        c.verdict, summary, failing, c.device or None, c.runtime_version or None, report.goldens_sha256
+    )
 
 
 def read_goldens(message: str | None) -> Read:
@@ -238,9 +248,47 @@ def _judge_finished(kind: JobKind, job: JobState, pod: PodState | None) -> Judge
             f"the {kind.what} report says pass but the exit code is {pod.exit_code}",
             pod=pod,
         )
-    if read.verdict == "pass":
-        return Judged(
-            True, Reason.VERIFIED, read.summary, read.failing, read.device, read.runtime_version, pod
+    reason = (
+        Reason.VERIFIED if read.verdict == "pass" else kind.mismatch if read.verdict == "fail" else kind.error
+    )
+    return Judged(
+        read.verdict == "pass",
+        reason,
+        read.summary,
+        read.failing,
+        read.device,
+        read.runtime_version,
+        pod,
+        goldens_sha256=read.goldens_sha256,
+    )
+
+
+def goldens_read(judged: Judged, job_command: tuple[str, ...], goldens: Trusted) -> Judged:
+    """A finished comparison speaks for the signed goldens only if the Job was given their digest
+    and its report says it read exactly those bytes.  Anything else (the ConfigMap swapped or
+    edited between signing and reading, a Job made for other goldens, a report that names none)
+    fails closed as GoldensUntrusted, whatever the report's verdict."""
+    signed = goldens.sha256
+    argv = list(job_command)
+    given = argv[argv.index("--goldens-sha256") + 1] if "--goldens-sha256" in argv[:-1] else None
+    if given != signed:
+        why = f"was given goldens digest {given or 'none'}, not the signed {signed} of {goldens.name}"
+    elif judged.goldens_sha256 is None:
+        if judged.passed:
+            why = f"reported no goldens digest; the signed one is {signed}"
+        else:
+            return judged  # it failed before it read any goldens: its own reason says why
+    elif judged.goldens_sha256 != signed:
+        why = (
+            f"read goldens {judged.goldens_sha256}, not the signed {signed} of {goldens.name}: the"
+            " goldens changed between signing and reading"
         )
-    reason = kind.mismatch if read.verdict == "fail" else kind.error
-    return Judged(False, reason, read.summary, read.failing, read.device, read.runtime_version, pod)
+    else:
+        return judged
+    return replace(
+        judged,
+        passed=False,
+        reason=Reason.GOLDENS_UNTRUSTED,
+        summary=f"the comparison {why} (its report said {judged.reason}: {judged.summary})"[:1024],
+        failing=(),
+    )

@@ -42,6 +42,7 @@ from clef_operator.endpoint import (
     Judged,
     check_job_name,
     dialect_of,
+    goldens_read,
     judge_run,
     read_comparison,
     read_goldens,
@@ -106,6 +107,7 @@ class Ctx:
             run=self.run,
             step=step,
             final=not passed or step is Step.ENDPOINT,
+            generation=self.model.generation,
             **fields,
         )
         return sign(self.secret, self.model, record)
@@ -467,6 +469,11 @@ def _comparison_step(ctx: Ctx, observed: Observed, check: str, goldens: Trusted,
             Reason.REPORT_INVALID,
             f"the Job compared with {job.annotations.get(labels.GOLDENS_CONFIGMAP)}, not {goldens.name}",
         )
+    else:
+        judged = goldens_read(judged, job.command, goldens)
+    if judged.reason == Reason.GOLDENS_UNTRUSTED:
+        said = Event("Warning", "GoldensUntrusted", f"comparison Job {check}: {judged.summary}")
+        stop = (*stop, said)
     return _concluded(ctx, check, job.uid, judged, asked, dep, stop)
 
 

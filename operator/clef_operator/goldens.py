@@ -279,6 +279,11 @@ class Trusted:
     name: str
     meta: dict[str, Any]
 
+    @property
+    def sha256(self) -> str:
+        """The signed digest of the goldens file (uncompressed): what a comparison must read."""
+        return str(self.meta.get("sha256", ""))
+
     def describe(self) -> str:
         m = self.meta
         return (

@@ -137,7 +137,11 @@ def _reconcile(kube: Kube, namespace: str, name: str, obj: Mapping[str, Any], no
 def _carry_out(
     kube: Kube, model: ModelRef, status: ClefModelStatus, observed: Observed, plan: Plan, now: datetime
 ) -> float | None:
-    """Write status, apply the actions, write what they changed; count what the pass did."""
+    """Write the ledger (when a run concluded), then status, apply the actions, write what they
+    changed; count what the pass did.  The ledger goes first: a record in status that the ledger
+    does not hold never counts (verdicts.py)."""
+    if plan.ledger is not None:
+        kube.write_ledger(model, plan.ledger)
     before = plan.status.model_copy(
         update={"conditions": carried_rejection(status.conditions, plan.status.conditions)}
     )

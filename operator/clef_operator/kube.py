@@ -48,6 +48,10 @@ from clef_operator.observed import (
     ServiceState,
 )
 from clef_operator.render import ENGINE_CONTAINER, VERIFY_CONTAINER
+from clef_operator.verdicts import decode_ledger, encode_ledger, ledger_name
+
+# The ledger ConfigMap's annotation naming the model it is for (its name carries the UID only).
+LEDGER_FOR = f"{labels.PREFIX}/ledger-for"
 
 log = logging.getLogger("clef.kube")
 
@@ -106,8 +110,10 @@ PASS_METHODS = {
         "delete_namespaced_config_map",
         "list_namespaced_event",
         "patch_namespaced_service",
+        "read_namespaced_config_map",
         "read_namespaced_pod_log",
         "read_namespaced_secret",
+        "patch_namespaced_config_map",
         "read_namespaced_service",
     ),
     "custom": ("patch_namespaced_custom_object", "patch_namespaced_custom_object_status"),
@@ -487,6 +493,11 @@ class Kube:
         self.instance = socket.gethostname()
         self._verdict_key: bytes | None = None
         self.service_readers = ServiceReaders()
+        # The verdict ledgers (verdicts.py) by model UID, with their resourceVersion: read from
+        # the operator's namespace once, then kept as this operator writes them.
+        self._ledger_namespace = ""
+        self._ledgers: dict[str, tuple[dict[str, Any], str]] = {}
+        self._ledger_lock = threading.Lock()
 
     def warm_up(self) -> None:
         """Make before the first burst of passes what a pass would otherwise make once, mid-burst,
@@ -550,6 +561,7 @@ class Kube:
         """Read the HMAC key from Secret clef-verdict-key, creating it (32 random bytes) on the
         first start.  Two operators starting at once: the loser of the create reads the winner's.
         The key is never logged."""
+        self._ledger_namespace = namespace
         for _ in range(3):
             try:
                 found: Any = self.core.read_namespaced_secret(VERDICT_KEY_SECRET, namespace)
@@ -619,7 +631,72 @@ class Kube:
             service,
             tuple(config_maps),
             logs,
+            # Without the verdict key (never in a running operator: the plan needs it) there is
+            # no ledger to read either.
+            ledger=self.read_ledger(model) if self._verdict_key is not None else None,
         )
+
+    # -------------------------------------------------------------------------- the ledger
+    def read_ledger(self, model: ModelRef) -> dict[str, Any]:
+        """The model's verdict ledger (verdicts.py): ConfigMap `clef-ledger-<uid>` in the operator's
+        namespace, which a namespace editor cannot write.  Absent: empty.  Records that are not
+        this operator's signed final records are left out (and logged)."""
+        with self._ledger_lock:
+            kept = self._ledgers.get(model.uid)
+        if kept is not None:
+            return dict(kept[0])
+        name = ledger_name(model)
+        try:
+            found: Any = self.core.read_namespaced_config_map(name, self._ledger_namespace)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            ledger: dict[str, Any] = {}
+            version = ""
+        else:
+            ledger, problems = decode_ledger(found.data or {}, self.verdict_key, model)
+            for problem in problems:
+                log.warning("%s/%s: ledger %s: %s", model.namespace, model.name, name, problem)
+            version = found.metadata.resource_version or ""
+        with self._ledger_lock:
+            self._ledgers[model.uid] = (ledger, version)
+        return dict(ledger)
+
+    def write_ledger(self, model: ModelRef, ledger: Mapping[str, Any]) -> None:
+        """Write the model's ledger: a merge patch with the resourceVersion this operator read or
+        wrote last as its precondition (keys it dropped sent as null), or a create when there is
+        none.  A conflict forgets what was kept and raises: the pass is retried on a fresh read."""
+        with self._ledger_lock:
+            before, version = self._ledgers.get(model.uid, ({}, ""))
+        name = ledger_name(model)
+        data: dict[str, str | None] = {k: None for k in before if k not in ledger}
+        data.update(encode_ledger(ledger))
+        meta = {
+            "name": name,
+            "namespace": self._ledger_namespace,
+            "labels": {labels.MANAGED_BY: labels.MANAGED_BY_VALUE},
+            "annotations": {LEDGER_FOR: f"{model.namespace}/{model.name}"},
+        }
+        try:
+            if version:
+                patch = {"metadata": {"resourceVersion": version}, "data": data}
+                written: Any = self.core.patch_namespaced_config_map(
+                    name, self._ledger_namespace, patch, _content_type=MERGE_PATCH
+                )
+            else:
+                body: Any = {
+                    "apiVersion": "v1",
+                    "kind": "ConfigMap",
+                    "metadata": meta,
+                    "data": encode_ledger(ledger),
+                }
+                written = self.core.create_namespaced_config_map(self._ledger_namespace, body)
+        except ApiException:
+            with self._ledger_lock:
+                self._ledgers.pop(model.uid, None)
+            raise
+        with self._ledger_lock:
+            self._ledgers[model.uid] = (dict(ledger), written.metadata.resource_version or "")
 
     def _on_node(self, pod: PodState) -> PodState:
         """The GPU class and memory of the node a verification or serving pod runs on (its labels,

@@ -32,6 +32,8 @@ PREVIEW_POD_UID = f"{PREFIX}/preview-pod-uid"
 PREVIEW_POD_IP = f"{PREFIX}/preview-pod-ip"
 PREVIEW_IMAGE_ID = f"{PREFIX}/preview-image-id"
 GOLDENS_CONFIGMAP = f"{PREFIX}/goldens-configmap"
+# The signed sha256 of the goldens a comparison Job was given (also in its argv, which is binding).
+GOLDENS_SHA256 = f"{PREFIX}/goldens-sha256"
 
 # On the ClefModel: any new value asks for a fresh verification of the current spec.
 REVERIFY = f"{PREFIX}/reverify"
@@ -58,6 +60,7 @@ GPU_CLASS = f"{PREFIX}/gpu-class"
 # The re-verify run a Deployment's verdict (or a Job) belongs to: each new reverify value is a new run.
 REVERIFY_RUN = f"{PREFIX}/reverify-run"
 VERIFIED_AT = f"{PREFIX}/verified-at"
+VERIFIED_GENERATION = f"{PREFIX}/verified-generation"
 VERIFICATION_JOB = f"{PREFIX}/verification-job"
 VERIFICATION_JOB_UID = f"{PREFIX}/verification-job-uid"
 VERIFIER = f"{PREFIX}/verifier"

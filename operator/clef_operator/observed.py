@@ -242,6 +242,9 @@ class Observed:
     # The logs of goldens pods whose goldens are not stored yet, by pod UID (what the goldens Job
     # printed: the file is one line of it); a pod whose log could not be found is absent.
     logs: Mapping[str, bytes] = field(default_factory=dict)
+    # The operator's ledger of the model (verdicts.py): the latest final record per verification
+    # key, from the operator's namespace; None where none is kept (tests of single phases).
+    ledger: Mapping[str, Any] | None = None
 
     def config_map(self, name: str) -> ConfigMapState | None:
         return next((c for c in self.config_maps if c.name == name), None)

@@ -115,7 +115,7 @@ from clef_operator.render import (
     verify_argv,
 )
 from clef_operator.revision import deployment_name, job_name
-from clef_operator.verdicts import Verdicts, collect_verdicts, encode_verdict, sign
+from clef_operator.verdicts import Verdicts, collect_verdicts, encode_verdict, ledger_after, sign
 from clef_operator.verification import (
     Outcome,
     Progress,
@@ -135,6 +135,8 @@ class Plan:
     actions: tuple[Action, ...]
     status: ClefModelStatus
     requeue_after: float | None = None
+    # The model's ledger to write before status, when it changed (verdicts.py, "the ledger").
+    ledger: dict[str, VerificationRecord] | None = None
 
 
 def plan_rollout(
@@ -150,7 +152,9 @@ def plan_rollout(
     verdicts it did not sign never count (verdicts.py)."""
     owner = Owner(model.name, model.namespace, model.uid)
     key = verification_key(spec)
-    verdicts = collect_verdicts(model, key, status, observed.deployments, verdict_key, observed.jobs)
+    verdicts = collect_verdicts(
+        model, key, status, observed.deployments, verdict_key, observed.jobs, observed.ledger
+    )
     verification = drive_verification(model, owner, spec, key, observed, verdicts, now, verdict_key)
     desired = desired_revision(owner, spec, verification, verdicts.run)
     drift = revert_drift(observed, _known_templates(desired))
@@ -176,7 +180,11 @@ def plan_rollout(
     # A switch made in this pass is reported by the next one, which comes at once.
     waits = [w for w in (retired.requeue_after, verification.recheck) if w is not None]
     requeue = 0.0 if move.switching else (min(waits) if waits else None)
-    return Plan(actions, new_status, requeue)
+    ledger = None
+    if verdicts.ledger is not None:
+        ledger = ledger_after(verdicts.ledger, verification.new_record)
+        ledger = None if ledger == observed.ledger else ledger
+    return Plan(actions, new_status, requeue, ledger)
 
 
 @dataclass(frozen=True)
@@ -254,6 +262,15 @@ def drive_verification(
         )
     untrusted = tuple(
         _event(
+            "StaleVerdictIgnored",
+            f"ignored a signed {i.record.verdict.value} verdict for {i.record.image} (key {i.record.key},"
+            f" Job {i.record.job}, finished {i.record.finished_at}) in {i.where}: {i.stale}; a verdict"
+            f" speaks for its own run only, and a failed run stays failed until a newer run passes;"
+            f" fingerprint {i.fingerprint}",
+            warning=True,
+        )
+        if i.stale
+        else _event(
             "UntrustedVerdictIgnored",
             f"ignored a {i.record.verdict.value} verdict for {i.record.image} (key {i.record.key}) in {i.where}:"
             f" it is not signed by this operator's key, so it is not evidence; fingerprint {i.fingerprint}",
@@ -270,7 +287,9 @@ def drive_verification(
 def _signed(secret: bytes, model: ModelRef, found: Verification, run: str) -> Verification:
     if found.new_record is None:
         return found
-    signed = sign(secret, model, found.new_record.model_copy(update={"run": run}))
+    signed = sign(
+        secret, model, found.new_record.model_copy(update={"run": run, "generation": model.generation})
+    )
     return replace(found, record=signed, new_record=signed)
 
 

@@ -11,6 +11,17 @@ class, dtype, suite, verifier, the Job's name and UID, the re-verify run).  One 
 ignored and dropped, with one `UntrustedVerdictIgnored` event (docs/operations.md, "What clef
 trusts").  A record superseded by a re-verify request no longer counts; a Deployment made under an
 earlier run does not bring the old verdict back.
+
+A signature proves the operator wrote a record, not that it is still the truth: a genuinely
+signed `Passed` saved before a failing re-verify and written back into status would replay it.
+So the **ledger** decides which run of a key is the latest: the operator's own record, one
+ConfigMap per model in the operator's namespace (`ledger_name`), which a namespace editor cannot
+write.  It holds the latest final record of each key and is written before status.  A final
+record in status counts only when it is the ledger's; a pass of an earlier run, or one the
+ledger never saw, is ignored with a `StaleVerdictIgnored` event; a ledger record missing from
+status (erased) is put back.  A failed run for a key therefore stays failed until a newer run
+of that key passes.  Records name the run (Job, Job UID, re-verify run) and the model's
+generation, all signed.
 """
 
 from __future__ import annotations
@@ -94,7 +105,7 @@ def run_id(token: str, runs: int) -> str:
 def signing_payload(model: ModelRef, record: VerificationRecord) -> bytes:
     """The canonical JSON of what a verdict speaks for.  Fields that only describe (summary,
     failing checks, device) are left out: changing them changes no decision."""
-    fields = {
+    fields: dict[str, str | bool | int] = {
         "namespace": model.namespace,
         "name": model.name,
         "uid": model.uid,
@@ -117,6 +128,8 @@ def signing_payload(model: ModelRef, record: VerificationRecord) -> bytes:
     # existed still verify.
     if record.step is not Step.KERNELS:
         fields["step"] = record.step.value
+    if record.generation is not None:
+        fields["generation"] = record.generation
     if not record.final:
         fields["final"] = False
     return json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
@@ -172,6 +185,8 @@ def encode_verdict(
     out[labels.REVERIFY_RUN] = passed.run
     if passed.gpu_class:
         out[labels.GPU_CLASS] = passed.gpu_class
+    if passed.generation is not None:
+        out[labels.VERIFIED_GENERATION] = str(passed.generation)
     return out
 
 
@@ -200,6 +215,7 @@ def decode_verdict(annotations: Mapping[str, str]) -> VerificationRecord | None:
             run=a.get(labels.REVERIFY_RUN, ""),
             signature=a.get(labels.VERDICT_SIGNATURE, ""),
             step=Step(a.get(labels.VERIFICATION_STEP, Step.KERNELS.value)),
+            generation=int(a[labels.VERIFIED_GENERATION]) if labels.VERIFIED_GENERATION in a else None,
         )
     except (KeyError, ValueError):
         return None
@@ -215,6 +231,7 @@ class Ignored:
     fingerprint: str
     where: str
     record: VerificationRecord
+    stale: str = ""  # signed, but not the ledger's latest run of its key: why (empty: unsigned)
 
 
 @dataclass(frozen=True)
@@ -235,6 +252,9 @@ class Verdicts:
     marker: str = ""
     ignored: tuple[Ignored, ...] = ()
     announced: tuple[str, ...] = ()
+    # The ledger after this pass's re-verify request (None: the caller keeps none, as in tests of
+    # the signatures alone).
+    ledger: Mapping[str, VerificationRecord] | None = None
 
     def passed(self, key: str) -> VerificationRecord | None:
         return next(
@@ -249,11 +269,17 @@ class Verdicts:
     def step_passed(self, key: str, step: Step) -> VerificationRecord | None:
         """A pass of one step of the current key's verification (not superseded): where an
         unfinished verification stands, e.g. the kernels of mode both."""
+        concluded = self.ledger.get(key) if self.ledger is not None else None
         return next(
             (
                 r
                 for r in self.records
-                if r.key == key and r.step is step and r.verdict is Verdict.PASSED and not r.superseded
+                if r.key == key
+                and r.step is step
+                and r.verdict is Verdict.PASSED
+                and not r.superseded
+                # A step of a run that has concluded since belongs to that run, not to a new one.
+                and (concluded is None or _after(r, concluded))
             ),
             None,
         )
@@ -294,10 +320,12 @@ def collect_verdicts(
     deployments: Iterable[DeploymentState],
     secret: bytes,
     jobs: Iterable[JobState] = (),
+    ledger: Mapping[str, VerificationRecord] | None = None,
 ) -> Verdicts:
     """Rule 1 (and 7): the signed verdicts recorded in status and on Deployments, minus what a
     re-verify request (a new value of the annotation: a new run, `fresh_run`) voided for the
-    current `key`."""
+    current `key`.  With the `ledger` (the operator's record of the latest final run per key),
+    final records count only as the ledger has them (`reconcile_with_ledger`)."""
     deployments = tuple(deployments)
     token = model.reverify_token
     marker = reverify_marker(token)
@@ -317,6 +345,17 @@ def collect_verdicts(
             records.append(sign(secret, model, r.model_copy(update={"superseded": True})))
         else:
             records.append(r)
+    if ledger is not None:
+        ledger = {
+            k: (
+                sign(secret, model, r.model_copy(update={"superseded": True}))
+                if requested and k == key and not r.superseded
+                else r
+            )
+            for k, r in ledger.items()
+        }
+        records, stale = reconcile_with_ledger(records, ledger)
+        ignored += stale
     known = list(records)
     for d in deployments:
         derived = decode_verdict(d.annotations)
@@ -327,9 +366,14 @@ def collect_verdicts(
             continue
         if derived.key == key and derived.run != run:
             continue  # reached in an earlier run: superseded by the re-verify request
+        if ledger is not None and not _same_run(derived, ledger.get(derived.key)):
+            continue  # not the latest run of its key: only the ledger's counts
         known.append(derived)
     # A pass of one step (goldens, preview, the kernels of mode both) does not conclude.
     current = next((r for r in known if r.key == key and not r.superseded and r.final), None)
+    if ledger is not None:
+        latest = ledger.get(key)
+        current = latest if latest is not None and not latest.superseded else None
     if current is not None and current not in records:
         records.insert(0, current)
     return Verdicts(
@@ -342,4 +386,110 @@ def collect_verdicts(
         marker=marker,
         ignored=tuple(ignored),
         announced=tuple(status.ignored_verdicts),
+        ledger=ledger,
     )
+
+
+# ------------------------------------------------------------------------------ the ledger
+
+LEDGER_PREFIX = "clef-ledger-"
+MAX_LEDGER_KEYS = 64
+
+
+def ledger_name(model: ModelRef) -> str:
+    """The model's ledger ConfigMap in the operator's namespace: by UID (a model deleted and made
+    again under the same name starts a new one)."""
+    return LEDGER_PREFIX + model.uid
+
+
+def _same_run(a: VerificationRecord, b: VerificationRecord | None) -> bool:
+    return b is not None and (a.key, a.job, a.job_uid, a.run, a.verdict, a.finished_at) == (
+        b.key,
+        b.job,
+        b.job_uid,
+        b.run,
+        b.verdict,
+        b.finished_at,
+    )
+
+
+def _after(a: VerificationRecord, b: VerificationRecord) -> bool:
+    """`a` finished after `b` (both are the operator's ISO times in UTC)."""
+    return a.finished_at > b.finished_at
+
+
+def reconcile_with_ledger(
+    records: list[VerificationRecord], ledger: Mapping[str, VerificationRecord]
+) -> tuple[list[VerificationRecord], list[Ignored]]:
+    """The signed status records, re-derived from the ledger: a final record that is the ledger's
+    latest run of its key is replaced by the ledger's copy (its `superseded` is the ledger's); a
+    failure of an earlier run and a superseded pass stay as history (they promote nothing); any
+    other final pass (an earlier run's, or one the ledger never saw) is ignored, and so is a
+    failure the ledger never saw.  A ledger record missing from status is put back, in order."""
+    kept: list[VerificationRecord] = []
+    ignored: list[Ignored] = []
+    for r in records:
+        latest = ledger.get(r.key)
+        if not r.final:
+            kept.append(r)
+        elif _same_run(r, latest):
+            assert latest is not None
+            kept.append(latest)
+        elif latest is not None and not _after(r, latest) and (r.verdict is Verdict.FAILED or r.superseded):
+            kept.append(r)
+        else:
+            if latest is None:
+                why = f"the operator's ledger holds no run of key {r.key}"
+            else:
+                why = (
+                    f"the latest run of key {r.key} in the operator's ledger is Job {latest.job}"
+                    f" ({latest.verdict.value}, {latest.reason}, finished {latest.finished_at})"
+                )
+            ignored.append(Ignored(fingerprint(r), "status.verifications", r, stale=why))
+    for latest in ledger.values():
+        if any(_same_run(r, latest) for r in kept):
+            continue
+        at = next((i for i, r in enumerate(kept) if _after(latest, r)), len(kept))
+        kept.insert(at, latest)
+    return kept, ignored
+
+
+def ledger_after(
+    ledger: Mapping[str, VerificationRecord], new: VerificationRecord | None
+) -> dict[str, VerificationRecord]:
+    """The ledger with the final record `new` as the latest run of its key (at most
+    MAX_LEDGER_KEYS keys: the oldest go)."""
+    out = dict(ledger)
+    if new is not None and new.final:
+        out[new.key] = new
+    if len(out) > MAX_LEDGER_KEYS:
+        newest = sorted(out.values(), key=lambda r: r.finished_at, reverse=True)[:MAX_LEDGER_KEYS]
+        out = {r.key: r for r in newest}
+    return out
+
+
+def encode_ledger(ledger: Mapping[str, VerificationRecord]) -> dict[str, str]:
+    """The ledger ConfigMap's data: one key per verification key, its record's canonical JSON."""
+    return {
+        k: json.dumps(r.to_wire(), sort_keys=True, separators=(",", ":")) for k, r in sorted(ledger.items())
+    }
+
+
+def decode_ledger(
+    data: Mapping[str, str], secret: bytes, model: ModelRef
+) -> tuple[dict[str, VerificationRecord], list[str]]:
+    """The ledger's records that parse, are final, are filed under their own key and carry this
+    operator's signature for this model; and what was wrong with the others (for the log)."""
+    out: dict[str, VerificationRecord] = {}
+    problems: list[str] = []
+    for k, text in data.items():
+        try:
+            r = VerificationRecord.model_validate_json(text)
+        except ValueError as e:
+            problems.append(f"{k}: not a verification record ({str(e)[:200]})")
+            continue
+        if r.key != k or not r.final or not is_trusted(secret, model, r):
+            problems.append(f"{k}: not a final record of key {k} signed by this operator's key")
+            continue
+        out[k] = r
+    return out, problems

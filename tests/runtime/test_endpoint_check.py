@@ -244,3 +244,56 @@ def test_endpoint_check_runs_without_torch(made: tuple[Path, Path], tmp_path: Pa
     )  # fmt: skip
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert json.loads(log.read_text())["verdict"] == "error" and "ModuleNotFoundError" not in proc.stderr
+
+
+def _digest(path: Path) -> str:
+    import gzip
+    import hashlib
+
+    data = path.read_bytes()
+    return "sha256:" + hashlib.sha256(gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data).hexdigest()
+
+
+@pytest.mark.parametrize("compressed", [False, True], ids=["plain", "gzip as the ConfigMap mounts it"])
+def test_goldens_that_are_not_the_signed_bytes_are_refused_before_any_prompt(
+    made: tuple[Path, Path], tmp_path: Path, broken: tuple[ThreadingHTTPServer, str], compressed: bool
+) -> None:
+    """Issue 33, finding 1: the Job names the digest of the goldens the operator signed; other
+    bytes under the same path (a ConfigMap swapped after signing) are refused, exit 2, and the
+    engine is never asked.  The report names the digest it read."""
+    import gzip
+
+    server, url = broken
+    server.mode = "500"  # type: ignore[attr-defined]
+    asked: list[str] = []
+    handler = server.RequestHandlerClass
+    server.RequestHandlerClass = type(  # type: ignore[assignment]
+        "Recording", (handler,), {"log_request": lambda self, *a: asked.append(self.path)}
+    )
+    signed = _digest(made[1])
+    data = made[1].read_bytes()
+    forged_bytes = data.replace(b'"maxNewTokens":', b'"maxNewTokens": ', 1)
+    assert forged_bytes != data
+    forged = tmp_path / ("goldens.json.gz" if compressed else "goldens.json")
+    forged.write_bytes(gzip.compress(forged_bytes) if compressed else forged_bytes)
+    code, full, compact, _ = endpoint_check(forged, url, "vllm", tmp_path, "--goldens-sha256", signed)
+    assert code == 2 and compact["verdict"] == "error", compact
+    assert f"not the expected {signed}" in compact["error"] and "no prompt was sent" in compact["error"]
+    assert compact["goldensSha256"] == _digest(forged) != signed
+    assert asked == [], "nothing was asked of the engine"
+    _compact_ok(compact)
+    # The signed bytes themselves pass the digest check and are echoed.
+    with served(made[0], tmp_path, "--dialect", "vllm") as (good_url, _):
+        code, full, compact, _ = endpoint_check(
+            made[1], good_url, "vllm", tmp_path, "--goldens-sha256", signed
+        )
+    assert code == 0 and compact["goldensSha256"] == signed == full["goldens"]["sha256"], compact
+
+
+def test_a_malformed_goldens_digest_is_an_error_naming_the_flag(
+    made: tuple[Path, Path], tmp_path: Path
+) -> None:
+    code, _, compact, _ = endpoint_check(
+        made[1], "http://127.0.0.1:9", "vllm", tmp_path, "--goldens-sha256", "md5:abc"
+    )
+    assert code == 2 and "--goldens-sha256 'md5:abc'" in compact["error"], compact

@@ -133,6 +133,8 @@ class World:
     last_plan: Plan | None = None
     config_maps: dict[str, ConfigMapState] = field(default_factory=dict)
     logs: dict[str, bytes] = field(default_factory=dict)
+    # The operator's ledger (verdicts.py): None keeps none, as before it existed.
+    ledger: dict[str, VerificationRecord] | None = field(default_factory=dict)
 
     def observed(self) -> Observed:
         return Observed(
@@ -142,6 +144,7 @@ class World:
             service=self.service,
             config_maps=tuple(self.config_maps.values()),
             logs=dict(self.logs),
+            ledger=None if self.ledger is None else dict(self.ledger),
         )
 
     def plan(self) -> Plan:
@@ -150,6 +153,8 @@ class World:
     def step(self) -> Plan:
         """One reconcile: plan, apply the actions, store the status."""
         p = self.plan()
+        if p.ledger is not None:
+            self.ledger = p.ledger  # written before status, as the handlers do
         for action in p.actions:
             self.apply(action)
         self.status = p.status

@@ -1,4 +1,4 @@
-"""The compact endpoint report (`endpoint-report/v1`): what endpoint-check leaves in the termination
+"""The compact endpoint report (`endpoint-report/v2`): what endpoint-check leaves in the termination
 log for the operator.  Same family as verify's: bounded, shrunk rather than cut, parsed strictly."""
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ FAILED = EndpointReport(
     dialect="candle-vllm",
     logprobs="placeholder",
     first_divergence=KEY_BAND,
+    goldens_sha256="sha256:" + "a" * 64,
 )
 
 
@@ -99,3 +100,34 @@ def test_an_error_report_may_name_an_unknown_dialect() -> None:
         first_divergence=None,
     )
     assert parse_endpoint_report(build_endpoint_report(error)).dialect == "tgi"
+
+
+def test_the_report_names_the_goldens_it_read() -> None:
+    """Issue 33, finding 1: a pass or a fail names the goldens digest; an error before any goldens
+    were read may not."""
+    doc = json.loads(build_endpoint_report(FAILED))
+    assert doc["goldensSha256"] == FAILED.goldens_sha256
+    for verdict in ("fail", "pass"):
+        bad = {**doc, "verdict": verdict, "goldensSha256": None}
+        if verdict == "pass":
+            bad["failing"] = []
+        with pytest.raises(ReportInvalid, match=f"says {verdict} but names no goldensSha256"):
+            parse_endpoint_report(json.dumps(bad))
+    for wrong in ("sha256:abc", "md5:" + "a" * 64, 7, "sha256:" + "A" * 64):
+        with pytest.raises(ReportInvalid, match="goldensSha256 must be sha256:<64 hex digits> or null"):
+            parse_endpoint_report(json.dumps({**doc, "goldensSha256": wrong}))
+    error = replace(
+        FAILED,
+        compact=replace(FAILED.compact, verdict="error", failing=(), error="cannot read"),
+        first_divergence=None,
+        goldens_sha256=None,
+    )
+    assert parse_endpoint_report(build_endpoint_report(error)).goldens_sha256 is None
+
+
+def test_a_v1_report_without_the_goldens_digest_is_refused() -> None:
+    doc = json.loads(build_endpoint_report(FAILED))
+    del doc["goldensSha256"]
+    doc["schemaVersion"] = "clef.riotpiao.com/endpoint-report/v1"
+    with pytest.raises(ReportInvalid, match="lacks goldensSha256"):
+        parse_endpoint_report(json.dumps(doc))

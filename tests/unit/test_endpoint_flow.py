@@ -19,7 +19,7 @@ from clef_contract.endpoint import (
 )
 from clef_contract.goldens import GoldensReport, build_goldens_report
 from clef_operator import labels
-from clef_operator.actions import CreateConfigMap, CreateDeployment, CreateJob, ScaleDeployment
+from clef_operator.actions import CreateConfigMap, CreateDeployment, CreateJob, Event, ScaleDeployment
 from clef_operator.api import ClefModelSpec, Step, Verdict
 from clef_operator.conditions import Reason
 from clef_operator.endpoint import check_job_name
@@ -63,7 +63,12 @@ def goldens_message(data: bytes = FILE, **changes: Any) -> str:
     return build_goldens_report(replace(report, **changes))
 
 
-def endpoint_message(verdict: str = "pass", error: str | None = None, divergence: Any = None) -> str:
+SIGNED = "sha256:" + hashlib.sha256(FILE).hexdigest()  # what the goldens Job's file hashes to
+
+
+def endpoint_message(
+    verdict: str = "pass", error: str | None = None, divergence: Any = None, goldens: str | None = SIGNED
+) -> str:
     return json.dumps(
         {
             "schemaVersion": ENDPOINT_SCHEMA_VERSION,
@@ -82,6 +87,7 @@ def endpoint_message(verdict: str = "pass", error: str | None = None, divergence
             "dialect": "candle-vllm",
             "logprobs": "placeholder",
             "firstDivergence": divergence,
+            "goldensSha256": goldens,
         }
     )
 
@@ -544,3 +550,61 @@ def test_a_verification_below_the_floor_says_so() -> None:
     w.step()
     status, reason, message = w.condition("Verified")
     assert (status, reason) == ("True", "Verified") and "Weaker than clef's floor" in message, message
+
+
+# ------------------------------------------------------------------- issue 33, finding 1
+
+
+def test_the_comparison_job_is_given_the_signed_goldens_digest() -> None:
+    w = World(endpoint_spec())
+    to_comparison(w)
+    job = w.jobs[check_job(w)]
+    argv = list(job.command)
+    assert argv[argv.index("--goldens-sha256") + 1] == SIGNED
+    assert job.annotations[labels.GOLDENS_SHA256] == SIGNED
+
+
+SWAPPED = "sha256:" + "f" * 64
+
+
+@pytest.mark.parametrize(
+    ("message", "exit_code", "says"),
+    [
+        (endpoint_message(goldens=SWAPPED), 0, f"read goldens {SWAPPED}, not the signed {SIGNED}"),
+        (
+            endpoint_message("error", error="--goldens-sha256: ... no prompt was sent", goldens=SWAPPED),
+            2,
+            f"read goldens {SWAPPED}, not the signed {SIGNED}",
+        ),
+    ],
+    ids=["a pass on other goldens", "the check refused other goldens"],
+)
+def test_goldens_that_changed_between_signing_and_reading_fail_closed(
+    message: str, exit_code: int, says: str
+) -> None:
+    w = World(endpoint_spec())
+    rev = to_comparison(w)
+    w.finish_job(check_job(w), exit_code=exit_code, message=message, image=RUNTIME)
+    plan = w.step()
+    status, reason, text = w.condition("Verified")
+    assert (status, reason) == ("False", Reason.GOLDENS_UNTRUSTED), text
+    assert says in text and "changed between signing and reading" in text
+    assert w.condition("Degraded")[:2] == ("True", Reason.GOLDENS_UNTRUSTED)
+    events = [a for a in plan.actions if isinstance(a, Event)]
+    assert any(e.reason == "GoldensUntrusted" and SWAPPED in e.message for e in events), events
+    assert w.deployments[f"clef-flash-{rev}"].replicas == 0 and w.service is None
+
+
+def test_a_comparison_job_given_other_goldens_never_passes() -> None:
+    w = World(endpoint_spec())
+    to_comparison(w)
+    name = check_job(w)
+    job = w.jobs[name]
+    argv = list(job.command)
+    argv[argv.index("--goldens-sha256") + 1] = SWAPPED
+    w.jobs[name] = replace(job, command=tuple(argv))
+    w.finish_job(name, exit_code=0, message=endpoint_message(goldens=SWAPPED), image=RUNTIME)
+    w.step()
+    status, reason, text = w.condition("Verified")
+    assert (status, reason) == ("False", Reason.GOLDENS_UNTRUSTED)
+    assert f"was given goldens digest {SWAPPED}" in text

@@ -79,8 +79,10 @@ def test_base_holds_exactly_the_operator_install(base: Objects) -> None:
         ("Namespace", "clef-system"),
         ("Role", "clef-operator-lease"),
         ("Role", "clef-verdict-key"),
+        ("Role", "clef-verdict-ledger"),
         ("RoleBinding", "clef-operator-lease"),
         ("RoleBinding", "clef-verdict-key"),
+        ("RoleBinding", "clef-verdict-ledger"),
         ("ServiceAccount", "clef-operator"),
         ("ValidatingAdmissionPolicy", "clef-operator-no-secrets"),
         ("ValidatingAdmissionPolicyBinding", "clef-operator-no-secrets"),
@@ -207,7 +209,24 @@ def test_rbac_is_least_privilege(base: Objects) -> None:
     # ConfigMaps: the goldens only (listed and watched into the cache, created, deleted when
     # untrusted); never read one by name nor patched; logs only read (endpoint verification:
     # docs/operations.md, "Security").
-    assert {v for _, r, v in granted if r == "configmaps"} == {"list", "watch", "create", "delete"}
+    cluster_roles = [o for o in base if o["kind"] == "ClusterRole"]
+    assert {
+        v for role in cluster_roles for _, r, v in rule_permissions(role["rules"]) if r == "configmaps"
+    } == {
+        "list",
+        "watch",
+        "create",
+        "delete",
+    }
+    # And the verdict ledger (issue 33): read, created and patched in the operator's own
+    # namespace only, where a namespace editor cannot write.
+    ledger = find(base, "Role", "clef-verdict-ledger")
+    assert ledger["metadata"]["namespace"] == OPERATOR_NAMESPACE
+    assert rule_permissions(ledger["rules"]) == {
+        ("", "configmaps", "get"),
+        ("", "configmaps", "create"),
+        ("", "configmaps", "patch"),
+    }
     assert {v for _, r, v in granted if r == "pods/log"} == {"get"}
     # Secrets: only the operator's verdict key, read by name, and created on the first start, in
     # the operator's own namespace (issue 13: docs/operations.md, "What clef trusts").
@@ -255,6 +274,7 @@ def test_homelab_is_base_plus_the_two_models_in_their_namespace(homelab: Objects
     for o in homelab:
         if o["kind"] in ("ClefModel", "Service", "RoleBinding") and o["metadata"]["name"] not in (
             "clef-verdict-key",
+            "clef-verdict-ledger",
             "clef-operator-lease",
         ):
             assert o["metadata"]["namespace"] == "homelab", o["metadata"]["name"]

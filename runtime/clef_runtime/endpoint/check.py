@@ -17,11 +17,19 @@ from typing import TextIO
 
 import httpx
 
+from clef_contract.endpoint import SHA256_RE
 from clef_runtime import __version__
 from clef_runtime.endpoint.dialects import EngineError, dialect, served_model
 from clef_runtime.endpoint.judge import CannotJudge, PromptResult, Thresholds, judge
 from clef_runtime.endpoint.report import EndpointRun
-from clef_runtime.goldens.schema import GoldenPrompt, Goldens, GoldensError, read_goldens
+from clef_runtime.goldens.schema import (
+    GoldenPrompt,
+    Goldens,
+    GoldensError,
+    goldens_digest,
+    parse_goldens,
+    read_goldens_bytes,
+)
 
 
 @dataclass(frozen=True)
@@ -36,6 +44,7 @@ class CheckArgs:
     report: str | None = None
     termination_log: str = "/dev/termination-log"
     only: tuple[str, ...] = ()  # prompt names; empty: all
+    goldens_sha256: str | None = None  # the digest the goldens must have (the operator's Job sets it)
 
 
 def _thresholds(args: CheckArgs) -> Thresholds:
@@ -55,15 +64,49 @@ def _selected(goldens: Goldens, only: tuple[str, ...]) -> list[GoldenPrompt]:
     return [p for p in goldens.prompts if not only or p.name in only]
 
 
+def load_goldens(path: str, expected: str | None) -> tuple[Goldens, str]:
+    """The goldens at `path` and the sha256 of the bytes they were parsed from, read once.  With
+    `expected` (--goldens-sha256), bytes that hash otherwise are refused before anything is asked:
+    the goldens changed after they were signed (GoldensMismatch, a GoldensError)."""
+    if expected is not None and not SHA256_RE.fullmatch(expected):
+        raise GoldensError(f"--goldens-sha256 {expected!r} is not sha256:<64 lowercase hex digits>")
+    data = read_goldens_bytes(path)
+    digest = goldens_digest(data)
+    if expected is not None and digest != expected:
+        raise GoldensMismatch(
+            f"--goldens-sha256: the goldens at {path} hash to {digest}, not the expected {expected}"
+            " (they changed after they were signed); no prompt was sent",
+            digest,
+        )
+    return parse_goldens(data, path), digest
+
+
+class GoldensMismatch(GoldensError):
+    """Goldens whose bytes are not the ones the run was given the digest of."""
+
+    def __init__(self, message: str, digest: str) -> None:
+        super().__init__(message)
+        self.digest = digest
+
+
 def _check(args: CheckArgs, run: EndpointRun) -> None:
     if not args.goldens or not args.url:
         raise GoldensError("--goldens and --url are required (or their environment variables)")
     engine = dialect(args.dialect)
     run.real_logprobs = engine.real_logprobs
     run.thresholds = _thresholds(args)
-    goldens = read_goldens(args.goldens)
+    try:
+        goldens, run.goldens_sha256 = load_goldens(args.goldens, args.goldens_sha256)
+    except GoldensMismatch as exc:
+        run.goldens_sha256 = exc.digest  # the report names what was read, and refused
+        raise
     run.dtype = str(goldens.provenance["dtype"])
-    run.goldens = {"path": args.goldens, "cacheKey": goldens.cache_key, **goldens.provenance}
+    run.goldens = {
+        "path": args.goldens,
+        "sha256": run.goldens_sha256,
+        "cacheKey": goldens.cache_key,
+        **goldens.provenance,
+    }
     prompts = _selected(goldens, args.only)
     run.max_near_ties = args.max_near_ties if args.max_near_ties is not None else max(1, len(prompts) // 4)
     timeout = httpx.Timeout(args.timeout, connect=min(args.timeout, 30.0))

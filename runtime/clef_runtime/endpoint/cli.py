@@ -9,7 +9,13 @@ import os
 from typing import Any, TypeVar
 
 from clef_contract.command import DTYPES, TERMINATION_LOG, TERMINATION_LOG_ENV
-from clef_contract.endpoint import DIALECTS, ENDPOINT_DIALECT_ENV, ENDPOINT_URL_ENV, GOLDENS_ENV
+from clef_contract.endpoint import (
+    DIALECTS,
+    ENDPOINT_DIALECT_ENV,
+    ENDPOINT_URL_ENV,
+    GOLDENS_ENV,
+    GOLDENS_SHA256_ENV,
+)
 
 T = TypeVar("T")
 ENDPOINT_COMMANDS = ("goldens", "serve", "endpoint-check")
@@ -90,6 +96,12 @@ def _check_parser(sub: argparse._SubParsersAction) -> None:
     p = _command(sub, "endpoint-check")
     p.add_argument(
         "--goldens", default=os.environ.get(GOLDENS_ENV), help=f"goldens file (default: ${GOLDENS_ENV})"
+    )
+    p.add_argument(
+        "--goldens-sha256",
+        default=os.environ.get(GOLDENS_SHA256_ENV),
+        help="sha256:<hex> the goldens (uncompressed) must hash to, or exit 2 before asking anything"
+        f" (default: ${GOLDENS_SHA256_ENV}; the operator's Job always sets it)",
     )
     p.add_argument(
         "--url",

@@ -36,6 +36,7 @@ class EndpointRun:
     model: str = ""
     dtype: str = ""
     goldens: dict[str, Any] = field(default_factory=dict)
+    goldens_sha256: str | None = None  # what the goldens read hash to (None: none were read)
     results: list[PromptResult] = field(default_factory=list)
     error: str | None = None
     durations: dict[str, float] = field(default_factory=dict)
@@ -161,6 +162,7 @@ class EndpointRun:
             },
             "logprobStats": self.logprob_stats(),
             "goldens": self.goldens,
+            "goldensSha256": self.goldens_sha256,
             "error": self.error_text,
             "failing": [{"name": f.name, "op": f.op, "detail": f.detail} for f in self.failing()],
             "durations": self.durations,
@@ -183,5 +185,6 @@ class EndpointRun:
                 dialect=self.dialect,
                 logprobs="compared" if self.real_logprobs else "placeholder",
                 first_divergence=self.first_divergence(),
+                goldens_sha256=self.goldens_sha256,
             )
         )

@@ -284,18 +284,30 @@ def parse_goldens(text: str | bytes, where: str = "goldens") -> Goldens:
 
 
 def read_goldens(path: str | Path) -> Goldens:
+    return parse_goldens(read_goldens_bytes(path), str(path))
+
+
+def read_goldens_bytes(path: str | Path) -> bytes:
+    """The goldens file as written (decompressed when gzip), read once: a caller that hashes these
+    bytes and then parses them checks exactly what it compares with."""
     p = Path(path)
     try:
-        size = p.stat().st_size
+        with p.open("rb") as f:
+            data = f.read(MAX_GOLDENS_BYTES + 1)
     except OSError as exc:
         raise GoldensError(f"{p}: cannot read the goldens ({exc.strerror})") from None
-    if size > MAX_GOLDENS_BYTES:
-        raise GoldensError(f"{p}: {size} bytes, more than {MAX_GOLDENS_BYTES}")
-    data = p.read_bytes()
+    if len(data) > MAX_GOLDENS_BYTES:
+        raise GoldensError(f"{p}: more than {MAX_GOLDENS_BYTES} bytes")
     if data[:2] == GZIP_MAGIC:
         # The operator stores goldens gzip-compressed in a ConfigMap and mounts them as they are.
         data = _gunzip(data, str(p))
-    return parse_goldens(data, str(p))
+    return data
+
+
+def goldens_digest(data: bytes) -> str:
+    """`sha256:<hex>` of the goldens file as written (what the goldens report and the operator's
+    signed record name)."""
+    return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
 GZIP_MAGIC: Final = b"\x1f\x8b"
