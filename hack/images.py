@@ -147,7 +147,10 @@ def wheels(pip: str, extra: str, arch: str | None, sde: int) -> Path:
         old.unlink()  # clef itself is rebuilt every time (the source changes); the rest is reused
     constraints = wheel_dir / "constraints.txt"
     constraints.write_text(constraints_for(arch))
+    # --find-links: the wheels already there are reused, not downloaded again (2.7 GB for torch).
     cmd = [pip, "wheel", "-q", "--disable-pip-version-check", "-w", str(wheel_dir), "-c", str(constraints)]
+    cmd += ["--find-links", str(wheel_dir)]
+    cmd += [a for link in os.environ.get("PIP_FIND_LINKS", "").split() for a in ("--find-links", link)]
     index = TORCH_INDEX.get(arch) if arch else None
     if index:
         cmd += ["--index-url", index, "--extra-index-url", "https://pypi.org/simple"]
@@ -177,7 +180,10 @@ def dir_size(path: Path) -> int:
 def debian_base(python: str, with_compiler: bool, sde: int, rebuild: bool) -> str:
     """A Debian bookworm image with python{python} (and gcc/headers for Triton's launcher when
     `with_compiler`), built by mmdebstrap into buildah's storage; reused when it exists."""
-    name = f"localhost/clef/debian-python:{python}-{DEBIAN_SUITE}{'-dev' if with_compiler else ''}"
+    # Named by its SOURCE_DATE_EPOCH: a base is reused by the builds of one commit only (its
+    # file times and date come from it, so another commit's base would change the digest).
+    flavor = f"{python}-{DEBIAN_SUITE}{'-dev' if with_compiler else ''}"
+    name = f"localhost/clef/debian-python:{flavor}-{sde}"
     exists = (
         subprocess.run([*BUILDAH, "inspect", "--type", "image", name], capture_output=True).returncode == 0
     )
@@ -227,6 +233,17 @@ def debian_base(python: str, with_compiler: bool, sde: int, rebuild: bool) -> st
             subprocess.run([*BUILDAH, "rm", ctr], capture_output=True)
             raise
     log(f"base {name}: built in {time.monotonic() - t:.0f} s")
+    # Other commits' bases of this flavor are not needed any more (an image still built on one
+    # keeps its layers: buildah refuses to remove a base in use, which is fine).
+    listing = subprocess.run(
+        [*BUILDAH, "images", "--format", "{{.Name}}:{{.Tag}}", "localhost/clef/debian-python"],
+        capture_output=True,
+        text=True,
+    )
+    for old in listing.stdout.split():
+        tag = old.rsplit(":", 1)[-1]
+        if old != name and tag.startswith(flavor + "-") and tag[len(flavor) + 1 :].isdigit():
+            subprocess.run([*BUILDAH, "rmi", old], capture_output=True)
     return name
 
 
@@ -382,13 +399,14 @@ def build(ns: argparse.Namespace) -> int:
         res = build_one(dockerfile="images/runtime/Dockerfile", name=name, ref=ref, build_args=args,
                         out=out, sde=sde, engine=engine, docker=ns.docker)  # fmt: skip
         if not ns.no_smoke:
-            # The kernels suite on the CPU under Triton's interpreter (the GPU variants too: the
-            # check is that the image's Python, torch and Triton run, not the GPU).
+            # The kernels suite on the CPU under Triton's interpreter, at reduced shapes (the
+            # model's own take many minutes under the interpreter); the GPU variants too: the
+            # check is that the image's Python, torch and Triton run as any UID, not the GPU.
             smoke(
                 engine,
                 ns.docker,
                 ref,
-                ["verify", "--device", "cpu", "--suite", "kernels"],
+                ["verify", "--device", "cpu", "--suite", "kernels", "--shapes", "reduced"],
                 {"TRITON_INTERPRET": "1"},
             )
         results[name] = res

@@ -44,8 +44,14 @@ def _engine() -> None:
         _skip("CLEF_IMAGES_PIP (the host pip that builds the wheels) is not set: run `make test-images`")
 
 
-def _build(out: Path, what: list[str], *, rebuild_base: bool) -> dict[str, dict[str, object]]:
-    env = {**os.environ, "REBUILD_BASE": "1" if rebuild_base else "0"}
+def _source_date_epoch() -> str:
+    """The last commit's time, read once: both builds use it even if a commit lands between them."""
+    out = subprocess.run(["git", "log", "-1", "--format=%ct"], cwd=REPO, capture_output=True, text=True)
+    return os.environ.get("SOURCE_DATE_EPOCH") or out.stdout.strip()
+
+
+def _build(out: Path, what: list[str], *, rebuild_base: bool, sde: str) -> dict[str, dict[str, object]]:
+    env = {**os.environ, "REBUILD_BASE": "1" if rebuild_base else "0", "SOURCE_DATE_EPOCH": sde}
     cmd = [
         sys.executable, str(SCRIPT), "build", "--out", str(out),
         "--pip", os.environ["CLEF_IMAGES_PIP"], "--python", f"{sys.version_info[0]}.{sys.version_info[1]}",
@@ -58,20 +64,23 @@ def _build(out: Path, what: list[str], *, rebuild_base: bool) -> dict[str, dict[
 
 
 def _twice(tmp_path: Path, what: list[str], key: str) -> None:
-    first = _build(tmp_path / "one", what, rebuild_base=False)[key]
-    second = _build(tmp_path / "two", [*what, "--no-smoke"], rebuild_base=True)[key]
+    sde = _source_date_epoch()
+    first = _build(tmp_path / "one", what, rebuild_base=False, sde=sde)[key]
+    second = _build(tmp_path / "two", [*what, "--no-smoke"], rebuild_base=True, sde=sde)[key]
     print(f"\n{key}: {first['digest']} / {second['digest']} ({first['size_bytes']} bytes)", file=sys.stderr)
     assert first["digest"].startswith("sha256:")  # type: ignore[union-attr]
     assert (first["digest"], first["image_id"]) == (second["digest"], second["image_id"])
 
 
 @pytest.mark.images
+@pytest.mark.timeout(3600)  # two builds and a base: 10 to 30 min on a loaded 2-core machine
 def test_operator_image_builds_to_the_same_digest_twice(tmp_path: Path) -> None:
     _engine()
     _twice(tmp_path, ["--operator"], "clef-operator")
 
 
 @pytest.mark.images
+@pytest.mark.timeout(7200)
 def test_cpu_runtime_image_builds_to_the_same_digest_twice(tmp_path: Path) -> None:
     _engine()
     if os.environ.get("CLEF_IMAGES_RUNTIME") != "cpu":
