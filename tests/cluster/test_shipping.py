@@ -503,6 +503,8 @@ def test_the_operators_token_cannot_take_a_secret_into_a_pod(
     Jobs and Deployments pass it (test_operator_rbac_is_exactly_what_it_uses runs them all)."""
     from kubernetes import config
 
+    # The base as shipped (the homelab test before this one takes its ClusterRoleBinding away).
+    kubectl(cluster, "apply", "--server-side", "-k", str(BASE))
     sa = config.new_client_from_config(
         config_file=str(
             service_account_kubeconfig(
