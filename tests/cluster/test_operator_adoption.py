@@ -185,9 +185,10 @@ def gone(models: Models, name: str) -> bool:
     return False
 
 
-# A Service whose writes the operator attempted would change its resourceVersion or, refused
-# (422), leave it and come back on every pass: the window covers several passes of a model
-# whose pass is refused (REFUSED_RETRY_SECONDS is 30; a hot loop retried 18 times a second).
+# The check is an absence, so it needs a window: the Service's watch must stay empty for it.  The
+# old operator's patch came within the first second and then 18 times a second, so 10 s holds
+# many of its attempts; a refused pass retried only after REFUSED_RETRY_SECONDS (30) would not be
+# seen, which the ServiceConflict condition (no write planned at all) covers instead.
 UNTOUCHED_SECONDS = 10
 
 

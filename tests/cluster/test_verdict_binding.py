@@ -236,7 +236,9 @@ def test_goldens_swapped_between_signing_and_reading_never_verify(
 # ---------------------------------------------------------------------------------- finding 3
 
 REVERIFY = "clef.riotpiao.com/reverify"
-# How long a replayed pass is watched for not promoting anything, once the operator has answered it.
+# How long a replayed pass is checked for not promoting anything, once the operator has answered
+# it (StaleVerdictIgnored posted): an absence needs a window.  The conditions are read every 0.5 s
+# within it; the old operator flipped Verified in its first pass after the replay.
 REPLAY_WINDOW = 15.0
 
 
