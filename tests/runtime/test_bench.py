@@ -32,7 +32,7 @@ from clef_runtime.bench.floors import (
 )
 from clef_runtime.bench.report import ImplResult, RowResult, fmt_time, number_notes, table_lines
 from clef_runtime.bench.rows import ROWS, Context, Impl, Row, Setup, Tensors, rotation_sets, select_rows
-from clef_runtime.bench.timing import Budget, Stats, paired_ratios
+from clef_runtime.bench.timing import Budget, Stats, paired_ratios, time_rounds
 from clef_runtime.interpreter import interpreting
 from clef_runtime.opset import get_opset
 
@@ -321,6 +321,16 @@ def test_table() -> None:
     ratio_end = lines[0].index("FLA/clef") + len("FLA/clef")
     assert chunk.index("2.00x") + len("2.00x") == ratio_end
     assert rec[ratio_end - 1] == "-" and bad[ratio_end - 1] == "-"
+
+
+def test_the_order_rotates_every_sample() -> None:
+    """Sample j starts with implementation j mod n: none always runs first (from an idle GPU, its
+    host time hidden behind nothing) or always behind another's queued kernels."""
+    order: list[int] = []
+    rounds = [lambda i=i: order.append(i) for i in range(3)]
+    stats = time_rounds(rounds, [1, 1, 1], torch.device("cpu"), Budget(0.0, 4, 4, 0))
+    assert [len(s.samples) for s in stats] == [4, 4, 4]
+    assert order == [0, 1, 2, 1, 2, 0, 2, 0, 1, 0, 1, 2]
 
 
 def test_paired_ratios() -> None:
