@@ -32,7 +32,7 @@ from clef_runtime.bench.floors import (
 )
 from clef_runtime.bench.report import ImplResult, RowResult, fmt_time, number_notes, table_lines
 from clef_runtime.bench.rows import ROWS, Context, Impl, Row, Setup, Tensors, rotation_sets, select_rows
-from clef_runtime.bench.timing import Budget, Stats, paired_ratios
+from clef_runtime.bench.timing import Budget, Stats, paired_ratios, time_rounds
 from clef_runtime.interpreter import interpreting
 from clef_runtime.opset import get_opset
 
@@ -64,7 +64,7 @@ def test_defaults() -> None:
         "auto",
         0,
     )
-    assert (o.no_flashqla, o.split) == (False, False)
+    assert (o.no_flashqla, o.split, o.no_qk_l2norm) == (False, False, False)
 
 
 def test_every_option() -> None:
@@ -72,10 +72,10 @@ def test_every_option() -> None:
         parse(
             "--rows", "chunk, recurrent_b1,,", "--quick", "--no-fla", "--json", "out/b.json", "--dtype", "f16",
             "--device", "cuda:1", "--allow-cpu", "--mode", "graph", "--seconds", "0.5", "--seed", "3",
-            "--no-flashqla", "--split",
+            "--no-flashqla", "--split", "--no-qk-l2norm",
         )
     )  # fmt: skip
-    assert o.rows == ["chunk", "recurrent_b1"] and o.no_flashqla and o.split
+    assert o.rows == ["chunk", "recurrent_b1"] and o.no_flashqla and o.split and o.no_qk_l2norm
     assert (o.quick, o.no_fla, o.json, o.dtype, o.device, o.allow_cpu, o.mode, o.seconds, o.seed) == (
         True,
         True,
@@ -164,6 +164,32 @@ def test_packed_rows_share_one_offsets_tensor() -> None:
     assert a["cu_seqlens"].dtype == torch.int32 and a["cu_seqlens64"].dtype == torch.int64
     assert a["cu_seqlens"].tolist() == list(range(0, row.tiny[1] + 1, row.tiny[1] // 8))
     assert not torch.equal(a["q"], b["q"])  # the inputs still differ per set
+
+
+def test_chunk_rows_without_in_kernel_normalisation() -> None:
+    """``--no-qk-l2norm``: q and k arrive L2-normalised and clef is called without normalising
+    (the peers likewise, `use_qk_l2norm_in_kernel=False`); the row says so."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    row = next(r for r in ROWS if r.name == "chunk_b1_t512_graph")
+    ctx = Context(
+        device=torch.device("cpu"), dtype=torch.float32, dims=SMALL, ops=get_opset("reference"), fla=None
+    )
+    calls: list[dict[str, object]] = []
+
+    def chunk(*args: object, **kw: object) -> tuple[torch.Tensor, torch.Tensor]:
+        calls.append(kw)
+        return torch.ones(1), torch.ones(1)
+
+    ops = SimpleNamespace(chunk_gated_delta_rule=chunk)
+    for norm in (True, False):
+        setup = row.build(replace(ctx, ops=ops, qk_l2norm=norm), *row.tiny)
+        s = setup.make_set(1)
+        setup.clef.run(s)
+        assert calls[-1]["use_qk_l2norm"] is norm
+        unit = torch.allclose(s["q"].norm(dim=-1), torch.ones(()), atol=1e-3)
+        assert unit is not norm and ("arrive L2-normalised" in setup.notes[0]) is not norm
 
 
 # ---- floors -------------------------------------------------------------------------------------
@@ -321,6 +347,16 @@ def test_table() -> None:
     ratio_end = lines[0].index("FLA/clef") + len("FLA/clef")
     assert chunk.index("2.00x") + len("2.00x") == ratio_end
     assert rec[ratio_end - 1] == "-" and bad[ratio_end - 1] == "-"
+
+
+def test_the_order_rotates_every_sample() -> None:
+    """Sample j starts with implementation j mod n: none always runs first (from an idle GPU, its
+    host time hidden behind nothing) or always behind another's queued kernels."""
+    order: list[int] = []
+    rounds = [lambda i=i: order.append(i) for i in range(3)]
+    stats = time_rounds(rounds, [1, 1, 1], torch.device("cpu"), Budget(0.0, 4, 4, 0))
+    assert [len(s.samples) for s in stats] == [4, 4, 4]
+    assert order == [0, 1, 2, 1, 2, 0, 2, 0, 1, 0, 1, 2]
 
 
 def test_paired_ratios() -> None:

@@ -125,8 +125,9 @@ def test_a_plan_passes_what_the_recorded_launch_passed() -> None:
     total, offsets = dp.layout(specs)
     scratch_off = -(-total // 256) * 256
     assert plan.ws_bytes == scratch_off + 3 * 2 * 64
-    out, fin = plan(99, torch.device("cpu"), [11, 22, 0, 44, 55, 0, 0, 0, 0])
-    assert fin is None and out.shape == o.shape
+    out, fin = plan(99, inputs, [11, 22, 0, 44, 55, 0, 0, 0, 0])
+    assert fin is None and out.shape == o.shape and out.dtype == o.dtype
+    assert plan.o_like == 0 and plan.ws_like == 0  # allocated like q (float32 here)
     (args,) = seen
     base = args[7] - scratch_off
     assert args[:7] == (3, 2, 1, 99, 1234, False, True) and args[8:13] == (None, (4, 1, 0), None, None, None)
@@ -188,3 +189,38 @@ def test_planned_calls_match_the_plain_path_gpu(
     key_count = len(dc._PLANS)
     call()  # fresh inputs, the same layout: no new plan
     assert len(dc._PLANS) == key_count
+
+
+@pytest.mark.gpu
+def test_a_planned_call_in_a_graph_capture_keeps_its_own_workspace_gpu(
+    rng: torch.Generator, gpu_device: torch.device
+) -> None:
+    """Eager planned calls share one workspace a stream (`delta_rule_plan.KEEP_WORKSPACE_BYTES`);
+    a call captured into a CUDA graph must not: its intermediates come from the graph's pool, so
+    eager calls between replays leave the graph's results right."""
+    from clef_runtime.ops import delta_rule_plan as dp
+
+    def inputs() -> tuple[torch.Tensor, ...]:
+        return gdn_inputs(rng, gpu_device, torch.bfloat16, B=1, T=512, H=16, HV=32, K=128, V=128)
+
+    opts = dict(output_final_state=True, use_qk_l2norm=True)
+    a = inputs()
+    for _ in range(3):  # the layout's plan is recorded on its second call, then replayed
+        dc.chunk_gated_delta_rule(*a, **opts)  # type: ignore[arg-type]
+    stream = torch.cuda.current_stream(gpu_device).cuda_stream
+    kept = dp._KEPT[(gpu_device.index or 0, stream)]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o, h = dc.chunk_gated_delta_rule(*a, **opts)  # type: ignore[arg-type]
+    assert h is not None
+    b = inputs()
+    for t, u in zip(a, b, strict=True):
+        t.copy_(u)
+    graph.replay()
+    c = inputs()
+    dc.chunk_gated_delta_rule(*c, **opts)  # type: ignore[arg-type]  # an eager call on the kept workspace
+    assert dp._KEPT[(gpu_device.index or 0, stream)] is kept
+    torch.cuda.synchronize(gpu_device)
+    ref_o, ref_h = dc.chunk_gated_delta_rule(*b, **opts)  # type: ignore[arg-type]
+    assert ref_h is not None
+    assert torch.equal(o, ref_o) and torch.equal(h, ref_h)

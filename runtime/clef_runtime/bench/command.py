@@ -95,6 +95,12 @@ def add_bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         action="store_true",
         help="also time clef's split chunk design (not the default path) in the chunk rows",
     )
+    p.add_argument(
+        "--no-qk-l2norm",
+        action="store_true",
+        help="chunk rows: q and k arrive L2-normalised and every implementation runs without "
+        "in-kernel normalisation (default: normalised inside the op, as the model calls it)",
+    )
     p.add_argument("--json", metavar="PATH", help="write the full results (JSON) here")
     p.add_argument("--dtype", choices=sorted(NAMES), default="bf16", help="activation dtype (default bf16)")
     p.add_argument("--device", default="cuda", help="cuda (default), cuda:N, or cpu with --allow-cpu")
@@ -124,6 +130,7 @@ class Options:
     json: str | None
     no_flashqla: bool
     split: bool
+    no_qk_l2norm: bool
     dtype: str
     device: str
     allow_cpu: bool
@@ -144,6 +151,7 @@ class Options:
             json=args.json,
             no_flashqla=bool(getattr(args, "no_flashqla", False)),
             split=bool(getattr(args, "split", False)),
+            no_qk_l2norm=bool(getattr(args, "no_qk_l2norm", False)),
             dtype=str(args.dtype),
             device=str(args.device),
             allow_cpu=bool(args.allow_cpu),
@@ -641,6 +649,7 @@ def _context(opts: Options, env: Env, ops: OpSet, peers: Peers) -> Context:
         flashqla=peers.flashqla,
         flashqla_reason=peers.flashqla_reason,
         split=opts.split,
+        qk_l2norm=not opts.no_qk_l2norm,
         fla_backend=_fla_backend(peers.flashqla is not None),
     )
 
@@ -746,6 +755,7 @@ def _base_record(
         "quick": opts.quick,
         "mode": opts.mode,
         "seed": opts.seed,
+        "qk_l2norm_in_kernel": not opts.no_qk_l2norm,
         "fault": fault,
         "fla_reason": peers.fla_reason or None,
     }

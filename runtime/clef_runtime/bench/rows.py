@@ -81,6 +81,9 @@ class Context:
     flashqla: Callable[..., object] | None = None
     flashqla_reason: str = "not loaded"
     split: bool = False  # also time clef's split chunk design (`clef_runtime.ops.delta_rule_chunk_split`)
+    # chunk rows: q/k normalised inside the op (as the model calls it); False: they arrive
+    # normalised and no implementation normalises them
+    qk_l2norm: bool = True
     fla_backend: str = ""  # which backend FLA's chunked call runs (`fla_peer.fla_chunk_backend`)
 
     @property
@@ -136,9 +139,11 @@ def _some(t: torch.Tensor | None, what: str) -> torch.Tensor:
     return t
 
 
-def _gdn_set(r: Draw, d: Dims, B: int, T: int, dtype: torch.dtype) -> Tensors:
+def _gdn_set(r: Draw, d: Dims, B: int, T: int, dtype: torch.dtype, normalise_qk: bool = False) -> Tensors:
     """q, k, v, g, beta as `clef_runtime.inputs.gdn_inputs` draws them (on the device)."""
-    q, k, v, g, beta = gdn_inputs(r.gen, r.device, dtype, B=B, T=T, H=d.H, HV=d.HV, K=d.K, V=d.V)
+    q, k, v, g, beta = gdn_inputs(
+        r.gen, r.device, dtype, B=B, T=T, H=d.H, HV=d.HV, K=d.K, V=d.V, normalise_qk=normalise_qk
+    )
     return {"q": q, "k": k, "v": v, "g": g, "beta": beta}
 
 
@@ -164,7 +169,7 @@ def _chunk(ctx: Context, B: int, T: int, seqs: int = 0) -> Setup:
         offsets["cu_seqlens64"] = offsets["cu_seqlens"].long()
 
     def make_set(seed: int) -> Tensors:
-        return {**_gdn_set(Draw(ctx.device, seed), d, B, T, dt), **offsets}
+        return {**_gdn_set(Draw(ctx.device, seed), d, B, T, dt, normalise_qk=not ctx.qk_l2norm), **offsets}
 
     def call(fn: Callable[..., tuple[torch.Tensor, torch.Tensor | None]], what: str, **kw: object) -> Impl:
         cu_key = "cu_seqlens" if what.startswith("clef") else "cu_seqlens64"
@@ -176,31 +181,41 @@ def _chunk(ctx: Context, B: int, T: int, seqs: int = 0) -> Setup:
 
         return Impl(what, run)
 
-    impl, why = _fla(ctx, ("chunk",), lambda p: call(p.get("chunk"), "fla", use_qk_l2norm_in_kernel=True))
+    norm = ctx.qk_l2norm
+    impl, why = _fla(ctx, ("chunk",), lambda p: call(p.get("chunk"), "fla", use_qk_l2norm_in_kernel=norm))
     peers: list[Impl] = []
     missing: dict[str, str] = {}
     if ctx.flashqla is not None:
-        peers.append(call(ctx.flashqla, FLASHQLA, use_qk_l2norm_in_kernel=True))  # type: ignore[arg-type]
+        peers.append(call(ctx.flashqla, FLASHQLA, use_qk_l2norm_in_kernel=norm))  # type: ignore[arg-type]
     else:
         missing[FLASHQLA] = ctx.flashqla_reason
     if ctx.split:
         from clef_runtime.ops.delta_rule_chunk_split import chunk_gated_delta_rule_split
 
-        peers.append(call(chunk_gated_delta_rule_split, SPLIT, use_qk_l2norm=True))
+        peers.append(call(chunk_gated_delta_rule_split, SPLIT, use_qk_l2norm=norm))
     case = f"{seqs} packed × {T // seqs}" if seqs else f"B{B} T{T}"
     return Setup(
         case=case,
         floor=chunk_floor(d, B, T, ctx.elt, states=N),
         make_set=make_set,
-        clef=call(ctx.ops.chunk_gated_delta_rule, "clef", use_qk_l2norm=True),
+        clef=call(ctx.ops.chunk_gated_delta_rule, "clef", use_qk_l2norm=norm),
         fla=impl,
         fla_missing=why,
         notes=[
-            "q/k L2-normalised inside the op (as the model calls it); no initial state, final state written"
+            (
+                "q/k L2-normalised inside the op (as the model calls it)"
+                if norm
+                else "q/k arrive L2-normalised; no implementation normalises them (--no-qk-l2norm)"
+            )
+            + "; no initial state, final state written"
         ],
         fla_notes=[
-            "FLA chunk: same layouts, HV = 2·H natively (no q/k repeat); use_qk_l2norm_in_kernel runs "
-            "a separate l2norm pass over q and k (more bytes than the floor)",
+            "FLA chunk: same layouts, HV = 2·H natively (no q/k repeat)"
+            + (
+                "; use_qk_l2norm_in_kernel runs a separate l2norm pass over q and k (more bytes than the floor)"
+                if norm
+                else ""
+            ),
             f"FLA's chunked call ran {ctx.fla_backend or 'FLA: backend unknown'}",
         ],
         show_tflops=True,

@@ -123,17 +123,24 @@ def time_rounds(
     device: torch.device,
     budget: Budget,
 ) -> list[Stats]:
-    """Time ``rounds[i]`` (``calls[i]`` calls each), interleaved, and return per-call stats."""
+    """Time ``rounds[i]`` (``calls[i]`` calls each), interleaved, and return per-call stats.  The
+    order rotates every sample (sample j starts with round j mod n): the round after another
+    starts behind its queued kernels, the first after a sync from an idle GPU, and a fixed order
+    would give one implementation the idle start every time (its host time hidden behind the
+    others' kernels, or theirs behind its own)."""
     n = len(rounds)
     dev: list[list[float]] = [[] for _ in range(n)]
     host: list[list[float]] = [[] for _ in range(n)]
     t0 = time.perf_counter()
     batch = 1
     while True:
+        taken = len(dev[0])
         if device.type == "cuda":
             marks: list[tuple[int, torch.cuda.Event, torch.cuda.Event, float]] = []
-            for _ in range(batch):
-                for i, fn in enumerate(rounds):
+            for j in range(batch):
+                first = (taken + j) % n
+                for i in (*range(first, n), *range(first)):
+                    fn = rounds[i]
                     start = torch.cuda.Event(enable_timing=True)
                     end = torch.cuda.Event(enable_timing=True)
                     h0 = time.perf_counter()
@@ -146,10 +153,11 @@ def time_rounds(
                 dev[i].append(start.elapsed_time(end) * 1e-3 / calls[i])
                 host[i].append(h / calls[i])
         else:
-            for _ in range(batch):
-                for i, fn in enumerate(rounds):
+            for j in range(batch):
+                first = (taken + j) % n
+                for i in (*range(first, n), *range(first)):
                     h0 = time.perf_counter()
-                    fn()
+                    rounds[i]()
                     dev[i].append((time.perf_counter() - h0) / calls[i])
         count = len(dev[0])
         elapsed = time.perf_counter() - t0

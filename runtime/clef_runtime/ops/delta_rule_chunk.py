@@ -901,9 +901,13 @@ def chunk_gated_delta_rule(
             ds.tunables(),
         )
         if planned is not None:
-            plan = _PLANS.get(planned[0])
+            key, stream, ptrs = planned
+            try:
+                plan = _PLANS.get(key)
+            except TypeError:  # a flag of an unhashable type: no plan for this call
+                planned, plan = None, None
             if plan is not None:  # this layout's checks passed and its launches were recorded
-                return plan(planned[1], q.device, planned[2])
+                return plan(stream, inputs, ptrs)
     B, T, H, HV, K, V, N, scale = checked_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens)
     tc = tensor_core_dots(q.dtype, q.device, tensor_cores)
     rec = Recorder(inputs) if planned is not None and _seen_before(planned[0]) else None
@@ -1032,9 +1036,10 @@ def plan_key(
             scale, bool(output_final_state), bool(use_qk_l2norm), bool(fault), tensor_cores, device,
             tunables(), split_tunables,
         )  # fmt: skip
-        hash(key)
     except (AttributeError, TypeError, ValueError):
         return None
+    # every part is hashable (shapes, strides, dtypes, ints, floats, flags, tuples of settings):
+    # the dict lookup that follows is the only hash (a tuple's hash is not cached)
     return key, stream, ptrs
 
 

@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 import triton
 
 from clef_runtime.interpreter import interpreted
@@ -81,7 +82,12 @@ def _device_and_stream_getters() -> tuple[Callable[[], int], Callable[[int], int
     internals = _internals()
     assert internals is not None
     drv = internals[1].active
-    return drv.get_current_device, drv.get_current_stream
+    get_device = drv.get_current_device
+    if get_device is torch.cuda.current_device:
+        # what it returns once CUDA is initialised (a caller holding a CUDA tensor), without its
+        # Python wrapper's initialisation check
+        get_device = torch._C._cuda_getDevice
+    return get_device, drv.get_current_stream
 
 
 def current_stream() -> tuple[int, int]:

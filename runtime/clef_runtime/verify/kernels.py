@@ -9,7 +9,7 @@ dead in the candidate but alive in the reference).  Decode cases chain several c
 state pool, so a kernel that corrupts state it hands on is caught where the next call reads it.
 The paths: batched and packed (varlen) prefill, packed with per-sequence initial states and a
 zero-length sequence, decode with 1, 2 and 4 tokens per row through a permuted pool with a padding
-row, every launch configuration the kernels' choosers select here (`configs`), gate
+row, one decode step of the conv update and the delta rule at 256 rows, every launch configuration the kernels' choosers select here (`configs`), gate
 pre-activations on both sides of softplus's branch points, strong in-chunk decays, a long context
 whose large final state decode continues, and near-zero rows for the norms.
 """
@@ -68,15 +68,19 @@ class Sizes:
     varlen_init: tuple[int, ...]  # packed lengths continuing from initial states (includes 0)
     decode_tokens: tuple[int, ...]  # tokens per row of the successive decode calls
     long: int  # tokens of the long-context case (state growth, f16 range)
+    decode_batch: int  # rows of the large-batch decode step (an engine's decode batch)
 
 
 MODEL_SIZES = Sizes(
     batch=2, prefill=1000, varlen=(1, 63, 300, 701), varlen_init=(0, 1, 130, 517), decode_tokens=(1, 2, 4),
-    long=4096,
+    long=4096, decode_batch=256,
 )  # fmt: skip
+# the CPU tier's interpreter runs every program of a launch one by one: a few rows keep the
+# large-batch case's code tested there at the cost of the small decode case
 REDUCED_SIZES = Sizes(
-    batch=2, prefill=70, varlen=(1, 13, 66), varlen_init=(0, 3, 20), decode_tokens=(1, 2, 4), long=160
-)
+    batch=2, prefill=70, varlen=(1, 13, 66), varlen_init=(0, 3, 20), decode_tokens=(1, 2, 4), long=160,
+    decode_batch=3,
+)  # fmt: skip
 
 
 @dataclass
@@ -502,6 +506,38 @@ def case_recurrent(run: Run, shape: GdnShape, sizes: Sizes, inp: Inputs) -> list
     return c.done()
 
 
+def case_decode_large_batch(run: Run, shape: GdnShape, sizes: Sizes, inp: Inputs) -> list[Check]:
+    """One decode step of the conv update and of the delta rule at an engine's decode batch
+    (`Sizes.decode_batch` rows, 256 at the model's sizes) through a permuted pool with a padding
+    row: a fault that breaks only large batches (a grid dimension, a row or slot offset that
+    overflows, a tile choice made by the batch size) shows up here and nowhere else."""
+    B = sizes.decode_batch
+    pool, idx = _pool_rows(B, inp.device)
+    c = run.case("causal_conv1d_update", "decode-large-batch")
+    D, W = shape.conv_dim, shape.conv_width
+    conv_state = inp.randn(pool, D, W - 1)
+    ref_conv_state = conv_state.clone()
+    y, ry = c.run(
+        "causal_conv1d_update", ref_inplace={"conv_state": ref_conv_state},
+        x=inp.randn(B + 1, 1, D), conv_state=conv_state, weight=_conv_weight(inp, shape), state_indices=idx,
+    )  # fmt: skip
+    regroup, name = _conv_groups(shape)
+    c.compare(f"y (B={B})", y[:B], ry[:B], _bands(shape, 2), (-2,), name, regroup=regroup)
+    c.compare(f"padding row y (B={B})", y[B:], ry[B:])
+    sregroup, sname = _conv_state_groups(shape, "slot")
+    c.compare(f"conv state pool (B={B})", conv_state, ref_conv_state, (), (0, 1), sname, regroup=sregroup)
+    d = run.case("fused_recurrent_gated_delta_rule", "decode-large-batch")
+    state = _state(inp, shape, pool, 0.5)
+    ref_state = state.clone()
+    o, ro = d.run("fused_recurrent_gated_delta_rule", ref_inplace={"state": ref_state}, state=state,
+                  state_indices=idx, use_qk_l2norm=True, **_gdn(inp, shape, B + 1, 1))  # fmt: skip
+    d.compare(f"o (B={B})", o[:B], ro[:B], _heads(shape), (2,), _value_head)
+    d.compare(f"padding row o (B={B})", o[B:], ro[B:])
+    d.compare(f"state pool (B={B})", state, ref_state, _state_slices(shape), (0, 1),
+              _state_block(shape.value_heads, "slot"))  # fmt: skip
+    return c.done() + d.done()
+
+
 CASES: tuple[CaseFn, ...] = (
     case_conv,
     case_conv_varlen,
@@ -520,6 +556,7 @@ CASES: tuple[CaseFn, ...] = (
     case_long_context,
     case_recurrent,
     case_chunk_short,  # appended: a case's inputs come from its index's stream
+    case_decode_large_batch,
 )
 
 
