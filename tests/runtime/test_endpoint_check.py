@@ -210,8 +210,6 @@ def broken() -> Iterator[tuple[ThreadingHTTPServer, str]]:
         ("garbage", "not JSON"),
         ("shape", "unexpected response shape"),
         ("slow", "timed out"),
-        ("drop", "POST /v1/chat/completions"),
-        ("500", "HTTP 500"),
     ],
 )
 def test_an_engine_that_answers_badly_cannot_be_judged(
@@ -221,6 +219,28 @@ def test_an_engine_that_answers_badly_cannot_be_judged(
     server.mode = mode  # type: ignore[attr-defined]
     code, _, compact, _ = endpoint_check(made[1], url, "candle-vllm", tmp_path, "--timeout", "1")
     assert code == 2 and compact["verdict"] == "error" and says in compact["error"], compact
+    _compact_ok(compact)
+
+
+@pytest.mark.parametrize(
+    ("mode", "says"),
+    [
+        ("500", "HTTP 500: CUDA error: an illegal memory access"),
+        ("drop", "POST /v1/chat/completions: the connection was lost"),
+    ],
+)
+def test_an_engine_that_fails_a_prompt_is_an_engine_error(
+    made: tuple[Path, Path], tmp_path: Path, broken: tuple[ThreadingHTTPServer, str], mode: str, says: str
+) -> None:
+    """Issue 38, item 5: an HTTP 5xx or a connection lost mid-answer is the engine's own failure:
+    exit 3, `engineError` naming the first prompt asked and the engine's words."""
+    server, url = broken
+    server.mode = mode  # type: ignore[attr-defined]
+    code, full, compact, _ = endpoint_check(made[1], url, "candle-vllm", tmp_path, "--timeout", "5")
+    assert code == 3 and compact["verdict"] == "error", compact
+    assert compact["engineError"]["prompt"] == "hello" and says in compact["engineError"]["message"]
+    assert "engine error: the engine failed prompt hello" in compact["summary"]
+    assert full["engineError"] == compact["engineError"] and full["exitCode"] == 3
     _compact_ok(compact)
 
 

@@ -1,7 +1,9 @@
 """`clef-runtime endpoint-check`: ask the serving engine the goldens' prompts, one at a time,
 greedily, and judge each answer (`judge`).  The first prompt that cannot be asked or judged
 (timeout, refused connection, an answer that is not the dialect's shape, another template) ends
-the run with exit 2; divergences are collected over all prompts.
+the run with exit 2; an engine that fails a prompt (HTTP 5xx, the connection lost while it
+answers) ends it with exit 3, naming the prompt and the engine's message; divergences are
+collected over all prompts.
 
 Needs neither torch nor a GPU: the comparison Job is CPU-only.
 """
@@ -17,9 +19,9 @@ from typing import TextIO
 
 import httpx
 
-from clef_contract.endpoint import SHA256_RE
+from clef_contract.endpoint import SHA256_RE, EngineFailure
 from clef_runtime import __version__
-from clef_runtime.endpoint.dialects import EngineError, dialect, served_model
+from clef_runtime.endpoint.dialects import EngineError, EngineFailed, dialect, served_model
 from clef_runtime.endpoint.judge import CannotJudge, PromptResult, Thresholds, judge
 from clef_runtime.endpoint.report import EndpointRun
 from clef_runtime.goldens.schema import (
@@ -119,7 +121,11 @@ def _check(args: CheckArgs, run: EndpointRun) -> None:
                 )
                 continue
             started = time.perf_counter()
-            answer = engine.ask(client, run.model, prompt, goldens.top_k)
+            try:
+                answer = engine.ask(client, run.model, prompt, goldens.top_k)
+            except EngineFailed as exc:  # the engine failed this prompt: its own verdict, and the end
+                run.engine_error = EngineFailure(prompt.name, str(exc))
+                return
             run.durations[prompt.name] = round(time.perf_counter() - started, 3)
             run.results.append(
                 judge(

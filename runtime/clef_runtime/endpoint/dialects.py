@@ -18,6 +18,7 @@ that is not the expected shape raises `EngineError` (exit 2), never a guess.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -29,6 +30,11 @@ from clef_runtime.goldens.schema import GoldenPrompt
 
 class EngineError(Exception):
     """The engine could not be asked or its answer could not be read (exit 2)."""
+
+
+class EngineFailed(EngineError):
+    """The engine itself failed the request: an HTTP 5xx answer, or the connection lost while it
+    was answering (a crash).  Its own verdict (exit 3, `EngineError`), not a numeric mismatch."""
 
 
 @dataclass(frozen=True)
@@ -180,12 +186,36 @@ def post(client: httpx.Client, path: str, body: dict[str, Any]) -> Any:
         response = client.post(path, json=body)
     except httpx.TimeoutException as exc:
         raise EngineError(f"POST {path}: timed out ({type(exc).__name__})") from None
+    except httpx.ConnectError as exc:  # not reached at all: nothing was asked
+        raise EngineError(f"POST {path}: {type(exc).__name__}: {exc}") from None
+    except httpx.TransportError as exc:  # reached, then lost while answering: the engine died
+        raise EngineFailed(f"POST {path}: the connection was lost: {type(exc).__name__}: {exc}") from None
     except httpx.HTTPError as exc:
         raise EngineError(f"POST {path}: {type(exc).__name__}: {exc}") from None
     return _json(response, f"POST {path}")
 
 
+def engine_message(text: str) -> str:
+    """The engine's own words from an error body: ``{"message": ...}`` (candle-vllm),
+    ``{"error": {"message": ...}}`` (OpenAI, vLLM), ``{"detail": ...}``, or the text itself."""
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return text.strip()[:500]
+    error = body.get("error") if isinstance(body, dict) else None
+    for said in (
+        body.get("message") if isinstance(body, dict) else None,
+        error.get("message") if isinstance(error, dict) else error,
+        body.get("detail") if isinstance(body, dict) else None,
+    ):
+        if isinstance(said, str) and said.strip():
+            return said.strip()[:500]
+    return text.strip()[:500]
+
+
 def _json(response: httpx.Response, what: str) -> Any:
+    if response.status_code >= 500:
+        raise EngineFailed(f"{what}: HTTP {response.status_code}: {engine_message(response.text)}")
     if response.status_code != 200:
         raise EngineError(f"{what}: HTTP {response.status_code}: {response.text[:300]!r}")
     try:
