@@ -175,7 +175,8 @@ class _Broken(BaseHTTPRequestHandler):
         self._send(200, b'{"object": "list", "data": [{"id": "m"}]}')
 
     def do_POST(self) -> None:
-        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.server.bodies.append(json.loads(body))  # type: ignore[attr-defined]
         mode = self.server.mode  # type: ignore[attr-defined]
         if mode == "garbage":
             self._send(200, b'{"choices": [{"message": ')
@@ -197,6 +198,7 @@ class _Broken(BaseHTTPRequestHandler):
 @pytest.fixture
 def broken() -> Iterator[tuple[ThreadingHTTPServer, str]]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Broken)
+    server.bodies = []  # type: ignore[attr-defined]
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield server, f"http://127.0.0.1:{server.server_address[1]}"
@@ -242,6 +244,38 @@ def test_an_engine_that_fails_a_prompt_is_an_engine_error(
     assert "engine error: the engine failed prompt hello" in compact["summary"]
     assert full["engineError"] == compact["engineError"] and full["exitCode"] == 3
     _compact_ok(compact)
+
+
+NEUTRAL = {
+    "repetition_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "top_k": -1,
+    "top_p": 1.0,
+    "min_p": 0.0,
+}
+
+
+@pytest.mark.parametrize("dialect", ["clef", "vllm", "candle-vllm"])
+def test_every_dialect_sends_neutral_sampling_and_the_report_says_what_was_sent(
+    made: tuple[Path, Path], tmp_path: Path, broken: tuple[ThreadingHTTPServer, str], dialect: str
+) -> None:
+    """Issue 38, item 3: engines fill a missing field from generation_config.json (vLLM applies its
+    penalties even at temperature 0), so every field the engine reads goes out neutral, and a seed
+    where the engine takes one; the report's `sampling` is exactly what the engine received."""
+    server, url = broken
+    server.mode = "500"  # type: ignore[attr-defined]
+    _, full, _, _ = endpoint_check(made[1], url, dialect, tmp_path)
+    (body,) = server.bodies  # type: ignore[attr-defined]
+    sent = {k: body[k] for k in full["sampling"]}
+    assert sent == full["sampling"] and full["sampling"]["temperature"] == 0
+    expected = dict(NEUTRAL)
+    if dialect == "candle-vllm":  # no repetition_penalty field, no per-request seed
+        del expected["repetition_penalty"]
+        assert "seed" not in body
+    else:
+        expected["seed"] = 0
+    assert {k: body.get(k) for k in expected} == expected, body
 
 
 def test_an_engine_that_is_not_there_cannot_be_judged(made: tuple[Path, Path], tmp_path: Path) -> None:

@@ -96,6 +96,7 @@ def _check(args: CheckArgs, run: EndpointRun) -> None:
         raise GoldensError("--goldens and --url are required (or their environment variables)")
     engine = dialect(args.dialect)
     run.real_logprobs = engine.real_logprobs
+    run.sampling = dict(engine.sampling)
     run.thresholds = _thresholds(args)
     try:
         goldens, run.goldens_sha256 = load_goldens(args.goldens, args.goldens_sha256)

@@ -12,7 +12,8 @@
   ``logprob`` a placeholder 0.0 and ``top_logprobs`` empty, so ids alone are judged; the prompt
   length comes from ``usage.prompt_tokens``.
 
-Every request is ``temperature: 0`` and asks for the golden's number of new tokens.  A response
+Every request is greedy with neutral sampling (`VLLM_SAMPLING`, `CANDLE_SAMPLING`: no penalties, no
+top-k/top-p cut, a seed where the engine takes one) and asks for the golden's number of new tokens.  A response
 that is not the expected shape raises `EngineError` (exit 2), never a guess.
 """
 
@@ -238,14 +239,36 @@ def served_model(client: httpx.Client) -> str:
 class Dialect(Protocol):
     name: str
     real_logprobs: bool
+    sampling: Mapping[str, Any]  # sent with every request, as it is
 
     def supports(self, prompt: GoldenPrompt) -> bool: ...
 
     def ask(self, client: httpx.Client, model: str, prompt: GoldenPrompt, top_k: int) -> Answer: ...
 
 
-def _base(model: str, prompt: GoldenPrompt) -> dict[str, Any]:
-    return {"model": model, "max_tokens": prompt.spec.max_new_tokens, "temperature": 0}
+# Neutral sampling, sent with every request: greedy, and nothing that reshapes the logits before
+# the argmax.  Engines fill what a request leaves out from the checkpoint's generation_config.json
+# (vLLM applies its repetition/presence/frequency penalties even at temperature 0), so every field
+# an engine reads is sent at its neutral value, in that engine's own spelling; a seed where it
+# takes one.  The report records the dict sent (`sampling`).
+GREEDY: Mapping[str, Any] = {"temperature": 0}
+PENALTIES_OFF: Mapping[str, Any] = {"presence_penalty": 0.0, "frequency_penalty": 0.0}
+VLLM_SAMPLING: Mapping[str, Any] = {
+    **GREEDY,
+    **PENALTIES_OFF,
+    "repetition_penalty": 1.0,
+    "top_k": -1,  # vLLM: -1 disables (0 too since 0.7; -1 is accepted by every version)
+    "top_p": 1.0,
+    "min_p": 0.0,
+    "seed": 0,
+}
+# candle-vllm's ChatCompletionRequest (src/openai/requests.rs): presence/frequency penalties,
+# top_k (isize, -1 disables), top_p, min_p; no repetition_penalty field, no per-request seed.
+CANDLE_SAMPLING: Mapping[str, Any] = {**GREEDY, **PENALTIES_OFF, "top_k": -1, "top_p": 1.0, "min_p": 0.0}
+
+
+def _base(model: str, prompt: GoldenPrompt, sampling: Mapping[str, Any]) -> dict[str, Any]:
+    return {"model": model, "max_tokens": prompt.spec.max_new_tokens, **sampling}
 
 
 def _user(prompt: GoldenPrompt) -> list[dict[str, str]]:
@@ -253,7 +276,7 @@ def _user(prompt: GoldenPrompt) -> list[dict[str, str]]:
 
 
 def _ask_ids(client: httpx.Client, model: str, prompt: GoldenPrompt, top_k: int) -> Answer:
-    body = _base(model, prompt) | {
+    body = _base(model, prompt, VLLM_SAMPLING) | {
         "prompt": list(prompt.spec.prompt_ids),
         "logprobs": top_k,
         "return_token_ids": True,
@@ -265,6 +288,7 @@ def _ask_ids(client: httpx.Client, model: str, prompt: GoldenPrompt, top_k: int)
 class Vllm:
     name = "vllm"
     real_logprobs = True
+    sampling = VLLM_SAMPLING
 
     def supports(self, prompt: GoldenPrompt) -> bool:
         return True
@@ -281,7 +305,7 @@ class Clef(Vllm):
     def ask(self, client: httpx.Client, model: str, prompt: GoldenPrompt, top_k: int) -> Answer:
         if prompt.spec.kind == "tokens":
             return _ask_ids(client, model, prompt, top_k)
-        body = _base(model, prompt) | {
+        body = _base(model, prompt, self.sampling) | {
             "messages": _user(prompt),
             "logprobs": True,
             "top_logprobs": top_k,
@@ -295,12 +319,17 @@ class Clef(Vllm):
 class CandleVllm:
     name = "candle-vllm"
     real_logprobs = False
+    sampling = CANDLE_SAMPLING
 
     def supports(self, prompt: GoldenPrompt) -> bool:
         return prompt.spec.kind == "chat"
 
     def ask(self, client: httpx.Client, model: str, prompt: GoldenPrompt, top_k: int) -> Answer:
-        body = _base(model, prompt) | {"messages": _user(prompt), "logprobs": True, "thinking": False}
+        body = _base(model, prompt, self.sampling) | {
+            "messages": _user(prompt),
+            "logprobs": True,
+            "thinking": False,
+        }
         return _candle_answer(post(client, "/v1/chat/completions", body))
 
 

@@ -42,6 +42,7 @@ class EndpointRun:
     model: str = ""
     dtype: str = ""
     goldens: dict[str, Any] = field(default_factory=dict)
+    sampling: dict[str, Any] = field(default_factory=dict)  # sent with every request, as sent
     goldens_sha256: str | None = None  # what the goldens read hash to (None: none were read)
     results: list[PromptResult] = field(default_factory=list)
     error: str | None = None
@@ -168,6 +169,7 @@ class EndpointRun:
             "dtype": self.dtype,
             "runtimeVersion": self.runtime_version,
             "logprobs": "compared" if self.real_logprobs else "placeholder",
+            "sampling": self.sampling,
             "thresholds": {
                 "nearTieMargin": t.near_tie_margin,
                 "maxNearTies": self.max_near_ties,
