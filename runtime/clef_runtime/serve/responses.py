@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from clef_runtime.chat import rust_trim
 from clef_runtime.generation import Generation
 from clef_runtime.serve.requests import Generate
 
@@ -125,10 +126,14 @@ class Shaper:
         ]
         return {"content": content}
 
+    def _content(self, gen: Generation) -> str:
+        text = self.decode(_text_ids(gen))
+        return rust_trim(text) if self.dialect == "candle-vllm" else text  # candle-vllm trims it
+
     def chat(self, req: Generate, gen: Generation) -> dict[str, Any]:
         choice: dict[str, Any] = {
             "index": 0,
-            "message": {"role": "assistant", "content": self.decode(_text_ids(gen))},
+            "message": {"role": "assistant", "content": self._content(gen)},
             "logprobs": None if req.top_logprobs is None else self._chat_logprobs(req, gen),
             "finish_reason": gen.finish_reason,
         }
