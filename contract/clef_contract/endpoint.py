@@ -5,7 +5,7 @@ Same family as verify's report (`clef_contract.report`): the same shared fields,
 bound, the same shrinking builder and the same strict, fail-closed parser; `suite` is always
 ``"endpoint"`` and `device` names the engine that was asked.  Three fields of its own:
 
-* ``dialect``: how the engine was asked (``clef``, ``vllm``, ``candle-vllm``);
+* ``dialect``: how the engine was asked (``clef``, ``vllm``, ``candle-vllm``, ``mistralrs``);
 * ``logprobs``: ``"compared"`` when the engine returned real logprobs and they were bounded,
   ``"placeholder"`` when it returned placeholders and only token ids were judged;
 * ``firstDivergence``: the first prompt whose ids left the golden's (``null`` when none did):
@@ -43,7 +43,7 @@ from clef_contract.report import (
 
 ENDPOINT_SCHEMA_VERSION: Final = "clef.riotpiao.com/endpoint-report/v3"
 ENDPOINT_SUITE: Final = "endpoint"
-DIALECTS: Final = ("clef", "vllm", "candle-vllm")
+DIALECTS: Final = ("clef", "vllm", "candle-vllm", "mistralrs")
 LOGPROBS_MODES: Final = ("compared", "placeholder")
 ENDPOINT_FIELDS: Final = (*FIELDS, "dialect", "logprobs", "firstDivergence", "goldensSha256", "engineError")
 ENGINE_ERROR_FIELDS: Final = ("prompt", "message")

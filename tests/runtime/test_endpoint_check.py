@@ -27,7 +27,8 @@ from chat_checkpoint import OTHER_TEMPLATE, endpoint_check, served, session_gold
 from clef_contract.endpoint import parse_endpoint_report
 from clef_contract.report import MAX_REPORT_BYTES
 
-SERVER_DIALECT = {"clef": "openai", "vllm": "vllm", "candle-vllm": "candle-vllm"}
+SERVER_DIALECT = {"clef": "openai", "vllm": "vllm", "candle-vllm": "candle-vllm", "mistralrs": "mistralrs"}
+CHAT_ONLY = ("candle-vllm", "mistralrs")
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +42,7 @@ def _compact_ok(compact: dict) -> None:
     parse_endpoint_report(text)  # the operator's parser accepts it
 
 
-@pytest.mark.parametrize("dialect", ["clef", "vllm", "candle-vllm"])
+@pytest.mark.parametrize("dialect", ["clef", "vllm", "candle-vllm", "mistralrs"])
 def test_a_healthy_engine_passes_in_every_dialect(
     made: tuple[Path, Path], tmp_path: Path, dialect: str
 ) -> None:
@@ -54,7 +55,7 @@ def test_a_healthy_engine_passes_in_every_dialect(
     )
     _compact_ok(compact)
     statuses = {p["name"]: p["status"] for p in full["prompts"]}
-    if dialect == "candle-vllm":
+    if dialect in CHAT_ONLY:
         # No raw-prompt route: the token-id prompt is skipped, and ids alone are judged.
         assert statuses == {"tokens-1": "skipped", "hello": "match", "list": "match"}
         assert compact["logprobs"] == "placeholder" and "ids alone" in compact["summary"]
@@ -80,6 +81,7 @@ def test_a_healthy_engine_on_the_triton_kernels_passes(made: tuple[Path, Path], 
         ("conv_key_band_zero", "candle-vllm"),  # the incident, in the dialect it happened in
         ("conv_state_not_advanced", "clef"),  # decode only: the prompt's first tokens still match
         ("gated_norm_no_gate", "vllm"),
+        ("conv_key_band_zero", "mistralrs"),  # ids read from top_logprobs[0].token
     ],
 )
 def test_a_serving_engine_with_a_kernel_fault_fails_naming_prompt_and_position(
@@ -276,6 +278,26 @@ def test_every_dialect_sends_neutral_sampling_and_the_report_says_what_was_sent(
     else:
         expected["seed"] = 0
     assert {k: body.get(k) for k in expected} == expected, body
+
+
+@pytest.mark.parametrize(
+    ("dialect", "says"),
+    [
+        ("vllm", "HTTP 422"),  # mistral.rs takes no token-id prompt
+        ("clef", "HTTP 422"),  # the token-id prompt comes first
+        ("candle-vllm", "not a token id"),  # content[].token is the text piece
+    ],
+)
+def test_mistralrs_cannot_be_asked_in_another_dialect(
+    made: tuple[Path, Path], tmp_path: Path, dialect: str, says: str
+) -> None:
+    """Issue 38, item 6: what happened against real mistral.rs 0.8.1 before its dialect existed:
+    every other dialect exits 2, never a verdict read by guesswork."""
+    ckpt, goldens = made
+    with served(ckpt, tmp_path, "--dialect", "mistralrs") as (url, _):
+        code, _, compact, _ = endpoint_check(goldens, url, dialect, tmp_path)
+    assert code == 2 and compact["verdict"] == "error", compact
+    assert says in compact["error"], compact["error"]
 
 
 def test_an_engine_that_is_not_there_cannot_be_judged(made: tuple[Path, Path], tmp_path: Path) -> None:

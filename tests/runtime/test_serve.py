@@ -280,3 +280,28 @@ def test_candle_vllm_thinks_unless_told_not_to(candle: str, ckpt: Path) -> None:
     assert usage["prompt_tokens"] == len(tok.chat_ids(USER, enable_thinking=True))
     assert usage["prompt_tokens"] != len(tok.chat_ids(USER, enable_thinking=False))
 
+
+def test_mistralrs_dialect_answers_in_mistralrs_shape(ckpt: Path, tmp_path: Path) -> None:
+    """mistral.rs 0.8.1's shapes (issue 38, item 6): the text piece in content[].token, the integer
+    id in top_logprobs[0].token with its text in bytes, positive placeholder logprobs, and a
+    token-id prompt refused with 422."""
+    tok = ChatTokenizer.from_dir(ckpt)
+    with served(ckpt, tmp_path, "--dialect", "mistralrs") as (url, _):
+        refused = httpx.post(f"{url}/v1/completions", json={"prompt": [60, 61]}, timeout=60)
+        body = {
+            "messages": USER,
+            "max_tokens": 3,
+            "logprobs": True,
+            "top_logprobs": 2,
+            "enable_thinking": False,
+        }
+        reply = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60).json()
+    assert refused.status_code == 422 and "expected a string" in refused.json()["message"]
+    content = reply["choices"][0]["logprobs"]["content"]
+    assert len(content) == 3 and reply["usage"]["prompt_tokens"] == len(tok.chat_ids(USER))
+    for e in content:
+        first = e["top_logprobs"][0]
+        assert isinstance(first["token"], int) and len(e["top_logprobs"]) == 2
+        assert e["token"] == tok.piece(first["token"]) == first["bytes"]
+        assert all(1.3 <= x["logprob"] <= 1.4 for x in (e, *e["top_logprobs"]))  # not log-probabilities
+    assert "total_time_sec" in reply["usage"]  # its usage carries timings

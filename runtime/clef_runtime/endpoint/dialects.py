@@ -11,6 +11,9 @@
   report says so), ``thinking: false``, ``logprobs: true``; ``token`` is the integer id,
   ``logprob`` a placeholder 0.0 and ``top_logprobs`` empty, so ids alone are judged; the prompt
   length comes from ``usage.prompt_tokens``.
+* ``mistralrs`` (mistral.rs 0.8.1): chat only, ``enable_thinking: false``, ``logprobs: true``,
+  ``top_logprobs: 1``; the id is ``top_logprobs[0].token`` (``content[].token`` is the text piece)
+  and every logprob value is a placeholder, so ids alone are judged.
 
 Every request is greedy with neutral sampling (`VLLM_SAMPLING`, `CANDLE_SAMPLING`: no penalties, no
 top-k/top-p cut, a seed where the engine takes one) and asks for the golden's number of new tokens.  A response
@@ -178,6 +181,22 @@ def _candle_answer(body: Any) -> Answer:
     return Answer(ids, None, None, pieces, _prompt_tokens(body), None, _finish(choice))
 
 
+def _mistralrs_answer(body: Any) -> Answer:
+    """mistral.rs 0.8.1's chat shape: ``content[i].token`` is the text piece, the integer id sits in
+    ``content[i].top_logprobs[0].token`` (its text in ``bytes``), and no ``logprob`` value is a
+    log-probability (positive, about 1.3-1.4): placeholders, ids alone judged."""
+    choice = _get(body, "choices", 0)
+    content = _get(choice, "logprobs", "content")
+    if not isinstance(content, list):
+        raise EngineError("unexpected response shape: logprobs.content is not a list")
+    ids = tuple(
+        _id(_get(e, "top_logprobs", 0, "token"), f"logprobs.content[{i}].top_logprobs[0].token")
+        for i, e in enumerate(content)
+    )
+    pieces = tuple(e.get("token") if isinstance(e.get("token"), str) else "" for e in content)
+    return Answer(ids, None, None, pieces, _prompt_tokens(body), None, _finish(choice))
+
+
 # ---------------------------------------------------------------------------------- asking
 
 
@@ -266,6 +285,17 @@ VLLM_SAMPLING: Mapping[str, Any] = {
 # top_k (isize, -1 disables), top_p, min_p; no repetition_penalty field, no per-request seed.
 CANDLE_SAMPLING: Mapping[str, Any] = {**GREEDY, **PENALTIES_OFF, "top_k": -1, "top_p": 1.0, "min_p": 0.0}
 
+# mistral.rs 0.8.1's ChatCompletionRequest (mistralrs-server-core/src/openai.rs): presence and
+# frequency penalties, top_p, min_p and its DRY penalty (dry_multiplier 0 turns it off); top_k is
+# an unsigned Option (left out: no cut), no repetition_penalty field, no per-request seed.
+MISTRALRS_SAMPLING: Mapping[str, Any] = {
+    **GREEDY,
+    **PENALTIES_OFF,
+    "top_p": 1.0,
+    "min_p": 0.0,
+    "dry_multiplier": 0.0,
+}
+
 
 def _base(model: str, prompt: GoldenPrompt, sampling: Mapping[str, Any]) -> dict[str, Any]:
     return {"model": model, "max_tokens": prompt.spec.max_new_tokens, **sampling}
@@ -333,7 +363,28 @@ class CandleVllm:
         return _candle_answer(post(client, "/v1/chat/completions", body))
 
 
-DIALECTS: dict[str, Dialect] = {d.name: d for d in (Clef(), Vllm(), CandleVllm())}
+class Mistralrs:
+    """mistral.rs: chat only (a token-id prompt is refused with 422), ``enable_thinking: false``
+    at the top level, one top logprob per step to carry the id."""
+
+    name = "mistralrs"
+    real_logprobs = False
+    sampling = MISTRALRS_SAMPLING
+
+    def supports(self, prompt: GoldenPrompt) -> bool:
+        return prompt.spec.kind == "chat"
+
+    def ask(self, client: httpx.Client, model: str, prompt: GoldenPrompt, top_k: int) -> Answer:
+        body = _base(model, prompt, self.sampling) | {
+            "messages": _user(prompt),
+            "logprobs": True,
+            "top_logprobs": 1,
+            "enable_thinking": False,
+        }
+        return _mistralrs_answer(post(client, "/v1/chat/completions", body))
+
+
+DIALECTS: dict[str, Dialect] = {d.name: d for d in (Clef(), Vllm(), CandleVllm(), Mistralrs())}
 
 
 def dialect(name: str | None) -> Dialect:

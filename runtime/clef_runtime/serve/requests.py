@@ -74,6 +74,7 @@ NEUTRAL: Mapping[str, tuple[float, ...]] = {
     "top_k": (-1, 0),
     "top_p": (1.0,),
     "min_p": (0.0,),
+    "dry_multiplier": (0.0,),  # mistral.rs's DRY repetition penalty
 }
 
 
