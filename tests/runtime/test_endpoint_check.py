@@ -18,9 +18,11 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import httpx
 import pytest
 from chat_checkpoint import OTHER_TEMPLATE, endpoint_check, served, session_goldens
 
@@ -112,6 +114,10 @@ def _near_tie_goldens(goldens: Path, out: Path) -> tuple[str, int, float]:
     pos = min(range(len(margins)), key=margins.__getitem__)
     prompt["ids"][pos] = prompt["topIds"][pos][1]
     prompt["logprobs"][pos] = prompt["topLogprobs"][pos][1]
+    # Nothing after the swap: the golden's later tokens followed the other token, and the check
+    # now goes on from the golden's prefix (fewer ids than maxNewTokens is a valid golden).
+    for key in ("ids", "logprobs", "topIds", "topLogprobs", "topPieces"):
+        prompt[key] = prompt[key][: pos + 1]
     out.write_text(json.dumps(doc))
     return "hello", pos, margins[pos]
 
@@ -139,6 +145,94 @@ def test_a_near_tie_divergence_passes_and_is_reported(
             doctored, url, dialect, tmp_path, "--near-tie-margin", below
         )
     assert code == 1 and not compact["firstDivergence"]["nearTie"], full["summary"]
+
+
+class _Flipping(BaseHTTPRequestHandler):
+    """A fault-injecting engine in front of a healthy one: for a /v1/completions prompt of a
+    length in the server's `flips`, the token at that position becomes the engine's own
+    runner-up (vLLM's shape).  Everything else passes through."""
+
+    protocol_version = "HTTP/1.1"
+
+    def _relay(self, method: str) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0))) if method == "POST" else None
+        upstream = httpx.request(method, self.server.upstream + self.path, content=body, timeout=300)  # type: ignore[attr-defined]
+        data = upstream.content
+        if method == "POST" and self.path == "/v1/completions" and upstream.status_code == 200:
+            at = self.server.flips.get(len(json.loads(body or b"{}")["prompt"]))  # type: ignore[attr-defined]
+            if at is not None:
+                answer = upstream.json()
+                _flip(answer["choices"][0], at)
+                data = json.dumps(answer).encode()
+        self.send_response(upstream.status_code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        self._relay("GET")
+
+    def do_POST(self) -> None:
+        self._relay("POST")
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def _flip(choice: dict, at: int) -> None:
+    logprobs = choice["logprobs"]
+    key, lp = sorted(logprobs["top_logprobs"][at].items(), key=lambda kv: -kv[1])[1]
+    choice["token_ids"][at] = int(key.removeprefix("token_id:"))
+    logprobs["tokens"][at], logprobs["token_logprobs"][at] = key, lp
+
+
+@contextmanager
+def _flipping(upstream: str, flips: dict[int, int]) -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Flipping)
+    server.upstream, server.flips = upstream, flips  # type: ignore[attr-defined]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_fault_past_a_near_tie_is_judged_from_the_golden_prefix(
+    made: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Issue 38, item 2: an engine that flips to its runner-up at the golden's nearest tie passes
+    it, is asked again from the golden's prefix, and the rest of the prompt is still judged: a
+    second flip at a decisive position fails, where the check used to stop at the near-tie."""
+    ckpt, goldens = made
+    hello = next(p for p in json.loads(goldens.read_text())["prompts"] if p["name"] == "hello")
+    margins = [lps[0] - lps[1] for lps in hello["topLogprobs"]]
+    tie = min(range(len(margins) - 1), key=margins.__getitem__)
+    decisive = max(range(tie + 1, len(margins)), key=margins.__getitem__)
+    assert margins[tie] <= 0.5 < margins[decisive], margins  # the tiny model has both
+    length = len(hello["promptIds"])
+    with served(ckpt, tmp_path, "--dialect", "vllm") as (url, _):
+        with _flipping(url, {length: tie}) as flipping:
+            code, full, compact, err = endpoint_check(
+                goldens, flipping, "vllm", tmp_path, "--prompt", "hello"
+            )
+        assert code == 0, f"{full['summary']}\n{err[-2000:]}"
+        (result,) = full["prompts"]
+        assert result["status"] == "near-tie" and result["continued"] == 1
+        assert [n["position"] for n in result["nearTies"]] == [tie]
+        assert result["matched"] == len(hello["ids"]) - 1  # every position but the flip judged equal
+        again = {length: tie, length + tie + 1: decisive - tie - 1}  # the continuation flips too
+        with _flipping(url, again) as flipping:
+            code, full, compact, err = endpoint_check(
+                goldens, flipping, "vllm", tmp_path, "--prompt", "hello"
+            )
+    assert code == 1, f"{full['summary']}\n{err[-2000:]}"
+    first = compact["firstDivergence"]
+    assert first["position"] == decisive and not first["nearTie"] and first["goldenMargin"] > 0.5
+    assert "judged past 1 near-tie" in compact["summary"]
+    _compact_ok(compact)
 
 
 @pytest.mark.parametrize("dialect", ["clef", "candle-vllm"])

@@ -21,8 +21,23 @@ import httpx
 
 from clef_contract.endpoint import SHA256_RE, EngineFailure
 from clef_runtime import __version__
-from clef_runtime.endpoint.dialects import EngineError, EngineFailed, dialect, served_model
-from clef_runtime.endpoint.judge import CannotJudge, PromptResult, Thresholds, judge
+from clef_runtime.endpoint.dialects import (
+    Answer,
+    Dialect,
+    EngineError,
+    EngineFailed,
+    ask_ids,
+    dialect,
+    served_model,
+)
+from clef_runtime.endpoint.judge import (
+    CannotJudge,
+    PromptResult,
+    Thresholds,
+    continuation,
+    judge,
+    merged,
+)
 from clef_runtime.endpoint.report import EndpointRun
 from clef_runtime.goldens.schema import (
     GoldenPrompt,
@@ -91,6 +106,41 @@ class GoldensMismatch(GoldensError):
         self.digest = digest
 
 
+# The most times one prompt is asked again after near-ties (each flip costs a request).
+MAX_CONTINUATIONS = 8
+
+
+def _judged(
+    engine: Dialect,
+    client: httpx.Client,
+    run: EndpointRun,
+    prompt: GoldenPrompt,
+    answer: Answer,
+    goldens: Goldens,
+) -> PromptResult:
+    """The prompt judged to its end: after each near-tie the engine is asked again from the
+    golden's prefix (dialects that take token ids), so a fault past a flip is still seen."""
+
+    def judged(golden: GoldenPrompt, said: Answer) -> PromptResult:
+        return judge(
+            golden, said, run.thresholds, real_logprobs=engine.real_logprobs, stop_ids=goldens.stop_ids
+        )
+
+    result = segment = judged(prompt, answer)
+    while segment.status == "near-tie" and result.divergence is not None:
+        at = result.near_ties[-1].position
+        rest = continuation(prompt, at)
+        if rest is None:
+            break
+        if not engine.continues or result.continued >= MAX_CONTINUATIONS:
+            why = "chat-only dialect" if not engine.continues else f"{MAX_CONTINUATIONS} continuations"
+            result.note = f"not judged past the near-tie at position {at} ({why})"
+            break
+        segment = judged(rest, ask_ids(client, run.model, rest, goldens.top_k))
+        result = merged(result, segment, at + 1)
+    return result
+
+
 def _check(args: CheckArgs, run: EndpointRun) -> None:
     if not args.goldens or not args.url:
         raise GoldensError("--goldens and --url are required (or their environment variables)")
@@ -124,19 +174,12 @@ def _check(args: CheckArgs, run: EndpointRun) -> None:
             started = time.perf_counter()
             try:
                 answer = engine.ask(client, run.model, prompt, goldens.top_k)
+                result = _judged(engine, client, run, prompt, answer, goldens)
             except EngineFailed as exc:  # the engine failed this prompt: its own verdict, and the end
                 run.engine_error = EngineFailure(prompt.name, str(exc))
                 return
             run.durations[prompt.name] = round(time.perf_counter() - started, 3)
-            run.results.append(
-                judge(
-                    prompt,
-                    answer,
-                    run.thresholds,
-                    real_logprobs=engine.real_logprobs,
-                    stop_ids=goldens.stop_ids,
-                )
-            )
+            run.results.append(result)
 
 
 def emit(run: EndpointRun, out: TextIO, full_path: str | None, termination_log: str) -> None:

@@ -259,6 +259,7 @@ class Dialect(Protocol):
     name: str
     real_logprobs: bool
     sampling: Mapping[str, Any]  # sent with every request, as it is
+    continues: bool  # takes token-id prompts: can be asked again from a golden prefix
 
     def supports(self, prompt: GoldenPrompt) -> bool: ...
 
@@ -305,7 +306,7 @@ def _user(prompt: GoldenPrompt) -> list[dict[str, str]]:
     return [{"role": "user", "content": prompt.spec.text}]
 
 
-def _ask_ids(client: httpx.Client, model: str, prompt: GoldenPrompt, top_k: int) -> Answer:
+def ask_ids(client: httpx.Client, model: str, prompt: GoldenPrompt, top_k: int) -> Answer:
     body = _base(model, prompt, VLLM_SAMPLING) | {
         "prompt": list(prompt.spec.prompt_ids),
         "logprobs": top_k,
@@ -319,12 +320,13 @@ class Vllm:
     name = "vllm"
     real_logprobs = True
     sampling = VLLM_SAMPLING
+    continues = True
 
     def supports(self, prompt: GoldenPrompt) -> bool:
         return True
 
     def ask(self, client: httpx.Client, model: str, prompt: GoldenPrompt, top_k: int) -> Answer:
-        return _ask_ids(client, model, prompt, top_k)
+        return ask_ids(client, model, prompt, top_k)
 
 
 class Clef(Vllm):
@@ -334,7 +336,7 @@ class Clef(Vllm):
 
     def ask(self, client: httpx.Client, model: str, prompt: GoldenPrompt, top_k: int) -> Answer:
         if prompt.spec.kind == "tokens":
-            return _ask_ids(client, model, prompt, top_k)
+            return ask_ids(client, model, prompt, top_k)
         body = _base(model, prompt, self.sampling) | {
             "messages": _user(prompt),
             "logprobs": True,
@@ -350,6 +352,7 @@ class CandleVllm:
     name = "candle-vllm"
     real_logprobs = False
     sampling = CANDLE_SAMPLING
+    continues = False  # chat only: no raw prompt to continue from
 
     def supports(self, prompt: GoldenPrompt) -> bool:
         return prompt.spec.kind == "chat"
@@ -370,6 +373,7 @@ class Mistralrs:
     name = "mistralrs"
     real_logprobs = False
     sampling = MISTRALRS_SAMPLING
+    continues = False  # a token-id prompt is refused with 422
 
     def supports(self, prompt: GoldenPrompt) -> bool:
         return prompt.spec.kind == "chat"

@@ -141,6 +141,11 @@ class EndpointRun:
         near = sum(r.status == "near-tie" for r in compared)
         if near:
             parts.append(f"{near} near-tie{'s' if near > 1 else ''}")
+        continued = sum(r.continued for r in compared)
+        if continued:
+            parts.append(
+                f"judged past {continued} near-tie{'s' if continued > 1 else ''} from the golden prefix"
+            )
         parts.append(
             f"tokens {sum(r.matched for r in compared)}/{sum(r.golden_tokens for r in compared)} equal"
         )
