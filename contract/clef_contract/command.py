@@ -38,6 +38,7 @@ class ExitCode(IntEnum):
     PASS = 0
     MISMATCH = 1  # a check failed: the candidate computes something else
     COULD_NOT_RUN = 2  # nothing trustworthy could be measured here (no GPU, bad config, ...)
+    ENGINE_FAILED = 3  # endpoint-check only: the engine asked failed a prompt (HTTP 5xx, a crash)
 
     @classmethod
     def for_verdict(cls, verdict: Verdict) -> ExitCode:

@@ -1,11 +1,11 @@
-"""The compact endpoint report (`endpoint-report/v2`): `clef-runtime endpoint-check`'s verdict on a
+"""The compact endpoint report (`endpoint-report/v3`): `clef-runtime endpoint-check`'s verdict on a
 serving engine, for the termination log.
 
 Same family as verify's report (`clef_contract.report`): the same shared fields, the same 4 KiB
 bound, the same shrinking builder and the same strict, fail-closed parser; `suite` is always
 ``"endpoint"`` and `device` names the engine that was asked.  Three fields of its own:
 
-* ``dialect``: how the engine was asked (``clef``, ``vllm``, ``candle-vllm``);
+* ``dialect``: how the engine was asked (``clef``, ``vllm``, ``candle-vllm``, ``mistralrs``);
 * ``logprobs``: ``"compared"`` when the engine returned real logprobs and they were bounded,
   ``"placeholder"`` when it returned placeholders and only token ids were judged;
 * ``firstDivergence``: the first prompt whose ids left the golden's (``null`` when none did):
@@ -14,7 +14,11 @@ bound, the same shrinking builder and the same strict, fail-closed parser; `suit
   A divergence at a near-tie is named here too, with ``nearTie: true``, on a passing report;
 * ``goldensSha256``: ``sha256:<hex>`` of the goldens file (uncompressed) the check read and
   compared with, ``null`` only when it read none.  A pass always names it: the operator accepts a
-  pass only when it is the digest it signed for this goldens key (v2 added it; v1 had none).
+  pass only when it is the digest it signed for this goldens key (v2 added it; v1 had none);
+* ``engineError``: the engine itself failed a prompt (an HTTP 5xx answer, the connection lost
+  mid-request): ``{"prompt", "message"}``, the prompt asked and what the engine said; ``null``
+  otherwise.  Only on an ``error`` verdict, which it then explains: not a numeric mismatch, and
+  not a check that could not run (v3 added it).
 
 The endpoint-check's command line and environment live here as well, for the operator's Job.
 """
@@ -37,11 +41,14 @@ from clef_contract.report import (
     shrink_to_fit,
 )
 
-ENDPOINT_SCHEMA_VERSION: Final = "clef.riotpiao.com/endpoint-report/v2"
+ENDPOINT_SCHEMA_VERSION: Final = "clef.riotpiao.com/endpoint-report/v3"
 ENDPOINT_SUITE: Final = "endpoint"
-DIALECTS: Final = ("clef", "vllm", "candle-vllm")
+DIALECTS: Final = ("clef", "vllm", "candle-vllm", "mistralrs")
 LOGPROBS_MODES: Final = ("compared", "placeholder")
-ENDPOINT_FIELDS: Final = (*FIELDS, "dialect", "logprobs", "firstDivergence", "goldensSha256")
+ENDPOINT_FIELDS: Final = (*FIELDS, "dialect", "logprobs", "firstDivergence", "goldensSha256", "engineError")
+ENGINE_ERROR_FIELDS: Final = ("prompt", "message")
+# How much of the engine's own message the compact report keeps.
+ENGINE_MESSAGE_WIDTH: Final = 600
 DIVERGENCE_FIELDS: Final = (
     "prompt",
     "position",
@@ -78,12 +85,21 @@ class Divergence:
 
 
 @dataclass(frozen=True)
+class EngineFailure:
+    """The engine failed a prompt: an HTTP 5xx answer or the connection lost while it answered."""
+
+    prompt: str
+    message: str
+
+
+@dataclass(frozen=True)
 class EndpointReport:
     compact: CompactReport  # suite "endpoint"; device: the engine asked
     dialect: str
     logprobs: str
     first_divergence: Divergence | None
     goldens_sha256: str | None = None  # the goldens the check read (None: it read none)
+    engine_error: EngineFailure | None = None  # only with verdict "error"
 
 
 def _divergence_doc(d: Divergence) -> dict[str, Any]:
@@ -109,7 +125,27 @@ def build_endpoint_report(report: EndpointReport, limit: int = MAX_REPORT_BYTES)
         None if report.first_divergence is None else _divergence_doc(report.first_divergence)
     )
     doc["goldensSha256"] = report.goldens_sha256
+    e = report.engine_error
+    doc["engineError"] = (
+        None
+        if e is None
+        else {"prompt": clip(e.prompt, _TEXT_WIDTH), "message": clip(e.message, ENGINE_MESSAGE_WIDTH)}
+    )
     return shrink_to_fit(doc, limit)
+
+
+def _parse_engine_error(raw: object, verdict: str) -> EngineFailure | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or set(raw) != set(ENGINE_ERROR_FIELDS):
+        raise ReportInvalid(
+            f"engineError must be null or an object of exactly {', '.join(ENGINE_ERROR_FIELDS)}"
+        )
+    if not all(isinstance(raw[k], str) and raw[k] for k in ENGINE_ERROR_FIELDS):
+        raise ReportInvalid("engineError.prompt and engineError.message must be non-empty strings")
+    if verdict != "error":
+        raise ReportInvalid(f"endpoint report says {verdict} but names an engineError")
+    return EngineFailure(raw["prompt"], raw["message"])
 
 
 def _int(obj: dict[str, Any], key: str) -> int:
@@ -175,4 +211,5 @@ def parse_endpoint_report(message: str | None) -> EndpointReport:
         logprobs=logprobs,
         first_divergence=divergence,
         goldens_sha256=goldens,
+        engine_error=_parse_engine_error(obj["engineError"], compact.verdict),
     )

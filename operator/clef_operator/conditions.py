@@ -54,6 +54,9 @@ class Reason:
     # endpoint-check could not judge: timeouts, refused connections, garbage, another prompt
     # template (a prompt-length or prompt-id mismatch), unreadable goldens (exit 2).
     ENDPOINT_CHECK_ERROR = "EndpointCheckError"
+    # The preview's engine failed a golden prompt itself: an HTTP 5xx answer or the connection lost
+    # while it answered (endpoint-check exit 3): a broken engine, not a numeric mismatch.
+    ENGINE_ERROR = "EngineError"
     # The goldens Job failed: the runtime image's kernels failed their own checks (exit 1), or it
     # could not run (exit 2, a crash, its deadline).
     GOLDENS_FAILED = "GoldensFailed"

@@ -158,6 +158,7 @@ class Read:
     device: str | None = None
     runtime_version: str | None = None
     goldens_sha256: str | None = None
+    reason: str | None = None  # a reason of its own, in place of the JobKind's for the verdict
 
 
 def read_comparison(message: str | None, dialect: str) -> Read:
@@ -168,6 +169,16 @@ def read_comparison(message: str | None, dialect: str) -> Read:
     failing = tuple(
         FailingCheck(name=f.name, op=f.op, detail=f.detail[:1024]) for f in c.failing[:MAX_FAILING]
     )
+    e = report.engine_error
+    if e is not None:
+        return Read(
+            "error",
+            f"the preview's engine failed prompt {e.prompt}: {e.message}",
+            device=c.device or None,
+            runtime_version=c.runtime_version or None,
+            goldens_sha256=report.goldens_sha256,
+            reason=Reason.ENGINE_ERROR,
+        )
     summary = c.summary if c.verdict != "error" else f"endpoint-check could not run: {c.error}"
     d = report.first_divergence
     if c.verdict == "fail" and d is not None:
@@ -248,7 +259,7 @@ def _judge_finished(kind: JobKind, job: JobState, pod: PodState | None) -> Judge
             f"the {kind.what} report says pass but the exit code is {pod.exit_code}",
             pod=pod,
         )
-    reason = (
+    reason = read.reason or (
         Reason.VERIFIED if read.verdict == "pass" else kind.mismatch if read.verdict == "fail" else kind.error
     )
     return Judged(

@@ -23,7 +23,11 @@ from clef_contract.command import (
 )
 from clef_runtime.endpoint.cli import ENDPOINT_COMMANDS, add_endpoint_parsers, endpoint_main
 
-_EXITS = ", ".join(f"{int(code)} {code.name.lower().replace('_', ' ')}" for code in ExitCode)
+_EXITS = ", ".join(
+    f"{int(code)} {code.name.lower().replace('_', ' ')}"
+    for code in ExitCode
+    if code != ExitCode.ENGINE_FAILED
+)
 
 
 def _verify_parser(sub: argparse._SubParsersAction) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -37,6 +38,30 @@ TEST_PROMPTS = {
         },
     ]
 }
+
+
+def variant(
+    ckpt: Path, to: Path, *, jinja: str | None = None, bos: bool = False, eos: int | None = None
+) -> Path:
+    """A copy of `ckpt` changed where engines read it differently: a chat_template.jinja beside
+    tokenizer_config.json's template, a tokenizer whose post-processor adds a BOS token
+    (<|endoftext|>) when encoding, a config.json eos_token_id that generation_config.json lacks."""
+    from tokenizers import Tokenizer, processors
+
+    shutil.copytree(ckpt, to)
+    if jinja is not None:
+        (to / "chat_template.jinja").write_text(jinja)
+    if bos:
+        tok = Tokenizer.from_file(str(to / "tokenizer.json"))
+        bos_id = tok.token_to_id("<|endoftext|>")
+        tok.post_processor = processors.TemplateProcessing(
+            single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", bos_id)]
+        )
+        tok.save(str(to / "tokenizer.json"))
+    if eos is not None:
+        config = json.loads((to / "config.json").read_text())
+        (to / "config.json").write_text(json.dumps({**config, "eos_token_id": eos}))
+    return to
 
 
 def clean_env(**extra: str) -> dict[str, str]:

@@ -18,16 +18,19 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import httpx
 import pytest
 from chat_checkpoint import OTHER_TEMPLATE, endpoint_check, served, session_goldens
 
 from clef_contract.endpoint import parse_endpoint_report
 from clef_contract.report import MAX_REPORT_BYTES
 
-SERVER_DIALECT = {"clef": "openai", "vllm": "vllm", "candle-vllm": "candle-vllm"}
+SERVER_DIALECT = {"clef": "openai", "vllm": "vllm", "candle-vllm": "candle-vllm", "mistralrs": "mistralrs"}
+CHAT_ONLY = ("candle-vllm", "mistralrs")
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +44,7 @@ def _compact_ok(compact: dict) -> None:
     parse_endpoint_report(text)  # the operator's parser accepts it
 
 
-@pytest.mark.parametrize("dialect", ["clef", "vllm", "candle-vllm"])
+@pytest.mark.parametrize("dialect", ["clef", "vllm", "candle-vllm", "mistralrs"])
 def test_a_healthy_engine_passes_in_every_dialect(
     made: tuple[Path, Path], tmp_path: Path, dialect: str
 ) -> None:
@@ -54,7 +57,7 @@ def test_a_healthy_engine_passes_in_every_dialect(
     )
     _compact_ok(compact)
     statuses = {p["name"]: p["status"] for p in full["prompts"]}
-    if dialect == "candle-vllm":
+    if dialect in CHAT_ONLY:
         # No raw-prompt route: the token-id prompt is skipped, and ids alone are judged.
         assert statuses == {"tokens-1": "skipped", "hello": "match", "list": "match"}
         assert compact["logprobs"] == "placeholder" and "ids alone" in compact["summary"]
@@ -80,6 +83,7 @@ def test_a_healthy_engine_on_the_triton_kernels_passes(made: tuple[Path, Path], 
         ("conv_key_band_zero", "candle-vllm"),  # the incident, in the dialect it happened in
         ("conv_state_not_advanced", "clef"),  # decode only: the prompt's first tokens still match
         ("gated_norm_no_gate", "vllm"),
+        ("conv_key_band_zero", "mistralrs"),  # ids read from top_logprobs[0].token
     ],
 )
 def test_a_serving_engine_with_a_kernel_fault_fails_naming_prompt_and_position(
@@ -110,6 +114,10 @@ def _near_tie_goldens(goldens: Path, out: Path) -> tuple[str, int, float]:
     pos = min(range(len(margins)), key=margins.__getitem__)
     prompt["ids"][pos] = prompt["topIds"][pos][1]
     prompt["logprobs"][pos] = prompt["topLogprobs"][pos][1]
+    # Nothing after the swap: the golden's later tokens followed the other token, and the check
+    # now goes on from the golden's prefix (fewer ids than maxNewTokens is a valid golden).
+    for key in ("ids", "logprobs", "topIds", "topLogprobs", "topPieces"):
+        prompt[key] = prompt[key][: pos + 1]
     out.write_text(json.dumps(doc))
     return "hello", pos, margins[pos]
 
@@ -137,6 +145,94 @@ def test_a_near_tie_divergence_passes_and_is_reported(
             doctored, url, dialect, tmp_path, "--near-tie-margin", below
         )
     assert code == 1 and not compact["firstDivergence"]["nearTie"], full["summary"]
+
+
+class _Flipping(BaseHTTPRequestHandler):
+    """A fault-injecting engine in front of a healthy one: for a /v1/completions prompt of a
+    length in the server's `flips`, the token at that position becomes the engine's own
+    runner-up (vLLM's shape).  Everything else passes through."""
+
+    protocol_version = "HTTP/1.1"
+
+    def _relay(self, method: str) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0))) if method == "POST" else None
+        upstream = httpx.request(method, self.server.upstream + self.path, content=body, timeout=300)  # type: ignore[attr-defined]
+        data = upstream.content
+        if method == "POST" and self.path == "/v1/completions" and upstream.status_code == 200:
+            at = self.server.flips.get(len(json.loads(body or b"{}")["prompt"]))  # type: ignore[attr-defined]
+            if at is not None:
+                answer = upstream.json()
+                _flip(answer["choices"][0], at)
+                data = json.dumps(answer).encode()
+        self.send_response(upstream.status_code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        self._relay("GET")
+
+    def do_POST(self) -> None:
+        self._relay("POST")
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def _flip(choice: dict, at: int) -> None:
+    logprobs = choice["logprobs"]
+    key, lp = sorted(logprobs["top_logprobs"][at].items(), key=lambda kv: -kv[1])[1]
+    choice["token_ids"][at] = int(key.removeprefix("token_id:"))
+    logprobs["tokens"][at], logprobs["token_logprobs"][at] = key, lp
+
+
+@contextmanager
+def _flipping(upstream: str, flips: dict[int, int]) -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Flipping)
+    server.upstream, server.flips = upstream, flips  # type: ignore[attr-defined]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_fault_past_a_near_tie_is_judged_from_the_golden_prefix(
+    made: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Issue 38, item 2: an engine that flips to its runner-up at the golden's nearest tie passes
+    it, is asked again from the golden's prefix, and the rest of the prompt is still judged: a
+    second flip at a decisive position fails, where the check used to stop at the near-tie."""
+    ckpt, goldens = made
+    hello = next(p for p in json.loads(goldens.read_text())["prompts"] if p["name"] == "hello")
+    margins = [lps[0] - lps[1] for lps in hello["topLogprobs"]]
+    tie = min(range(len(margins) - 1), key=margins.__getitem__)
+    decisive = max(range(tie + 1, len(margins)), key=margins.__getitem__)
+    assert margins[tie] <= 0.5 < margins[decisive], margins  # the tiny model has both
+    length = len(hello["promptIds"])
+    with served(ckpt, tmp_path, "--dialect", "vllm") as (url, _):
+        with _flipping(url, {length: tie}) as flipping:
+            code, full, compact, err = endpoint_check(
+                goldens, flipping, "vllm", tmp_path, "--prompt", "hello"
+            )
+        assert code == 0, f"{full['summary']}\n{err[-2000:]}"
+        (result,) = full["prompts"]
+        assert result["status"] == "near-tie" and result["continued"] == 1
+        assert [n["position"] for n in result["nearTies"]] == [tie]
+        assert result["matched"] == len(hello["ids"]) - 1  # every position but the flip judged equal
+        again = {length: tie, length + tie + 1: decisive - tie - 1}  # the continuation flips too
+        with _flipping(url, again) as flipping:
+            code, full, compact, err = endpoint_check(
+                goldens, flipping, "vllm", tmp_path, "--prompt", "hello"
+            )
+    assert code == 1, f"{full['summary']}\n{err[-2000:]}"
+    first = compact["firstDivergence"]
+    assert first["position"] == decisive and not first["nearTie"] and first["goldenMargin"] > 0.5
+    assert "judged past 1 near-tie" in compact["summary"]
+    _compact_ok(compact)
 
 
 @pytest.mark.parametrize("dialect", ["clef", "candle-vllm"])
@@ -175,7 +271,8 @@ class _Broken(BaseHTTPRequestHandler):
         self._send(200, b'{"object": "list", "data": [{"id": "m"}]}')
 
     def do_POST(self) -> None:
-        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.server.bodies.append(json.loads(body))  # type: ignore[attr-defined]
         mode = self.server.mode  # type: ignore[attr-defined]
         if mode == "garbage":
             self._send(200, b'{"choices": [{"message": ')
@@ -197,6 +294,7 @@ class _Broken(BaseHTTPRequestHandler):
 @pytest.fixture
 def broken() -> Iterator[tuple[ThreadingHTTPServer, str]]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Broken)
+    server.bodies = []  # type: ignore[attr-defined]
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield server, f"http://127.0.0.1:{server.server_address[1]}"
@@ -210,8 +308,6 @@ def broken() -> Iterator[tuple[ThreadingHTTPServer, str]]:
         ("garbage", "not JSON"),
         ("shape", "unexpected response shape"),
         ("slow", "timed out"),
-        ("drop", "POST /v1/chat/completions"),
-        ("500", "HTTP 500"),
     ],
 )
 def test_an_engine_that_answers_badly_cannot_be_judged(
@@ -222,6 +318,80 @@ def test_an_engine_that_answers_badly_cannot_be_judged(
     code, _, compact, _ = endpoint_check(made[1], url, "candle-vllm", tmp_path, "--timeout", "1")
     assert code == 2 and compact["verdict"] == "error" and says in compact["error"], compact
     _compact_ok(compact)
+
+
+@pytest.mark.parametrize(
+    ("mode", "says"),
+    [
+        ("500", "HTTP 500: CUDA error: an illegal memory access"),
+        ("drop", "POST /v1/chat/completions: the connection was lost"),
+    ],
+)
+def test_an_engine_that_fails_a_prompt_is_an_engine_error(
+    made: tuple[Path, Path], tmp_path: Path, broken: tuple[ThreadingHTTPServer, str], mode: str, says: str
+) -> None:
+    """Issue 38, item 5: an HTTP 5xx or a connection lost mid-answer is the engine's own failure:
+    exit 3, `engineError` naming the first prompt asked and the engine's words."""
+    server, url = broken
+    server.mode = mode  # type: ignore[attr-defined]
+    code, full, compact, _ = endpoint_check(made[1], url, "candle-vllm", tmp_path, "--timeout", "5")
+    assert code == 3 and compact["verdict"] == "error", compact
+    assert compact["engineError"]["prompt"] == "hello" and says in compact["engineError"]["message"]
+    assert "engine error: the engine failed prompt hello" in compact["summary"]
+    assert full["engineError"] == compact["engineError"] and full["exitCode"] == 3
+    _compact_ok(compact)
+
+
+NEUTRAL = {
+    "repetition_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "top_k": -1,
+    "top_p": 1.0,
+    "min_p": 0.0,
+}
+
+
+@pytest.mark.parametrize("dialect", ["clef", "vllm", "candle-vllm"])
+def test_every_dialect_sends_neutral_sampling_and_the_report_says_what_was_sent(
+    made: tuple[Path, Path], tmp_path: Path, broken: tuple[ThreadingHTTPServer, str], dialect: str
+) -> None:
+    """Issue 38, item 3: engines fill a missing field from generation_config.json (vLLM applies its
+    penalties even at temperature 0), so every field the engine reads goes out neutral, and a seed
+    where the engine takes one; the report's `sampling` is exactly what the engine received."""
+    server, url = broken
+    server.mode = "500"  # type: ignore[attr-defined]
+    _, full, _, _ = endpoint_check(made[1], url, dialect, tmp_path)
+    (body,) = server.bodies  # type: ignore[attr-defined]
+    sent = {k: body[k] for k in full["sampling"]}
+    assert sent == full["sampling"] and full["sampling"]["temperature"] == 0
+    expected = dict(NEUTRAL)
+    if dialect == "candle-vllm":  # no repetition_penalty field, no per-request seed
+        del expected["repetition_penalty"]
+        assert "seed" not in body
+    else:
+        expected["seed"] = 0
+    assert {k: body.get(k) for k in expected} == expected, body
+
+
+@pytest.mark.parametrize(
+    ("dialect", "says"),
+    [
+        ("vllm", "HTTP 422"),  # mistral.rs takes no token-id prompt
+        ("clef", "HTTP 422"),  # the token-id prompt comes first
+        ("candle-vllm", "not a token id"),  # content[].token is the text piece
+    ],
+)
+def test_mistralrs_cannot_be_asked_in_another_dialect(
+    made: tuple[Path, Path], tmp_path: Path, dialect: str, says: str
+) -> None:
+    """Issue 38, item 6: what happened against real mistral.rs 0.8.1 before its dialect existed:
+    every other dialect exits 2, never a verdict read by guesswork."""
+    ckpt, goldens = made
+    with served(ckpt, tmp_path, "--dialect", "mistralrs") as (url, _):
+        code, _, compact, _ = endpoint_check(goldens, url, dialect, tmp_path)
+    assert code == 2 and compact["verdict"] == "error", compact
+    assert says in compact["error"], compact["error"]
 
 
 def test_an_engine_that_is_not_there_cannot_be_judged(made: tuple[Path, Path], tmp_path: Path) -> None:

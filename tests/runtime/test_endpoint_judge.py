@@ -4,10 +4,12 @@ capped answers, one-sided top-k membership, prompt-length disagreement)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from clef_runtime.endpoint.dialects import Answer
-from clef_runtime.endpoint.judge import CannotJudge, Thresholds, judge, percentile
+from clef_runtime.endpoint.judge import CannotJudge, Thresholds, continuation, judge, merged, percentile
 from clef_runtime.goldens.schema import GoldenPrompt, PromptSpec
 
 STOP = 9
@@ -113,4 +115,43 @@ def test_percentile_is_nearest_rank() -> None:
         percentile(values, 0.99) == 99.0
         and percentile(values, 1.0) == 100.0
         and percentile([3.0], 0.99) == 3.0
+    )
+
+
+# Issue 38, item 2: judged past a near-tie from the golden's prefix; no flip forgiven at a decisive
+# position.
+
+
+def test_a_continuation_asks_from_the_golden_prefix_as_token_ids() -> None:
+    g = golden([5, 6, 7, 8])
+    rest = continuation(g, 1)
+    assert rest is not None and rest.spec.kind == "tokens" and rest.name == "p"
+    assert rest.spec.prompt_ids == (1, 2, 3, 5, 6) and rest.spec.max_new_tokens == 2
+    assert rest.ids == (7, 8) and rest.top_ids == g.top_ids[2:] and rest.logprobs == g.logprobs[2:]
+    assert continuation(g, 3) is None  # nothing left after the last position
+
+
+def test_a_fault_past_a_near_tie_is_caught_once_continued() -> None:
+    g = golden([5, 6, 7, 8])
+    head = run(g, answer([5, STOP, 1, 1]))  # a flip to the runner-up at a 0.3-nat margin
+    assert head.status == "near-tie" and [d.position for d in head.near_ties] == [1]
+    rest = continuation(g, 1)
+    assert rest is not None
+    tail = run(rest, answer([7, 101], prompt=5))  # then a token 0.9 nats below the golden's
+    whole = merged(head, tail, 2)
+    assert whole.status == "diverged" and whole.divergence is not None
+    assert whole.divergence.position == 3 and whole.divergence.got_id == 101 and not whole.divergence.near_tie
+    assert whole.matched == 2 and whole.continued == 1 and [d.position for d in whole.near_ties] == [1]
+    clean = merged(head, run(rest, answer([7, 8], prompt=5)), 2)
+    assert clean.status == "near-tie" and clean.matched == 3 and clean.divergence == head.divergence
+
+
+def test_a_runner_up_at_a_decisive_position_fails_with_placeholder_logprobs() -> None:
+    g = golden([5, 6, 7])
+    decisive = replace(g, top_logprobs=tuple((-0.1, -2.1, -3.0, -4.0, -5.0) for _ in g.ids))
+    r = run(decisive, answer([5, STOP, 7]))  # the runner-up, 2 nats below: ids alone judged
+    assert (
+        r.status == "diverged"
+        and r.divergence is not None
+        and r.divergence.golden_margin == pytest.approx(2.0)
     )

@@ -10,17 +10,19 @@ from pathlib import Path
 
 import pytest
 from chat_checkpoint import (
+    OTHER_TEMPLATE,
     TEMPLATE,
     TEST_PROMPTS,
     clean_env,
     clef_runtime,
     session_goldens,
+    variant,
     write_chat_checkpoint,
 )
 
-from clef_runtime.chat import ChatTokenizer
+from clef_runtime.chat import CANDLE_VLLM, GOLDENS, HF, ChatTokenizer
 from clef_runtime.goldens.make import checkpoint_digest
-from clef_runtime.goldens.prompts import builtin_prompts
+from clef_runtime.goldens.prompts import builtin_prompts, chat_spec, parse_user_prompts
 from clef_runtime.goldens.schema import MIN_TOP_K, GoldensError, parse_goldens, read_goldens
 
 
@@ -147,3 +149,56 @@ def test_goldens_without_a_tokenizer_cannot_run(tmp_path: Path, made: tuple[Path
         "goldens", "--checkpoint", str(ckpt), "--out", str(tmp_path / "g.json"), "--device", "cpu"
     )
     assert proc.returncode == 2 and "tokenizer.json" in json.loads(proc.stdout)["error"]
+
+
+# Goldens render a prompt as every engine will, or refuse it (issue 38, item 4): candle-vllm
+# trims message content, takes tokenizer_config.json's template first, adds special tokens when
+# encoding and stops at config.json's eos ids.
+
+
+@pytest.mark.parametrize("text", [" Name the planets.", "Name the planets.\n", "Name the planets.\u3000"])
+def test_a_prompt_with_whitespace_at_an_end_is_refused_naming_the_field(
+    tok: ChatTokenizer, text: str
+) -> None:
+    prompts = json.dumps({"prompts": [{"name": "ok", "text": "a  b"}, {"name": "padded", "text": text}]})
+    with pytest.raises(
+        GoldensError, match=r"prompts\[1\]\.text: leading or trailing whitespace .*candle-vllm trims"
+    ):
+        parse_user_prompts(prompts, "p.json", tok)
+
+
+def test_two_different_chat_templates_are_refused_at_goldens_time(
+    made: tuple[Path, Path], tmp_path: Path
+) -> None:
+    both = variant(made[0], tmp_path / "ckpt", jinja=OTHER_TEMPLATE)
+    proc = clef_runtime(
+        "goldens", "--checkpoint", str(both), "--out", str(tmp_path / "g.json"), "--device", "cpu",
+        "--no-builtin", "--prompts-json", json.dumps(TEST_PROMPTS),
+    )  # fmt: skip
+    error = json.loads(proc.stdout)["error"]
+    assert (
+        proc.returncode == 2
+        and "chat_template.jinja and tokenizer_config.json's chat_template differ" in error
+    )
+    assert not (tmp_path / "g.json").exists()
+    same = variant(made[0], tmp_path / "same", jinja=TEMPLATE)  # the same template twice is fine
+    assert (
+        ChatTokenizer.from_dir(same, rendering=CANDLE_VLLM).template == ChatTokenizer.from_dir(same).template
+    )
+
+
+def test_a_tokenizer_that_adds_special_tokens_is_refused(made: tuple[Path, Path], tmp_path: Path) -> None:
+    bos = ChatTokenizer.from_dir(variant(made[0], tmp_path / "ckpt", bos=True), rendering=GOLDENS)
+    with pytest.raises(GoldensError, match=r"prompts\[0\]\.text: the tokenizer adds special tokens"):
+        chat_spec(bos, "hello", "Name the planets.", 4, field="prompts[0].text")
+
+
+def test_goldens_stop_where_any_engine_stops(made: tuple[Path, Path], tmp_path: Path) -> None:
+    """candle-vllm stops at config.json's eos ids, vLLM at generation_config.json's: goldens stop at
+    both, so no engine stops before a golden does (one that stops later is compared up to the
+    golden's end)."""
+    ckpt = variant(made[0], tmp_path / "ckpt", eos=7)
+    im_end = ChatTokenizer.from_dir(ckpt).stop_ids[0]
+    assert ChatTokenizer.from_dir(ckpt, rendering=HF).stop_ids == (im_end,)
+    assert ChatTokenizer.from_dir(ckpt, rendering=CANDLE_VLLM).stop_ids == tuple(sorted({7, im_end}))
+    assert ChatTokenizer.from_dir(ckpt, rendering=GOLDENS).stop_ids == tuple(sorted({7, im_end}))

@@ -195,8 +195,13 @@ def test_invalid(message, words):
 
 
 def test_exit_codes() -> None:
-    assert [(c.name, int(c)) for c in ExitCode] == [("PASS", 0), ("MISMATCH", 1), ("COULD_NOT_RUN", 2)]
-    assert [ExitCode.for_verdict(v) for v in ("pass", "fail", "error")] == list(ExitCode)
+    assert [(c.name, int(c)) for c in ExitCode] == [
+        ("PASS", 0),
+        ("MISMATCH", 1),
+        ("COULD_NOT_RUN", 2),
+        ("ENGINE_FAILED", 3),  # endpoint-check only: not a verdict of verify's
+    ]
+    assert [ExitCode.for_verdict(v) for v in ("pass", "fail", "error")] == list(ExitCode)[:3]
 
 
 def test_the_operator_api_offers_the_suites_and_dtypes_verify_accepts() -> None:

@@ -1,4 +1,4 @@
-"""The compact endpoint report (`endpoint-report/v2`): what endpoint-check leaves in the termination
+"""The compact endpoint report (`endpoint-report/v3`): what endpoint-check leaves in the termination
 log for the operator.  Same family as verify's: bounded, shrunk rather than cut, parsed strictly."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from clef_contract.endpoint import (
     ENDPOINT_SCHEMA_VERSION,
     Divergence,
     EndpointReport,
+    EngineFailure,
     build_endpoint_report,
     parse_endpoint_report,
 )
@@ -130,4 +131,39 @@ def test_a_v1_report_without_the_goldens_digest_is_refused() -> None:
     del doc["goldensSha256"]
     doc["schemaVersion"] = "clef.riotpiao.com/endpoint-report/v1"
     with pytest.raises(ReportInvalid, match="lacks goldensSha256"):
+        parse_endpoint_report(json.dumps(doc))
+
+
+ENGINE_DIED = replace(
+    FAILED,
+    compact=replace(FAILED.compact, verdict="error", failing=(), error="the engine failed prompt tokens-1"),
+    first_divergence=None,
+    engine_error=EngineFailure("tokens-1", "POST /v1/completions: HTTP 500: " + "x" * 5000),
+)
+
+
+def test_an_engine_error_names_the_prompt_and_a_bounded_message() -> None:
+    """Issue 38, item 5: the engine's own failure travels as its own field."""
+    text = build_endpoint_report(ENGINE_DIED)
+    assert len(text.encode()) <= MAX_REPORT_BYTES
+    parsed = parse_endpoint_report(text)
+    assert parsed.engine_error is not None and parsed.engine_error.prompt == "tokens-1"
+    assert parsed.engine_error.message.startswith("POST /v1/completions: HTTP 500: x")
+    assert parse_endpoint_report(build_endpoint_report(FAILED)).engine_error is None
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda d: d.pop("engineError"), "lacks engineError"),
+        (lambda d: d.__setitem__("engineError", "HTTP 500"), "engineError must be null or an object"),
+        (lambda d: d["engineError"].pop("message"), "exactly prompt, message"),
+        (lambda d: d["engineError"].__setitem__("prompt", ""), "non-empty"),
+        (lambda d: d.update(verdict="pass", error=None), "says pass but names an engineError"),
+    ],
+)
+def test_the_parser_refuses_a_malformed_engine_error(edit, message: str) -> None:
+    doc = json.loads(build_endpoint_report(ENGINE_DIED))
+    edit(doc)
+    with pytest.raises(ReportInvalid, match=message):
         parse_endpoint_report(json.dumps(doc))

@@ -67,7 +67,11 @@ SIGNED = "sha256:" + hashlib.sha256(FILE).hexdigest()  # what the goldens Job's 
 
 
 def endpoint_message(
-    verdict: str = "pass", error: str | None = None, divergence: Any = None, goldens: str | None = SIGNED
+    verdict: str = "pass",
+    error: str | None = None,
+    divergence: Any = None,
+    goldens: str | None = SIGNED,
+    engine_error: dict[str, str] | None = None,
 ) -> str:
     return json.dumps(
         {
@@ -88,6 +92,7 @@ def endpoint_message(
             "logprobs": "placeholder",
             "firstDivergence": divergence,
             "goldensSha256": goldens,
+            "engineError": engine_error,
         }
     )
 
@@ -315,6 +320,25 @@ def test_a_comparison_that_could_not_judge_is_never_a_pass(message: str, reason:
     w.finish_job(check_job(w), exit_code=2, message=message, image=RUNTIME)
     w.step()
     assert w.condition("Verified")[:2] == ("False", reason)
+    assert w.deployments[f"clef-flash-{rev}"].replicas == 0
+    assert w.service is None
+
+
+def test_an_engine_that_fails_a_prompt_is_an_engine_error_naming_prompt_and_message() -> None:
+    """Issue 38, item 5: an HTTP 5xx or a crash mid-answer is the engine's failure, its own reason,
+    neither a numeric mismatch nor a check that could not run."""
+    w = World(endpoint_spec())
+    rev = to_comparison(w)
+    said = {"prompt": "tokens-1", "message": "POST /v1/completions: HTTP 500: expect x to be transposed"}
+    message = endpoint_message(
+        "error", error="the engine failed prompt tokens-1: HTTP 500", engine_error=said
+    )
+    w.finish_job(check_job(w), exit_code=3, message=message, image=RUNTIME)
+    w.step()
+    status, reason, text = w.condition("Verified")
+    assert (status, reason) == ("False", Reason.ENGINE_ERROR)
+    assert "prompt tokens-1" in text and "expect x to be transposed" in text, text
+    assert w.condition("Degraded")[:2] == ("True", Reason.ENGINE_ERROR)
     assert w.deployments[f"clef-flash-{rev}"].replicas == 0
     assert w.service is None
 

@@ -1,7 +1,9 @@
 """`clef-runtime endpoint-check`: ask the serving engine the goldens' prompts, one at a time,
 greedily, and judge each answer (`judge`).  The first prompt that cannot be asked or judged
 (timeout, refused connection, an answer that is not the dialect's shape, another template) ends
-the run with exit 2; divergences are collected over all prompts.
+the run with exit 2; an engine that fails a prompt (HTTP 5xx, the connection lost while it
+answers) ends it with exit 3, naming the prompt and the engine's message; divergences are
+collected over all prompts.
 
 Needs neither torch nor a GPU: the comparison Job is CPU-only.
 """
@@ -17,10 +19,25 @@ from typing import TextIO
 
 import httpx
 
-from clef_contract.endpoint import SHA256_RE
+from clef_contract.endpoint import SHA256_RE, EngineFailure
 from clef_runtime import __version__
-from clef_runtime.endpoint.dialects import EngineError, dialect, served_model
-from clef_runtime.endpoint.judge import CannotJudge, PromptResult, Thresholds, judge
+from clef_runtime.endpoint.dialects import (
+    Answer,
+    Dialect,
+    EngineError,
+    EngineFailed,
+    ask_ids,
+    dialect,
+    served_model,
+)
+from clef_runtime.endpoint.judge import (
+    CannotJudge,
+    PromptResult,
+    Thresholds,
+    continuation,
+    judge,
+    merged,
+)
 from clef_runtime.endpoint.report import EndpointRun
 from clef_runtime.goldens.schema import (
     GoldenPrompt,
@@ -89,11 +106,47 @@ class GoldensMismatch(GoldensError):
         self.digest = digest
 
 
+# The most times one prompt is asked again after near-ties (each flip costs a request).
+MAX_CONTINUATIONS = 8
+
+
+def _judged(
+    engine: Dialect,
+    client: httpx.Client,
+    run: EndpointRun,
+    prompt: GoldenPrompt,
+    answer: Answer,
+    goldens: Goldens,
+) -> PromptResult:
+    """The prompt judged to its end: after each near-tie the engine is asked again from the
+    golden's prefix (dialects that take token ids), so a fault past a flip is still seen."""
+
+    def judged(golden: GoldenPrompt, said: Answer) -> PromptResult:
+        return judge(
+            golden, said, run.thresholds, real_logprobs=engine.real_logprobs, stop_ids=goldens.stop_ids
+        )
+
+    result = segment = judged(prompt, answer)
+    while segment.status == "near-tie" and result.divergence is not None:
+        at = result.near_ties[-1].position
+        rest = continuation(prompt, at)
+        if rest is None:
+            break
+        if not engine.continues or result.continued >= MAX_CONTINUATIONS:
+            why = "chat-only dialect" if not engine.continues else f"{MAX_CONTINUATIONS} continuations"
+            result.note = f"not judged past the near-tie at position {at} ({why})"
+            break
+        segment = judged(rest, ask_ids(client, run.model, rest, goldens.top_k))
+        result = merged(result, segment, at + 1)
+    return result
+
+
 def _check(args: CheckArgs, run: EndpointRun) -> None:
     if not args.goldens or not args.url:
         raise GoldensError("--goldens and --url are required (or their environment variables)")
     engine = dialect(args.dialect)
     run.real_logprobs = engine.real_logprobs
+    run.sampling = dict(engine.sampling)
     run.thresholds = _thresholds(args)
     try:
         goldens, run.goldens_sha256 = load_goldens(args.goldens, args.goldens_sha256)
@@ -119,17 +172,14 @@ def _check(args: CheckArgs, run: EndpointRun) -> None:
                 )
                 continue
             started = time.perf_counter()
-            answer = engine.ask(client, run.model, prompt, goldens.top_k)
+            try:
+                answer = engine.ask(client, run.model, prompt, goldens.top_k)
+                result = _judged(engine, client, run, prompt, answer, goldens)
+            except EngineFailed as exc:  # the engine failed this prompt: its own verdict, and the end
+                run.engine_error = EngineFailure(prompt.name, str(exc))
+                return
             run.durations[prompt.name] = round(time.perf_counter() - started, 3)
-            run.results.append(
-                judge(
-                    prompt,
-                    answer,
-                    run.thresholds,
-                    real_logprobs=engine.real_logprobs,
-                    stop_ids=goldens.stop_ids,
-                )
-            )
+            run.results.append(result)
 
 
 def emit(run: EndpointRun, out: TextIO, full_path: str | None, termination_log: str) -> None:

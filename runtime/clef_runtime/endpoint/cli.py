@@ -19,7 +19,7 @@ from clef_contract.endpoint import (
 
 T = TypeVar("T")
 ENDPOINT_COMMANDS = ("goldens", "serve", "endpoint-check")
-SERVE_DIALECTS = ("openai", "vllm", "candle-vllm")
+SERVE_DIALECTS = ("openai", "vllm", "candle-vllm", "mistralrs")
 OPSETS = ("triton", "reference")
 
 

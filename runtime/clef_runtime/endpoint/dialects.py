@@ -11,13 +11,18 @@
   report says so), ``thinking: false``, ``logprobs: true``; ``token`` is the integer id,
   ``logprob`` a placeholder 0.0 and ``top_logprobs`` empty, so ids alone are judged; the prompt
   length comes from ``usage.prompt_tokens``.
+* ``mistralrs`` (mistral.rs 0.8.1): chat only, ``enable_thinking: false``, ``logprobs: true``,
+  ``top_logprobs: 1``; the id is ``top_logprobs[0].token`` (``content[].token`` is the text piece)
+  and every logprob value is a placeholder, so ids alone are judged.
 
-Every request is ``temperature: 0`` and asks for the golden's number of new tokens.  A response
+Every request is greedy with neutral sampling (`VLLM_SAMPLING`, `CANDLE_SAMPLING`: no penalties, no
+top-k/top-p cut, a seed where the engine takes one) and asks for the golden's number of new tokens.  A response
 that is not the expected shape raises `EngineError` (exit 2), never a guess.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -29,6 +34,11 @@ from clef_runtime.goldens.schema import GoldenPrompt
 
 class EngineError(Exception):
     """The engine could not be asked or its answer could not be read (exit 2)."""
+
+
+class EngineFailed(EngineError):
+    """The engine itself failed the request: an HTTP 5xx answer, or the connection lost while it
+    was answering (a crash).  Its own verdict (exit 3, `EngineError`), not a numeric mismatch."""
 
 
 @dataclass(frozen=True)
@@ -171,6 +181,22 @@ def _candle_answer(body: Any) -> Answer:
     return Answer(ids, None, None, pieces, _prompt_tokens(body), None, _finish(choice))
 
 
+def _mistralrs_answer(body: Any) -> Answer:
+    """mistral.rs 0.8.1's chat shape: ``content[i].token`` is the text piece, the integer id sits in
+    ``content[i].top_logprobs[0].token`` (its text in ``bytes``), and no ``logprob`` value is a
+    log-probability (positive, about 1.3-1.4): placeholders, ids alone judged."""
+    choice = _get(body, "choices", 0)
+    content = _get(choice, "logprobs", "content")
+    if not isinstance(content, list):
+        raise EngineError("unexpected response shape: logprobs.content is not a list")
+    ids = tuple(
+        _id(_get(e, "top_logprobs", 0, "token"), f"logprobs.content[{i}].top_logprobs[0].token")
+        for i, e in enumerate(content)
+    )
+    pieces = tuple(e.get("token") if isinstance(e.get("token"), str) else "" for e in content)
+    return Answer(ids, None, None, pieces, _prompt_tokens(body), None, _finish(choice))
+
+
 # ---------------------------------------------------------------------------------- asking
 
 
@@ -180,12 +206,36 @@ def post(client: httpx.Client, path: str, body: dict[str, Any]) -> Any:
         response = client.post(path, json=body)
     except httpx.TimeoutException as exc:
         raise EngineError(f"POST {path}: timed out ({type(exc).__name__})") from None
+    except httpx.ConnectError as exc:  # not reached at all: nothing was asked
+        raise EngineError(f"POST {path}: {type(exc).__name__}: {exc}") from None
+    except httpx.TransportError as exc:  # reached, then lost while answering: the engine died
+        raise EngineFailed(f"POST {path}: the connection was lost: {type(exc).__name__}: {exc}") from None
     except httpx.HTTPError as exc:
         raise EngineError(f"POST {path}: {type(exc).__name__}: {exc}") from None
     return _json(response, f"POST {path}")
 
 
+def engine_message(text: str) -> str:
+    """The engine's own words from an error body: ``{"message": ...}`` (candle-vllm),
+    ``{"error": {"message": ...}}`` (OpenAI, vLLM), ``{"detail": ...}``, or the text itself."""
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return text.strip()[:500]
+    error = body.get("error") if isinstance(body, dict) else None
+    for said in (
+        body.get("message") if isinstance(body, dict) else None,
+        error.get("message") if isinstance(error, dict) else error,
+        body.get("detail") if isinstance(body, dict) else None,
+    ):
+        if isinstance(said, str) and said.strip():
+            return said.strip()[:500]
+    return text.strip()[:500]
+
+
 def _json(response: httpx.Response, what: str) -> Any:
+    if response.status_code >= 500:
+        raise EngineFailed(f"{what}: HTTP {response.status_code}: {engine_message(response.text)}")
     if response.status_code != 200:
         raise EngineError(f"{what}: HTTP {response.status_code}: {response.text[:300]!r}")
     try:
@@ -208,22 +258,56 @@ def served_model(client: httpx.Client) -> str:
 class Dialect(Protocol):
     name: str
     real_logprobs: bool
+    sampling: Mapping[str, Any]  # sent with every request, as it is
+    continues: bool  # takes token-id prompts: can be asked again from a golden prefix
 
     def supports(self, prompt: GoldenPrompt) -> bool: ...
 
     def ask(self, client: httpx.Client, model: str, prompt: GoldenPrompt, top_k: int) -> Answer: ...
 
 
-def _base(model: str, prompt: GoldenPrompt) -> dict[str, Any]:
-    return {"model": model, "max_tokens": prompt.spec.max_new_tokens, "temperature": 0}
+# Neutral sampling, sent with every request: greedy, and nothing that reshapes the logits before
+# the argmax.  Engines fill what a request leaves out from the checkpoint's generation_config.json
+# (vLLM applies its repetition/presence/frequency penalties even at temperature 0), so every field
+# an engine reads is sent at its neutral value, in that engine's own spelling; a seed where it
+# takes one.  The report records the dict sent (`sampling`).
+GREEDY: Mapping[str, Any] = {"temperature": 0}
+PENALTIES_OFF: Mapping[str, Any] = {"presence_penalty": 0.0, "frequency_penalty": 0.0}
+VLLM_SAMPLING: Mapping[str, Any] = {
+    **GREEDY,
+    **PENALTIES_OFF,
+    "repetition_penalty": 1.0,
+    "top_k": -1,  # vLLM: -1 disables (0 too since 0.7; -1 is accepted by every version)
+    "top_p": 1.0,
+    "min_p": 0.0,
+    "seed": 0,
+}
+# candle-vllm's ChatCompletionRequest (src/openai/requests.rs): presence/frequency penalties,
+# top_k (isize, -1 disables), top_p, min_p; no repetition_penalty field, no per-request seed.
+CANDLE_SAMPLING: Mapping[str, Any] = {**GREEDY, **PENALTIES_OFF, "top_k": -1, "top_p": 1.0, "min_p": 0.0}
+
+# mistral.rs 0.8.1's ChatCompletionRequest (mistralrs-server-core/src/openai.rs): presence and
+# frequency penalties, top_p, min_p and its DRY penalty (dry_multiplier 0 turns it off); top_k is
+# an unsigned Option (left out: no cut), no repetition_penalty field, no per-request seed.
+MISTRALRS_SAMPLING: Mapping[str, Any] = {
+    **GREEDY,
+    **PENALTIES_OFF,
+    "top_p": 1.0,
+    "min_p": 0.0,
+    "dry_multiplier": 0.0,
+}
+
+
+def _base(model: str, prompt: GoldenPrompt, sampling: Mapping[str, Any]) -> dict[str, Any]:
+    return {"model": model, "max_tokens": prompt.spec.max_new_tokens, **sampling}
 
 
 def _user(prompt: GoldenPrompt) -> list[dict[str, str]]:
     return [{"role": "user", "content": prompt.spec.text}]
 
 
-def _ask_ids(client: httpx.Client, model: str, prompt: GoldenPrompt, top_k: int) -> Answer:
-    body = _base(model, prompt) | {
+def ask_ids(client: httpx.Client, model: str, prompt: GoldenPrompt, top_k: int) -> Answer:
+    body = _base(model, prompt, VLLM_SAMPLING) | {
         "prompt": list(prompt.spec.prompt_ids),
         "logprobs": top_k,
         "return_token_ids": True,
@@ -235,12 +319,14 @@ def _ask_ids(client: httpx.Client, model: str, prompt: GoldenPrompt, top_k: int)
 class Vllm:
     name = "vllm"
     real_logprobs = True
+    sampling = VLLM_SAMPLING
+    continues = True
 
     def supports(self, prompt: GoldenPrompt) -> bool:
         return True
 
     def ask(self, client: httpx.Client, model: str, prompt: GoldenPrompt, top_k: int) -> Answer:
-        return _ask_ids(client, model, prompt, top_k)
+        return ask_ids(client, model, prompt, top_k)
 
 
 class Clef(Vllm):
@@ -250,8 +336,8 @@ class Clef(Vllm):
 
     def ask(self, client: httpx.Client, model: str, prompt: GoldenPrompt, top_k: int) -> Answer:
         if prompt.spec.kind == "tokens":
-            return _ask_ids(client, model, prompt, top_k)
-        body = _base(model, prompt) | {
+            return ask_ids(client, model, prompt, top_k)
+        body = _base(model, prompt, self.sampling) | {
             "messages": _user(prompt),
             "logprobs": True,
             "top_logprobs": top_k,
@@ -265,16 +351,44 @@ class Clef(Vllm):
 class CandleVllm:
     name = "candle-vllm"
     real_logprobs = False
+    sampling = CANDLE_SAMPLING
+    continues = False  # chat only: no raw prompt to continue from
 
     def supports(self, prompt: GoldenPrompt) -> bool:
         return prompt.spec.kind == "chat"
 
     def ask(self, client: httpx.Client, model: str, prompt: GoldenPrompt, top_k: int) -> Answer:
-        body = _base(model, prompt) | {"messages": _user(prompt), "logprobs": True, "thinking": False}
+        body = _base(model, prompt, self.sampling) | {
+            "messages": _user(prompt),
+            "logprobs": True,
+            "thinking": False,
+        }
         return _candle_answer(post(client, "/v1/chat/completions", body))
 
 
-DIALECTS: dict[str, Dialect] = {d.name: d for d in (Clef(), Vllm(), CandleVllm())}
+class Mistralrs:
+    """mistral.rs: chat only (a token-id prompt is refused with 422), ``enable_thinking: false``
+    at the top level, one top logprob per step to carry the id."""
+
+    name = "mistralrs"
+    real_logprobs = False
+    sampling = MISTRALRS_SAMPLING
+    continues = False  # a token-id prompt is refused with 422
+
+    def supports(self, prompt: GoldenPrompt) -> bool:
+        return prompt.spec.kind == "chat"
+
+    def ask(self, client: httpx.Client, model: str, prompt: GoldenPrompt, top_k: int) -> Answer:
+        body = _base(model, prompt, self.sampling) | {
+            "messages": _user(prompt),
+            "logprobs": True,
+            "top_logprobs": 1,
+            "enable_thinking": False,
+        }
+        return _mistralrs_answer(post(client, "/v1/chat/completions", body))
+
+
+DIALECTS: dict[str, Dialect] = {d.name: d for d in (Clef(), Vllm(), CandleVllm(), Mistralrs())}
 
 
 def dialect(name: str | None) -> Dialect:

@@ -5,8 +5,10 @@ differ, the answer may still be right if the golden itself nearly chose the engi
 engine's token is in the golden's top-k there and the golden's logprob margin between the two is
 at most `Thresholds.near_tie_margin`; with real engine logprobs, the golden's token must also be in
 the engine's top-k (mutual membership).  That is a *near-tie*; anything else is a *divergence*.
-Either way the prompt's comparison stops there: after one different token the two continuations
-legitimately differ.
+After a near-tie the two continuations legitimately differ, so the engine is asked again from the
+golden's prefix (the prompt and the golden's tokens through that position: `continuation`), where
+the dialect takes token ids, and the rest of the prompt is judged the same way (`merged`): a
+fault that shows only after a flip is still caught.  A divergence ends the prompt.
 
 A prompt length other than the golden's, or engine-side ids of the prompt other than the golden's,
 is a template or tokenizer mismatch: `CannotJudge` (exit 2), since the engine was not asked the
@@ -16,11 +18,11 @@ golden's question.  An engine that stops early without a stop token cannot be ju
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from clef_contract.endpoint import Divergence
 from clef_runtime.endpoint.dialects import Answer, first_difference
-from clef_runtime.goldens.schema import GoldenPrompt
+from clef_runtime.goldens.schema import GoldenPrompt, PromptSpec
 
 # Why these numbers: docs/verification.md, "Endpoint verification".
 NEAR_TIE_MARGIN = 0.5  # nats
@@ -50,6 +52,8 @@ class PromptResult:
     divergence: Divergence | None = None
     logprob_deltas: list[float] = field(default_factory=list)
     note: str = ""
+    near_ties: list[Divergence] = field(default_factory=list)  # every near-tie passed, in order
+    continued: int = 0  # times the engine was asked again from the golden's prefix
 
     def to_json(self) -> dict[str, object]:
         d = self.divergence
@@ -71,6 +75,8 @@ class PromptResult:
                 "nearTie": d.near_tie,
             },
             "maxLogprobDelta": round(max(self.logprob_deltas), 6) if self.logprob_deltas else None,
+            "nearTies": [{"position": n.position, "goldenMargin": n.golden_margin} for n in self.near_ties],
+            "continued": self.continued,
             "note": self.note,
         }
 
@@ -156,6 +162,8 @@ def judge(
         golden_margin=margin,
         near_tie=near_tie,
     )
+    if near_tie:
+        result.near_ties.append(result.divergence)
     if margin is None:
         result.note = f"the engine's token is not in the golden's top-{len(golden.top_ids[position])}"
     elif not mutual:
@@ -163,6 +171,52 @@ def judge(
     elif not near_tie:
         result.note = f"golden margin {margin:.3g} nats > {thresholds.near_tie_margin:g}"
     return result
+
+
+def continuation(golden: GoldenPrompt, position: int) -> GoldenPrompt | None:
+    """The golden from just after `position`, asked as token ids: the prompt followed by the
+    golden's tokens through `position`.  None when nothing is left to judge."""
+    rest = slice(position + 1, None)
+    if not golden.ids[rest]:
+        return None
+    spec = PromptSpec(
+        golden.name,
+        "tokens",
+        "",
+        golden.spec.prompt_ids + golden.ids[: position + 1],
+        len(golden.ids) - position - 1,
+    )
+    return GoldenPrompt(
+        spec,
+        golden.ids[rest],
+        golden.logprobs[rest],
+        golden.top_ids[rest],
+        golden.top_logprobs[rest],
+        golden.top_pieces[rest],
+        golden.finish_reason,
+    )
+
+
+def merged(head: PromptResult, tail: PromptResult, offset: int) -> PromptResult:
+    """`head` (ending at a near-tie) followed by `tail`, the judgement of its continuation from
+    the golden's prefix (`offset`: the continuation's first position in the whole answer)."""
+
+    def shifted(d: Divergence) -> Divergence:
+        return replace(d, position=d.position + offset)
+
+    divergence = (
+        shifted(tail.divergence) if tail.status == "diverged" and tail.divergence else head.divergence
+    )
+    return replace(
+        head,
+        status="diverged" if tail.status == "diverged" else "near-tie",
+        matched=head.matched + tail.matched,
+        divergence=divergence,
+        logprob_deltas=head.logprob_deltas + tail.logprob_deltas,
+        note=tail.note if tail.status == "diverged" else head.note,
+        near_ties=head.near_ties + [shifted(d) for d in tail.near_ties],
+        continued=head.continued + 1,
+    )
 
 
 def percentile(values: Sequence[float], q: float) -> float:

@@ -7,7 +7,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from clef_contract.command import ExitCode
-from clef_contract.endpoint import ENDPOINT_SCHEMA_VERSION, ENDPOINT_SUITE, Divergence, EndpointReport
+from clef_contract.endpoint import (
+    ENDPOINT_SCHEMA_VERSION,
+    ENDPOINT_SUITE,
+    Divergence,
+    EndpointReport,
+    EngineFailure,
+)
 from clef_contract.endpoint import build_endpoint_report as build
 from clef_contract.report import CompactReport, FailingEntry, Verdict, clip
 from clef_runtime.endpoint.judge import PromptResult, Thresholds, percentile
@@ -36,9 +42,11 @@ class EndpointRun:
     model: str = ""
     dtype: str = ""
     goldens: dict[str, Any] = field(default_factory=dict)
+    sampling: dict[str, Any] = field(default_factory=dict)  # sent with every request, as sent
     goldens_sha256: str | None = None  # what the goldens read hash to (None: none were read)
     results: list[PromptResult] = field(default_factory=list)
     error: str | None = None
+    engine_error: EngineFailure | None = None  # the engine failed a prompt (exit 3)
     durations: dict[str, float] = field(default_factory=dict)
 
     # ---- what was seen ------------------------------------------------------------------
@@ -102,10 +110,15 @@ class EndpointRun:
     def error_text(self) -> str | None:
         if self.error is not None:
             return self.error
+        if self.engine_error is not None:
+            e = self.engine_error
+            return f"the engine failed prompt {e.prompt}: {e.message}"
         return None if self.compared else "no prompt could be asked in this dialect: nothing was compared"
 
     @property
     def exit_code(self) -> int:
+        if self.error is None and self.engine_error is not None:
+            return int(ExitCode.ENGINE_FAILED)
         return int(ExitCode.for_verdict(self.verdict))
 
     def first_divergence(self) -> Divergence | None:
@@ -114,6 +127,8 @@ class EndpointRun:
         return (hard or divergences)[0] if divergences else None
 
     def summary(self) -> str:
+        if self.error is None and self.engine_error is not None:
+            return f"engine error: {self.error_text}"
         if self.error_text is not None:
             return f"could not run: {self.error_text}"
         parts = []
@@ -126,6 +141,11 @@ class EndpointRun:
         near = sum(r.status == "near-tie" for r in compared)
         if near:
             parts.append(f"{near} near-tie{'s' if near > 1 else ''}")
+        continued = sum(r.continued for r in compared)
+        if continued:
+            parts.append(
+                f"judged past {continued} near-tie{'s' if continued > 1 else ''} from the golden prefix"
+            )
         parts.append(
             f"tokens {sum(r.matched for r in compared)}/{sum(r.golden_tokens for r in compared)} equal"
         )
@@ -154,6 +174,7 @@ class EndpointRun:
             "dtype": self.dtype,
             "runtimeVersion": self.runtime_version,
             "logprobs": "compared" if self.real_logprobs else "placeholder",
+            "sampling": self.sampling,
             "thresholds": {
                 "nearTieMargin": t.near_tie_margin,
                 "maxNearTies": self.max_near_ties,
@@ -164,6 +185,9 @@ class EndpointRun:
             "goldens": self.goldens,
             "goldensSha256": self.goldens_sha256,
             "error": self.error_text,
+            "engineError": None
+            if self.engine_error is None
+            else {"prompt": self.engine_error.prompt, "message": self.engine_error.message},
             "failing": [{"name": f.name, "op": f.op, "detail": f.detail} for f in self.failing()],
             "durations": self.durations,
             "prompts": [r.to_json() for r in self.results],
@@ -186,5 +210,6 @@ class EndpointRun:
                 logprobs="compared" if self.real_logprobs else "placeholder",
                 first_divergence=self.first_divergence(),
                 goldens_sha256=self.goldens_sha256,
+                engine_error=self.engine_error if self.error is None else None,
             )
         )

@@ -26,10 +26,16 @@ from typing import TYPE_CHECKING, Any, TextIO
 from clef_contract.command import ExitCode
 from clef_contract.goldens import PROVENANCE_KEYS, STDOUT, GoldensReport, build_goldens_report
 from clef_runtime import __version__
-from clef_runtime.chat import ChatError, ChatTokenizer, checkpoint_text_files
+from clef_runtime.chat import GOLDENS, ChatError, ChatTokenizer, checkpoint_text_files, tokenizer_config
 from clef_runtime.dtypes import NAMES
 from clef_runtime.endpoint.cli import OPSETS
-from clef_runtime.goldens.prompts import builtin_prompts, check_prompts, parse_user_prompts, user_prompts
+from clef_runtime.goldens.prompts import (
+    builtin_prompts,
+    check_prompts,
+    check_templates,
+    parse_user_prompts,
+    user_prompts,
+)
 from clef_runtime.goldens.schema import (
     GoldenPrompt,
     Goldens,
@@ -163,7 +169,8 @@ def make_goldens(args: GoldensArgs, summary: dict[str, Any]) -> Goldens:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     config = ModelConfig.from_json(ckpt)
-    tok = ChatTokenizer.from_dir(ckpt)
+    tok = ChatTokenizer.from_dir(ckpt, rendering=GOLDENS)
+    check_templates(ckpt, tokenizer_config(ckpt))
     specs = _specs(args, tok)
     check_prompts(specs, config.vocab_size, config.max_position_embeddings)
     durations: dict[str, float] = {}

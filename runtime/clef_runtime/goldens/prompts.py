@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from clef_runtime.chat import ChatTokenizer
+from clef_runtime.chat import ChatTokenizer, rust_trim, templates
 from clef_runtime.goldens.schema import GoldensError, PromptSpec
 
 DEFAULT_NEW_TOKENS = 64
@@ -87,9 +87,38 @@ def builtin_prompts(tok: ChatTokenizer, *, long: bool = True) -> list[PromptSpec
     return specs
 
 
-def chat_spec(tok: ChatTokenizer, name: str, text: str, max_new_tokens: int) -> PromptSpec:
-    ids = tok.chat_ids([{"role": "user", "content": text}], enable_thinking=False)
+def chat_spec(
+    tok: ChatTokenizer, name: str, text: str, max_new_tokens: int, field: str | None = None
+) -> PromptSpec:
+    """A chat prompt's golden ids, refused when an engine would render it otherwise (`field`
+    names it in the error: the prompt file's ``prompts[i].text``)."""
+    where = field or f"prompt {name}"
+    if rust_trim(text) != text:
+        raise GoldensError(
+            f"{where}: leading or trailing whitespace ({text[:1]!r}...{text[-1:]!r}): candle-vllm trims "
+            "message content before templating, so it would be asked another prompt; remove it"
+        )
+    rendered = tok.render([{"role": "user", "content": text}], enable_thinking=False)
+    ids = tok.encode(rendered)
+    if tok.encode(rendered, add_special_tokens=True) != ids:
+        raise GoldensError(
+            f"{where}: the tokenizer adds special tokens when encoding (tokenizer.json's post_processor): "
+            "candle-vllm encodes the rendered prompt with them, vLLM's chat route without, so the "
+            "engines would be asked different ids; use a tokenizer whose post_processor adds none"
+        )
     return PromptSpec(name, "chat", text, tuple(ids), max_new_tokens)
+
+
+def check_templates(tok_dir: Path, config: dict[str, Any]) -> None:
+    """Refuse a checkpoint whose two chat templates differ: candle-vllm renders with
+    tokenizer_config.json's, vLLM and transformers with chat_template.jinja."""
+    found = templates(tok_dir, config)
+    if len(found) == 2 and found["jinja"] != found["config"]:
+        raise GoldensError(
+            f"{tok_dir}: chat_template.jinja and tokenizer_config.json's chat_template differ: "
+            "candle-vllm renders with tokenizer_config.json's, vLLM with chat_template.jinja, so "
+            "no goldens can speak for both; make them the same (or keep one)"
+        )
 
 
 def _user_prompt(raw: Any, i: int, tok: ChatTokenizer, default_new: int) -> PromptSpec:
@@ -100,7 +129,7 @@ def _user_prompt(raw: Any, i: int, tok: ChatTokenizer, default_new: int) -> Prom
     if isinstance(new, bool) or not isinstance(new, int) or not 1 <= new <= 4096:
         raise GoldensError(f"{where}.maxNewTokens must be an integer in [1, 4096]")
     if isinstance(raw.get("text"), str) and raw["text"]:
-        return chat_spec(tok, raw["name"], raw["text"], new)
+        return chat_spec(tok, raw["name"], raw["text"], new, field=f"{where}.text")
     ids = raw.get("tokenIds")
     if isinstance(ids, list) and ids and all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
         return PromptSpec(raw["name"], "tokens", "", tuple(ids), new)

@@ -3,6 +3,12 @@
 The op set is built once, at start, with the fault named by ``CLEF_RUNTIME_FAULT`` (the runtime's
 fault catalogue), so a serving engine can be made wrong the way the incident's was.  SIGTERM and
 SIGINT stop accepting requests, let the one in flight finish, and exit 0.
+
+``--dialect candle-vllm`` behaves as candle-vllm does where that changes ids (its source at
+36fe5d9; `clef_runtime.chat.CANDLE_VLLM`): message content trimmed, tokenizer_config.json's
+template first, special tokens added when encoding, config.json's eos ids with the tokenizer's eos
+token as the stop set, ``max_tokens + 1`` tokens returned, the reply's content trimmed, thinking
+on unless the request turns it off.
 """
 
 from __future__ import annotations
@@ -62,7 +68,7 @@ def build_server(args: ServeArgs) -> ClefHTTPServer:
     placement = resolve_placement(args.device, "model", None)  # settles TRITON_INTERPRET first
     check_device(placement)
 
-    from clef_runtime.chat import ChatTokenizer
+    from clef_runtime.chat import CANDLE_VLLM, HF, ChatTokenizer
     from clef_runtime.dtypes import torch_dtype
     from clef_runtime.generation import Generation, greedy
     from clef_runtime.model import HybridModel, ModelConfig
@@ -73,7 +79,8 @@ def build_server(args: ServeArgs) -> ClefHTTPServer:
 
     ckpt = Path(args.checkpoint)
     template = Path(args.chat_template).read_text() if args.chat_template else None
-    tok = ChatTokenizer.from_dir(ckpt, template=template)
+    candle = args.dialect == "candle-vllm"
+    tok = ChatTokenizer.from_dir(ckpt, template=template, rendering=CANDLE_VLLM if candle else HF)
     config = ModelConfig.from_json(ckpt)
     opset = get_opset(args.ops, qkv_split=config.qkv_split)  # reads CLEF_RUNTIME_FAULT
     model = HybridModel.from_checkpoint(
@@ -89,12 +96,23 @@ def build_server(args: ServeArgs) -> ClefHTTPServer:
     def generate(req: Generate) -> Generation:
         k = max(req.top_logprobs or 0, 1)
         return greedy(
-            model, req.prompt_ids, req.max_tokens, top_k=k, stop_ids=tok.stop_ids, ignore_eos=req.ignore_eos
+            model,
+            req.prompt_ids,
+            returned_tokens(args.dialect, req.max_tokens),
+            top_k=k,
+            stop_ids=tok.stop_ids,
+            ignore_eos=req.ignore_eos,
         )
 
     shaper = Shaper(args.dialect, args.model_name or ckpt.resolve().name, tok.piece, tok.decode)
     service = Service(args.dialect, shaper, tok, limits, generate)
     return ClefHTTPServer((args.host, args.port), service, args.max_request_bytes)
+
+
+def returned_tokens(dialect: str, max_tokens: int) -> int:
+    """How many tokens a request for `max_tokens` gets without a stop: candle-vllm returns one
+    more (its scheduler checks the length after appending the token it just sampled)."""
+    return max_tokens + 1 if dialect == "candle-vllm" else max_tokens
 
 
 def run_serve(args: ServeArgs) -> int:

@@ -86,6 +86,10 @@ class Service:
 
     def _complete(self, body: dict[str, Any]) -> dict[str, Any]:
         prompt = completion_prompt(body)
+        if self.dialect == "mistralrs" and not isinstance(prompt, str):
+            raise BadRequest(
+                422, "prompt: invalid type: sequence, expected a string (mistral.rs takes text only)"
+            )
         ids = self.tok.encode(prompt) if isinstance(prompt, str) else prompt
         req = completion_request(body, ids, self.limits)
         return self.shaper.completion(req, self._run(req))

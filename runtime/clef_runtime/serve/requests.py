@@ -5,7 +5,10 @@ Only greedy decoding exists here: ``temperature`` may be absent or 0 (an absent 
 unlike OpenAI's default of 1, because greedy is all this server does); ``n`` must be 1, ``stream``
 false, ``stop`` empty.  vLLM's extensions are understood: ``return_token_ids``,
 ``return_tokens_as_token_ids``, ``ignore_eos``, ``chat_template_kwargs``; candle-vllm's
-``thinking``/``enable_thinking`` too.  ``seed`` is accepted and has no effect (greedy).
+``thinking``/``enable_thinking`` too.  ``seed`` is accepted and has no effect (greedy).  The
+sampling fields vLLM and candle-vllm read (repetition/presence/frequency penalties, top-k, top-p,
+min-p) are accepted at their neutral values only: a penalty this server would not apply is a 400
+naming the field, never an answer computed without it.
 """
 
 from __future__ import annotations
@@ -63,7 +66,35 @@ def _bool(body: Mapping[str, Any], key: str, default: bool = False) -> bool:
     return value
 
 
+# field -> the values that leave greedy decoding alone (vLLM's and candle-vllm's spellings).
+NEUTRAL: Mapping[str, tuple[float, ...]] = {
+    "repetition_penalty": (1.0,),
+    "presence_penalty": (0.0,),
+    "frequency_penalty": (0.0,),
+    "top_k": (-1, 0),
+    "top_p": (1.0,),
+    "min_p": (0.0,),
+    "dry_multiplier": (0.0,),  # mistral.rs's DRY repetition penalty
+}
+
+
+def _neutral_sampling(body: Mapping[str, Any]) -> None:
+    for key, neutral in NEUTRAL.items():
+        value = body.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) or value not in neutral:
+            said = " or ".join(f"{v:g}" for v in neutral)
+            raise BadRequest(
+                400, f"{key} must be {said} (neutral): this server decodes greedily only (got {value!r})"
+            )
+    seed = body.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise BadRequest(400, f"seed must be an integer, got {seed!r}")
+
+
 def _greedy_only(body: Mapping[str, Any]) -> None:
+    _neutral_sampling(body)
     temperature = body.get("temperature")
     if temperature is not None and (
         isinstance(temperature, bool) or not isinstance(temperature, int | float) or temperature > 1e-7

@@ -9,15 +9,23 @@
 * ``candle-vllm``: chat only; ``logprobs.content[i]`` is ``{"token": <integer id>, "logprob": 0.0,
   "bytes": "<text piece>", "top_logprobs": []}`` (placeholders: candle-vllm computes none), the
   stop token is left out, ``usage`` has candle-vllm's extra fields, errors are ``{"message"}``.
+* ``mistralrs`` (mistral.rs 0.8.1, `mistralrs-core/src/response.rs` and its sampler's
+  ``TopLogprob``): ``logprobs.content[i]`` is ``{"token": "<text piece>", "logprob": <placeholder>,
+  "bytes": [<utf-8 bytes>], "top_logprobs": [{"token": <integer id>, "logprob": <placeholder>,
+  "bytes": "<text piece>"}, ...]}``: the id only in ``top_logprobs[0].token``, and no value a
+  log-probability (positive, 1.3-1.4, as the real engine's were); ``usage`` has its throughput
+  fields, errors are ``{"message"}``.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from collections.abc import Callable
 from typing import Any
 
+from clef_runtime.chat import rust_trim
 from clef_runtime.generation import Generation
 from clef_runtime.serve.requests import Generate
 
@@ -37,8 +45,14 @@ def _text_ids(gen: Generation) -> list[int]:
     return gen.ids[:-1] if gen.finish_reason == "stop" else gen.ids
 
 
+def mistralrs_placeholder(logprob: float) -> float:
+    """What the stand-in says in mistral.rs's ``logprob`` places: positive, in [1.3, 1.4], rising
+    with the probability; not a log-probability (the real engine's were not either)."""
+    return round(1.3 + 0.1 * math.exp(logprob), 4)
+
+
 def error_body(dialect: str, status: int, message: str) -> dict[str, Any]:
-    if dialect == "candle-vllm":
+    if dialect in ("candle-vllm", "mistralrs"):
         return {"message": message}
     kind = "invalid_request_error" if status < 500 else "internal_error"
     return {"object": "error", "error": {"message": message, "type": kind, "code": status}}
@@ -105,7 +119,25 @@ class Shaper:
         piece = self.piece(token_id)
         return {"token": self._token(token_id, as_id), "logprob": logprob, "bytes": list(piece.encode())}
 
+    def _mistralrs_logprobs(self, req: Generate, gen: Generation) -> dict[str, Any]:
+        k = req.top_logprobs or 0
+        content = [
+            {
+                "token": self.piece(t),
+                "logprob": mistralrs_placeholder(gen.logprobs[i]),
+                "bytes": list(self.piece(t).encode()),
+                "top_logprobs": [
+                    {"token": c, "logprob": mistralrs_placeholder(lp), "bytes": self.piece(c)}
+                    for c, lp in zip(gen.top_ids[i][:k], gen.top_logprobs[i][:k], strict=True)
+                ],
+            }
+            for i, t in enumerate(gen.ids)
+        ]
+        return {"content": content}
+
     def _chat_logprobs(self, req: Generate, gen: Generation) -> dict[str, Any]:
+        if self.dialect == "mistralrs":
+            return self._mistralrs_logprobs(req, gen)
         if self.dialect == "candle-vllm":
             content = [
                 {"token": t, "logprob": 0.0, "bytes": self.piece(t), "top_logprobs": []}
@@ -125,10 +157,14 @@ class Shaper:
         ]
         return {"content": content}
 
+    def _content(self, gen: Generation) -> str:
+        text = self.decode(_text_ids(gen))
+        return rust_trim(text) if self.dialect == "candle-vllm" else text  # candle-vllm trims it
+
     def chat(self, req: Generate, gen: Generation) -> dict[str, Any]:
         choice: dict[str, Any] = {
             "index": 0,
-            "message": {"role": "assistant", "content": self.decode(_text_ids(gen))},
+            "message": {"role": "assistant", "content": self._content(gen)},
             "logprobs": None if req.top_logprobs is None else self._chat_logprobs(req, gen),
             "finish_reason": gen.finish_reason,
         }
@@ -139,6 +175,15 @@ class Shaper:
                 "created": body["created"],
                 "prompt_time_costs": round(gen.prefill_seconds * 1000),
                 "completion_time_costs": round(gen.decode_seconds * 1000),
+            }
+        elif self.dialect == "mistralrs":
+            seconds = gen.prefill_seconds + gen.decode_seconds
+            body["system_fingerprint"] = "local"
+            body["usage"] |= {
+                "avg_tok_per_sec": round(len(gen.ids) / seconds, 3) if seconds else 0.0,
+                "total_time_sec": round(seconds, 3),
+                "total_prompt_time_sec": round(gen.prefill_seconds, 3),
+                "total_completion_time_sec": round(gen.decode_seconds, 3),
             }
         elif req.return_token_ids:
             choice["token_ids"] = list(gen.ids)
