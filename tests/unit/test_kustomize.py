@@ -84,7 +84,9 @@ def test_base_holds_exactly_the_operator_install(base: Objects) -> None:
         ("RoleBinding", "clef-verdict-key"),
         ("RoleBinding", "clef-verdict-ledger"),
         ("ServiceAccount", "clef-operator"),
+        ("ValidatingAdmissionPolicy", "clef-operator-fence"),
         ("ValidatingAdmissionPolicy", "clef-operator-no-secrets"),
+        ("ValidatingAdmissionPolicyBinding", "clef-operator-fence"),
         ("ValidatingAdmissionPolicyBinding", "clef-operator-no-secrets"),
     ]
     namespaced = [o for o in base if o["kind"] in ("Deployment", "ServiceAccount", "Role", "RoleBinding")]
