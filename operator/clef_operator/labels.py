@@ -6,6 +6,9 @@ from __future__ import annotations
 PREFIX = "clef.riotpiao.com"
 
 MODEL = f"{PREFIX}/model"
+# On verification pods (kernels verify, goldens, comparison) in place of MODEL: they never serve,
+# so they carry no label that a Service selecting a model's serving pods would match.
+VERIFIES = f"{PREFIX}/verifies"
 REVISION = f"{PREFIX}/revision"
 COMPONENT = f"{PREFIX}/component"
 VERIFICATION_KEY = f"{PREFIX}/verification-key"

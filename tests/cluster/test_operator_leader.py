@@ -86,7 +86,9 @@ def _apply(cluster: Cluster, objects: list[dict[str, Any]], path: Path) -> bool:
     path.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}))
     argv = [cluster.kubectl or "kubectl", "--kubeconfig", str(cluster.kubeconfig)]
     return (
-        subprocess.run([*argv, "apply", "--server-side", "--force-conflicts", "-f", str(path)], capture_output=True).returncode
+        subprocess.run(
+            [*argv, "apply", "--server-side", "--force-conflicts", "-f", str(path)], capture_output=True
+        ).returncode
         == 0
     )
 

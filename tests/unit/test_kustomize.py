@@ -85,8 +85,14 @@ def test_base_holds_exactly_the_operator_install(base: Objects) -> None:
         ("RoleBinding", "clef-verdict-ledger"),
         ("ServiceAccount", "clef-operator"),
         ("ValidatingAdmissionPolicy", "clef-operator-fence"),
+        ("ValidatingAdmissionPolicy", "clef-operator-host-paths"),
+        ("ValidatingAdmissionPolicy", "clef-operator-managed-by"),
+        ("ValidatingAdmissionPolicy", "clef-operator-model-namespaces"),
         ("ValidatingAdmissionPolicy", "clef-operator-no-secrets"),
         ("ValidatingAdmissionPolicyBinding", "clef-operator-fence"),
+        ("ValidatingAdmissionPolicyBinding", "clef-operator-host-paths"),
+        ("ValidatingAdmissionPolicyBinding", "clef-operator-managed-by"),
+        ("ValidatingAdmissionPolicyBinding", "clef-operator-model-namespaces"),
         ("ValidatingAdmissionPolicyBinding", "clef-operator-no-secrets"),
     ]
     namespaced = [o for o in base if o["kind"] in ("Deployment", "ServiceAccount", "Role", "RoleBinding")]
