@@ -688,12 +688,12 @@ class Kube:
         meta = {
             "name": name,
             "namespace": self._ledger_namespace,
-            "labels": {labels.MANAGED_BY: labels.MANAGED_BY_VALUE},
+            "labels": {labels.MANAGED_BY: labels.MANAGED_BY_VALUE, labels.COMPONENT: labels.COMPONENT_LEDGER},
             "annotations": {LEDGER_FOR: f"{model.namespace}/{model.name}"},
         }
         try:
             if version:
-                patch = {"metadata": {"resourceVersion": version}, "data": data}
+                patch = {"metadata": {"resourceVersion": version, "labels": meta["labels"]}, "data": data}
                 written: Any = self.core.patch_namespaced_config_map(
                     name, self._ledger_namespace, patch, _content_type=MERGE_PATCH
                 )

@@ -21,6 +21,8 @@ COMPONENT_VERIFICATION = "verification"
 # pods are verification pods) with a step label: `goldens` or `endpoint`.  The ConfigMap that
 # keeps the goldens is component `goldens`.
 COMPONENT_GOLDENS = "goldens"
+# The verdict ledgers, in the operator's namespace (kube.write_ledger).
+COMPONENT_LEDGER = "ledger"
 STEP = f"{PREFIX}/verification-step"
 GOLDENS_KEY = f"{PREFIX}/goldens-key"
 # On a goldens ConfigMap: what it holds (JSON: key, sha256, sizes, provenance, the Job) and the

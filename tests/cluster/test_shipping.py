@@ -657,6 +657,17 @@ def test_the_operators_token_cannot_reach_what_it_was_not_given(
                 empty, {"metadata": {"name": "x"}}, dry_run="All"
             )
         assert "clef-operator-managed-by" in str(refused.value.body), refused.value.body
+        # A verdict ledger only in the operator's own namespace, and only under a ledger's name.
+        ledger = {**CLEFS, "clef.riotpiao.com/component": "ledger"}
+        for where, name in ((empty, "clef-ledger-x"), (OPERATOR_NAMESPACE, "coredns")):
+            with pytest.raises(ApiException) as refused:
+                client.CoreV1Api(sa).create_namespaced_config_map(
+                    where, {"metadata": {"name": name, "labels": ledger}}, dry_run="All"
+                )
+            assert "clef-operator-ledgers" in str(refused.value.body), (where, name, refused.value.body)
+        client.CoreV1Api(sa).create_namespaced_config_map(
+            OPERATOR_NAMESPACE, {"metadata": {"name": "clef-ledger-x", "labels": ledger}}, dry_run="All"
+        )
     finally:
         _allow_host_paths(cluster)
         sa.close()
