@@ -83,17 +83,26 @@ def clef_flash(image: str) -> dict[str, Any]:
 
 
 def service_account_kubeconfig(
-    admin_kubeconfig: Path, namespace: str, name: str, out: Path, seconds: int = 86400
+    admin_kubeconfig: Path,
+    namespace: str,
+    name: str,
+    out: Path,
+    seconds: int = 86400,
+    pod: tuple[str, str] | None = None,
 ) -> Path:
     """A kubeconfig that authenticates as ServiceAccount namespace/name with a token from the
     TokenRequest API, for the same server and CA as `admin_kubeconfig`: how to run the operator on
-    a host with exactly the rights its in-cluster pod would have."""
+    a host with exactly the rights its in-cluster pod would have.  With `pod` (name, uid) the token
+    is bound to that pod, as a projected token is, and names it to the API server."""
     from kubernetes import client, config
 
     api = config.new_client_from_config(config_file=str(admin_kubeconfig))
+    bound = (
+        client.V1BoundObjectReference(api_version="v1", kind="Pod", name=pod[0], uid=pod[1]) if pod else None
+    )
     try:
         request = client.AuthenticationV1TokenRequest(
-            spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=seconds)
+            spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=seconds, bound_object_ref=bound)
         )
         response: Any = client.CoreV1Api(api).create_namespaced_service_account_token(
             name, namespace, request

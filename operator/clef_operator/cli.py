@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import socket
 import sys
 from typing import Any
 
@@ -120,6 +121,11 @@ def _setup(args: argparse.Namespace) -> str:
         address = metrics.parse_bind_address(args.metrics_bind_address) if args.metrics_bind_address else None
     except ValueError as e:
         return str(e)
+    refused = leader.identity_refused(
+        args.leader_elect_identity, socket.gethostname(), bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+    )
+    if refused:
+        return refused
     leader.set_identity(args.leader_elect_identity or leader.default_identity())
     metrics.LEADER.set(0 if args.leader_elect else 1)
     args.elector = None

@@ -97,12 +97,14 @@ def reconcile(kube: Kube, namespace: str, name: str, now: datetime | None = None
 
 
 def _finalize(kube: Kube, namespace: str, name: str, obj: Mapping[str, Any]) -> None:
-    """The model is being deleted: hand back a Service it adopted (its Deployments and Jobs go with
-    it, by their owner references), then remove clef's finalizer.  A failed release raises before
-    the finalizer is removed: the model stays, and the pass is retried."""
+    """The model is being deleted: hand back a Service it adopted and delete its verdict ledger
+    (in the operator's namespace, where no owner reference reaches; its Deployments and Jobs go
+    with it, by their owner references), then remove clef's finalizer.  A failed release or delete
+    raises before the finalizer is removed: the model stays, and the pass is retried."""
     service = finalizer.released_service(obj)
     if service and kube.release_service(namespace, name, service):
         log.info("%s/%s: released Service %s", namespace, name, service)
+    kube.delete_ledger(str(obj["metadata"].get("uid") or ""))
     kube.patch_model(namespace, name, finalizer.remove_patch(obj["metadata"]))
 
 

@@ -48,7 +48,7 @@ from clef_operator.observed import (
     ServiceState,
 )
 from clef_operator.render import ENGINE_CONTAINER, VERIFY_CONTAINER
-from clef_operator.verdicts import decode_ledger, encode_ledger, ledger_name
+from clef_operator.verdicts import LEDGER_PREFIX, decode_ledger, encode_ledger, ledger_name
 
 # The ledger ConfigMap's annotation naming the model it is for (its name carries the UID only).
 LEDGER_FOR = f"{labels.PREFIX}/ledger-for"
@@ -346,7 +346,8 @@ def _owners(obj: Any) -> frozenset[str]:
 
 
 def _by_model(obj: Any) -> cache.Key | None:
-    model = (obj.metadata.labels or {}).get(labels.MODEL)
+    found = obj.metadata.labels or {}
+    model = found.get(labels.MODEL) or found.get(labels.VERIFIES)
     return (obj.metadata.namespace or "", model) if model else None
 
 
@@ -662,6 +663,19 @@ class Kube:
             self._ledgers[model.uid] = (ledger, version)
         return dict(ledger)
 
+    def delete_ledger(self, uid: str) -> None:
+        """Delete the ledger of a model that is going away (by UID: a model made again under the
+        same name starts a new one).  Already gone: nothing to do."""
+        if not self._ledger_namespace or not uid:
+            return
+        with self._ledger_lock:
+            self._ledgers.pop(uid, None)
+        try:
+            self.core.delete_namespaced_config_map(LEDGER_PREFIX + uid, self._ledger_namespace)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
     def write_ledger(self, model: ModelRef, ledger: Mapping[str, Any]) -> None:
         """Write the model's ledger: a merge patch with the resourceVersion this operator read or
         wrote last as its precondition (keys it dropped sent as null), or a create when there is
@@ -674,12 +688,12 @@ class Kube:
         meta = {
             "name": name,
             "namespace": self._ledger_namespace,
-            "labels": {labels.MANAGED_BY: labels.MANAGED_BY_VALUE},
+            "labels": {labels.MANAGED_BY: labels.MANAGED_BY_VALUE, labels.COMPONENT: labels.COMPONENT_LEDGER},
             "annotations": {LEDGER_FOR: f"{model.namespace}/{model.name}"},
         }
         try:
             if version:
-                patch = {"metadata": {"resourceVersion": version}, "data": data}
+                patch = {"metadata": {"resourceVersion": version, "labels": meta["labels"]}, "data": data}
                 written: Any = self.core.patch_namespaced_config_map(
                     name, self._ledger_namespace, patch, _content_type=MERGE_PATCH
                 )

@@ -6,6 +6,9 @@ from __future__ import annotations
 PREFIX = "clef.riotpiao.com"
 
 MODEL = f"{PREFIX}/model"
+# On verification pods (kernels verify, goldens, comparison) in place of MODEL: they never serve,
+# so they carry no label that a Service selecting a model's serving pods would match.
+VERIFIES = f"{PREFIX}/verifies"
 REVISION = f"{PREFIX}/revision"
 COMPONENT = f"{PREFIX}/component"
 VERIFICATION_KEY = f"{PREFIX}/verification-key"
@@ -18,6 +21,8 @@ COMPONENT_VERIFICATION = "verification"
 # pods are verification pods) with a step label: `goldens` or `endpoint`.  The ConfigMap that
 # keeps the goldens is component `goldens`.
 COMPONENT_GOLDENS = "goldens"
+# The verdict ledgers, in the operator's namespace (kube.write_ledger).
+COMPONENT_LEDGER = "ledger"
 STEP = f"{PREFIX}/verification-step"
 GOLDENS_KEY = f"{PREFIX}/goldens-key"
 # On a goldens ConfigMap: what it holds (JSON: key, sha256, sizes, provenance, the Job) and the

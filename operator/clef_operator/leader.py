@@ -24,9 +24,12 @@ The rules (docs/operations.md, "Running two replicas"):
   Lease is handed back with no holder, so a standby takes over at its next poll instead of after a
   lease duration.
 
-What the fence cannot cover: a request already checked and on its way when the process froze
-(the moment between the check and the socket write).  Kubernetes offers no conditional write
-across objects, so no client-side lease closes that window; it is microseconds wide.
+What the client's fence cannot cover: a request already checked and on its way when the process
+froze, or held up by the network, that arrives after a standby took over.  The API server closes
+that gap (kustomize/base/admission.yaml, `clef-operator-fence`): a write from a replica's token,
+which names its pod, is admitted only while the Lease names that pod as holder (identity `<pod>`
+or `<pod>_<suffix>`, as `default_identity` makes it).  Takeover is a write of the Lease, so
+nothing the old leader sent is admitted after it, whenever it arrives.
 """
 
 from __future__ import annotations
@@ -199,6 +202,18 @@ def user_agent() -> str:
     from clef_operator import __version__
 
     return f"clef-operator/{__version__}" + (f" ({_IDENTITY})" if _IDENTITY else "")
+
+
+def identity_refused(identity: str, hostname: str, in_a_pod: bool) -> str:
+    """Why `--leader-elect-identity` cannot be used, or "".  In a pod the API server admits a
+    replica's writes only while the Lease's holder is the pod's name or starts with it and "_"
+    (the fence policy); any other identity would have every write refused."""
+    if not identity or not in_a_pod or identity == hostname or identity.startswith(hostname + "_"):
+        return ""
+    return (
+        f"--leader-elect-identity: {identity!r} must be the pod's name ({hostname!r}) or start with"
+        f" {hostname + '_'!r}: the API server admits a replica's writes only while the Lease names its pod"
+    )
 
 
 def default_identity() -> str:

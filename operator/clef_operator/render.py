@@ -364,7 +364,8 @@ def job_manifest(
     pod: dict[str, Any],
 ) -> dict[str, Any]:
     """A Job of the model that runs once (no retries), within spec.verification.timeoutSeconds,
-    and is cleaned up an hour after it finished; its pods carry its labels."""
+    and is cleaned up an hour after it finished; its pods carry its labels, the model's name under
+    `verifies` instead of `model` (`verification_pod_labels`)."""
     metadata: dict[str, Any] = {"name": name, "namespace": owner.namespace, "labels": job_labels}
     if annotations:
         metadata["annotations"] = annotations
@@ -377,9 +378,17 @@ def job_manifest(
             "backoffLimit": 0,
             "activeDeadlineSeconds": spec.verification.timeout_seconds,
             "ttlSecondsAfterFinished": JOB_TTL_SECONDS,
-            "template": {"metadata": {"labels": job_labels}, "spec": pod},
+            "template": {"metadata": {"labels": verification_pod_labels(job_labels)}, "spec": pod},
         },
     }
+
+
+def verification_pod_labels(job_labels: dict[str, str]) -> dict[str, str]:
+    """A verification pod's labels: its Job's, with the model's name under `verifies`, never
+    under `model`, which only serving pods carry (docs/operations.md, "Selecting serving pods")."""
+    out = {k: v for k, v in job_labels.items() if k != labels.MODEL}
+    out[labels.VERIFIES] = job_labels[labels.MODEL]
+    return out
 
 
 def service_annotations(model: str, revision: str) -> dict[str, str]:

@@ -28,12 +28,15 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import pytest
+import yaml
 from kubernetes import client
 
 from clef_devcluster.host_operator import (
@@ -46,6 +49,7 @@ from clef_devcluster.kustomize import BASE, kustomize_build
 from clef_operator.leader import EXIT_LOST_LEASE, LEASE_NAME
 
 from .conftest import Cluster, missing_prerequisite, wait_for
+from .holding_proxy import HoldingProxy, holding_proxy
 from .operator_support import (
     ElectedOperator,
     Models,
@@ -82,7 +86,9 @@ def _apply(cluster: Cluster, objects: list[dict[str, Any]], path: Path) -> bool:
     path.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}))
     argv = [cluster.kubectl or "kubectl", "--kubeconfig", str(cluster.kubeconfig)]
     return (
-        subprocess.run([*argv, "apply", "--server-side", "-f", str(path)], capture_output=True).returncode
+        subprocess.run(
+            [*argv, "apply", "--server-side", "--force-conflicts", "-f", str(path)], capture_output=True
+        ).returncode
         == 0
     )
 
@@ -95,16 +101,48 @@ def _as_peer(o: dict[str, Any]) -> dict[str, Any]:
     return peer
 
 
+def _stand_in_pod(name: str, service_account: str) -> dict[str, Any]:
+    """A pod object that never runs (a scheduling gate nobody lifts), for a token to be bound to:
+    the process on this host then carries a projected token's claims, its pod's name included."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": OPERATOR_NAMESPACE},
+        "spec": {
+            "serviceAccountName": service_account,
+            "schedulingGates": [{"name": "clef.riotpiao.com/never-scheduled"}],
+            "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [
+                {
+                    "name": "operator",
+                    "image": "clef-operator:never-run",
+                    "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+                }
+            ],
+        },
+    }
+
+
+def _pod_uid(cluster: Cluster, name: str) -> str:
+    return str(client.CoreV1Api(cluster.api).read_namespaced_pod(name, OPERATOR_NAMESPACE).metadata.uid)
+
+
 @pytest.fixture(scope="module")
 def rbac(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rbac]:
-    """kustomize/base's namespace, ServiceAccount and RBAC (not its Deployment), applied as a user
-    would and left in place (test_shipping applies and removes the whole base), and a peer
-    ServiceAccount bound to the same roles (removed afterwards)."""
+    """kustomize/base's namespace, ServiceAccount, RBAC and admission policies (not its
+    Deployment), applied as a user would and left in place (test_shipping applies and removes the
+    whole base), and a peer ServiceAccount bound to the same roles (removed afterwards).  Each
+    process's token is bound to a pod named as its identity (op-a as the peer, op-b as the
+    operator), as a replica's projected token is bound to its pod: the fence policy tells the
+    replicas apart by it."""
     if cluster.local is None or cluster.kubectl is None:
         missing_prerequisite(
             "needs the local cluster's API server audit log (runs on the local cluster: unset CLEF_KUBECONFIG)"
         )
-    kinds = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
+    kinds = {
+        "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
+        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+    }  # fmt: skip
     objects = [o for o in kustomize_build(cluster.kubectl, BASE) if o["kind"] in kinds]
     bindings = [_as_peer(o) for o in objects if o["kind"] in ("ClusterRoleBinding", "RoleBinding")]
     sa = {
@@ -112,20 +150,23 @@ def rbac(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         "kind": "ServiceAccount",
         "metadata": {"name": PEER, "namespace": OPERATOR_NAMESPACE},
     }
-    peer_objects = [sa, *bindings]
+    pods = [_stand_in_pod("op-a", PEER), _stand_in_pod("op-b", OPERATOR_SA)]
+    peer_objects = [sa, *bindings, *pods]
     where = tmp_path_factory.mktemp("rbac")
     # A namespace still terminating from an earlier run refuses objects for a while.
     wait_for(lambda: _apply(cluster, objects + peer_objects, where / "rbac.json"), 60, "the RBAC applied")
     try:
         yield Rbac(
             operator=service_account_kubeconfig(
-                cluster.kubeconfig, OPERATOR_NAMESPACE, OPERATOR_SA, where / "operator.kubeconfig", 3600
+                cluster.kubeconfig, OPERATOR_NAMESPACE, OPERATOR_SA, where / "operator.kubeconfig", 3600,
+                pod=("op-b", _pod_uid(cluster, "op-b")),
             ),
             peer=service_account_kubeconfig(
-                cluster.kubeconfig, OPERATOR_NAMESPACE, PEER, where / "peer.kubeconfig", 3600
+                cluster.kubeconfig, OPERATOR_NAMESPACE, PEER, where / "peer.kubeconfig", 3600,
+                pod=("op-a", _pod_uid(cluster, "op-a")),
             ),
             peer_lease_binding=next(b for b in bindings if b["roleRef"]["name"] == "clef-operator-lease"),
-        )
+        )  # fmt: skip
     finally:
         for o in reversed(peer_objects):
             ns = o["metadata"].get("namespace")
@@ -146,10 +187,11 @@ def _may_read_lease(cluster: Cluster, user: str) -> bool:
     return out.stdout.strip() == "yes"
 
 
-@pytest.fixture
-def pair(
-    cluster: Cluster, namespace: str, rbac: Rbac, tmp_path: Path
+@contextmanager
+def _elected_pair(
+    cluster: Cluster, namespace: str, rbac: Rbac, tmp_path: Path, a_kubeconfig: Path
 ) -> Iterator[tuple[ElectedOperator, ElectedOperator]]:
+    """op-a (the peer, through `a_kubeconfig`) takes the Lease, then op-b stands by."""
     delete_lease(cluster)
     started: list[ElectedOperator] = []
 
@@ -161,7 +203,7 @@ def pair(
         return op
 
     try:
-        a = start("op-a", rbac.peer)
+        a = start("op-a", a_kubeconfig)
         wait_for(lambda: lease_holder(cluster) == "op-a", 60, "op-a to take the Lease", a.tail)
         b = start("op-b", rbac.operator)
         wait_for(b.healthy, 60, "op-b's /healthz", b.tail)
@@ -175,6 +217,14 @@ def pair(
         for op in started:
             op.stop()
         delete_lease(cluster)
+
+
+@pytest.fixture
+def pair(
+    cluster: Cluster, namespace: str, rbac: Rbac, tmp_path: Path
+) -> Iterator[tuple[ElectedOperator, ElectedOperator]]:
+    with _elected_pair(cluster, namespace, rbac, tmp_path, rbac.peer) as both:
+        yield both
 
 
 def _audited(audit: Path, offset: int, identity: str, since: datetime) -> list[dict[str, Any]]:
@@ -286,6 +336,89 @@ def test_standby_takes_over_and_a_resumed_leader_writes_nothing(
     assert _writes(_audited(audit, offset, "op-b", resumed)), "op-b's writes after it resumed are seen"
 
 
+def _through(proxy: HoldingProxy, kubeconfig: Path, out: Path) -> Path:
+    """`kubeconfig` with its server reached through `proxy` (same address, so the same TLS name)."""
+    config = yaml.safe_load(kubeconfig.read_text())
+    for c in config["clusters"]:
+        c["cluster"]["server"] = f"https://127.0.0.1:{proxy.port}"
+    out.touch(mode=0o600)
+    out.write_text(yaml.safe_dump(config))
+    return out
+
+
+def _upstream(kubeconfig: Path) -> tuple[str, int]:
+    url = urlparse(yaml.safe_load(kubeconfig.read_text())["clusters"][0]["cluster"]["server"])
+    assert url.hostname == "127.0.0.1" and url.port, url
+    return url.hostname, url.port
+
+
+def test_a_write_in_flight_when_the_lease_changes_hands_is_refused(
+    cluster: Cluster, namespace: str, rbac: Rbac, tmp_path: Path
+) -> None:
+    """The write the client's fence cannot stop: checked while op-a led, sent, and delivered only
+    after op-b took over (the network held it, or op-a froze between check and send).  op-a talks
+    to the API server through a relay that holds every byte op-a sends from the moment a change is
+    made; op-a's reconcile writes go into it with its fence open, its renews stall, op-b takes the
+    Lease, and then the relay delivers everything.  The API server refuses each of op-a's writes
+    that arrives after the takeover (kustomize/base/admission.yaml, clef-operator-fence), and at
+    least one arrives (else this proves nothing).  Without the policy, the held writes land."""
+    assert cluster.local is not None
+    audit = cluster.local.audit_log
+    offset = audit.stat().st_size
+    with (
+        holding_proxy(_upstream(rbac.peer)) as proxy,
+        _elected_pair(cluster, namespace, rbac, tmp_path, _through(proxy, rbac.peer, tmp_path / "a.kubeconfig"))
+        as (a, b),
+    ):  # fmt: skip
+        models = Models(cluster, namespace)
+        name = "inflight"
+        models.create(clefmodel(name, verification={"required": False}))
+        models.wait_condition(name, "Ready", "True", "Available", timeout=120)
+
+        proxy.hold()
+        held_from = datetime.now(UTC)
+        models.patch(name, {"spec": {"args": ["--max-num-seqs", "8"]}})
+        wait_for(lambda: lease_holder(cluster) == "op-b", 60, "op-b to take the Lease", b.tail)
+        lease: Any = client.CoordinationV1Api(cluster.api).read_namespaced_lease(
+            LEASE_NAME, OPERATOR_NAMESPACE
+        )
+        took_over = lease.spec.acquire_time
+        held = proxy.held_bytes
+        proxy.release()
+
+        def late_writes() -> list[dict[str, Any]]:
+            return [
+                e for e in _audited(audit, offset, "op-a", took_over)
+                if e["verb"] in WRITES and e.get("stage") == "ResponseComplete"
+            ]  # fmt: skip
+
+        wait_for(late_writes, 60, f"op-a's held writes to arrive ({held} bytes held)", a.tail)
+        landed = [
+            f"{e['verb']} {e['requestURI']} -> {e['responseStatus'].get('code')}"
+            for e in late_writes()
+            if e["responseStatus"].get("code", 0) < 400
+        ]
+        assert not landed, f"op-a's writes landed after op-b took the Lease at {took_over}:\n" + "\n".join(
+            landed
+        )
+        refused = [e["responseStatus"].get("message", "") for e in late_writes()]
+        assert all("clef-operator-fence" in m for m in refused), refused
+        print(
+            f"\nin flight: {held} bytes held from {held_from:%H:%M:%S.%f}; op-b took over at {took_over};"
+            f" {len(refused)} of op-a's writes arrived after it and were refused"
+        )
+        # op-a's held renew arrives too, and loses: it learns that it lost the Lease and exits.
+        try:
+            code = a.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            code = None
+        assert code == EXIT_LOST_LEASE, f"op-a after its held renew: {code}\n{a.tail()}"
+        models.wait_status(
+            name, lambda st: st.get("observedGeneration") == models.get(name)["metadata"]["generation"],
+            "op-b to reconcile the change", 120,
+        )  # fmt: skip
+
+
 def test_the_operator_starts_as_a_uid_with_no_passwd_entry(
     cluster: Cluster, namespace: str, rbac: Rbac, tmp_path: Path
 ) -> None:
@@ -297,10 +430,14 @@ def test_the_operator_starts_as_a_uid_with_no_passwd_entry(
         pwd.getpwuid(IMAGE_UID)  # else this host names the UID, and the start below proves nothing
     delete_lease(cluster)
     op = ElectedOperator(
-        rbac.operator, ["--namespace", namespace, *DURATIONS], tmp_path / "image-uid.log", "op-uid", IMAGE_UID
+        rbac.operator,
+        ["--namespace", namespace, *DURATIONS],
+        tmp_path / "image-uid.log",
+        "op-b_uid",
+        IMAGE_UID,
     )
     try:
-        wait_for(lambda: lease_holder(cluster) == "op-uid" or op.proc.poll() is not None, 60,
+        wait_for(lambda: lease_holder(cluster) == "op-b_uid" or op.proc.poll() is not None, 60,
                  "the operator to take the Lease", op.tail)  # fmt: skip
         assert op.proc.poll() is None, f"the operator exited ({op.proc.returncode}):\n{op.tail()}"
         wait_for(op.healthy, 60, "the operator's /healthz", op.tail)

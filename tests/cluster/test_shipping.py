@@ -68,6 +68,10 @@ pytestmark = pytest.mark.cluster
 REPO = Path(__file__).resolve().parents[2]
 
 
+# The label every object clef writes carries (kustomize/base/admission.yaml, clef-operator-managed-by).
+CLEFS = {"app.kubernetes.io/managed-by": "clef"}
+
+
 def kubectl(cluster: Cluster, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     assert cluster.kubectl, "the cluster tier needs kubectl"
     proc = subprocess.run(
@@ -84,7 +88,7 @@ def base(cluster: Cluster) -> Iterator[list[dict[str, Any]]]:
     rest of the session's tests use."""
     assert cluster.kubectl
     objects = kustomize_build(cluster.kubectl, BASE)
-    kubectl(cluster, "apply", "--server-side", "-k", str(BASE))
+    kubectl(cluster, "apply", "--server-side", "--force-conflicts", "-k", str(BASE))
     try:
         yield objects
     finally:
@@ -154,6 +158,7 @@ def test_operator_rbac_is_exactly_what_it_uses(
     # As the Deployment runs it: leader election on (the Lease deleted first, so its `create` is
     # exercised too) and the metrics endpoint, whose numbers are checked after the run.
     delete_lease(cluster)
+    _allow_host_paths(cluster, str(tmp_path))  # where _drive_goldens writes its checkpoint
     operator = ElectedOperator(sa_kubeconfig, ["--all-namespaces"], tmp_path / "operator.log")
     granted = granted_to(base, OPERATOR_NAMESPACE, OPERATOR_SA)
 
@@ -177,6 +182,9 @@ def test_operator_rbac_is_exactly_what_it_uses(
         delete_models(cluster, namespace)
         operator.stop()
 
+    # The run's models were verified, so they had ledgers; `delete` on ConfigMaps in clef-system
+    # is used (else the RBAC is not exact, below) and none is left.
+    assert not _ledgers(cluster, namespace), "the finalizer deletes a deleted model's ledger"
     _check_metrics(kernels_run, samples, operator.tail())
     assert lease_holder(cluster) == "", "a clean stop hands the Lease back"
     result = audited()
@@ -189,6 +197,16 @@ def test_operator_rbac_is_exactly_what_it_uses(
 
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def _ledgers(cluster: Cluster, namespace: str) -> list[str]:
+    """The verdict ledgers in clef-system of models in `namespace` (annotation ledger-for)."""
+    found: list[Any] = cluster.core.list_namespaced_config_map(OPERATOR_NAMESPACE).items
+    return [
+        cm.metadata.name
+        for cm in found
+        if (cm.metadata.annotations or {}).get("clef.riotpiao.com/ledger-for", "").startswith(f"{namespace}/")
+    ]
 
 
 def _rollout_counts(samples: Samples) -> dict[str, float]:
@@ -395,6 +413,7 @@ def _prove_finalizers_rule_needed(cluster: Cluster, base: list[dict[str, Any]], 
         "metadata": {
             "name": "probe",
             "namespace": namespace,
+            "labels": CLEFS,
             # What render_job writes: the ClefModel as controller, blocking its deletion.
             "ownerReferences": [
                 {
@@ -411,6 +430,7 @@ def _prove_finalizers_rule_needed(cluster: Cluster, base: list[dict[str, Any]], 
             "template": {
                 "spec": {
                     "restartPolicy": "Never",
+                    "automountServiceAccountToken": False,
                     "containers": [{"name": "c", "image": "registry.clef.test/x:1.0"}],
                 }
             }
@@ -418,6 +438,15 @@ def _prove_finalizers_rule_needed(cluster: Cluster, base: list[dict[str, Any]], 
     }
     manifest = Path(cluster.kubeconfig).parent / f"{probe}.json"
     manifest.write_text(json.dumps(job))
+    # The admission policies admit the operator's Jobs only where a ClefModel is.
+    custom = client.CustomObjectsApi(cluster.api)
+    custom.create_namespaced_custom_object(
+        "clef.riotpiao.com",
+        "v1alpha1",
+        namespace,
+        "clefmodels",
+        clefmodel("probe", verification={"required": False}),
+    )
     try:
 
         def create_as(user: str) -> subprocess.CompletedProcess[str]:
@@ -436,6 +465,9 @@ def _prove_finalizers_rule_needed(cluster: Cluster, base: list[dict[str, Any]], 
         wait_for(refused, 20, "the API server to refuse blockOwnerDeletion without clefmodels/finalizers")
     finally:
         manifest.unlink(missing_ok=True)
+        custom.delete_namespaced_custom_object(
+            "clef.riotpiao.com", "v1alpha1", namespace, "clefmodels", "probe"
+        )
         with contextlib.suppress(ApiException):
             rbac.delete_cluster_role(probe)
 
@@ -449,7 +481,7 @@ def test_homelab_overlay_applies_and_the_api_server_accepts_its_models(
     assert cluster.kubectl
     objects = kustomize_build(cluster.kubectl, HOMELAB)
     try:
-        kubectl(cluster, "apply", "--server-side", "-k", str(HOMELAB))
+        kubectl(cluster, "apply", "--server-side", "--force-conflicts", "-k", str(HOMELAB))
         custom = client.CustomObjectsApi(cluster.api)
         names = {
             m["metadata"]["name"]
@@ -493,18 +525,87 @@ def test_operator_start_up_check_sees_whether_the_crd_is_served(cluster: Cluster
     assert not serves(cluster.api, "absent.clef.test", "v1", "things")
 
 
-def test_the_operators_token_cannot_take_a_secret_into_a_pod(
+def _allow_host_paths(cluster: Cluster, *prefixes: str) -> None:
+    """What a cluster's admin does to let ClefModels take weights from these node directories."""
+    client.AdmissionregistrationV1Api(cluster.api).patch_validating_admission_policy(
+        "clef-operator-host-paths",
+        [{"op": "replace", "path": "/spec/variables/0/expression", "value": json.dumps(list(prefixes))}],
+    )
+
+
+# How a pod could take what the operator's token was not given, and the policy that refuses it.
+# Each is a change to a pod template that passes every policy (`_clean_pod`).
+STEALS: dict[str, tuple[str, dict[str, Any]]] = {
+    "env": ("no-secrets", {"env": [{"name": "P", "valueFrom": {"secretKeyRef": {"name": "db", "key": "password"}}}]}),
+    "envFrom": ("no-secrets", {"envFrom": [{"secretRef": {"name": "db"}}]}),
+    "secret-volume": ("no-secrets", {"volumes": [{"name": "s", "secret": {"secretName": "db"}}]}),
+    "projected-secret": ("no-secrets", {"volumes": [{"name": "s", "projected": {"sources": [{"secret": {"name": "db"}}]}}]}),
+    "token-automount": ("no-secrets", {"automountServiceAccountToken": True}),
+    "other-service-account": ("no-secrets", {"serviceAccountName": "admin"}),
+    "projected-token": ("no-secrets", {"volumes": [{"name": "s", "projected": {"sources": [
+        {"serviceAccountToken": {"path": "token"}}]}}]}),
+    "host-network": ("no-secrets", {"hostNetwork": True}),
+    "host-pid": ("no-secrets", {"hostPID": True}),
+    "privileged": ("no-secrets", {"privileged": True}),
+    "kubelet-dir": ("host-paths", {"volumes": [{"name": "s", "hostPath": {"path": "/var/lib/kubelet"}}]}),
+    "prefix-lookalike": ("host-paths", {"volumes": [{"name": "s", "hostPath": {"path": "/srv/models-x"}}]}),
+}  # fmt: skip
+
+
+def _pod(kind: str, change: dict[str, Any]) -> dict[str, Any]:
+    """A pod template as clef renders one (no token, no Secret), with `change` applied."""
+    container: dict[str, Any] = {"name": "c", "image": "registry.clef.test/x:1.0", "command": ["cat", "/s/x"]}
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never" if kind == "Job" else "Always",
+        "automountServiceAccountToken": False,
+    }
+    for key, value in change.items():
+        if key in ("env", "envFrom"):
+            container[key] = value
+        elif key == "privileged":
+            container["securityContext"] = {"privileged": value}
+        else:
+            spec[key] = value
+    if "volumes" in spec:
+        container["volumeMounts"] = [{"name": "s", "mountPath": "/s"}]
+    return {**spec, "containers": [container]}
+
+
+def _dry_run(sa: Any, namespace: str, kind: str, name: str, pod: dict[str, Any]) -> str:
+    """The API server's answer to creating a Job or Deployment of `pod` (a server-side dry run,
+    which passes admission as a create would and leaves nothing): "" when admitted, else the
+    message."""
+    template = {"metadata": {"labels": {"app": name}}, "spec": pod}
+    try:
+        if kind == "Job":
+            body = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "labels": CLEFS},
+                    "spec": {"template": template}}  # fmt: skip
+            client.BatchV1Api(sa).create_namespaced_job(namespace, body, dry_run="All")
+        else:
+            body = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "labels": CLEFS},
+                    "spec": {"selector": {"matchLabels": {"app": name}}, "template": template}}  # fmt: skip
+            client.AppsV1Api(sa).create_namespaced_deployment(namespace, body, dry_run="All")
+    except ApiException as e:
+        return str(e.body)
+    return ""
+
+
+def test_the_operators_token_cannot_reach_what_it_was_not_given(
     cluster: Cluster, base: list[dict[str, Any]], namespace: str, tmp_path: Path
 ) -> None:
     """Issue 33, finding 6: with its RBAC alone, the ServiceAccount created a Job in another
-    namespace that took a Secret into its environment, then read it through `pods/log`.  Its
-    admission policy (kustomize/base/admission.yaml) refuses every Job or Deployment from it whose
-    pod takes a Secret, by env, envFrom, a secret volume or a projected one; the operator's own
-    Jobs and Deployments pass it (test_operator_rbac_is_exactly_what_it_uses runs them all)."""
+    namespace that took a Secret into its environment, then read it through `pods/log`.  The
+    admission policies of kustomize/base/admission.yaml refuse, from this ServiceAccount, every
+    Job or Deployment whose pod takes a Secret or a ServiceAccount token, runs in its node's
+    namespaces or privileged, or mounts a node directory the admin did not list; and any Job,
+    Deployment or ConfigMap in a namespace that holds no ClefModel.  Each refusal must
+    come from the policy named for it; a template as clef renders it is admitted, where a model
+    is.  The operator's own writes pass them all (test_operator_rbac_is_exactly_what_it_uses)."""
     from kubernetes import config
 
     # The base as shipped (the homelab test before this one takes its ClusterRoleBinding away).
-    kubectl(cluster, "apply", "--server-side", "-k", str(BASE))
+    kubectl(cluster, "apply", "--server-side", "--force-conflicts", "-k", str(BASE))
+    _allow_host_paths(cluster, "/srv/models")
     sa = config.new_client_from_config(
         config_file=str(
             service_account_kubeconfig(
@@ -515,50 +616,62 @@ def test_the_operators_token_cannot_take_a_secret_into_a_pod(
     cluster.core.create_namespaced_secret(
         namespace, client.V1Secret(metadata=client.V1ObjectMeta(name="db"), string_data={"password": "x"})
     )
-    container: dict[str, Any] = {
-        "name": "c",
-        "image": "registry.clef.test/x:1.0",
-        "command": ["cat", "/s/password"],
-    }
-    takes = {
-        "env": {**container, "env": [{"name": "P", "valueFrom": {"secretKeyRef": {"name": "db", "key": "password"}}}]},
-        "envFrom": {**container, "envFrom": [{"secretRef": {"name": "db"}}]},
-        "volume": {"volumes": [{"name": "s", "secret": {"secretName": "db"}}]},
-        "projected": {"volumes": [{"name": "s", "projected": {"sources": [{"secret": {"name": "db"}}]}}]},
-    }  # fmt: skip
-
-    def pod(way: str, kind: str) -> dict[str, Any]:
-        spec = takes[way]
-        restart = {"restartPolicy": "Never" if kind == "Job" else "Always"}
-        if "volumes" in spec:
-            mounted = {**container, "volumeMounts": [{"name": "s", "mountPath": "/s"}]}
-            return {**restart, "containers": [mounted], "volumes": spec["volumes"]}
-        return {**restart, "containers": [spec]}
-
-    # Server-side dry runs: they pass admission as a create would, and leave nothing behind.  The
-    # wait covers the API server's first load of the policy after the base was applied.
-    def refused(way: str, kind: str) -> str:
-        template = {"metadata": {"labels": {"app": "steal"}}, "spec": pod(way, kind)}
-        name = f"steal-{way.lower()}"
-        try:
-            if kind == "Job":
-                body = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name},
-                        "spec": {"template": template}}  # fmt: skip
-                client.BatchV1Api(sa).create_namespaced_job(namespace, body, dry_run="All")
-            else:
-                body = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
-                        "spec": {"selector": {"matchLabels": {"app": "steal"}}, "template": template}}  # fmt: skip
-                client.AppsV1Api(sa).create_namespaced_deployment(namespace, body, dry_run="All")
-        except ApiException as e:
-            # Refused by this policy, not by anything else (RBAC, validation).
-            return str(e.body) if "clef-operator-no-secrets" in str(e.body) else ""
-        return ""
-
+    custom = client.CustomObjectsApi(cluster.api)
+    custom.create_namespaced_custom_object(
+        "clef.riotpiao.com",
+        "v1alpha1",
+        namespace,
+        "clefmodels",
+        clefmodel("here", verification={"required": False}),
+    )
+    empty = f"{namespace}-nomodel"
+    cluster.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=empty)))
     try:
+        # The wait covers the API server's first load of the policies and their parameters.
         for kind in ("Job", "Deployment"):
-            for way in takes:
-                assert "Secret" in wait_for(
-                    lambda w=way, k=kind: refused(w, k), 30, f"{kind} by {way} refused"
+            clean = _pod(kind, {"volumes": [{"name": "s", "hostPath": {"path": "/srv/models/clef-flash"}}]})
+            wait_for(lambda k=kind, c=clean: not _dry_run(sa, namespace, k, "clean", c), 30,
+                     f"a {kind} as clef renders it admitted")  # fmt: skip
+            for way, (policy, change) in STEALS.items():
+                answer = wait_for(
+                    lambda w=way, k=kind, c=change, p=policy: (
+                        lambda a: a if f"clef-operator-{p}" in a else ""
+                    )(_dry_run(sa, namespace, k, f"steal-{w.lower()}", _pod(k, c))),
+                    30,
+                    f"a {kind} by {way} refused by clef-operator-{policy}",
+                    lambda w=way, k=kind, c=change: _dry_run(sa, namespace, k, "x", _pod(k, c)),
                 )
+                assert "Forbidden" in answer or "forbidden" in answer, answer
+            # Where no ClefModel is, not even a clean one.
+            wait_for(
+                lambda k=kind, c=clean: "clef-operator-model-namespaces" in _dry_run(sa, empty, k, "clean", c),
+                30, f"a {kind} where no model is refused",
+            )  # fmt: skip
+        with pytest.raises(ApiException) as refused:
+            client.CoreV1Api(sa).create_namespaced_config_map(
+                empty, {"metadata": {"name": "x", "labels": CLEFS}}, dry_run="All"
+            )
+        assert "clef-operator-model-namespaces" in str(refused.value.body), refused.value.body
+        with pytest.raises(ApiException) as refused:
+            client.CoreV1Api(sa).create_namespaced_config_map(
+                empty, {"metadata": {"name": "x"}}, dry_run="All"
+            )
+        assert "clef-operator-managed-by" in str(refused.value.body), refused.value.body
+        # A verdict ledger only in the operator's own namespace, and only under a ledger's name.
+        ledger = {**CLEFS, "clef.riotpiao.com/component": "ledger"}
+        for where, name in ((empty, "clef-ledger-x"), (OPERATOR_NAMESPACE, "coredns")):
+            with pytest.raises(ApiException) as refused:
+                client.CoreV1Api(sa).create_namespaced_config_map(
+                    where, {"metadata": {"name": name, "labels": ledger}}, dry_run="All"
+                )
+            assert "clef-operator-ledgers" in str(refused.value.body), (where, name, refused.value.body)
+        client.CoreV1Api(sa).create_namespaced_config_map(
+            OPERATOR_NAMESPACE, {"metadata": {"name": "clef-ledger-x", "labels": ledger}}, dry_run="All"
+        )
     finally:
+        _allow_host_paths(cluster)
         sa.close()
+        custom.delete_namespaced_custom_object(
+            "clef.riotpiao.com", "v1alpha1", namespace, "clefmodels", "here"
+        )
+        cluster.core.delete_namespace(empty)

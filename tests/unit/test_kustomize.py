@@ -84,7 +84,17 @@ def test_base_holds_exactly_the_operator_install(base: Objects) -> None:
         ("RoleBinding", "clef-verdict-key"),
         ("RoleBinding", "clef-verdict-ledger"),
         ("ServiceAccount", "clef-operator"),
+        ("ValidatingAdmissionPolicy", "clef-operator-fence"),
+        ("ValidatingAdmissionPolicy", "clef-operator-host-paths"),
+        ("ValidatingAdmissionPolicy", "clef-operator-ledgers"),
+        ("ValidatingAdmissionPolicy", "clef-operator-managed-by"),
+        ("ValidatingAdmissionPolicy", "clef-operator-model-namespaces"),
         ("ValidatingAdmissionPolicy", "clef-operator-no-secrets"),
+        ("ValidatingAdmissionPolicyBinding", "clef-operator-fence"),
+        ("ValidatingAdmissionPolicyBinding", "clef-operator-host-paths"),
+        ("ValidatingAdmissionPolicyBinding", "clef-operator-ledgers"),
+        ("ValidatingAdmissionPolicyBinding", "clef-operator-managed-by"),
+        ("ValidatingAdmissionPolicyBinding", "clef-operator-model-namespaces"),
         ("ValidatingAdmissionPolicyBinding", "clef-operator-no-secrets"),
     ]
     namespaced = [o for o in base if o["kind"] in ("Deployment", "ServiceAccount", "Role", "RoleBinding")]
@@ -218,14 +228,15 @@ def test_rbac_is_least_privilege(base: Objects) -> None:
         "create",
         "delete",
     }
-    # And the verdict ledger (issue 33): read, created and patched in the operator's own
-    # namespace only, where a namespace editor cannot write.
+    # And the verdict ledger (issue 33): read, created, patched and deleted (with its model) in
+    # the operator's own namespace only, where a namespace editor cannot write.
     ledger = find(base, "Role", "clef-verdict-ledger")
     assert ledger["metadata"]["namespace"] == OPERATOR_NAMESPACE
     assert rule_permissions(ledger["rules"]) == {
         ("", "configmaps", "get"),
         ("", "configmaps", "create"),
         ("", "configmaps", "patch"),
+        ("", "configmaps", "delete"),
     }
     assert {v for _, r, v in granted if r == "pods/log"} == {"get"}
     # Secrets: only the operator's verdict key, read by name, and created on the first start, in

@@ -202,3 +202,23 @@ def test_election_flags_default_to_client_gos_and_read_the_environment(monkeypat
     monkeypatch.setenv("CLEF_LEADER_ELECT_LEASE_DURATION", "30")
     args = cli.build_parser().parse_args(["run"])
     assert args.leader_elect and args.leader_elect_lease_duration == 30
+
+
+@pytest.mark.parametrize(
+    ("identity", "in_a_pod", "refused"),
+    [
+        ("", True, False),  # the default: the pod's name and a suffix
+        ("clef-operator-7d9f-x2", True, False),
+        ("clef-operator-7d9f-x2_blue", True, False),
+        ("clef-operator-7d9f-x2blue", True, True),  # a prefix that is not the pod's name
+        ("op-a", True, True),
+        ("op-a", False, False),  # on a host the token names no pod: the fence policy does not apply
+    ],
+)
+def test_an_identity_the_fence_policy_would_refuse_stops_the_operator(
+    identity: str, in_a_pod: bool, refused: bool
+):
+    why = leader.identity_refused(identity, "clef-operator-7d9f-x2", in_a_pod)
+    assert bool(why) == refused
+    if refused:
+        assert why.startswith("--leader-elect-identity: ") and "clef-operator-7d9f-x2_" in why

@@ -57,3 +57,24 @@ def test_command_is_argv_never_a_shell(kind: str) -> None:
     if kind == "serving":
         # spec.args are appended element by element, untouched.
         assert argv[-2:] == HOSTILE
+
+
+def test_only_serving_pods_carry_the_model_label() -> None:
+    """Issue 33, finding 5: a user's Service selecting `clef.riotpiao.com/model=<name>` took the
+    goldens and comparison pods as endpoints.  Verification pods (kernels verify, goldens and the
+    comparison, all rendered by `job_manifest`) carry the model's name under `verifies` only."""
+    from clef_operator import labels
+    from clef_operator.goldens import render_goldens_job
+
+    endpoint = make_spec(
+        verification={"mode": "endpoint", "endpoint": {"runtimeImage": "registry.clef.test/clef-runtime:1.0"}}
+    )
+    serving = render_deployment(OWNER, make_spec(), PINNED, 1, {})["spec"]["template"]["metadata"]["labels"]
+    assert serving[labels.MODEL] == "clef-flash" and labels.VERIFIES not in serving
+    for job in (render_job(OWNER, make_spec(), ""), render_goldens_job(OWNER, endpoint)):
+        pod_labels = job["spec"]["template"]["metadata"]["labels"]
+        assert labels.MODEL not in pod_labels, pod_labels
+        assert pod_labels[labels.VERIFIES] == "clef-flash"
+        assert pod_labels[labels.COMPONENT] in (labels.COMPONENT_VERIFICATION, labels.COMPONENT_GOLDENS)
+        # The Job itself keeps it: Services select pods, and clef's cache finds its Jobs by it.
+        assert job["metadata"]["labels"][labels.MODEL] == "clef-flash"

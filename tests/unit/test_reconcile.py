@@ -56,6 +56,11 @@ class RecordingKube:
             raise RuntimeError("the API server said no")
         return True
 
+    def delete_ledger(self, uid: str) -> None:
+        self.calls.append(f"delete ledger {uid}")
+        if self.fail_on is LedgerDeleteFails:
+            raise RuntimeError("the API server said no")
+
     def apply(self, model: ModelRef, action: Action) -> str | None:
         if self.fail_on is not None and isinstance(action, self.fail_on):
             raise RuntimeError("API server said no")
@@ -70,6 +75,10 @@ class ReleaseFails(Exception):
 
 
 class PatchFails(Exception):
+    pass
+
+
+class LedgerDeleteFails(Exception):
     pass
 
 
@@ -119,7 +128,17 @@ def test_a_failed_finalizer_patch_plans_nothing():
 def test_a_deleted_model_hands_its_service_back_then_lets_go():
     kube = RecordingKube(body(deleted=True))
     assert reconcile(kube, "ns", "m", now=T0) is None  # type: ignore[arg-type]
-    assert kube.calls == ["release clef-serve", f"patch {[('remove', None)]}"]
+    uid = kube.obj["metadata"]["uid"]
+    assert kube.calls == ["release clef-serve", f"delete ledger {uid}", f"patch {[('remove', None)]}"]
+
+
+def test_a_ledger_that_cannot_be_deleted_keeps_the_finalizer():
+    """The ledger lives in the operator's namespace, where no owner reference reaches: the
+    finalizer is what makes sure it goes with the model."""
+    kube = RecordingKube(body(deleted=True), fail_on=LedgerDeleteFails)
+    with pytest.raises(RuntimeError):
+        reconcile(kube, "ns", "m", now=T0)  # type: ignore[arg-type]
+    assert kube.calls[-1].startswith("delete ledger")
 
 
 def test_a_failed_release_keeps_the_finalizer():

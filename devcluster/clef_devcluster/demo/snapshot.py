@@ -70,7 +70,8 @@ def read_snapshot(api: Any, namespace: str, name: str, service: str) -> Snapshot
     pods: dict[str, tuple[str, str, str]] = {}
     core = client.CoreV1Api(api)
     pod_list: list[Any] = core.list_namespaced_pod(
-        namespace, label_selector=f"{selector},clef.riotpiao.com/component=verification"
+        namespace,
+        label_selector=f"clef.riotpiao.com/verifies={name},clef.riotpiao.com/component=verification",
     ).items
     for p in pod_list:
         labels = p.metadata.labels or {}

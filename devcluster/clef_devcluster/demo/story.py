@@ -232,6 +232,16 @@ class Demo:
             }
             for name, path in paths.items()
         ]
+        # The one node directory the operator may mount: where these checkpoints are.
+        allowed = [
+            {"op": "replace", "path": "/spec/variables/0/expression", "value": json.dumps([str(models)])}
+        ]
+        patches.append(
+            {
+                "target": {"kind": "ValidatingAdmissionPolicy", "name": "clef-operator-host-paths"},
+                "patch": json.dumps(allowed),
+            }
+        )
         kustomization = {
             "apiVersion": "kustomize.config.k8s.io/v1beta1",
             "kind": "Kustomization",
