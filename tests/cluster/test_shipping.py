@@ -544,6 +544,7 @@ STEALS: dict[str, tuple[str, dict[str, Any]]] = {
     "other-service-account": ("no-secrets", {"serviceAccountName": "admin"}),
     "projected-token": ("no-secrets", {"volumes": [{"name": "s", "projected": {"sources": [
         {"serviceAccountToken": {"path": "token"}}]}}]}),
+    "csi-volume": ("no-secrets", {"volumes": [{"name": "s", "csi": {"driver": "secrets-store.csi.k8s.io"}}]}),
     "host-network": ("no-secrets", {"hostNetwork": True}),
     "host-pid": ("no-secrets", {"hostPID": True}),
     "privileged": ("no-secrets", {"privileged": True}),
