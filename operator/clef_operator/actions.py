@@ -51,6 +51,14 @@ class DeleteDeployment:
 
 
 @dataclass(frozen=True)
+class LabelPod:
+    """Add labels to one pod (a merge patch of its metadata; a pod already gone is no error)."""
+
+    name: str
+    labels: Mapping[str, str]
+
+
+@dataclass(frozen=True)
 class CreateService:
     manifest: Mapping[str, Any]
 
@@ -98,6 +106,7 @@ Action = (
     | AnnotateDeployment
     | ReplaceTemplate
     | DeleteDeployment
+    | LabelPod
     | CreateService
     | PatchServiceSelector
     | PatchServicePorts

@@ -86,6 +86,7 @@ from clef_operator.api import (
 from clef_operator.children import (
     Drift,
     adoption_annotations,
+    label_verified_pods,
     repair_ports,
     revert_drift,
     service_conflict,
@@ -158,6 +159,7 @@ def plan_rollout(
     verification = drive_verification(model, owner, spec, key, observed, verdicts, now, verdict_key)
     desired = desired_revision(owner, spec, verification, verdicts.run)
     drift = revert_drift(observed, _known_templates(desired))
+    serving_labels = label_verified_pods(model, spec, observed, verdict_key)
     active = active_revision(model, owner, spec, observed, status, verdicts, desired)
     move = move_towards_desired(model, owner, spec, observed, desired, active)
     previews = stop_stale_previews(observed, {verification.preview, desired.revision, move.active_revision})
@@ -172,6 +174,8 @@ def plan_rollout(
     actions = (
         *verification.actions,
         *drift.actions,
+        # Before any switch: the Service selects a revision's pods by the serving label.
+        *serving_labels,
         *active.actions,
         *move.actions,
         *previews.actions,
