@@ -52,10 +52,11 @@ class DeleteDeployment:
 
 @dataclass(frozen=True)
 class LabelPod:
-    """Add labels to one pod (a merge patch of its metadata; a pod already gone is no error)."""
+    """Set labels on one pod, None removing one (a merge patch of its metadata; a pod already
+    gone is no error)."""
 
     name: str
-    labels: Mapping[str, str]
+    labels: Mapping[str, str | None]
 
 
 @dataclass(frozen=True)

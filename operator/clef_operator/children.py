@@ -247,7 +247,8 @@ def label_verified_pods(
     model: ModelRef, spec: ClefModelSpec, observed: Observed, verdict_key: bytes
 ) -> tuple[Action, ...]:
     """The serving label (`clef.riotpiao.com/model=<name>`, which clef's Service selects with the
-    revision) on every live pod of a verified revision that lacks it.  Serving pods are created
+    revision) on every live pod of a verified revision that lacks it, and off every pod of a
+    preview that carries it (someone put it there: clef never does).  Serving pods are created
     without it (`render.serving_pod_labels`), so a preview, which has no verdict yet, is selected by
     no Service that selects on it (docs/operations.md, "Selecting serving pods").  A model that
     does not require verification serves its revisions without a verdict: every one but a preview."""
@@ -259,12 +260,21 @@ def label_verified_pods(
             for d in observed.deployments
             if not d.deleting and labels.PREVIEW_FOR not in d.annotations
         }
-    return tuple(
-        LabelPod(p.name, {labels.MODEL: model.name})
-        for p in observed.pods
-        if p.component == labels.COMPONENT_SERVING
-        and p.revision in verified
-        and p.serving_label != model.name
-        and not p.deleting
-        and p.phase not in ("Succeeded", "Failed")
-    )
+    previews = {d.revision for d in observed.deployments if labels.PREVIEW_FOR in d.annotations}
+    actions: list[Action] = []
+    for p in observed.pods:
+        if p.component != labels.COMPONENT_SERVING or p.deleting or p.phase in ("Succeeded", "Failed"):
+            continue
+        if p.revision in verified and p.serving_label != model.name:
+            actions.append(LabelPod(p.name, {labels.MODEL: model.name}))
+        elif p.revision in previews and p.serving_label and p.revision_of == model.name:
+            actions.append(LabelPod(p.name, {labels.MODEL: None}))
+            actions.append(
+                Event(
+                    "Warning",
+                    "ServingLabelRemoved",
+                    f"pod {p.name} of the preview {p.revision}, which has not passed, carried the serving"
+                    f" label {labels.MODEL}={p.serving_label} that clef did not give it; removed it",
+                )
+            )
+    return tuple(actions)

@@ -265,6 +265,7 @@ def _pod(p: Any, node_labels: Mapping[str, Mapping[str, str]]) -> PodState:
         component=component,
         revision=pod_labels.get(labels.REVISION, ""),
         serving_label=pod_labels.get(labels.MODEL, ""),
+        revision_of=pod_labels.get(labels.REVISION_OF, ""),
         deleting=meta.deletion_timestamp is not None,
         job_name=job_name,
         phase=(status.phase or "Pending") if status else "Pending",

@@ -706,7 +706,7 @@ def test_the_operators_token_only_adds_the_serving_label_to_a_pod(
     """Issue 33, finding 5: the operator gives a pod the serving label only once its revision is
     verified, which takes `patch pods`; RBAC alone would let the token change any pod's image.
     clef-operator-serving-label admits one change: `clef.riotpiao.com/model=<revision-of>` added
-    to a serving pod clef created."""
+    to, or removed from, a serving pod clef created."""
     from kubernetes import config
 
     kubectl(cluster, "apply", "--server-side", "--force-conflicts", "-k", str(BASE))
@@ -730,18 +730,19 @@ def test_the_operators_token_only_adds_the_serving_label_to_a_pod(
     try:
         wait_for(lambda: not _patch_pod(sa, namespace, "serving", serving_label), 30,
                  "the serving label added to a serving pod admitted")  # fmt: skip
+        cluster.core.patch_namespaced_pod("serving", namespace, serving_label)
+        unlabel = {"metadata": {"labels": {"clef.riotpiao.com/model": None}}}
+        assert not _patch_pod(sa, namespace, "serving", unlabel), "and removed"
         refused = {
-            "another model's label": (
-                "serving",
-                {"metadata": {"labels": {"clef.riotpiao.com/model": "there"}}},
-            ),
+            "another model's label": ("serving", {"metadata": {"labels": {"clef.riotpiao.com/model": "there"}}}),
+            "the revision-of label": ("serving", {"metadata": {"labels": {"clef.riotpiao.com/revision-of": "x"}}}),
             "another label": ("serving", {"metadata": {"labels": {"app": "mine"}}}),
             "a label removed": ("serving", {"metadata": {"labels": {"clef.riotpiao.com/revision": None}}}),
             "an annotation": ("serving", {"metadata": {"annotations": {"a": "b"}}}),
             "the image": ("serving", {"spec": {"containers": [{"name": "engine", "image": "evil:1"}]}}),
             "a verification pod": ("verify", serving_label),
             "a pod clef did not make": ("theirs", serving_label),
-        }
+        }  # fmt: skip
         for what, (name, body) in refused.items():
             answer = _patch_pod(sa, namespace, name, body)
             assert "clef-operator-serving-label" in answer, (what, answer)

@@ -278,9 +278,8 @@ class World:
     def _label_pod(self, action: LabelPod) -> None:
         pod = self.pods.get(action.name)
         if pod is not None:  # gone: no error, as in kube.VANISHED_IS_DONE
-            self.pods[action.name] = replace(
-                pod, serving_label=action.labels.get(labels.MODEL, pod.serving_label)
-            )
+            value = action.labels.get(labels.MODEL, pod.serving_label)
+            self.pods[action.name] = replace(pod, serving_label=value or "")
 
     def _event(self, action: Event) -> None:
         self.events.append(action)

@@ -370,6 +370,13 @@ def test_only_pods_of_a_revision_with_a_signed_passed_verdict_get_the_serving_la
     assert label_verified_pods(w.model, w.spec, observed, VERDICT_KEY) == (
         LabelPod("a", {labels.MODEL: "clef-flash"}),
     )
+    # A preview's pod that someone gave the serving label loses it, with a warning; one made by a
+    # clef that created pods with it (no revision-of: its selector needs the label) keeps it.
+    handed = _serving_pod("handed", preview.revision, serving_label="clef-flash", revision_of="clef-flash")
+    legacy = _serving_pod("legacy", preview.revision, serving_label="clef-flash")
+    actions = label_verified_pods(w.model, w.spec, replace(observed, pods=(handed, legacy)), VERDICT_KEY)
+    assert actions[0] == LabelPod("handed", {labels.MODEL: None})
+    assert isinstance(actions[1], Event) and actions[1].reason == "ServingLabelRemoved" and len(actions) == 2
     # A model that does not require verification serves every revision but a preview.
     unverified = w.spec.model_copy(
         update={"verification": w.spec.verification.model_copy(update={"required": False})}
