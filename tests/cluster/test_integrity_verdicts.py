@@ -25,6 +25,7 @@ from .operator_support import (
     clefmodel,
     delete_models,
     image_of,
+    model_watch,
     operator_running,
 )
 from .watches import GaplessWatch, states
@@ -288,14 +289,7 @@ def test_reverify_1_2_1_is_three_runs_and_never_rolls_back_to_an_old_job(
         _reverify(models, "flash", "2")
         models.wait_status("flash", lambda s: s.get("activeImage") == second.image_id, "run 2 serves", SERVED)
         jobs = job_names(models, "flash")
-        with GaplessWatch(
-            client.CustomObjectsApi(cluster.api).list_namespaced_custom_object,
-            "clef.riotpiao.com",
-            "v1alpha1",
-            namespace,
-            "clefmodels",
-            field_selector="metadata.name=flash",
-        ) as watched:
+        with model_watch(cluster, namespace, "flash") as watched:
             _reverify(models, "flash", "1")
             wait_for(
                 lambda: len(job_names(models, "flash")) > len(jobs),
