@@ -115,3 +115,8 @@ Action = (
     | DeleteConfigMap
     | Event
 )
+
+
+def event(reason: str, message: str, warning: bool = False) -> Event:
+    """An Event action: Normal, or Warning with `warning`."""
+    return Event("Warning" if warning else "Normal", reason, message)

@@ -11,7 +11,7 @@ MODEL = f"{PREFIX}/model"
 VERIFIES = f"{PREFIX}/verifies"
 # On the pods of a serving Deployment (its template and selector) in place of MODEL: MODEL is the
 # serving label, which the operator adds to each pod only once its revision holds a signed, passed
-# verdict (rollout.label_verified_pods), so a preview pod is never selected by it.
+# verdict (children.label_verified_pods), so a preview pod is never selected by it.
 REVISION_OF = f"{PREFIX}/revision-of"
 REVISION = f"{PREFIX}/revision"
 COMPONENT = f"{PREFIX}/component"

@@ -389,7 +389,7 @@ def job_manifest(
 def serving_pod_labels(deployment_labels: dict[str, str]) -> dict[str, str]:
     """A serving pod's labels as its Deployment creates it: the model's name under `revision-of`,
     never under `model`, the serving label, which the operator adds once the revision holds a
-    signed, passed verdict (`rollout.label_verified_pods`): a preview is never selected by it."""
+    signed, passed verdict (`children.label_verified_pods`): a preview is never selected by it."""
     out = {k: v for k, v in deployment_labels.items() if k != labels.MODEL}
     out[labels.REVISION_OF] = deployment_labels[labels.MODEL]
     return out

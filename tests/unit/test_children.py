@@ -25,8 +25,8 @@ from clef_operator.children import (
 )
 from clef_operator.drift import quantity, template_drift
 from clef_operator.observed import DeploymentState, Observed, PodState, ServiceState
+from clef_operator.plan_revisions import Move, retire_old_revisions
 from clef_operator.render import Owner, render_deployment, service_port
-from clef_operator.rollout import Move, retire_old_revisions
 
 OWNER = Owner("clef-flash", "default", "uid-1")
 IMAGE = "registry.clef.test/clef-runtime@sha256:" + "a" * 64
