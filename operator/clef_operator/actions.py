@@ -51,6 +51,15 @@ class DeleteDeployment:
 
 
 @dataclass(frozen=True)
+class LabelPod:
+    """Set labels on one pod, None removing one (a merge patch of its metadata; a pod already
+    gone is no error)."""
+
+    name: str
+    labels: Mapping[str, str | None]
+
+
+@dataclass(frozen=True)
 class CreateService:
     manifest: Mapping[str, Any]
 
@@ -98,6 +107,7 @@ Action = (
     | AnnotateDeployment
     | ReplaceTemplate
     | DeleteDeployment
+    | LabelPod
     | CreateService
     | PatchServiceSelector
     | PatchServicePorts
@@ -105,3 +115,8 @@ Action = (
     | DeleteConfigMap
     | Event
 )
+
+
+def event(reason: str, message: str, warning: bool = False) -> Event:
+    """An Event action: Normal, or Warning with `warning`."""
+    return Event("Warning" if warning else "Normal", reason, message)

@@ -7,6 +7,7 @@
   by clef for it, adopted with `spec.service.adopt`, never one controlled by another owner).
 - `repair_ports`: the Service's `http` port follows spec.service.port / containerPort.
 - `release_ops`: the JSON patch that hands an adopted Service back when its model is deleted.
+- `label_verified_pods`: the serving label goes on the pods of verified revisions only.
 
 Nothing here reads the cluster; `rollout` calls these from its phases, `kube` and `handlers`
 carry out what they return.
@@ -20,12 +21,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from clef_operator import labels
-from clef_operator.actions import Action, Event, PatchServicePorts, ReplaceTemplate
-from clef_operator.api import ClefModelSpec
-from clef_operator.drift import template_drift
-from clef_operator.observed import DeploymentState, Observed, ServiceState
+from clef_operator.actions import Action, Event, LabelPod, PatchServicePorts, ReplaceTemplate
+from clef_operator.api import ClefModelSpec, Verdict
+from clef_operator.drift import as_dict, template_drift
+from clef_operator.observed import DeploymentState, ModelRef, Observed, ServiceState
 from clef_operator.render import SERVICE_PORT_NAME, service_port
 from clef_operator.revision import short_hash
+from clef_operator.verdicts import decode_verdict, is_trusted
 
 # ---------------------------------------------------------------------------- drift
 
@@ -67,6 +69,7 @@ def revert_drift(observed: Observed, known: Mapping[str, Mapping[str, Any]]) -> 
         rendered = rendered_template(dep, known)
         if rendered is None:
             continue
+        rendered = _with_legacy_labels(rendered, dep.template)
         paths = template_drift(rendered, dep.template)
         if not paths:
             continue
@@ -82,6 +85,18 @@ def revert_drift(observed: Observed, known: Mapping[str, Mapping[str, Any]]) -> 
             )
         )
     return Drift(drifted, tuple(actions))
+
+
+def _with_legacy_labels(rendered: Mapping[str, Any], observed: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A Deployment made by a clef that created serving pods with the serving label has it in its
+    template and its (immutable) selector: its template keeps those labels, the rest is compared."""
+    found = as_dict(observed).get("metadata", {}).get("labels", {})
+    if labels.MODEL not in found or labels.REVISION_OF in found:
+        return rendered
+    mine = dict(rendered["metadata"]["labels"])
+    legacy = {k: v for k, v in mine.items() if k != labels.REVISION_OF}
+    legacy[labels.MODEL] = mine.get(labels.REVISION_OF, found[labels.MODEL])
+    return {**rendered, "metadata": {**rendered["metadata"], "labels": legacy}}
 
 
 # ---------------------------------------------------------------------------- the Service
@@ -210,3 +225,56 @@ def release_ops(annotations: Mapping[str, str], model: str) -> list[dict[str, An
 
 def _escape(key: str) -> str:
     return key.replace("~", "~0").replace("/", "~1")
+
+
+# ---------------------------------------------------------------------------- the serving label
+
+
+def verified_revisions(model: ModelRef, observed: Observed, verdict_key: bytes) -> set[str]:
+    """The revisions whose Deployment carries a passed verdict signed with the operator's key and
+    is not a preview (a preview's verdict is written only when it is promoted)."""
+    out: set[str] = set()
+    for d in observed.deployments:
+        if d.deleting or labels.PREVIEW_FOR in d.annotations:
+            continue
+        record = decode_verdict(d.annotations)
+        if record is not None and record.verdict is Verdict.PASSED and is_trusted(verdict_key, model, record):
+            out.add(d.revision)
+    return out
+
+
+def label_verified_pods(
+    model: ModelRef, spec: ClefModelSpec, observed: Observed, verdict_key: bytes
+) -> tuple[Action, ...]:
+    """The serving label (`clef.riotpiao.com/model=<name>`, which clef's Service selects with the
+    revision) on every live pod of a verified revision that lacks it, and off every pod of a
+    preview that carries it (someone put it there: clef never does).  Serving pods are created
+    without it (`render.serving_pod_labels`), so a preview, which has no verdict yet, is selected by
+    no Service that selects on it (docs/operations.md, "Selecting serving pods").  A model that
+    does not require verification serves its revisions without a verdict: every one but a preview."""
+    if spec.verification.required:
+        verified = verified_revisions(model, observed, verdict_key)
+    else:
+        verified = {
+            d.revision
+            for d in observed.deployments
+            if not d.deleting and labels.PREVIEW_FOR not in d.annotations
+        }
+    previews = {d.revision for d in observed.deployments if labels.PREVIEW_FOR in d.annotations}
+    actions: list[Action] = []
+    for p in observed.pods:
+        if p.component != labels.COMPONENT_SERVING or p.deleting or p.phase in ("Succeeded", "Failed"):
+            continue
+        if p.revision in verified and p.serving_label != model.name:
+            actions.append(LabelPod(p.name, {labels.MODEL: model.name}))
+        elif p.revision in previews and p.serving_label and p.revision_of == model.name:
+            actions.append(LabelPod(p.name, {labels.MODEL: None}))
+            actions.append(
+                Event(
+                    "Warning",
+                    "ServingLabelRemoved",
+                    f"pod {p.name} of the preview {p.revision}, which has not passed, carried the serving"
+                    f" label {labels.MODEL}={p.serving_label} that clef did not give it; removed it",
+                )
+            )
+    return tuple(actions)

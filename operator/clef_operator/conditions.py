@@ -2,7 +2,7 @@
 
 docs/api.md and docs/operations.md explain each type and reason here (tests/unit/test_docs.py and
 test_operations_doc.py fail when one is missing).  Which condition says what is decided by the
-planner (`rollout.derive_conditions`); this module only names and builds them.
+planner (`plan_status.derive_conditions`); this module only names and builds them.
 """
 
 from __future__ import annotations

@@ -125,7 +125,7 @@ def _walk(path: list[str], rendered: Any, observed: Any, out: list[str]) -> None
         out.append(_show(path))
 
 
-def _as_dict(m: Mapping[str, Any]) -> dict[str, Any]:
+def as_dict(m: Mapping[str, Any]) -> dict[str, Any]:
     return m if isinstance(m, dict) else dict(m.items())
 
 
@@ -134,5 +134,5 @@ def template_drift(rendered: Mapping[str, Any], observed: Mapping[str, Any]) -> 
     Both are wire dicts (camelCase keys, as the API server serves them)."""
     out: list[str] = []
     # The walk compares dicts; a packed template (`observed.Packed`) is decoded once, here.
-    _walk([], _as_dict(rendered), _as_dict(observed), out)
+    _walk([], as_dict(rendered), as_dict(observed), out)
     return sorted(out)

@@ -93,6 +93,7 @@ VANISHED_IS_DONE = (
     act.ScaleDeployment,
     act.AnnotateDeployment,
     act.ReplaceTemplate,
+    act.LabelPod,
     act.PatchServiceSelector,
     act.PatchServicePorts,
 )
@@ -108,6 +109,7 @@ PASS_METHODS = {
         "create_namespaced_secret",
         "create_namespaced_service",
         "delete_namespaced_config_map",
+        "patch_namespaced_pod",
         "list_namespaced_event",
         "patch_namespaced_service",
         "read_namespaced_config_map",
@@ -262,6 +264,9 @@ def _pod(p: Any, node_labels: Mapping[str, Mapping[str, str]]) -> PodState:
         name=meta.name,
         component=component,
         revision=pod_labels.get(labels.REVISION, ""),
+        serving_label=pod_labels.get(labels.MODEL, ""),
+        revision_of=pod_labels.get(labels.REVISION_OF, ""),
+        deleting=meta.deletion_timestamp is not None,
         job_name=job_name,
         phase=(status.phase or "Pending") if status else "Pending",
         reason=(status.reason or "") if status else "",
@@ -347,7 +352,7 @@ def _owners(obj: Any) -> frozenset[str]:
 
 def _by_model(obj: Any) -> cache.Key | None:
     found = obj.metadata.labels or {}
-    model = found.get(labels.MODEL) or found.get(labels.VERIFIES)
+    model = found.get(labels.MODEL) or found.get(labels.VERIFIES) or found.get(labels.REVISION_OF)
     return (obj.metadata.namespace or "", model) if model else None
 
 
@@ -817,6 +822,11 @@ class Kube:
         elif isinstance(action, act.DeleteDeployment):
             self.apps.delete_namespaced_deployment(action.name, ns, propagation_policy="Background")
             self._forget("deployments", model, action.name)
+        elif isinstance(action, act.LabelPod):
+            body = {"metadata": {"labels": dict(action.labels)}}
+            self._remember(
+                "pods", self.core.patch_namespaced_pod(action.name, ns, body, _content_type=MERGE_PATCH)
+            )
         elif isinstance(action, act.CreateService):
             self._remember("services", self.core.create_namespaced_service(ns, _body(action.manifest)))
         elif isinstance(action, act.PatchServiceSelector):

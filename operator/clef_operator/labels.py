@@ -9,6 +9,10 @@ MODEL = f"{PREFIX}/model"
 # On verification pods (kernels verify, goldens, comparison) in place of MODEL: they never serve,
 # so they carry no label that a Service selecting a model's serving pods would match.
 VERIFIES = f"{PREFIX}/verifies"
+# On the pods of a serving Deployment (its template and selector) in place of MODEL: MODEL is the
+# serving label, which the operator adds to each pod only once its revision holds a signed, passed
+# verdict (children.label_verified_pods), so a preview pod is never selected by it.
+REVISION_OF = f"{PREFIX}/revision-of"
 REVISION = f"{PREFIX}/revision"
 COMPONENT = f"{PREFIX}/component"
 VERIFICATION_KEY = f"{PREFIX}/verification-key"
@@ -87,4 +91,10 @@ GPU_RESOURCE = "nvidia.com/gpu"
 
 
 def selector(model: str, revision: str) -> dict[str, str]:
+    """The Service's selector: the verified pods (MODEL) of one revision."""
     return {MODEL: model, REVISION: revision}
+
+
+def pod_selector(model: str, revision: str) -> dict[str, str]:
+    """A serving Deployment's selector: every pod of the revision, verified or not."""
+    return {REVISION_OF: model, REVISION: revision}

@@ -140,6 +140,12 @@ class PodState:
     name: str
     component: str
     revision: str = ""
+    # The value of its serving label (labels.MODEL): "" until the operator adds it to a pod of a
+    # verified revision; verification pods never get it.
+    serving_label: str = ""
+    # The model a serving pod was created for (labels.REVISION_OF; "" on pods made before it).
+    revision_of: str = ""
+    deleting: bool = False
     job_name: str = ""
     phase: str = "Pending"
     reason: str = ""

@@ -316,8 +316,11 @@ def render_deployment(
     gpu_class: str | None = None,
 ) -> dict[str, Any]:
     revision = serving_revision(spec, image, gpu_class)
-    pod_labels = _labels(owner.name, revision, labels.COMPONENT_SERVING)
-    template = {"metadata": {"labels": pod_labels}, "spec": render_serving_pod_spec(spec, image, gpu_class)}
+    deployment_labels = _labels(owner.name, revision, labels.COMPONENT_SERVING)
+    template = {
+        "metadata": {"labels": serving_pod_labels(deployment_labels)},
+        "spec": render_serving_pod_spec(spec, image, gpu_class),
+    }
     # The rendering travels with the Deployment, so its drift can be reverted whatever spec the
     # ClefModel holds now (`children.rendered_template` checks it against the revision).
     annotations = {**annotations, labels.POD_TEMPLATE: json.dumps(template, sort_keys=True)}
@@ -327,13 +330,13 @@ def render_deployment(
         "metadata": {
             "name": deployment_name(owner.name, revision),
             "namespace": owner.namespace,
-            "labels": pod_labels,
+            "labels": deployment_labels,
             "annotations": dict(annotations),
             "ownerReferences": [owner.reference()],
         },
         "spec": {
             "replicas": replicas,
-            "selector": {"matchLabels": labels.selector(owner.name, revision)},
+            "selector": {"matchLabels": labels.pod_selector(owner.name, revision)},
             # One Deployment per revision is never rolled in place; if someone edits it anyway,
             # Recreate avoids asking for twice the GPUs.
             "strategy": {"type": "Recreate"},
@@ -381,6 +384,15 @@ def job_manifest(
             "template": {"metadata": {"labels": verification_pod_labels(job_labels)}, "spec": pod},
         },
     }
+
+
+def serving_pod_labels(deployment_labels: dict[str, str]) -> dict[str, str]:
+    """A serving pod's labels as its Deployment creates it: the model's name under `revision-of`,
+    never under `model`, the serving label, which the operator adds once the revision holds a
+    signed, passed verdict (`children.label_verified_pods`): a preview is never selected by it."""
+    out = {k: v for k, v in deployment_labels.items() if k != labels.MODEL}
+    out[labels.REVISION_OF] = deployment_labels[labels.MODEL]
+    return out
 
 
 def verification_pod_labels(job_labels: dict[str, str]) -> dict[str, str]:

@@ -156,6 +156,7 @@ class SharedQueue:
         self._queue = queue if queue is not None else WorkQueue()
         self._changed = threading.Condition()
         self._closed = False
+        self._waiting = 0
 
     def add(self, key: Key) -> None:
         with self._changed:
@@ -174,8 +175,17 @@ class SharedQueue:
                 key = self._queue.get()
                 if key is not None:
                     return key
-                self._changed.wait(self._queue.wait_seconds())
+                self._waiting += 1
+                try:
+                    self._changed.wait(self._queue.wait_seconds())
+                finally:
+                    self._waiting -= 1
             return None
+
+    def waiting(self) -> int:
+        """How many `get` calls are blocked on the queue now (idle workers)."""
+        with self._changed:
+            return self._waiting
 
     def done(self, key: Key) -> None:
         with self._changed:
@@ -205,6 +215,11 @@ class SharedQueue:
     def depth(self) -> int:
         with self._changed:
             return self._queue.depth()
+
+    def wait_seconds(self) -> float | None:
+        """How long until a key is ready (`WorkQueue.wait_seconds`)."""
+        with self._changed:
+            return self._queue.wait_seconds()
 
     def known(self) -> int:
         with self._changed:

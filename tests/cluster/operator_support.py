@@ -332,6 +332,18 @@ class EndpointWatch:
         self.watch.__exit__(exc_type, *rest)
 
 
+def model_watch(cluster: Cluster, namespace: str, name: str) -> GaplessWatch:
+    """Every change to ClefModel `name` (its status included), without gaps, once started."""
+    return GaplessWatch(
+        client.CustomObjectsApi(cluster.api).list_namespaced_custom_object,
+        GROUP,
+        VERSION,
+        namespace,
+        PLURAL,
+        field_selector=f"metadata.name={name}",
+    )
+
+
 def delete_models(cluster: Cluster, namespace: str, timeout: float = 30) -> None:
     """Delete the namespace's ClefModels while the operator still runs, so it can release them
     (they carry its finalizer); whatever is left after `timeout` loses the finalizer, so the

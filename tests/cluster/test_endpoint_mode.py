@@ -8,7 +8,8 @@ correct candidate promoted; the key-band fault in the *serving* engine rejected 
 EndpointMismatch while the old revision serves; a preview that never becomes Ready, and one that
 crash-loops, failing closed in bounded time; the fixed image verified against the same goldens
 (one goldens Job in all) with the operator killed during the comparison; a template mismatch
-being an error; goldens edited by hand not trusted.  Small shapes: two chat prompts, a few new
+being an error; goldens edited by hand not trusted.  Throughout, a Service of the user's own that
+selects on the serving label lists only pods that passed.  Small shapes: two chat prompts, a few new
 tokens, the engine on the CPU.
 """
 
@@ -33,6 +34,7 @@ from clef_devcluster.config import ENGINE_IMAGE_PREFIX
 
 from .conftest import Cluster, wait_for
 from .operator_support import VERIFY_SECONDS, Models, OperatorProcess, clefmodel, delete_models
+from .watches import GaplessWatch, states
 
 pytestmark = pytest.mark.cluster
 
@@ -57,6 +59,15 @@ class Story:
     models: Models
     operator: OperatorProcess
     checkpoint: Path
+    # What a Service of the user's own that selects on the serving label alone
+    # (`clef.riotpiao.com/model=flash`) would select: the pods that match it, watched without gaps
+    # for the whole module.  (Its EndpointSlices cannot show it here: the runner serves on loopback
+    # pod IPs, which an EndpointSlice refuses to hold.)
+    mine: GaplessWatch
+
+    def pods_behind_mine(self) -> set[str]:
+        """Every pod the selector matched, in any state the watched set went through."""
+        return {name for state in states(self.mine.initial, self.mine.snapshot()) for name in state}
 
     def status(self) -> dict[str, Any]:
         return dict(self.models.get(NAME).get("status") or {})
@@ -132,9 +143,13 @@ def story(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     cluster.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
     operator = OperatorProcess(cluster.kubeconfig, namespace, root / "operator.log")
     models = Models(cluster, namespace, operator)
+    watch = GaplessWatch(
+        cluster.core.list_namespaced_pod, namespace, label_selector=f"clef.riotpiao.com/model={NAME}"
+    )
     operator.start()
     try:
-        yield Story(cluster, namespace, models, operator, checkpoint)
+        with watch:
+            yield Story(cluster, namespace, models, operator, checkpoint, watch)
     finally:
         delete_models(cluster, namespace)
         operator.stop()
@@ -182,6 +197,13 @@ def test_a_correct_candle_vllm_candidate_is_promoted(story: Story) -> None:
     models.wait_events(
         NAME, "GoldensStarted", "GoldensStored", "PreviewStarted", "ComparisonStarted", "PreviewPromoted"
     )
+    # Issue 33, finding 5: a Service of the user's own that selects on the serving label gets the
+    # promoted pod once it passed, and never a goldens or comparison pod.
+    serving = [p.metadata.name for p in story.cluster.core.list_namespaced_pod(
+        story.namespace, label_selector=f"clef.riotpiao.com/revision={status['activeRevision']}").items]  # fmt: skip
+    assert len(serving) == 1, serving
+    wait_for(lambda: story.pods_behind_mine() == set(serving), 30, f"mine to select {serving}",
+             lambda: str(story.pods_behind_mine()))  # fmt: skip
 
 
 def test_the_key_band_fault_in_the_serving_engine_is_an_endpoint_mismatch(story: Story) -> None:
@@ -208,6 +230,10 @@ def test_the_key_band_fault_in_the_serving_engine_is_an_endpoint_mismatch(story:
         lambda: models.describe(NAME),
     )
     assert len(story.jobs("goldens")) == 1, "the same goldens answered"
+    # Issue 33, finding 5: the broken preview was asked, became Ready and was scaled to 0; a
+    # Service of the user's own that selects on the serving label never listed it.
+    behind = story.pods_behind_mine()
+    assert behind and all(p.startswith(f"{NAME}-{active}-") for p in behind), behind
 
 
 @pytest.mark.parametrize(
@@ -281,13 +307,25 @@ def test_an_engine_that_renders_another_template_is_an_error_not_a_pass(story: S
     assert story.status()["activeRevision"] == active
 
 
+def _another_first_answer(goldens: bytes) -> bytes:
+    """`goldens` with the last digit of the first token id after the first `"ids":[` changed."""
+    start = goldens.index(b'"ids":[') + len(b'"ids":[')
+    end = start
+    while goldens[end : end + 1].isdigit():
+        end += 1
+    digit = goldens[end - 1 : end]
+    other = b"1" if digit != b"1" else b"2"
+    return goldens[: end - 1] + other + goldens[end:]
+
+
 def test_goldens_edited_by_hand_are_not_trusted(story: Story) -> None:
     models, core, ns = story.models, story.cluster.core, story.namespace
     (cm,) = core.list_namespaced_config_map(ns, label_selector="clef.riotpiao.com/component=goldens").items
     data = gzip.decompress(base64.b64decode(cm.binary_data["goldens.json.gz"]))
-    # Someone "fixes" the goldens to whatever an engine answers: same length, other bytes.
-    forged = data.replace(b'"ids":[', b'"ids": [', 1)[:-2] + data[-1:]
-    assert forged != data and len(forged) == len(data)
+    # Someone "fixes" the goldens to what another engine answers: the first golden token of the
+    # first prompt becomes another id (same length, so only the bytes tell).
+    forged = _another_first_answer(data)
+    assert len(forged) == len(data) and json.loads(forged) != json.loads(data)
     core.delete_namespaced_config_map(cm.metadata.name, ns)
     body = client.V1ConfigMap(
         metadata=client.V1ObjectMeta(

@@ -676,3 +676,77 @@ def test_the_operators_token_cannot_reach_what_it_was_not_given(
             "clef.riotpiao.com", "v1alpha1", namespace, "clefmodels", "here"
         )
         cluster.core.delete_namespace(empty)
+
+
+SERVING_POD = {
+    **CLEFS,
+    "clef.riotpiao.com/component": "serving",
+    "clef.riotpiao.com/revision-of": "here",
+    "clef.riotpiao.com/revision": "r1",
+}
+VERIFICATION_POD = {
+    **CLEFS,
+    "clef.riotpiao.com/component": "verification",
+    "clef.riotpiao.com/verifies": "here",
+}
+
+
+def _patch_pod(sa: Any, namespace: str, name: str, body: dict[str, Any]) -> str:
+    """The API server's answer to the operator's token patching pod `name` (a dry run)."""
+    try:
+        client.CoreV1Api(sa).patch_namespaced_pod(name, namespace, body, dry_run="All")
+    except ApiException as e:
+        return str(e.body)
+    return ""
+
+
+def test_the_operators_token_only_adds_the_serving_label_to_a_pod(
+    cluster: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    """Issue 33, finding 5: the operator gives a pod the serving label only once its revision is
+    verified, which takes `patch pods`; RBAC alone would let the token change any pod's image.
+    clef-operator-serving-label admits one change: `clef.riotpiao.com/model=<revision-of>` added
+    to, or removed from, a serving pod clef created."""
+    from kubernetes import config
+
+    kubectl(cluster, "apply", "--server-side", "--force-conflicts", "-k", str(BASE))
+    sa = config.new_client_from_config(
+        config_file=str(
+            service_account_kubeconfig(
+                cluster.kubeconfig, OPERATOR_NAMESPACE, OPERATOR_SA, tmp_path / "operator.kubeconfig", 600
+            )
+        )
+    )
+    held = {"schedulingGates": [{"name": "clef.test/held"}], "automountServiceAccountToken": False}
+    container = {"name": "engine", "image": "registry.clef.test/x:1.0"}
+    for name, pod_labels in (
+        ("serving", SERVING_POD),
+        ("verify", VERIFICATION_POD),
+        ("theirs", {"app": "x"}),
+    ):
+        body = {"metadata": {"name": name, "labels": pod_labels}, "spec": {**held, "containers": [container]}}
+        cluster.core.create_namespaced_pod(namespace, body)
+    serving_label = {"metadata": {"labels": {"clef.riotpiao.com/model": "here"}}}
+    try:
+        wait_for(lambda: not _patch_pod(sa, namespace, "serving", serving_label), 30,
+                 "the serving label added to a serving pod admitted")  # fmt: skip
+        cluster.core.patch_namespaced_pod("serving", namespace, serving_label)
+        unlabel = {"metadata": {"labels": {"clef.riotpiao.com/model": None}}}
+        assert not _patch_pod(sa, namespace, "serving", unlabel), "and removed"
+        refused = {
+            "another model's label": ("serving", {"metadata": {"labels": {"clef.riotpiao.com/model": "there"}}}),
+            "the revision-of label": ("serving", {"metadata": {"labels": {"clef.riotpiao.com/revision-of": "x"}}}),
+            "another label": ("serving", {"metadata": {"labels": {"app": "mine"}}}),
+            "a label removed": ("serving", {"metadata": {"labels": {"clef.riotpiao.com/revision": None}}}),
+            "an annotation": ("serving", {"metadata": {"annotations": {"a": "b"}}}),
+            "the image": ("serving", {"spec": {"containers": [{"name": "engine", "image": "evil:1"}]}}),
+            "a verification pod": ("verify", serving_label),
+            "a pod clef did not make": ("theirs", serving_label),
+        }  # fmt: skip
+        for what, (name, body) in refused.items():
+            answer = _patch_pod(sa, namespace, name, body)
+            assert "clef-operator-serving-label" in answer, (what, answer)
+    finally:
+        sa.close()
+        for name in ("serving", "verify", "theirs"):
+            cluster.core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)

@@ -25,6 +25,7 @@ from clef_operator.actions import (
     DeleteDeployment,
     DeleteJob,
     Event,
+    LabelPod,
     PatchServicePorts,
     PatchServiceSelector,
     ReplaceTemplate,
@@ -274,6 +275,12 @@ class World:
         d = self.deployments[action.name]
         self.deployments[action.name] = replace(d, template=action.template, generation=d.generation + 1)
 
+    def _label_pod(self, action: LabelPod) -> None:
+        pod = self.pods.get(action.name)
+        if pod is not None:  # gone: no error, as in kube.VANISHED_IS_DONE
+            value = action.labels.get(labels.MODEL, pod.serving_label)
+            self.pods[action.name] = replace(pod, serving_label=value or "")
+
     def _event(self, action: Event) -> None:
         self.events.append(action)
 
@@ -290,6 +297,7 @@ class World:
         PatchServiceSelector: _patch_service_selector,
         PatchServicePorts: _patch_service_ports,
         ReplaceTemplate: _replace_template,
+        LabelPod: _label_pod,
         Event: _event,
     }
 

@@ -10,12 +10,13 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
-from clef_builders import T0, World, make_spec
+from clef_builders import T0, VERDICT_KEY, World, make_spec
 
 from clef_operator import labels
-from clef_operator.actions import Event, PatchServicePorts, ReplaceTemplate, ScaleDeployment
+from clef_operator.actions import Event, LabelPod, PatchServicePorts, ReplaceTemplate, ScaleDeployment
 from clef_operator.children import (
     adoption_annotations,
+    label_verified_pods,
     release_ops,
     rendered_template,
     revert_drift,
@@ -23,9 +24,9 @@ from clef_operator.children import (
     wanted_ports,
 )
 from clef_operator.drift import quantity, template_drift
-from clef_operator.observed import DeploymentState, Observed, ServiceState
+from clef_operator.observed import DeploymentState, Observed, PodState, ServiceState
+from clef_operator.plan_revisions import Move, retire_old_revisions
 from clef_operator.render import Owner, render_deployment, service_port
-from clef_operator.rollout import Move, retire_old_revisions
 
 OWNER = Owner("clef-flash", "default", "uid-1")
 IMAGE = "registry.clef.test/clef-runtime@sha256:" + "a" * 64
@@ -336,3 +337,64 @@ def test_pods_the_api_server_refuses_reach_degraded():
     state, reason, message = w.condition("Degraded")
     assert (state, reason) == ("True", "ChildRejected")
     assert dep.name in message and 'RuntimeClass "nvidia" not found' in message
+
+
+# ---------------------------------------------------------------------------- the serving label
+
+
+def _serving_pod(name: str, revision: str, **changes: Any) -> PodState:
+    pod = PodState(name=name, component=labels.COMPONENT_SERVING, revision=revision, phase="Running")
+    return replace(pod, **changes)
+
+
+def test_only_pods_of_a_revision_with_a_signed_passed_verdict_get_the_serving_label():
+    w = World(make_spec())
+    w.deploy_first()
+    dep = w.active_deployment()
+    assert dep is not None
+    forged = replace(dep, name="forged", revision="r-forged")
+    forged = replace(
+        forged, annotations={**dep.annotations, labels.VERDICT_SIGNATURE: "0" * 64, labels.IMAGE: "evil"}
+    )
+    preview = replace(dep, name="preview", revision="r-preview", annotations={labels.PREVIEW_FOR: "k"})
+    pods = (
+        _serving_pod("a", dep.revision),
+        _serving_pod("labelled", dep.revision, serving_label="clef-flash"),
+        _serving_pod("going", dep.revision, deleting=True),
+        _serving_pod("done", dep.revision, phase="Succeeded"),
+        _serving_pod("f", forged.revision),
+        _serving_pod("p", preview.revision),
+        PodState(name="job-pod", component=labels.COMPONENT_VERIFICATION, revision=dep.revision),
+    )
+    observed = Observed((dep, forged, preview), pods=pods)
+    assert label_verified_pods(w.model, w.spec, observed, VERDICT_KEY) == (
+        LabelPod("a", {labels.MODEL: "clef-flash"}),
+    )
+    # A preview's pod that someone gave the serving label loses it, with a warning; one made by a
+    # clef that created pods with it (no revision-of: its selector needs the label) keeps it.
+    handed = _serving_pod("handed", preview.revision, serving_label="clef-flash", revision_of="clef-flash")
+    legacy = _serving_pod("legacy", preview.revision, serving_label="clef-flash")
+    actions = label_verified_pods(w.model, w.spec, replace(observed, pods=(handed, legacy)), VERDICT_KEY)
+    assert actions[0] == LabelPod("handed", {labels.MODEL: None})
+    assert isinstance(actions[1], Event) and actions[1].reason == "ServingLabelRemoved" and len(actions) == 2
+    # A model that does not require verification serves every revision but a preview.
+    unverified = w.spec.model_copy(
+        update={"verification": w.spec.verification.model_copy(update={"required": False})}
+    )
+    assert {a.name for a in label_verified_pods(w.model, unverified, observed, VERDICT_KEY)} == {"a", "f"}  # type: ignore[attr-defined]
+
+
+def test_a_deployment_made_with_the_serving_label_in_its_template_is_not_drift():
+    """Before pods were created without the serving label, the template (and the immutable
+    selector) carried it: such a Deployment keeps those labels and is compared on the rest."""
+    t = rendered()
+    legacy = copy.deepcopy(t)
+    mine = legacy["metadata"]["labels"]
+    mine[labels.MODEL] = mine.pop(labels.REVISION_OF)
+    dep = deployment_of(t, served_back(legacy))
+    assert revert_drift(Observed((dep,)), {dep.revision: t}).actions == ()
+    edited = copy.deepcopy(legacy)
+    edited["spec"]["containers"][0]["image"] = "evil"
+    drift = revert_drift(Observed((deployment_of(t, served_back(edited)),)), {dep.revision: t})
+    assert drift.drifted == {dep.revision: ("spec.containers[0].image",)}
+    assert drift.actions[0].template["metadata"]["labels"] == legacy["metadata"]["labels"]  # type: ignore[union-attr]

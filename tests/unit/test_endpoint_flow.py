@@ -632,3 +632,54 @@ def test_a_comparison_job_given_other_goldens_never_passes() -> None:
     status, reason, text = w.condition("Verified")
     assert (status, reason) == ("False", Reason.GOLDENS_UNTRUSTED)
     assert f"was given goldens digest {SWAPPED}" in text
+
+
+def test_the_serving_label_goes_on_a_preview_only_once_it_is_promoted() -> None:
+    """Issue 33, finding 5: a user's Service selecting `clef.riotpiao.com/model=<name>` must not
+    get the preview while it is being asked.  Its pod is created without the serving label; the
+    label comes with the promotion, before the Service switches to it."""
+    from clef_operator.actions import CreateService, LabelPod
+
+    image = f"registry.clef.test/clef-runtime@{digest_for(GOOD)}"
+    body = base_spec_dict(image=image, nodeSelector={"nvidia.com/gpu.product": V100})
+    body["verification"] = {"mode": "endpoint", "endpoint": {"runtimeImage": RUNTIME}}
+    w = World(ClefModelSpec.model_validate(body))
+    rev = to_comparison(w)
+    for _ in range(2):
+        assert not [a for a in w.step().actions if isinstance(a, LabelPod)], "no label while previewed"
+    assert w.pods[f"preview-{rev}"].serving_label == ""
+    w.finish_job(check_job(w), message=endpoint_message(), image=RUNTIME)
+    promoted = w.step()
+    assert "PreviewPromoted" in w.event_reasons()
+    assert not any(isinstance(a, LabelPod) for a in promoted.actions), "the verdict is written first"
+    w.settle()
+    switched = w.step()
+    order = [type(a).__name__ for a in switched.actions if isinstance(a, (LabelPod, CreateService))]
+    assert order == ["LabelPod", "CreateService"], switched.actions
+    assert w.pods[f"preview-{rev}"].serving_label == "clef-flash"
+    assert w.service is not None and w.service.selector[labels.MODEL] == "clef-flash"
+    # A second replica the ReplicaSet makes later gets it too, and nothing is labelled twice.
+    start_preview_pod(w, rev, name=f"second-{rev}")
+    again = w.step()
+    assert [a.name for a in again.actions if isinstance(a, LabelPod)] == [f"second-{rev}"]
+    assert not [a for a in w.step().actions if isinstance(a, LabelPod)]
+
+
+def test_a_failed_preview_never_gets_the_serving_label() -> None:
+    w = serving_then_upgrade()
+    active = w.active_deployment()
+    assert active is not None
+    served = start_preview_pod(w, active.revision, image=GOOD, name="serving-0", uid="uid-0", ip="10.0.0.6")
+    w.step()
+    assert w.pods["serving-0"].serving_label == "clef-flash", "a pod of the verified revision"
+    rev = preview(w)
+    start_preview_pod(w, rev, image=GOOD2, name="preview-new", uid="uid-new", ip="10.0.0.8")
+    w.step()
+    check = check_job_name(w.model.name, w.status.verification_key or "", "")
+    w.finish_job(check, exit_code=1, message=endpoint_message("fail", divergence=KEY_BAND), image=RUNTIME)
+    for _ in range(3):
+        w.settle()
+        w.step()
+    assert w.condition("Verified")[1] == Reason.ENDPOINT_MISMATCH
+    assert w.pods["preview-new"].serving_label == ""
+    assert w.pods[served.name].serving_label == "clef-flash"

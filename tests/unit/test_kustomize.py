@@ -90,12 +90,14 @@ def test_base_holds_exactly_the_operator_install(base: Objects) -> None:
         ("ValidatingAdmissionPolicy", "clef-operator-managed-by"),
         ("ValidatingAdmissionPolicy", "clef-operator-model-namespaces"),
         ("ValidatingAdmissionPolicy", "clef-operator-no-secrets"),
+        ("ValidatingAdmissionPolicy", "clef-operator-serving-label"),
         ("ValidatingAdmissionPolicyBinding", "clef-operator-fence"),
         ("ValidatingAdmissionPolicyBinding", "clef-operator-host-paths"),
         ("ValidatingAdmissionPolicyBinding", "clef-operator-ledgers"),
         ("ValidatingAdmissionPolicyBinding", "clef-operator-managed-by"),
         ("ValidatingAdmissionPolicyBinding", "clef-operator-model-namespaces"),
         ("ValidatingAdmissionPolicyBinding", "clef-operator-no-secrets"),
+        ("ValidatingAdmissionPolicyBinding", "clef-operator-serving-label"),
     ]
     namespaced = [o for o in base if o["kind"] in ("Deployment", "ServiceAccount", "Role", "RoleBinding")]
     assert {o["metadata"]["namespace"] for o in namespaced} == {OPERATOR_NAMESPACE}
@@ -239,6 +241,8 @@ def test_rbac_is_least_privilege(base: Objects) -> None:
         ("", "configmaps", "delete"),
     }
     assert {v for _, r, v in granted if r == "pods/log"} == {"get"}
+    # Pods: read, and patched only to add the serving label (clef-operator-serving-label).
+    assert {v for _, r, v in granted if r == "pods"} == {"list", "watch", "patch"}
     # Secrets: only the operator's verdict key, read by name, and created on the first start, in
     # the operator's own namespace (issue 13: docs/operations.md, "What clef trusts").
     assert {(g, r, v) for g, r, v in granted if r == "secrets"} == {

@@ -59,10 +59,12 @@ def test_command_is_argv_never_a_shell(kind: str) -> None:
         assert argv[-2:] == HOSTILE
 
 
-def test_only_serving_pods_carry_the_model_label() -> None:
+def test_no_pod_is_created_with_the_serving_label() -> None:
     """Issue 33, finding 5: a user's Service selecting `clef.riotpiao.com/model=<name>` took the
-    goldens and comparison pods as endpoints.  Verification pods (kernels verify, goldens and the
-    comparison, all rendered by `job_manifest`) carry the model's name under `verifies` only."""
+    preview, goldens and comparison pods as endpoints.  Verification pods (kernels verify, goldens
+    and the comparison, all rendered by `job_manifest`) carry the model's name under `verifies`;
+    serving pods (a preview is one) under `revision-of`: the operator adds the serving label only
+    to pods of a verified revision (`children.label_verified_pods`)."""
     from clef_operator import labels
     from clef_operator.goldens import render_goldens_job
 
@@ -70,7 +72,8 @@ def test_only_serving_pods_carry_the_model_label() -> None:
         verification={"mode": "endpoint", "endpoint": {"runtimeImage": "registry.clef.test/clef-runtime:1.0"}}
     )
     serving = render_deployment(OWNER, make_spec(), PINNED, 1, {})["spec"]["template"]["metadata"]["labels"]
-    assert serving[labels.MODEL] == "clef-flash" and labels.VERIFIES not in serving
+    assert labels.MODEL not in serving and labels.VERIFIES not in serving
+    assert serving[labels.REVISION_OF] == "clef-flash"
     for job in (render_job(OWNER, make_spec(), ""), render_goldens_job(OWNER, endpoint)):
         pod_labels = job["spec"]["template"]["metadata"]["labels"]
         assert labels.MODEL not in pod_labels, pod_labels

@@ -70,7 +70,10 @@ def test_deployment_has_runtime_class_gpus_volume_probes_and_pinned_image():
     rev = serving_revision(spec, PINNED)
     assert d["metadata"]["name"] == f"clef-flash-{rev}"
     assert d["metadata"]["labels"][labels.REVISION] == rev
-    assert d["spec"]["selector"]["matchLabels"] == labels.selector("clef-flash", rev)
+    # Every pod of the revision; the Service selects only those with the serving label.
+    assert d["spec"]["selector"]["matchLabels"] == labels.pod_selector("clef-flash", rev)
+    assert labels.MODEL not in d["spec"]["template"]["metadata"]["labels"]
+    assert d["metadata"]["labels"][labels.MODEL] == "clef-flash"
     assert d["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
     pod = d["spec"]["template"]["spec"]
     assert pod["runtimeClassName"] == "nvidia"

@@ -22,26 +22,14 @@ from clef_operator.api import (
 )
 from clef_operator.conditions import DEGRADED, READY, Reason, Stamp, Why, invalid_spec, merge_conditions
 from clef_operator.observed import DeploymentState, JobState, ModelRef, Observed, PodState, ServiceState
+from clef_operator.plan_revisions import Move, move_towards_desired, retire_old_revisions
+from clef_operator.plan_service import Active, active_revision
+from clef_operator.plan_status import MAX_RECORDS, Conditions, build_status, derive_conditions
+from clef_operator.plan_verification import Desired, desired_revision, drive_verification
 from clef_operator.render import Owner, service_port, serving_revision, verification_key
 from clef_operator.revision import job_name
-from clef_operator.rollout import (
-    MAX_RECORDS,
-    Active,
-    Conditions,
-    Desired,
-    Move,
-    Verification,
-    VerificationState,
-    active_revision,
-    build_status,
-    derive_conditions,
-    desired_revision,
-    drive_verification,
-    move_towards_desired,
-    retire_old_revisions,
-)
 from clef_operator.verdicts import Verdicts, collect_verdicts, encode_verdict, sign
-from clef_operator.verification import Progress
+from clef_operator.verification import Progress, Verification, VerificationState
 
 MODEL = ModelRef("clef-flash", "default", "uid-1", 3)
 OWNER = Owner("clef-flash", "default", "uid-1")

@@ -78,12 +78,14 @@ def running(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Watching, Passes]
 def test_every_cached_model_gets_a_first_pass_then_waits_for_its_resync(
     running: tuple[Watching, Passes],
 ) -> None:
-    _, passes = running
+    watching, passes = running
     assert until(lambda: passes.count("a") == 1 and passes.count("b") == 1)
     # Both scheduled for the resync: known, not queued.
     assert until(lambda: sample("clef_models") == 2 and sample("clef_reconcile_queue_depth") == 0)
-    time.sleep(0.2)
-    assert passes.count("a") == 1, "no pass without an event before the resync"
+    # No pass without an event before the resync: the next key is due 300 s from now.
+    soonest = watching.queue.wait_seconds()
+    assert soonest is not None and soonest > 290, soonest
+    assert passes.count("a") == 1
 
 
 def test_an_event_queues_its_model(running: tuple[Watching, Passes]) -> None:
@@ -116,8 +118,9 @@ def test_a_failing_pass_is_retried_with_backoff_and_counted(running: tuple[Watch
     assert sample("clef_reconcile_errors_total", kind="exception") >= before + 2
     passes.fail.clear()
     assert until(lambda: passes.count("c") == 3, seconds=10), "and again, after a longer one"
-    time.sleep(0.3)
-    assert passes.count("c") == 3, "a pass that went through waits for the resync"
+    # A pass that went through waits for the resync: nothing is due before it.
+    assert until(lambda: (watching.queue.wait_seconds() or 0) > 290), watching.queue.wait_seconds()
+    assert passes.count("c") == 3
 
 
 def test_a_requeue_from_the_planner_comes_back(running: tuple[Watching, Passes]) -> None:
@@ -133,18 +136,27 @@ def test_workers_wait_for_the_cache_to_sync(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(handlers, "reconcile", passes)
     watching = Watching(Kube(client.ApiClient()))
     synced = threading.Event()
-    monkeypatch.setattr(watching.kube.cache, "synced", synced.is_set)
+    asked: list[bool] = []
+
+    def is_synced() -> bool:
+        asked.append(synced.is_set())
+        return asked[-1]
+
+    monkeypatch.setattr(watching.kube.cache, "synced", is_synced)
     watching.kube.cache["clefmodels"].put(model("a"))
     watching.attach()
-    workers = Workers(watching, Tuning(workers=1))
+    workers = Workers(watching, Tuning(workers=1, resync_seconds=300.0))
     workers.start()
     try:
         watching.wake("ns", "a")
-        time.sleep(0.3)
-        assert passes.seen == [], "no plan from a half-filled cache"
+        # The start-up has found the cache unsynced twice (0.2 s apart) and started no worker.
+        assert until(lambda: asked.count(False) >= 2)
+        assert passes.seen == [] and watching.queue.waiting() == 0, "no plan from a half-filled cache"
         synced.set()
         assert until(lambda: passes.count("a") == 1)
-        time.sleep(0.1)
+        # The worker is back in get() and the only key is due at the resync: the event and the
+        # first pass were one pass, and no second one is queued.
+        assert until(lambda: watching.queue.waiting() == 1 and (watching.queue.wait_seconds() or 0) > 290)
         assert passes.count("a") == 1, "the event and the first pass are one pass"
     finally:
         workers.stop()

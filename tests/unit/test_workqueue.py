@@ -213,12 +213,20 @@ def test_the_heap_stays_the_size_of_the_keys() -> None:
 # ------------------------------------------------------------------------------- threads
 
 
+def until_waiting(shared: SharedQueue, n: int) -> None:
+    """Until `n` threads are blocked in `get` (the state the test is about), within 10 s."""
+    deadline = time.monotonic() + 10
+    while shared.waiting() < n:
+        assert time.monotonic() < deadline, f"{shared.waiting()} of {n} workers reached get()"
+        time.sleep(0.001)
+
+
 def test_a_waiting_worker_gets_a_key_added_from_another_thread() -> None:
     shared = SharedQueue()
     got: list[tuple[str, str] | None] = []
     worker = threading.Thread(target=lambda: got.append(shared.get()))
     worker.start()
-    time.sleep(0.05)
+    until_waiting(shared, 1)
     shared.add(A)
     worker.join(5)
     assert got == [A]
@@ -230,7 +238,7 @@ def test_a_waiting_worker_wakes_for_a_deadline_sooner_than_the_one_it_waits_for(
     got: list[tuple[str, str] | None] = []
     worker = threading.Thread(target=lambda: got.append(shared.get()))
     worker.start()
-    time.sleep(0.05)
+    until_waiting(shared, 1)
     started = time.monotonic()
     shared.add_after(A, 0.1)
     worker.join(10)
@@ -243,7 +251,7 @@ def test_close_ends_every_waiting_get() -> None:
     workers = [threading.Thread(target=lambda: got.append(shared.get())) for _ in range(3)]
     for w in workers:
         w.start()
-    time.sleep(0.05)
+    until_waiting(shared, 3)
     shared.close()
     for w in workers:
         w.join(5)

@@ -15,20 +15,18 @@ import traceback
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from clef_contract.command import TERMINATION_LOG_ENV
 
 from .. import images
-from ..rest import ApiError
+from ..rest import ApiError, Rest
 from . import engine, volumes
 from .container import ContainerState, kill_group, now, read_termination_message
 from .env import ContainerEnv, expand, process_env
-from .logs import OutputCapture
+from .logs import LogIndex, OutputCapture
+from .network import PodAddresses
 from .probes import ProbeSet
-
-if TYPE_CHECKING:
-    from .watch import Runner
 
 log = logging.getLogger("clef.runner")
 
@@ -51,10 +49,30 @@ class NotStarted:
     message: str
 
 
+class PodHost(Protocol):
+    """What a PodWorker needs from the runner that drives it (`watch.Runner`)."""
+
+    rest: Rest
+    shutting_down: threading.Event
+    addresses: PodAddresses
+    log_index: LogIndex
+
+    def node_ip(self, name: str | None) -> str: ...
+    def track(self, pid: int) -> None: ...
+    def untrack(self, pid: int) -> None: ...
+    def forget(self, uid: str) -> None: ...
+    def finalize(self, namespace: str, name: str, uid: str) -> None: ...
+    def image_table(self) -> images.ImageTable: ...
+    def read_object(self, namespace: str, kind: str, name: str) -> Obj | None: ...
+    def run_dir(self, namespace: str, pod: str, container: str, restart: int) -> Path: ...
+    def volume_dir(self, namespace: str, pod: str) -> Path: ...
+    def log_path(self, namespace: str, pod: str, container: str, restart: int) -> Path: ...
+
+
 class PodWorker:
     """Drives one pod from bound to terminal (and, once deleted, gone)."""
 
-    def __init__(self, runner: Runner, pod: Obj) -> None:
+    def __init__(self, runner: PodHost, pod: Obj) -> None:
         self.runner = runner
         self.rest = runner.rest
         self.path = f"/api/v1/namespaces/{pod['metadata']['namespace']}/pods/{pod['metadata']['name']}"

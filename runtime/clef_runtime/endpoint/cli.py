@@ -16,11 +16,10 @@ from clef_contract.endpoint import (
     GOLDENS_ENV,
     GOLDENS_SHA256_ENV,
 )
+from clef_runtime.choices import SERVE_DIALECTS
 
 T = TypeVar("T")
 ENDPOINT_COMMANDS = ("goldens", "serve", "endpoint-check")
-SERVE_DIALECTS = ("openai", "vllm", "candle-vllm", "mistralrs")
-OPSETS = ("triton", "reference")
 
 
 _TEXTS = {

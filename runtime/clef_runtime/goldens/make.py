@@ -27,8 +27,8 @@ from clef_contract.command import ExitCode
 from clef_contract.goldens import PROVENANCE_KEYS, STDOUT, GoldensReport, build_goldens_report
 from clef_runtime import __version__
 from clef_runtime.chat import GOLDENS, ChatError, ChatTokenizer, checkpoint_text_files, tokenizer_config
+from clef_runtime.choices import OPSETS
 from clef_runtime.dtypes import NAMES
-from clef_runtime.endpoint.cli import OPSETS
 from clef_runtime.goldens.prompts import (
     builtin_prompts,
     check_prompts,

@@ -22,9 +22,9 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from clef_contract.command import ExitCode
+from clef_runtime.choices import OPSETS
+from clef_runtime.choices import SERVE_DIALECTS as DIALECTS
 from clef_runtime.dtypes import NAMES
-from clef_runtime.endpoint.cli import OPSETS
-from clef_runtime.endpoint.cli import SERVE_DIALECTS as DIALECTS
 
 if TYPE_CHECKING:
     from clef_runtime.serve.http import ClefHTTPServer
