@@ -189,11 +189,12 @@ for arch, dtype, tc in ((90, torch.bfloat16, True), (90, torch.float16, True), (
     launches = [
         ("prepare", dc._chunk_prepare_kernel,
          dict(q=p, k=p, v=p, g="*fp32", beta="*fp32", w=p, u=p, aqk=p, gc="*fp32", kf="*fp32", qf="*fp32",
-              lb="*fp32", bt="*fp32", cu_seqlens="*i32", scale="fp32"),
+              lb="*fp32", bt="*fp32", cu_seqlens="*i32", scale="fp32", cw="*i32", warmup_log_bound="fp32"),
          dict(common, L2NORM=True, CHUNK_BOUND=tc, BVF=cfg.BVF, KS=cfg.KS, VS=cfg.VS, BC=dc.BC, LOG_BC=dc.BC.bit_length() - 1,
               SOLVE_BY_DOUBLING=cfg.solve_by_doubling, CHUNK_DT=pol.chunk_dtype,
               SOLVE_PRECISION=pol.solve_precision, DOUBLING_PRECISION=dc.doubling_precision(pol),
-              T_OUT=False, SOLVE_DT=dc.solve_dtype(dtype, tc), BETA_IN_T=False, BETA_ROWS=False, PDL=False),
+              T_OUT=False, SOLVE_DT=dc.solve_dtype(dtype, tc), BETA_IN_T=False, BETA_ROWS=False, PDL=False,
+              WARMUP_PLAN=False, WB=ds.WARMUP_BLOCK),
          cfg.warps1, 3, cfg.regs1),
         ("recurrence", dc._chunk_recurrence_kernel,
          dict(k=p, w=p, u=p, gc="*fp32", kf="*fp32", hs=sp, vn=sp, h0="*fp32", ht="*fp32", cu_seqlens="*i32"),
@@ -214,6 +215,12 @@ for arch, dtype, tc in ((90, torch.bfloat16, True), (90, torch.float16, True), (
         # with β folded into T (delta_rule_chunk_split.BETA_IN_T, off: measured no faster), f16 solve
         launches.append(("prepare T out f16 solve β in T", kernel, dict(types, u="*fp32"),
                          dict(consts, T_OUT=True, SOLVE_DT=tl.float16, BETA_IN_T=True), warps, stages, cfg.regs1_t))
+        # the default for B1 prompts: normalised keys, its first programs finding the segments'
+        # warm-up starts (one dense sequence, as B1 prompts take it)
+        launches.append(("prepare T out f16 solve warm-up plan", kernel, dict(types, u="*fp32"),
+                         dict(consts, IS_VARLEN=False, T_OUT=True, SOLVE_DT=tl.float16, BETA_IN_T=ds.BETA_IN_T,
+                              BETA_ROWS=ds.BETA_ROWS, CHUNK_BOUND=False, WARMUP_PLAN=True),
+                         warps, stages, cfg.regs1_t))
         # signalling the walk, launched as a dependant (delta_rule_chunk_split.PDL, off: not timed)
         launches.append(("prepare T out f16 solve PDL", kernel, dict(types, u="*fp32"),
                          dict(consts, T_OUT=True, SOLVE_DT=tl.float16, BETA_IN_T=ds.BETA_IN_T,
@@ -241,7 +248,7 @@ def test_chunk_delta_rule_kernels_compile_for_sm90_and_sm70() -> None:
     per SM: measured faster with 24 bytes spilled at the op's default, 64 with the chunk bounds
     compiled here; bounded at 128)."""
     results = _compile_all(CHUNK_SCRIPT, 900)
-    assert len(results) == 13, results
+    assert len(results) == 14, results
 
     def allowed(key: str) -> int:
         # the three-launch design's launch 1 in bf16: 144 bytes under the cap (T_OUT off; until
@@ -306,8 +313,8 @@ launches = [
           TMA_FACTORS=ds.factor_descriptors(True, ds.FOLD_BV, False), BETA_IN_T=True, BETA_ROWS=False),
      ds.FOLD_WARPS),
     ("warm-up plan", ds._warmup_plan_kernel,
-     dict(lb=f32, gc=f32, beta=f32, cw="*i32", cu_seqlens="*i32", warmup_log_bound="fp32"),
-     dict(HV=32, BT=dc.BT, WB=ds.WARMUP_BLOCK, IS_VARLEN=True, FROM_GATES=True), 4),
+     dict(lb=f32, cw="*i32", cu_seqlens="*i32", warmup_log_bound="fp32"),
+     dict(HV=32, BT=dc.BT, WB=ds.WARMUP_BLOCK, IS_VARLEN=True), 4),
 ]
 results = {}
 for launch, kernel, types, c, warps in launches:

@@ -79,6 +79,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import ModuleType
+from typing import Any
 
 import torch
 import triton
@@ -95,7 +96,9 @@ from clef_runtime.ops.delta_rule_common import (
     dot_policy,
     pow2_at_least,
     rne_bf16,
+    seq_bounds,
     tensor_core_dots,
+    warmup_start,
 )
 from clef_runtime.ops.delta_rule_plan import MAX_PLANS, Plan, Recorder, Spec, carve, plain_launch, tensor_key
 
@@ -150,7 +153,7 @@ def _slot_bounds(i_t, cu_seqlens, T, NT, N, BT: tl.constexpr, IS_VARLEN: tl.cons
     return b, t0, eos
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "NT", "N", "NW", "P"])
 def _chunk_prepare_kernel(
     q,
     k,
@@ -176,6 +179,10 @@ def _chunk_prepare_kernel(
     skt,
     svb,
     svt,
+    cw,
+    warmup_log_bound,
+    NW,
+    P,
     H: tl.constexpr,
     HV: tl.constexpr,
     K: tl.constexpr,
@@ -200,6 +207,8 @@ def _chunk_prepare_kernel(
     BETA_IN_T: tl.constexpr = False,
     BETA_ROWS: tl.constexpr = False,
     PDL: tl.constexpr = False,
+    WARMUP_PLAN: tl.constexpr = False,
+    WB: tl.constexpr = 64,
 ):
     if PDL:  # the split design's walk is launched as a dependant (`delta_rule_chunk_split.PDL`)
         gdc_launch_dependents()
@@ -207,6 +216,27 @@ def _chunk_prepare_kernel(
     # side by side and share q and k through L2 (the chunk count stays off the 65535-limited
     # grid axes)
     pid = tl.program_id(0).to(tl.int64)
+    if WARMUP_PLAN:
+        # the split design's segment starts, from the gates alone (L2-normalised keys): the first
+        # NW = N·HV·P programs each find where one segment of one sequence
+        # and value head warms up from (`delta_rule_common.warmup_start`), into cw, in place of
+        # a launch of their own (`delta_rule_chunk_split._warmup_plan_kernel`: a launch's host
+        # time); the chunks' programs follow
+        if pid < NW:
+            i_nh = pid // P
+            s = pid % P
+            n = i_nh // HV
+            hv_w = i_nh % HV
+            b_w, bos, eos = seq_bounds(n, cu_seqlens, T, IS_VARLEN)
+            seg = tl.cdiv(tl.cdiv(eos - bos, BT), P)
+            c_lo = tl.minimum(s * seg, tl.cdiv(eos - bos, BT))
+            row = b_w * T * HV + hv_w
+            c_w = warmup_start(
+                g, g + row, beta + row, c_lo, bos, eos, warmup_log_bound, HV, BT, WB, True
+            )  # fmt: skip
+            tl.store(cw + pid, c_w.to(tl.int32))
+            return
+        pid -= NW
     i_t = pid // HV
     hv = (pid % HV).to(tl.int32)
     h = hv // (HV // H)
@@ -482,7 +512,7 @@ def _chunk_step(
 # T is never specialised: Triton compiles T == 1 as a constant, which makes the chunk loop's trip
 # count a constant 1, and that pipelined loop (3 stages) faulted on the H200 (illegal address) for
 # a bf16 prompt of one token (hack/device/repro_short_prompts.py).
-@triton.jit(do_not_specialize=["T"])
+@triton.jit(do_not_specialize=["T", "NT", "NS"])
 def _chunk_recurrence_kernel(
     k,
     w,
@@ -583,7 +613,7 @@ def _chunk_recurrence_kernel(
 # ---------------------------------------------------------------------------------------------
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "NT", "N"])
 def _chunk_output_kernel(
     q,
     aqk,
@@ -799,6 +829,7 @@ def prepare(
     pdl: bool = False,
     extra: tuple[Spec | None, ...] = (),
     rec: Recorder | None = None,
+    warmup_plan: tuple[int, float, int] | None = None,
 ) -> Prepared:
     """Allocate the outputs and launch 1's intermediates, and run launch 1 (shared with
     `clef_runtime.ops.delta_rule_chunk_split`; ``chunk_bound``: also the per-chunk log bounds
@@ -806,7 +837,10 @@ def prepare(
     ``[B, T, HV, BT]`` and `Prepared.u` the float32 factors ``β e^{G} / |k|`` by chunk slot
     (as kf), from which that walk forms w and u; with ``beta_in_t`` T diag(β) and
     ``e^{G} / |k|``; with ``beta_rows`` also β by chunk slot, `Prepared.bt`; with ``pdl`` it
-    lets the kernel after it start early: programmatic dependent launch, sm_90)."""
+    lets the kernel after it start early: programmatic dependent launch, sm_90; with
+    ``warmup_plan`` = (P, log bound, chunks a step back) its first N·HV·P programs also store each
+    segment's warm-up start into the caller's first `extra` tensor, int32 [N·HV·P]: the split
+    design's segments, their bounds from the gates, so only for L2-normalised keys)."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     device = q.device
@@ -839,15 +873,20 @@ def prepare(
     cu = cu_seqlens if cu_seqlens is not None else gc  # an unused pointer when not varlen
     policy = dot_policy(q.dtype, _chunk_prepare_kernel, tc)
     cfg = launch_config(K, V, q.dtype, tc)
+    P, log_bound, wb = warmup_plan if warmup_plan is not None else (1, 0.0, 64)
+    NW = N * HV * P if warmup_plan is not None else 0  # the warm-up programs ahead of the chunks'
+    cw = views[8] if NW else gc
+    assert cw is not None
     if T > 0:
         # the first long kernel goes into the queue before the outputs are allocated
         plain_launch(
-            rec, _chunk_prepare_kernel, (slots * HV,),
+            rec, _chunk_prepare_kernel, (slots * HV + NW,),
             (
                 q, k, v, g, beta, w, u, aqk, gc, kf, qf, lb if lb is not None else gc,
                 bt if bt is not None else gc, cu,
                 scale, T, NT, N,
                 q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+                cw, log_bound, NW, P,
             ),
             dict(
                 H=H, HV=HV, K=K, V=V, BK=cfg.BK, BVF=cfg.BVF, KS=cfg.KS, VS=cfg.VS,
@@ -856,7 +895,8 @@ def prepare(
                 CHUNK_DT=policy.chunk_dtype, SOLVE_PRECISION=policy.solve_precision,
                 DOUBLING_PRECISION=doubling_precision(policy), SOLVE_DT=solve_dtype(q.dtype, tc),
                 ROUND_BF16=policy.round_bf16, T_OUT=t_out, BETA_IN_T=t_out and beta_in_t,
-                BETA_ROWS=bt is not None, PDL=pdl, num_warps=cfg.warps1,
+                BETA_ROWS=bt is not None, PDL=pdl, WARMUP_PLAN=warmup_plan is not None, WB=wb,
+                num_warps=cfg.warps1,
                 maxnreg=cfg.regs1_t if t_out else cfg.regs1,
             ),
         )  # fmt: skip
@@ -902,11 +942,15 @@ def chunk_gated_delta_rule(
         )
         if planned is not None:
             key, stream, ptrs = planned
+            last = _LAST
+            if last and key == last[0]:  # the layout of the call before (the next layer's call)
+                return last[1](stream, inputs, ptrs)
             try:
                 plan = _PLANS.get(key)
             except TypeError:  # a flag of an unhashable type: no plan for this call
                 planned, plan = None, None
             if plan is not None:  # this layout's checks passed and its launches were recorded
+                _LAST[:] = (key, plan)
                 return plan(stream, inputs, ptrs)
     B, T, H, HV, K, V, N, scale = checked_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens)
     tc = tensor_core_dots(q.dtype, q.device, tensor_cores)
@@ -978,6 +1022,9 @@ def chunk_gated_delta_rule(
 # ---------------------------------------------------------------------------------------------
 
 _PLANS: dict[tuple[object, ...], Plan] = {}
+# (key, plan) of the last call that took a plan: a model's layers call one layout in turn, and
+# comparing a key with the last one skips hashing it (~45 parts), which costs as much again
+_LAST: list[Any] = []
 # layouts called once: a layout's second call records its plan, so that a caller whose layouts
 # rarely repeat (an engine's chunked prefill with a new token count every step) pays the key,
 # not the recording (Triton's plain launch and a generated function a launch), on every call
@@ -1064,4 +1111,5 @@ def _keep(planned: tuple[tuple[object, ...], int, list[int]] | None, rec: Record
         return
     if len(_PLANS) >= MAX_PLANS:
         _PLANS.clear()
+        _LAST.clear()
     _PLANS[planned[0]] = plan

@@ -10,8 +10,9 @@ chunk states and the v_new round trip of the three-launch design (B1 T32768 bf16
 
 Walking a whole sequence in one program leaves too few programs at B1 (32 value heads × V
 blocks) and a long chain, so each sequence can be cut into ``P`` segments of whole chunks, one
-program each (launch 3, `_segment_output_kernel`, grid ``(N·HV, V / BV, P)``; launch 2,
-`_warmup_plan_kernel`, finds where each segment's warm-up starts).  A segment needs
+program each (launch 3, `_segment_output_kernel`, grid ``(N·HV, V / BV, P)``; where each
+segment's warm-up starts is found by launch 1's first programs for L2-normalised keys, by launch
+2, `_warmup_plan_kernel`, otherwise).  A segment needs
 its true start state; it gets it from a *warm-up walk* over the chunks before it.  Each token
 maps the state by ``S ← e^{g} (I - β k̂ k̂ᵀ) S + …``, whose linear part has spectral norm
 ``e^{g} max(1, |1 - β |k̂|²|)``, so the map of chunks ``c_w .. c_lo - 1`` onto the segment start
@@ -62,7 +63,13 @@ from triton.language.extra.cuda import gdc_wait
 from clef_runtime.interpreter import interpreted
 from clef_runtime.ops._common import cdiv
 from clef_runtime.ops.delta_rule_chunk import BT, OP, checked_inputs, prepare
-from clef_runtime.ops.delta_rule_common import capability, rne_bf16, tensor_core_dots
+from clef_runtime.ops.delta_rule_common import (
+    capability,
+    rne_bf16,
+    tensor_core_dots,
+    warmup_start,
+)
+from clef_runtime.ops.delta_rule_common import seq_bounds as _seq_bounds
 from clef_runtime.ops.delta_rule_plan import Recorder, plain_launch
 
 # With FORM_WU off, launches 2 and 3 take the whole V = 128 per program (k, w, q and Aqk are then
@@ -224,21 +231,6 @@ def takes_default_path(
     if not (dtype == torch.bfloat16 and tensor_cores and max(K, V) <= 128):
         return False
     return N * HV >= DEFAULT_MIN_CHAINS or T // max(1, N) >= DEFAULT_MIN_SPLIT_TOKENS
-
-
-@triton.jit
-def _seq_bounds(n, cu_seqlens, T, IS_VARLEN: tl.constexpr):
-    """(batch row, first token, end) of sequence n, offsets clamped to [0, T] (unchecked bad
-    offsets on a GPU give wrong numbers, never a wild access)."""
-    if IS_VARLEN:
-        b = n * 0
-        bos = tl.minimum(tl.maximum(tl.load(cu_seqlens + n).to(tl.int64), 0), T)
-        eos = tl.minimum(tl.maximum(tl.load(cu_seqlens + n + 1).to(tl.int64), bos), T)
-    else:
-        b = n
-        bos = n * 0
-        eos = n * 0 + T
-    return b, bos, eos
 
 
 @triton.jit
@@ -534,57 +526,9 @@ def _walk(
 # fmt: on
 
 
-@triton.jit
-def _chunk_bounds(
-    idx, lb_p, gc_p, beta_p, bos, eos, HV: tl.constexpr, BT: tl.constexpr, FROM_GATES: tl.constexpr
-):
-    """The log bounds of chunks `idx` (< 0: none, 0) of one sequence and value head.  With
-    L2-normalised keys (FROM_GATES) |k̂|² ≤ 1, so |1 - β |k̂|²| ≤ max(1, |1 - β|): the bound is the
-    chunk's Σ g (its cumulative decay at the chunk end, `gc_p`) plus Σ log max(1, |1 - β|), from
-    the gates alone.  Otherwise launch 1 stored it with the keys' norms (`lb_p`, stride HV)."""
-    live = idx >= 0
-    if FROM_GATES:
-        t0 = bos + idx * BT
-        gl = tl.load(gc_p + tl.minimum(t0 + BT, eos) - 1, mask=live, other=0.0)
-        t = t0[:, None] + tl.arange(0, BT)[None, :]
-        bt = tl.load(beta_p + t * HV, mask=live[:, None] & (t < eos), other=0.0)
-        return gl + tl.sum(tl.log(tl.maximum(tl.abs(1.0 - bt), 1.0)), 1)
-    else:
-        return tl.load(lb_p + idx * HV, mask=live, other=0.0)
-
-
-# fmt: off
-@triton.jit
-def _warmup_start(
-    lb_p, gc_p, beta_p, c_lo, bos, eos, log_bound,
-    HV: tl.constexpr, BT: tl.constexpr, WB: tl.constexpr, FROM_GATES: tl.constexpr,
-):
-    """The chunk a segment starting at chunk ``c_lo`` warms up from: the largest ``c_w < c_lo``
-    whose chunks ``c_w .. c_lo - 1`` have log bounds (`_chunk_bounds`) summing below
-    ``log_bound``, so that their map carries a start-state error of at most ``e^{log_bound}``
-    times the true state at ``c_w`` to ``c_lo``; -1 when no such chunk exists (walk from the
-    sequence start and its initial state: exact).  WB bounds a step, read backwards from c_lo."""
-    i = tl.arange(0, WB)
-    acc = log_bound * 0.0
-    c_w = c_lo * 0 - 1
-    hi = c_lo
-    while hi > 0:  # (a while loop: the interpreter cannot take a runtime range bound)
-        idx = hi - 1 - i
-        vals = _chunk_bounds(idx, lb_p, gc_p, beta_p, bos, eos, HV, BT, FROM_GATES)
-        cs = acc + tl.cumsum(vals, 0)  # cs[i]: the log bound of chunks idx[i] .. c_lo - 1
-        first = tl.min(tl.where((cs < log_bound) & (idx >= 0), i, WB), 0)
-        c_w = tl.where(first < WB, hi - 1 - first, c_w)
-        acc += tl.sum(vals, 0)
-        hi = tl.where(first < WB, 0, hi - WB)
-    return c_w
-# fmt: on
-
-
 @triton.jit(do_not_specialize=["T", "P"])
 def _warmup_plan_kernel(
     lb,
-    gc,
-    beta,
     cw,
     cu_seqlens,
     warmup_log_bound,
@@ -595,22 +539,22 @@ def _warmup_plan_kernel(
     BT: tl.constexpr,
     WB: tl.constexpr,
     IS_VARLEN: tl.constexpr,
-    FROM_GATES: tl.constexpr,
 ):
     """Launch 2, grid ``(N·HV, P)``: where segment s of one sequence and value head warms up from
-    (`_warmup_start`), into ``cw``.  A launch of its own: the walk back's loop inside the walk
-    kernel made the walk spill 130 more bytes per thread on sm_90."""
+    (`delta_rule_common.warmup_start`), into ``cw``, for keys launch 1 does not normalise (from
+    the bounds launch 1 stored, `lb`; with normalised keys launch 1's first programs do this from
+    the gates, `delta_rule_chunk._chunk_prepare_kernel`).  Not inside the walk: the walk back's
+    loop there made the walk spill 130 more bytes per thread on sm_90."""
     i_nh = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1).to(tl.int64)
     n = i_nh // HV
     hv = i_nh % HV
-    b, bos, eos = _seq_bounds(n, cu_seqlens, T, IS_VARLEN)
+    _, bos, eos = _seq_bounds(n, cu_seqlens, T, IS_VARLEN)
     seg = tl.cdiv(tl.cdiv(eos - bos, BT), P)
     c_lo = tl.minimum(s * seg, tl.cdiv(eos - bos, BT))
     slot0 = bos // BT + n if IS_VARLEN else n * NT  # the sequence's first chunk slot
-    c_w = _warmup_start(
-        lb + slot0 * HV + hv, gc + (b * HV + hv) * T, beta + b * T * HV + hv, c_lo, bos, eos, warmup_log_bound,
-        HV, BT, WB, FROM_GATES,
+    c_w = warmup_start(
+        lb + slot0 * HV + hv, lb, lb, c_lo, bos, eos, warmup_log_bound, HV, BT, WB, False
     )  # fmt: skip
     tl.store(cw + i_nh * P + s, c_w.to(tl.int32))
 
@@ -697,7 +641,7 @@ def _segment_output_kernel(
     if PDL:  # launched as a dependant: launch 1's (and 2's) results are complete from here on
         gdc_wait()
     if WARMUP:  # ... from zero at the first chunk whose map onto t_lo is below the bound
-        c_w = tl.load(cw + i_nh * P + s).to(tl.int64)  # launch 2's `_warmup_start`
+        c_w = tl.load(cw + i_nh * P + s).to(tl.int64)  # `warmup_start`, from launch 1 or 2
         t_w = tl.where(c_w < 0, bos, bos + c_w * BT)
         from_start = c_w < 0
     else:
@@ -833,12 +777,17 @@ def run_split(
     # 16 bytes more on sm_90, and it was not measured so)
     beta_rows = tma and BETA_ROWS and not beta_in_t
     # launch 1 stores the chunk bounds only for keys it does not normalise (with normalised keys
-    # the gates give them: `_chunk_bounds`); they cost it 14% at B1 T32768 on the H200
+    # the gates give them: `chunk_bounds`); they cost it 14% at B1 T32768 on the H200.  With
+    # normalised keys launch 1 also finds the segments' warm-up starts (its first N·HV·P
+    # programs), so launch 2 runs only for keys it does not normalise: one launch fewer, ~5 µs
+    # of host time a call on the H200's host (docs/performance.md, "Host time per chunked call").
+    # Unsplit calls (P = 1) keep launch 1 without those programs.
     P_warm = P > 1
     p = prepare(
         q, k, v, g, beta, N, scale, cu_seqlens, use_qk_l2norm, output_final_state, True,
         P_warm and not use_qk_l2norm, fold, beta_in_t, beta_rows, pdl,
         extra=(((N * HV * P,), torch.int32) if P_warm else None,), rec=rec,
+        warmup_plan=(P, WARMUP_LOG_BOUND, WARMUP_BLOCK) if use_qk_l2norm and P_warm else None,
     )  # fmt: skip
     policy, cfg = p.policy, p.cfg
     if fold:
@@ -851,10 +800,12 @@ def run_split(
     if P_warm:
         assert p.extra[0] is not None
         cw = p.extra[0]
+    if P_warm and not use_qk_l2norm:
+        assert p.lb is not None
         plain_launch(
             rec, _warmup_plan_kernel, (N * HV, P),
-            (p.lb if p.lb is not None else p.gc, p.gc, beta, cw, p.cu, WARMUP_LOG_BOUND, T, p.NT, P),
-            dict(HV=HV, BT=BT, WB=WARMUP_BLOCK, IS_VARLEN=varlen, FROM_GATES=use_qk_l2norm, num_warps=4),
+            (p.lb, cw, p.cu, WARMUP_LOG_BOUND, T, p.NT, P),
+            dict(HV=HV, BT=BT, WB=WARMUP_BLOCK, IS_VARLEN=varlen, num_warps=4),
         )  # fmt: skip
     walk_stages = pipeline_stages(tma, BV, policy.state_dtype)
     tma_factors = factor_descriptors(tma, BV, beta_rows)

@@ -168,3 +168,65 @@ def rne_bf16(x):
     bits = x.to(tl.uint32, bitcast=True)
     bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
     return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def seq_bounds(n, cu_seqlens, T, IS_VARLEN: tl.constexpr):
+    """(batch row, first token, end) of sequence n, offsets clamped to [0, T] (unchecked bad
+    offsets on a GPU give wrong numbers, never a wild access)."""
+    if IS_VARLEN:
+        b = n * 0
+        bos = tl.minimum(tl.maximum(tl.load(cu_seqlens + n).to(tl.int64), 0), T)
+        eos = tl.minimum(tl.maximum(tl.load(cu_seqlens + n + 1).to(tl.int64), bos), T)
+    else:
+        b = n
+        bos = n * 0
+        eos = n * 0 + T
+    return b, bos, eos
+
+
+@triton.jit
+def chunk_bounds(
+    idx, lb_p, g_p, beta_p, bos, eos, HV: tl.constexpr, BT: tl.constexpr, FROM_GATES: tl.constexpr
+):
+    """The log bounds of chunks `idx` (< 0: none, 0) of one sequence and value head, for the split
+    design's warm-up walks (`clef_runtime.ops.delta_rule_chunk_split`).  With L2-normalised keys
+    (FROM_GATES) |k̂|² ≤ 1, so |1 - β |k̂|²| ≤ max(1, |1 - β|): the bound is the chunk's
+    Σ (g + log max(1, |1 - β|)), from the gates alone (`g_p`, `beta_p`: the sequence's rows of g
+    and β, stride HV).  Otherwise launch 1 stored it with the keys' norms (`lb_p`, stride HV)."""
+    live = idx >= 0
+    if FROM_GATES:
+        t = (bos + idx * BT)[:, None] + tl.arange(0, BT)[None, :]
+        m = live[:, None] & (t < eos)
+        gv = tl.load(g_p + t * HV, mask=m, other=0.0)
+        bt = tl.load(beta_p + t * HV, mask=m, other=0.0)
+        return tl.sum(gv + tl.log(tl.maximum(tl.abs(1.0 - bt), 1.0)), 1)
+    else:
+        return tl.load(lb_p + idx * HV, mask=live, other=0.0)
+
+
+# fmt: off
+@triton.jit
+def warmup_start(
+    lb_p, g_p, beta_p, c_lo, bos, eos, log_bound,
+    HV: tl.constexpr, BT: tl.constexpr, WB: tl.constexpr, FROM_GATES: tl.constexpr,
+):
+    """The chunk a segment starting at chunk ``c_lo`` warms up from: the largest ``c_w < c_lo``
+    whose chunks ``c_w .. c_lo - 1`` have log bounds (`chunk_bounds`) summing below
+    ``log_bound``, so that their map carries a start-state error of at most ``e^{log_bound}``
+    times the true state at ``c_w`` to ``c_lo``; -1 when no such chunk exists (walk from the
+    sequence start and its initial state: exact).  WB bounds a step, read backwards from c_lo."""
+    i = tl.arange(0, WB)
+    acc = log_bound * 0.0
+    c_w = c_lo * 0 - 1
+    hi = c_lo
+    while hi > 0:  # (a while loop: the interpreter cannot take a runtime range bound)
+        idx = hi - 1 - i
+        vals = chunk_bounds(idx, lb_p, g_p, beta_p, bos, eos, HV, BT, FROM_GATES)
+        cs = acc + tl.cumsum(vals, 0)  # cs[i]: the log bound of chunks idx[i] .. c_lo - 1
+        first = tl.min(tl.where((cs < log_bound) & (idx >= 0), i, WB), 0)
+        c_w = tl.where(first < WB, hi - 1 - first, c_w)
+        acc += tl.sum(vals, 0)
+        hi = tl.where(first < WB, 0, hi - WB)
+    return c_w
+# fmt: on

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -48,7 +48,8 @@ MAX_PLANS = 256  # layouts kept; the cache is emptied when it would grow past th
 # tokens' worth; larger ones are allocated per call, so a long prompt does not hold its gigabytes
 # after it returns.
 KEEP_WORKSPACE_BYTES = 320 << 20
-_KEPT: dict[tuple[int, int], torch.Tensor] = {}  # (device index, stream) → a kept workspace
+# (device index, stream) → a kept workspace, its size in bytes and its address
+_KEPT: dict[tuple[int, int], tuple[torch.Tensor, int, int]] = {}
 MAX_KEPT = 8  # streams with a kept workspace; emptied when a ninth would be added
 
 Spec = tuple[tuple[int, ...], torch.dtype]
@@ -142,6 +143,10 @@ class Plan:
     o_like: int | None = None
     final_like: int | None = None
     keep: bool = False  # the workspace is kept between calls (`KEEP_WORKSPACE_BYTES`; CUDA only)
+    device_index: int = field(init=False)  # device.index, read once
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "device_index", self.device.index or 0)
 
     def __call__(
         self, stream: int, inputs: Sequence[torch.Tensor | None], ptrs: list[int]
@@ -149,15 +154,17 @@ class Plan:
         """Run the plan on `inputs` (in `Recorder.sources` order) whose addresses are `ptrs` (two
         slots at the end for the outputs' addresses) on `stream`."""
         if self.keep and not torch._C._cuda_isCurrentStreamCapturing():
-            where = (self.device.index or 0, stream)
-            ws = _KEPT.get(where)
-            if ws is None or ws.nbytes < self.ws_bytes:
-                if ws is None and len(_KEPT) >= MAX_KEPT:
+            where = (self.device_index, stream)
+            kept = _KEPT.get(where)
+            if kept is None or kept[1] < self.ws_bytes:
+                if kept is None and len(_KEPT) >= MAX_KEPT:
                     _KEPT.clear()
-                ws = _KEPT[where] = self._workspace(inputs)
+                ws = self._workspace(inputs)
+                kept = _KEPT[where] = (ws, ws.nbytes, ws.data_ptr())
+            base = kept[2]
         else:  # a graph's capture takes its memory from the graph's pool: a workspace of its own
             ws = self._workspace(inputs)
-        base = ws.data_ptr()
+            base = ws.data_ptr()
         o: torch.Tensor | None = None
         final = None
         for pl in self.launches:
