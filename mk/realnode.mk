@@ -4,7 +4,11 @@
 # mounts, a bridge, one iptables rule), all of it restored at the end and checked.
 #
 #   make test-real        host packages, the node's binaries, the operator image (`make
-#                         image-operator`), then tests/realnode with CLEF_REAL_NODE=1
+#                         image-operator`) and the CPU runtime image (`make image-runtime`),
+#                         then tests/realnode with CLEF_REAL_NODE=1
+#   make test-real REUSE_RUNTIME_IMAGE=1
+#                         the same with the runtime image already in .images/ (it takes about
+#                         10 min to build here; digests.json names the commit it was built from)
 #   make node-build       only the node's binaries (kubelet, containerd, CNI plugins, pause)
 
 REAL_NODE_PACKAGES := runc iptables iproute2 umoci skopeo mmdebstrap
@@ -29,4 +33,5 @@ test-real: $(STAMP) real-node-deps
 	@# Always rebuilt (reproducible, ~2 min): the tier tests this checkout's operator, never an
 	@# older image left in $(IMAGES_DIR).
 	$(MAKE) --no-print-directory image-operator
+	$(if $(filter 1,$(REUSE_RUNTIME_IMAGE)),@echo "test-real: reusing the runtime image in $(IMAGES_DIR) (REUSE_RUNTIME_IMAGE=1)",$(MAKE) --no-print-directory image-runtime CUDA_ARCHS=cpu)
 	CLEF_REAL_NODE=1 CLEF_CACHE=$(CLEF_CACHE) $(VPY) -m pytest tests/realnode -q -rA --durations=0

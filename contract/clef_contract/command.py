@@ -31,6 +31,11 @@ SHAPES_ENV: Final = "CLEF_VERIFY_SHAPES"
 KERNEL_CONFIG_ENV: Final = "CLEF_KERNEL_CONFIG"
 KERNEL_CONFIGS: Final = ("auto", "fma", "tensor-core")
 
+# The user (and group) clef's runtime image runs as (images/runtime/Dockerfile's `USER`), which
+# the operator sets on every pod that runs a verifier (kernels verify, goldens, comparison), so
+# that they meet Pod Security "restricted": runAsNonRoot needs a numeric, non-zero user.
+RUNTIME_UID: Final = 65532
+
 
 class ExitCode(IntEnum):
     """What `verify` exits with.  The operator treats anything but PASS as "not verified"."""

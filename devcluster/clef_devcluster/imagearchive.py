@@ -75,3 +75,78 @@ def write_docker_archive(
             info.mode = 0o644
             tar.addfile(info, io.BytesIO(data))
     return f"sha256:{config_digest}"
+
+
+# ------------------------------------------------------------------------- config variants
+
+REF_NAME = "org.opencontainers.image.ref.name"
+
+
+def _blob_path(digest: str) -> str:
+    algo, _, hexa = digest.partition(":")
+    if algo != "sha256" or len(hexa) != 64:
+        raise ValueError(f"not a sha256 digest: {digest!r}")
+    return f"blobs/sha256/{hexa}"
+
+
+def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    info.mode = 0o644
+    tar.addfile(info, io.BytesIO(data))
+
+
+def write_env_variant(base: Path, out: Path, ref: str, env: dict[str, str]) -> str:
+    """An image that is `base` (a one-image OCI archive, as `make images` writes) with `env` set
+    over its config's Env, and nothing else changed: the same layers, by digest.  The archive
+    written to `out` holds only the new manifest and config, not the layers (gigabytes for the
+    runtime): it imports only where `base` was imported before (containerd finds the layers in
+    its content store by digest).  Returns the new manifest's digest; the image is named `ref`.
+
+    This is how the real-node tier makes a variant of the runtime image that carries a fault of
+    the catalogue (CLEF_RUNTIME_FAULT), as the demo's image table does for the cluster tier."""
+    with tarfile.open(base) as tar:
+
+        def blob(digest: str) -> bytes:
+            f = tar.extractfile(_blob_path(digest))
+            if f is None:
+                raise ValueError(f"{base}: no blob {digest}")
+            data = f.read()
+            if "sha256:" + hashlib.sha256(data).hexdigest() != digest:
+                raise ValueError(f"{base}: blob {digest} does not match its digest")
+            return data
+
+        index_file = tar.extractfile("index.json")
+        if index_file is None:
+            raise ValueError(f"{base}: not an OCI archive (no index.json)")
+        manifests = json.load(index_file)["manifests"]
+        if len(manifests) != 1:
+            raise ValueError(f"{base}: holds {len(manifests)} manifests, not one image")
+        manifest = json.loads(blob(manifests[0]["digest"]))
+        config = json.loads(blob(manifest["config"]["digest"]))
+    inner = config.setdefault("config", {})
+    kept = [e for e in inner.get("Env") or [] if e.split("=", 1)[0] not in env]
+    inner["Env"] = kept + [f"{k}={v}" for k, v in env.items()]
+    config_bytes = json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
+    config_digest = "sha256:" + hashlib.sha256(config_bytes).hexdigest()
+    manifest["config"] = {**manifest["config"], "digest": config_digest, "size": len(config_bytes)}
+    manifest_bytes = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
+    manifest_digest = "sha256:" + hashlib.sha256(manifest_bytes).hexdigest()
+    index = {
+        "schemaVersion": 2,
+        "manifests": [
+            {
+                "mediaType": manifest.get("mediaType", "application/vnd.oci.image.manifest.v1+json"),
+                "digest": manifest_digest,
+                "size": len(manifest_bytes),
+                "annotations": {REF_NAME: ref},
+            }
+        ],
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(out, "w", format=tarfile.PAX_FORMAT) as tar:
+        _add(tar, "oci-layout", b'{"imageLayoutVersion":"1.0.0"}')
+        _add(tar, _blob_path(config_digest), config_bytes)
+        _add(tar, _blob_path(manifest_digest), manifest_bytes)
+        _add(tar, "index.json", json.dumps(index, sort_keys=True).encode())
+    return manifest_digest

@@ -811,6 +811,12 @@ class ClefModelSpec(ApiModel):
             lambda _, v: syntax.matches(syntax.LABEL_VALUE, v),
         ),
     ] = Field(default_factory=dict, max_length=32)
+    run_as_user: Annotated[int, in_range("spec.runAsUser", 1, 2147483647)] | None = Field(
+        default=None,
+        description="The UID the engine's serving pods run as, with runAsNonRoot (Pod Security restricted);"
+        " unset: the image's own user (engine images often run as root).  Verification pods always run"
+        " as clef's runtime user, 65532.",
+    )
     tolerations: list[Toleration] = Field(default_factory=list, max_length=16)
     resources: Resources = Field(default_factory=Resources, json_schema_extra={"default": {}})
     env: Annotated[list[EnvVar], _unique_names("spec.env")] = Field(

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -29,7 +30,10 @@ from clef_operator.conditions import Reason, Why
 from clef_operator.goldens import GOLDENS_FILE, Trusted, endpoint_of
 from clef_operator.observed import JobState, PodState
 from clef_operator.render import (
-    CONTAINER_SECURITY,
+    TMP_MOUNT,
+    TMP_VOLUME,
+    VERIFIER_CONTAINER_SECURITY,
+    VERIFIER_POD_SECURITY,
     Owner,
     job_manifest,
     object_labels,
@@ -114,18 +118,18 @@ def render_comparison_job(
         "command": comparison_argv(spec, pod, goldens.sha256),
         "env": [{"name": TERMINATION_LOG_ENV, "value": TERMINATION_LOG}],
         "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
-        "volumeMounts": [{"name": "goldens", "mountPath": GOLDENS_MOUNT, "readOnly": True}],
+        "volumeMounts": [{"name": "goldens", "mountPath": GOLDENS_MOUNT, "readOnly": True}, dict(TMP_MOUNT)],
         "terminationMessagePath": TERMINATION_LOG,
         "terminationMessagePolicy": "File",
-        "securityContext": {**CONTAINER_SECURITY, "readOnlyRootFilesystem": True},
+        "securityContext": copy.deepcopy(VERIFIER_CONTAINER_SECURITY),
     }
     pod_spec = {
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "restartPolicy": "Never",
-        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+        "securityContext": copy.deepcopy(VERIFIER_POD_SECURITY),
         "containers": [container],
-        "volumes": [{"name": "goldens", "configMap": {"name": goldens.name}}],
+        "volumes": [{"name": "goldens", "configMap": {"name": goldens.name}}, dict(TMP_VOLUME)],
     }
     return job_manifest(owner, check_job_name(owner.name, key, run), job_labels, annotations, spec, pod_spec)
 

@@ -22,6 +22,7 @@ are stored and when they are trusted.  Pure: `kube` reads the pod's log and the 
 from __future__ import annotations
 
 import base64
+import copy
 import gzip
 import hashlib
 import hmac
@@ -38,14 +39,18 @@ from clef_operator.api import BuiltinPrompts, ClefModelSpec, EndpointSpec, Step
 from clef_operator.conditions import Reason
 from clef_operator.observed import ConfigMapState, JobState, ModelRef, PodState
 from clef_operator.render import (
-    CONTAINER_SECURITY,
+    TMP_MOUNT,
+    TMP_VOLUME,
+    VERIFIER_CONTAINER_SECURITY,
     VERIFIER_MODEL_PATH,
+    VERIFIER_POD_SECURITY,
     Owner,
     env_with,
     job_manifest,
     model_volume,
     object_labels,
     scheduling,
+    verifier_pull_policy,
 )
 from clef_operator.revision import pinned_reference, short_hash
 
@@ -104,22 +109,22 @@ def render_goldens_job(owner: Owner, spec: ClefModelSpec) -> dict[str, Any]:
     """One GPU, the runtime image, the checkpoint mounted read-only, as the spec schedules its pods."""
     key = goldens_key(spec)
     volumes, mounts = model_volume(spec, VERIFIER_MODEL_PATH)
-    volumes.append({"name": "tmp", "emptyDir": {}})
-    mounts.append({"name": "tmp", "mountPath": "/tmp"})
+    volumes.append(dict(TMP_VOLUME))
+    mounts.append(dict(TMP_MOUNT))
     resources: dict[str, Any] = {"limits": {**spec.resources.limits, labels.GPU_RESOURCE: "1"}}
     if spec.resources.requests:
         resources["requests"] = dict(spec.resources.requests)
     container = {
         "name": GOLDENS_CONTAINER,
         "image": str(endpoint_of(spec).runtime_image),
-        "imagePullPolicy": "Always",
+        "imagePullPolicy": verifier_pull_policy(str(endpoint_of(spec).runtime_image)),
         "command": goldens_argv(spec),
         "env": env_with([], {TERMINATION_LOG_ENV: TERMINATION_LOG, "TRITON_CACHE_DIR": "/tmp/triton"}),
         "resources": resources,
         "volumeMounts": mounts,
         "terminationMessagePath": TERMINATION_LOG,
         "terminationMessagePolicy": "File",
-        "securityContext": {**CONTAINER_SECURITY, "readOnlyRootFilesystem": True},
+        "securityContext": copy.deepcopy(VERIFIER_CONTAINER_SECURITY),
     }
     pod_labels = {
         **object_labels(owner.name, labels.COMPONENT_VERIFICATION),
@@ -129,7 +134,7 @@ def render_goldens_job(owner: Owner, spec: ClefModelSpec) -> dict[str, Any]:
     pod = {
         **scheduling(spec),
         "restartPolicy": "Never",
-        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+        "securityContext": copy.deepcopy(VERIFIER_POD_SECURITY),
         "containers": [container],
         "volumes": volumes,
     }

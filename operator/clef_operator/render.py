@@ -6,11 +6,12 @@ what makes revisions (hashes of these renderings) stable across operator restart
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass
 from typing import Any
 
-from clef_contract.command import TERMINATION_LOG, TERMINATION_LOG_ENV, shape_flags
+from clef_contract.command import RUNTIME_UID, TERMINATION_LOG, TERMINATION_LOG_ENV, shape_flags
 from clef_operator import labels
 from clef_operator.api import (
     API_VERSION,
@@ -180,6 +181,31 @@ def scheduling(spec: ClefModelSpec) -> dict[str, Any]:
 
 
 CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+# A verifier's container: CONTAINER_SECURITY on a read-only root (its one writable path is the
+# `tmp` emptyDir at /tmp, where the runtime image keeps HOME and Triton's cache).
+VERIFIER_CONTAINER_SECURITY = {**CONTAINER_SECURITY, "readOnlyRootFilesystem": True}
+# A verifier's pod (kernels verify, goldens, comparison): it runs `clef-runtime`, which needs no
+# privilege and runs as any UID, so clef sets the runtime image's own user rather than trusting
+# the image's USER.  With VERIFIER_CONTAINER_SECURITY this is everything Pod Security
+# "restricted" asks for (docs/operations.md, "Pods").
+VERIFIER_POD_SECURITY = {
+    "runAsNonRoot": True,
+    "runAsUser": RUNTIME_UID,
+    "runAsGroup": RUNTIME_UID,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+TMP_VOLUME = {"name": "tmp", "emptyDir": {}}
+TMP_MOUNT = {"name": "tmp", "mountPath": "/tmp"}
+
+
+def serving_pod_security(spec: ClefModelSpec) -> dict[str, Any]:
+    """The container runtime's default syscall filter, which engines are built and tested under.
+    The user is the image's (vLLM's and candle-vllm's images run as root) unless spec.runAsUser
+    names one: then the pod runs as that UID, non-root, and meets Pod Security "restricted"."""
+    out: dict[str, Any] = {"seccompProfile": {"type": "RuntimeDefault"}}
+    if spec.run_as_user is not None:
+        out = {"runAsNonRoot": True, "runAsUser": spec.run_as_user, **out}
+    return out
 
 
 def gpu_pin(spec: ClefModelSpec, gpu_class: str | None) -> dict[str, str]:
@@ -224,9 +250,7 @@ def render_serving_pod_spec(spec: ClefModelSpec, image: str, gpu_class: str | No
     return {
         **placed,
         "terminationGracePeriodSeconds": 30,
-        # The container runtime's default syscall filter is what engines are built and tested
-        # under.  Non-root is left to the image: vLLM's and candle-vllm's images run as root.
-        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+        "securityContext": serving_pod_security(spec),
         "containers": [container],
         "volumes": volumes,
     }
@@ -240,9 +264,16 @@ def verification_image(spec: ClefModelSpec) -> str:
     return spec.verification.image or spec.image
 
 
+def verifier_pull_policy(image: str) -> str:
+    """A tag moves, so a verifier pulls it every time: the verdict must belong to what the
+    registry serves now.  A digest cannot move: the node's copy is that image, and asking the
+    registry again would only make the verdict depend on the registry being up."""
+    return "IfNotPresent" if "@sha256:" in image else "Always"
+
+
 def render_verification_pod_spec(spec: ClefModelSpec) -> dict[str, Any]:
-    volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {}}]
-    mounts: list[dict[str, Any]] = [{"name": "tmp", "mountPath": "/tmp"}]
+    volumes: list[dict[str, Any]] = [dict(TMP_VOLUME)]
+    mounts: list[dict[str, Any]] = [dict(TMP_MOUNT)]
     if spec.verification.suite is not Suite.KERNELS:
         model_volumes, model_mounts = model_volume(spec, VERIFIER_MODEL_PATH)
         volumes += model_volumes
@@ -250,20 +281,19 @@ def render_verification_pod_spec(spec: ClefModelSpec) -> dict[str, Any]:
     container = {
         "name": VERIFY_CONTAINER,
         "image": verification_image(spec),
-        # Tags move: the verdict must belong to what the registry serves now.
-        "imagePullPolicy": "Always",
+        "imagePullPolicy": verifier_pull_policy(verification_image(spec)),
         "command": verify_argv(spec),
         "env": _env(spec, {TERMINATION_LOG_ENV: TERMINATION_LOG, "TRITON_CACHE_DIR": "/tmp/triton"}),
         "resources": _resources(spec),
         "volumeMounts": mounts,
         "terminationMessagePath": TERMINATION_LOG,
         "terminationMessagePolicy": "File",
-        "securityContext": {**CONTAINER_SECURITY, "readOnlyRootFilesystem": True},
+        "securityContext": copy.deepcopy(VERIFIER_CONTAINER_SECURITY),
     }
     return {
         **scheduling(spec),
         "restartPolicy": "Never",
-        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+        "securityContext": copy.deepcopy(VERIFIER_POD_SECURITY),
         "containers": [container],
         "volumes": volumes,
     }

@@ -211,7 +211,11 @@ def test_goldens_preview_comparison_then_the_pinned_candidate_serves() -> None:
     assert argv[:2] == ["clef-runtime", "endpoint-check"]
     assert argv[argv.index("--url") + 1] == "http://10.0.0.7:8000"
     assert argv[argv.index("--dialect") + 1] == "candle-vllm"
-    assert spec["volumes"] == [{"name": "goldens", "configMap": {"name": gjob}}]
+    # The goldens, and /tmp for a read-only root (tests/unit/test_pod_security.py).
+    assert spec["volumes"] == [
+        {"name": "goldens", "configMap": {"name": gjob}},
+        {"name": "tmp", "emptyDir": {}},
+    ]
     assert w.status.verifications[0].step is Step.PREVIEW
     w.finish_job(check, message=endpoint_message(), image=RUNTIME)
     w.step()

@@ -4,11 +4,13 @@ sandbox image archive, and the host-state comparison that `make test-real` relie
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import tarfile
 import tomllib
 from pathlib import Path
 
+import pytest
 import yaml
 
 from clef_devcluster import realnode
@@ -152,3 +154,81 @@ def test_host_snapshot_survives_the_process_that_took_it(tmp_path: Path) -> None
     snap.save(tmp_path / "host-before.json")
     assert HostSnapshot.load(tmp_path / "host-before.json") == snap
     assert HostSnapshot.load(tmp_path / "nothing.json") is None
+
+
+def _oci_archive(path: Path, env: list[str]) -> tuple[str, str]:
+    """A one-image OCI archive like `make images` writes: (manifest digest, layer digest)."""
+    layer = b"layer bytes, never read"
+    layer_digest = "sha256:" + hashlib.sha256(layer).hexdigest()
+    config = json.dumps({"config": {"User": "65532:65532", "Env": env}, "rootfs": {"diff_ids": []}}).encode()
+    config_digest = "sha256:" + hashlib.sha256(config).hexdigest()
+    manifest = json.dumps(
+        {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {"digest": config_digest, "size": len(config)},
+            "layers": [{"digest": layer_digest, "size": len(layer)}],
+        }
+    ).encode()
+    digest = "sha256:" + hashlib.sha256(manifest).hexdigest()
+    index = {"schemaVersion": 2, "manifests": [{"digest": digest, "size": len(manifest)}]}
+    with tarfile.open(path, "w") as tar:
+        for name, data in [
+            (f"blobs/sha256/{layer_digest[7:]}", layer),
+            (f"blobs/sha256/{config_digest[7:]}", config),
+            (f"blobs/sha256/{digest[7:]}", manifest),
+            ("index.json", json.dumps(index).encode()),
+        ]:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return digest, layer_digest
+
+
+def test_an_env_variant_is_the_same_layers_with_the_env_set(tmp_path: Path) -> None:
+    from clef_devcluster.imagearchive import write_env_variant
+
+    base = tmp_path / "base.oci.tar"
+    base_digest, layer = _oci_archive(base, ["PATH=/opt/clef/bin", "CLEF_VERIFY_DEVICE=cuda"])
+    out = tmp_path / "fault.oci.tar"
+    ref = "ghcr.io/riotpiao/clef-runtime:0.1.0-cpu-fault"
+    env = {"CLEF_VERIFY_DEVICE": "cpu", "CLEF_RUNTIME_FAULT": "conv_key_band_zero"}
+    digest = write_env_variant(base, out, ref, env)
+    assert digest != base_digest
+    with tarfile.open(out) as tar:
+        (entry,) = json.load(tar.extractfile("index.json"))["manifests"]  # type: ignore[arg-type]
+        assert entry["digest"] == digest and entry["annotations"] == {
+            "org.opencontainers.image.ref.name": ref
+        }
+        manifest_bytes = tar.extractfile(f"blobs/sha256/{digest[7:]}").read()  # type: ignore[union-attr]
+        assert "sha256:" + hashlib.sha256(manifest_bytes).hexdigest() == digest
+        manifest = json.loads(manifest_bytes)
+        assert [x["digest"] for x in manifest["layers"]] == [layer], "the base's layers, by digest"
+        config = json.loads(tar.extractfile(f"blobs/sha256/{manifest['config']['digest'][7:]}").read())  # type: ignore[union-attr]
+        # Only the manifest and config travel: the layers are the base's, already on the node.
+        assert f"blobs/sha256/{layer[7:]}" not in tar.getnames()
+    assert config["config"]["Env"] == [
+        "PATH=/opt/clef/bin",
+        "CLEF_VERIFY_DEVICE=cpu",
+        "CLEF_RUNTIME_FAULT=conv_key_band_zero",
+    ]
+    assert config["config"]["User"] == "65532:65532"
+    # The same inputs, the same digest (a variant is as reproducible as its base).
+    assert write_env_variant(base, tmp_path / "again.tar", ref, env) == digest
+
+
+def test_an_env_variant_of_a_tampered_archive_is_refused(tmp_path: Path) -> None:
+    from clef_devcluster.imagearchive import write_env_variant
+
+    base = tmp_path / "base.oci.tar"
+    _oci_archive(base, [])
+    with tarfile.open(base) as tar:
+        members = [(m, tar.extractfile(m).read()) for m in tar.getmembers()]  # type: ignore[union-attr]
+    with tarfile.open(base, "w") as tar:
+        for m, data in members:
+            if m.name != "index.json" and b"never read" not in data and b'"layers"' not in data:
+                data = data.replace(b"65532", b"00000")  # the config, edited after it was hashed
+                m.size = len(data)
+            tar.addfile(m, io.BytesIO(data))
+    with pytest.raises(ValueError, match="does not match its digest"):
+        write_env_variant(base, tmp_path / "out.tar", "x:1", {"A": "b"})

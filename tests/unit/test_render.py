@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from clef_builders import GOOD, GOOD2, make_spec
 
 from clef_operator import labels
@@ -86,6 +87,28 @@ def test_deployment_has_runtime_class_gpus_volume_probes_and_pinned_image():
     assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
     assert {"name": "model", "hostPath": {"path": "/srv/models", "type": "Directory"}} in pod["volumes"]
     assert {"name": "model", "mountPath": "/models/clef-flash", "readOnly": True} in c["volumeMounts"]
+
+
+@pytest.mark.parametrize(
+    ("image", "override", "policy"),
+    [
+        ("registry.clef.test/clef-runtime:1.0", None, "Always"),
+        ("registry.clef.test/clef-runtime@sha256:" + "a" * 64, None, "IfNotPresent"),
+        ("registry.clef.test/clef-runtime:1.0@sha256:" + "a" * 64, None, "IfNotPresent"),
+        ("registry.clef.test/engine@sha256:" + "a" * 64, "registry.clef.test/verifier:2.0", "Always"),
+        (
+            "registry.clef.test/engine@sha256:" + "a" * 64,
+            "registry.clef.test/verifier@sha256:" + "b" * 64,
+            "IfNotPresent",
+        ),
+    ],
+)
+def test_verifier_pulls_a_tag_every_time_and_a_digest_once(image: str, override: str | None, policy: str):
+    """A tag moves (the verdict must be for what the registry serves now); a digest does not, and
+    a node that has it needs no registry (the real-node tier has none)."""
+    verification = {"image": override} if override else {}
+    c = render_job(OWNER, make_spec(image=image, verification=verification), "")["spec"]["template"]["spec"]
+    assert c["containers"][0]["imagePullPolicy"] == policy
 
 
 def test_job_contract():
