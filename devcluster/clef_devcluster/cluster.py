@@ -24,7 +24,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -195,9 +195,9 @@ class LocalCluster:
                 kwok_kc = runner_kc = kubeconfig
                 self._write_state({"externalKubeconfig": str(kubeconfig)})
             rest = Rest(kubeconfig)
-            self._spawn("kwok", components.kwok(self.bin, kwok_kc))
+            self.spawn("kwok", components.kwok(self.bin, kwok_kc))
             (self.dir / "run" / "runner.ready").unlink(missing_ok=True)
-            self._spawn("runner", components.runner(self.dir, runner_kc), cwd=REPO_ROOT)
+            self.spawn("runner", components.runner(self.dir, runner_kc), cwd=REPO_ROOT)
             # kwok and the runner start while the objects are written: neither depends on the
             # order (kwok's node stage keeps the capacity whenever it arrives).
             self._seed(rest)
@@ -225,11 +225,11 @@ class LocalCluster:
         etcd_url = f"http://127.0.0.1:{ports['etcd']}"
         peer_url = f"http://127.0.0.1:{ports['etcdPeer']}"
         shutil.rmtree(self.dir / "etcd", ignore_errors=True)
-        self._spawn("etcd", components.etcd(self.bin, self.dir / "etcd", etcd_url, peer_url))
-        self._wait("etcd", lambda: _http_ok(f"{etcd_url}/health"), deadline)
+        self.spawn("etcd", components.etcd(self.bin, self.dir / "etcd", etcd_url, peer_url))
+        self.wait_ready("etcd", lambda: _http_ok(f"{etcd_url}/health"), deadline)
         self._mark("etcd")
         cert_dir = self.dir / "run" / "certs"
-        self._spawn(
+        self.spawn(
             "kube-apiserver",
             components.kube_apiserver(
                 self.bin,
@@ -242,9 +242,9 @@ class LocalCluster:
         )
         ctx = ssl.create_default_context(cafile=str(p.ca_cert))
         ctx.load_cert_chain(str(p.cert("admin")), str(p.key("admin")))
-        self._wait("kube-apiserver", lambda: _http_ok(f"{server}/readyz", ctx), deadline)
+        self.wait_ready("kube-apiserver", lambda: _http_ok(f"{server}/readyz", ctx), deadline)
         self._mark("apiserver")
-        self._spawn(
+        self.spawn(
             "kube-controller-manager",
             components.kube_controller_manager(
                 self.bin,
@@ -254,7 +254,7 @@ class LocalCluster:
                 cert_dir=cert_dir / "controller-manager",
             ),
         )
-        self._spawn(
+        self.spawn(
             "kube-scheduler",
             components.kube_scheduler(
                 self.bin,
@@ -286,7 +286,7 @@ class LocalCluster:
                 ("kube-controller-manager", "controllerManager"),
                 ("kube-scheduler", "scheduler"),
             ):
-                self._wait(name, _healthz(int(ports[key])), deadline)
+                self.wait_ready(name, _healthz(int(ports[key])), deadline)
 
             def default_sa() -> bool:
                 # Pods cannot be created in a namespace before its ServiceAccount exists; this is
@@ -297,11 +297,11 @@ class LocalCluster:
                     return False
                 return True
 
-            self._wait("kube-controller-manager", default_sa, deadline)
+            self.wait_ready("kube-controller-manager", default_sa, deadline)
             self._mark("controllers")
 
         ready_file = self.dir / "run" / "runner.ready"
-        self._wait("runner", ready_file.exists, deadline)
+        self.wait_ready("runner", ready_file.exists, deadline)
         self._mark("runner")
         names = {d["metadata"]["name"] for d in _load_yaml(MANIFESTS_DIR / "nodes.yaml")}
 
@@ -313,7 +313,7 @@ class LocalCluster:
                         ready.add(n["metadata"]["name"])
             return names <= ready
 
-        self._wait("kwok", nodes_ready, deadline)
+        self.wait_ready("kwok", nodes_ready, deadline)
         self._mark("nodes")
 
     def _mark(self, phase: str) -> None:
@@ -321,8 +321,13 @@ class LocalCluster:
         self._timings[phase] = round(time.monotonic() - self._started, 2)
 
     # -- processes ---------------------------------------------------------------------------
-    def _spawn(self, name: str, argv: list[str], cwd: Path | None = None) -> None:
+    def spawn(
+        self, name: str, argv: list[str], cwd: Path | None = None, env: dict[str, str] | None = None
+    ) -> None:
+        """Start component `name` in its own session, its output in `<logs>/<name>.log`, recorded
+        in the process ledger (so `down` stops it, also from another process)."""
         log_path = self.logs / f"{name}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
         with log_path.open("ab") as out:
             out.write(f"\n==== {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(argv)}\n".encode())
             out.flush()
@@ -334,12 +339,14 @@ class LocalCluster:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 cwd=cwd or self.dir,
+                env=env,
                 start_new_session=True,
             )
         self._children[name] = proc
         self.ledger.add(record(name, proc.pid))
 
-    def _wait(self, name: str, ready: Callable[[], bool], deadline: float) -> None:
+    def wait_ready(self, name: str, ready: Callable[[], bool], deadline: float) -> None:
+        """Until `ready()`; fails with the log's tail when a component exits or `deadline` passes."""
         while True:
             for child_name, proc in self._children.items():
                 if proc.poll() is not None:
@@ -362,6 +369,15 @@ class LocalCluster:
         except OSError:
             return f"  (no log at {self.logs / name}.log)"
         return "\n".join("  | " + line for line in text)
+
+    def update_state(self, **fields: Any) -> None:
+        """Add `fields` to state.json."""
+        self._write_state({**self.state(), **fields})
+
+    def forget_children(self, names: Iterable[str]) -> None:
+        """Components stopped by someone else (the real node's `down`): no longer watched."""
+        for name in names:
+            self._children.pop(name, None)
 
     def _write_state(self, data: dict[str, Any]) -> None:
         self.state_file.parent.mkdir(parents=True, exist_ok=True)

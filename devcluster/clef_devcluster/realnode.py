@@ -22,21 +22,18 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import yaml
 
 from . import hoststate
 from .config import NodeBinaries, default_node_binaries
 from .imagearchive import File, write_docker_archive
-from .pki import KUBELET_SERVING, KUBERNETES_SERVICE_IP
-from .procs import ProcessRecord, free_port, is_alive, proc_starttime, record, stop
+from .pki import KUBELET_SERVING, KUBERNETES_SERVICE_IP, PKI
+from .procs import ProcessLedger, ProcessRecord, free_port, is_alive, proc_starttime, stop
 from .rest import ApiError, Rest
-
-if TYPE_CHECKING:
-    from .cluster import LocalCluster
 
 NODE_NAME = "localhost"
 TAINT_KEY = "clef.test/real-node"
@@ -94,8 +91,29 @@ def missing_prerequisites(binaries: NodeBinaries | None = None) -> str | None:
     return ("missing " + "; ".join(lacking)) if lacking else None
 
 
+class ControlPlane(Protocol):
+    """What the node needs of the control plane it joins (`cluster.LocalCluster`)."""
+
+    dir: Path
+    log: Log
+    pki: PKI
+    ledger: ProcessLedger
+
+    @property
+    def logs(self) -> Path: ...
+    @property
+    def kubeconfig(self) -> Path: ...
+    def state(self) -> dict[str, Any]: ...
+    def update_state(self, **fields: Any) -> None: ...
+    def spawn(
+        self, name: str, argv: list[str], cwd: Path | None = None, env: dict[str, str] | None = None
+    ) -> None: ...
+    def wait_ready(self, name: str, ready: Callable[[], bool], deadline: float) -> None: ...
+    def forget_children(self, names: Iterable[str]) -> None: ...
+
+
 class RealNode:
-    def __init__(self, cluster: LocalCluster, binaries: NodeBinaries | None = None, log: Log | None = None):
+    def __init__(self, cluster: ControlPlane, binaries: NodeBinaries | None = None, log: Log | None = None):
         self.cluster = cluster
         self.bin = binaries or default_node_binaries()
         self.dir = cluster.dir / "node"
@@ -153,7 +171,7 @@ class RealNode:
             self.down()
             raise
         seconds = time.monotonic() - started
-        self.cluster._write_state({**self.cluster.state(), "node": {**self.timings, "upSeconds": seconds}})
+        self.cluster.update_state(node={**self.timings, "upSeconds": seconds})
         return seconds
 
     def _up(self, state: dict[str, Any], deadline: float) -> None:
@@ -172,7 +190,7 @@ class RealNode:
         self.timings["containerd"] = round(time.monotonic() - t0, 2)
         self.import_image(self._pause_archive())
         ports = {"kubelet": free_port(), "kubeletHealthz": free_port()}
-        self.cluster._write_state({**self.cluster.state(), "nodePorts": ports})
+        self.cluster.update_state(nodePorts=ports)
         self._write_kubelet_config(ports["kubelet"], ports["kubeletHealthz"])
         kubelet_started = time.monotonic()
         self._spawn(
@@ -364,25 +382,10 @@ state = "{d / "containerd" / "state"}"
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         env = {**os.environ, "PATH": f"{self.bin.dir}:{os.environ.get('PATH', '')}"}
-        log_path = self.cluster.logs / f"{name}.log"
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with log_path.open("ab") as out:
-            out.write(f"\n==== {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(argv)}\n".encode())
-            out.flush()
-            proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                cwd=self.dir,
-                env=env,
-                start_new_session=True,
-            )
-        self.cluster._children[name] = proc
-        self.cluster.ledger.add(record(name, proc.pid))
+        self.cluster.spawn(name, argv, cwd=self.dir, env=env)
 
     def _wait(self, name: str, ready: Callable[[], bool], deadline: float) -> None:
-        self.cluster._wait(name, ready, deadline)
+        self.cluster.wait_ready(name, ready, deadline)
 
     # -- down --------------------------------------------------------------------------------
     def records(self) -> list[ProcessRecord]:
@@ -411,8 +414,7 @@ state = "{d / "containerd" / "state"}"
         problems += [f"still running: {r.name} (pid {r.pid})" for r in survivors]
         ledger = self.cluster.ledger
         ledger.save([r for r in ledger.load() if r not in records or r in survivors])
-        for r in records:
-            self.cluster._children.pop(r.name, None)
+        self.cluster.forget_children(r.name for r in records)
         roots = [self.dir] + (
             [Path("/run/containerd")] if before and not before.paths["/run/containerd"] else []
         )
