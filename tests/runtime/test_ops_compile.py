@@ -171,7 +171,7 @@ def test_kernels_compile_for_sm90_and_sm70_without_spills() -> None:
 
 _CHUNK_BODY = r"""
 import triton.language as tl
-from clef_runtime.ops import delta_rule_chunk as dc, delta_rule_chunk_split as ds
+from clef_runtime.ops import delta_rule_chunk as dc, delta_rule_chunk_split as ds, delta_rule_prepare as dp
 from clef_runtime.ops.delta_rule_common import dot_policy
 
 DIV16 = {"sqb", "sqt", "skb", "skt", "svb", "svt"}
@@ -180,20 +180,20 @@ results = {}
 # (arch, torch dtype, tensor cores): the H200 in bf16 and f16; the V100 (f16, FMA dots only)
 for arch, dtype, tc in ((90, torch.bfloat16, True), (90, torch.float16, True), (70, torch.float16, False)):
     name = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
-    cfg = dc.launch_config(128, 128, dtype, tc)
+    cfg = dp.launch_config(128, 128, dtype, tc)
     # dot_policy asks the kernel whether it is interpreted; this process compiles, so it is not
-    pol = dot_policy(dtype, dc._chunk_prepare_kernel, tc)
+    pol = dot_policy(dtype, dp._chunk_prepare_kernel, tc)
     p = "*" + name
-    sp = "*" + {torch.bfloat16: "bf16", torch.float32: "fp32"}[dc._TORCH_DTYPE[pol.state_dtype]]
+    sp = "*" + {torch.bfloat16: "bf16", torch.float32: "fp32"}[dp._TORCH_DTYPE[pol.state_dtype]]
     common = dict(H=16, HV=32, K=128, V=128, BK=cfg.BK, BT=dc.BT, IS_VARLEN=True, ROUND_BF16=pol.round_bf16)
     launches = [
-        ("prepare", dc._chunk_prepare_kernel,
+        ("prepare", dp._chunk_prepare_kernel,
          dict(q=p, k=p, v=p, g="*fp32", beta="*fp32", w=p, u=p, aqk=p, gc="*fp32", kf="*fp32", qf="*fp32",
               lb="*fp32", bt="*fp32", cu_seqlens="*i32", scale="fp32", cw="*i32", warmup_log_bound="fp32"),
-         dict(common, L2NORM=True, CHUNK_BOUND=tc, BVF=cfg.BVF, KS=cfg.KS, VS=cfg.VS, BC=dc.BC, LOG_BC=dc.BC.bit_length() - 1,
+         dict(common, L2NORM=True, CHUNK_BOUND=tc, BVF=cfg.BVF, KS=cfg.KS, VS=cfg.VS, BC=dp.BC, LOG_BC=dp.BC.bit_length() - 1,
               SOLVE_BY_DOUBLING=cfg.solve_by_doubling, CHUNK_DT=pol.chunk_dtype,
-              SOLVE_PRECISION=pol.solve_precision, DOUBLING_PRECISION=dc.doubling_precision(pol),
-              T_OUT=False, SOLVE_DT=dc.solve_dtype(dtype, tc), BETA_IN_T=False, BETA_ROWS=False, PDL=False,
+              SOLVE_PRECISION=pol.solve_precision, DOUBLING_PRECISION=dp.doubling_precision(pol),
+              T_OUT=False, SOLVE_DT=dp.solve_dtype(dtype, tc), BETA_IN_T=False, BETA_ROWS=False, PDL=False,
               WARMUP_PLAN=False, WB=ds.WARMUP_BLOCK),
          cfg.warps1, 3, cfg.regs1),
         ("recurrence", dc._chunk_recurrence_kernel,
@@ -244,7 +244,7 @@ def test_chunk_delta_rule_kernels_compile_for_sm90_and_sm70() -> None:
     register cap (168, three programs per SM: measured faster with a few spilled bytes, bounded
     at 160 here), and for sm_70 (f16, the V100 that verification Jobs may get) with at most 1 KB
     of stack per thread.  Also the split design's launch 1 (T stored, `T_OUT`), with its solve at
-    TF32 and at f16 operands (`delta_rule_chunk.SOLVE_F16`), under its own cap (128, four programs
+    TF32 and at f16 operands (`delta_rule_prepare.SOLVE_F16`), under its own cap (128, four programs
     per SM: measured faster with 24 bytes spilled at the op's default, 64 with the chunk bounds
     compiled here; bounded at 128)."""
     results = _compile_all(CHUNK_SCRIPT, 900)
@@ -273,11 +273,11 @@ def test_chunk_delta_rule_kernels_compile_for_sm90_and_sm70() -> None:
 
 
 _SPLIT_BODY = r"""
-from clef_runtime.ops import delta_rule_chunk as dc, delta_rule_chunk_split as ds
+from clef_runtime.ops import delta_rule_chunk as dc, delta_rule_chunk_split as ds, delta_rule_prepare as dp
 from clef_runtime.ops.delta_rule_common import dot_policy
 
 DIV16 = {"sqb", "sqt", "skb", "skt", "svb", "svt"}
-pol = dot_policy(torch.bfloat16, dc._chunk_prepare_kernel, True)
+pol = dot_policy(torch.bfloat16, dp._chunk_prepare_kernel, True)
 p = "*bf16"
 consts = dict(H=16, HV=32, K=128, V=128, BK=128, BT=dc.BT, IS_VARLEN=True,
               HAS_H0=True, STORE_FINAL=True, STATE_DT=pol.state_dtype, STATE_PRECISION=pol.state_precision,

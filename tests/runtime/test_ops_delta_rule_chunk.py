@@ -21,7 +21,7 @@ from clef_runtime.dtypes import torch_dtype
 from clef_runtime.faults import UnknownFaultError
 from clef_runtime.inputs import gdn_inputs
 from clef_runtime.kernel_config import UnknownKernelConfigError
-from clef_runtime.ops import delta_rule_chunk as dc
+from clef_runtime.ops import delta_rule_prepare as dp
 from clef_runtime.ops.delta_rule_chunk import chunk_gated_delta_rule
 from clef_runtime.opset import get_opset
 from clef_runtime.reference import delta_rule as ref
@@ -141,11 +141,11 @@ def test_repeated_keys_full_beta_no_decay(
 def test_solve_with_tf32_operands(
     case: str, monkeypatch: pytest.MonkeyPatch, rng: torch.Generator, device: torch.device
 ) -> None:
-    """`delta_rule_chunk.SOLVE_F16` off (launch 1's solve dots for bf16 on tensor cores at TF32,
+    """`delta_rule_prepare.SOLVE_F16` off (launch 1's solve dots for bf16 on tensor cores at TF32,
     as before the eleventh pass; the default tests run it on): the same tolerance against the
     reference, on the solve's worst case too."""
-    monkeypatch.setattr(dc, "SOLVE_F16", False)
-    assert dc.solve_dtype(torch.bfloat16, True) == tl.float32
+    monkeypatch.setattr(dp, "SOLVE_F16", False)
+    assert dp.solve_dtype(torch.bfloat16, True) == tl.float32
     if case == "repeated-keys":
         test_repeated_keys_full_beta_no_decay(("bf16", "tensor-core"), rng, device)
     else:
@@ -153,11 +153,11 @@ def test_solve_with_tf32_operands(
 
 
 def test_solve_f16_is_for_bf16_on_tensor_cores_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert dc.SOLVE_F16, "on by default (measured faster on the H200, errors no larger)"
-    assert dc.solve_dtype(torch.bfloat16, True) == tl.float16
-    assert dc.solve_dtype(torch.float16, True) == tl.float32, "f16 inputs keep T's 11 bits"
-    assert dc.solve_dtype(torch.bfloat16, False) == tl.float32, "the FMA path keeps IEEE float32"
-    assert dc.solve_dtype(torch.float32, False) == tl.float32
+    assert dp.SOLVE_F16, "on by default (measured faster on the H200, errors no larger)"
+    assert dp.solve_dtype(torch.bfloat16, True) == tl.float16
+    assert dp.solve_dtype(torch.float16, True) == tl.float32, "f16 inputs keep T's 11 bits"
+    assert dp.solve_dtype(torch.bfloat16, False) == tl.float32, "the FMA path keeps IEEE float32"
+    assert dp.solve_dtype(torch.float32, False) == tl.float32
 
 
 def test_final_state_flag_does_not_change_output(rng: torch.Generator, device: torch.device) -> None:
@@ -362,7 +362,7 @@ def test_solve_with_tf32_operands_gpu(
     """`SOLVE_F16` off (the solve's dots at TF32 on the GPU's tensor cores; the default tests
     run it on), at the Qwen3.5 heads (the split design at B1 T4096, the three launches for the
     packed sequences), and on the solve's worst case."""
-    monkeypatch.setattr(dc, "SOLVE_F16", False)
+    monkeypatch.setattr(dp, "SOLVE_F16", False)
     if shape is None:
         test_repeated_keys_full_beta_no_decay(("bf16", "tensor-core"), rng, gpu_device)
     else:

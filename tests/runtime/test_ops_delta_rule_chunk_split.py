@@ -21,7 +21,6 @@ from tests.runtime.test_ops_delta_rule_chunk import OP, QWEN, check_against_refe
 
 from clef_runtime.compare import assert_close
 from clef_runtime.inputs import gdn_inputs
-from clef_runtime.ops.delta_rule_chunk import BT, prepare
 from clef_runtime.ops.delta_rule_chunk_split import (
     FOLD_BV,
     FOLD_WARPS,
@@ -36,6 +35,7 @@ from clef_runtime.ops.delta_rule_chunk_split import (
     takes_default_path,
     walk_shape,
 )
+from clef_runtime.ops.delta_rule_prepare import BT, prepare
 from clef_runtime.reference import delta_rule as ref
 from clef_runtime.tolerances import tolerance
 

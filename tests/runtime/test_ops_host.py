@@ -12,6 +12,7 @@ import triton
 from clef_runtime.inputs import gdn_inputs
 from clef_runtime.ops import _common
 from clef_runtime.ops import delta_rule_chunk as dc
+from clef_runtime.ops import delta_rule_prepare as dp
 from clef_runtime.ops.delta_rule_common import pow2_at_least
 
 
@@ -36,21 +37,21 @@ def test_a_chunked_call_checks_its_inputs_once(
     from clef_runtime.ops import delta_rule_chunk_split as ds
 
     calls: list[str] = []
-    real = dc.check_gdn_inputs
+    real = dp.check_gdn_inputs
 
     def counted(*args: object) -> object:
         calls.append(str(args[0]))
         return real(*args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(dc, "check_gdn_inputs", counted)
+    monkeypatch.setattr(dp, "check_gdn_inputs", counted)
     # one sequence of 2048 tokens: the split design, in 8 segments (the fewest programs that take it)
     q, k, v, g, beta = gdn_inputs(rng, device, torch.bfloat16, B=1, T=2048, H=1, HV=1, K=16, V=16)
     assert ds.takes_default_path(torch.bfloat16, True, 1, 1, 16, 16, 2048)
     o, h = dc.chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True, tensor_cores=True)
-    assert calls == [dc.OP]
+    assert calls == [dp.OP]
     calls.clear()
     o2, h2 = ds.chunk_gated_delta_rule_split(q, k, v, g, beta, output_final_state=True)
-    assert calls == [dc.OP]
+    assert calls == [dp.OP]
     assert h is not None and h2 is not None
     assert torch.equal(o, o2) and torch.equal(h, h2)
 
@@ -75,7 +76,7 @@ def test_no_plan_under_the_interpreter_or_an_unknown_triton(
     from clef_runtime.interpreter import interpreted
     from clef_runtime.ops import fast_launch
 
-    kernel = dc._chunk_prepare_kernel
+    kernel = dp._chunk_prepare_kernel
     if interpreted(kernel):
         assert not fast_launch.supported(kernel)
     real = triton.__version__

@@ -62,7 +62,6 @@ from triton.language.extra.cuda import gdc_wait
 
 from clef_runtime.interpreter import interpreted
 from clef_runtime.ops._common import cdiv
-from clef_runtime.ops.delta_rule_chunk import BT, OP, checked_inputs, prepare
 from clef_runtime.ops.delta_rule_common import (
     capability,
     rne_bf16,
@@ -71,6 +70,7 @@ from clef_runtime.ops.delta_rule_common import (
 )
 from clef_runtime.ops.delta_rule_common import seq_bounds as _seq_bounds
 from clef_runtime.ops.delta_rule_plan import Recorder, plain_launch
+from clef_runtime.ops.delta_rule_prepare import BT, OP, checked_inputs, prepare
 
 # With FORM_WU off, launches 2 and 3 take the whole V = 128 per program (k, w, q and Aqk are then
 # read once per chunk and value head, not once per V block), 8 warps, 2 stages (3 need 254 KB of
@@ -543,7 +543,7 @@ def _warmup_plan_kernel(
     """Launch 2, grid ``(N·HV, P)``: where segment s of one sequence and value head warms up from
     (`delta_rule_common.warmup_start`), into ``cw``, for keys launch 1 does not normalise (from
     the bounds launch 1 stored, `lb`; with normalised keys launch 1's first programs do this from
-    the gates, `delta_rule_chunk._chunk_prepare_kernel`).  Not inside the walk: the walk back's
+    the gates, `delta_rule_prepare._chunk_prepare_kernel`).  Not inside the walk: the walk back's
     loop there made the walk spill 130 more bytes per thread on sm_90."""
     i_nh = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1).to(tl.int64)

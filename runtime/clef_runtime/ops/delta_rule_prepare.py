@@ -1,0 +1,587 @@
+"""Chunked delta-rule prefill, launch 1 and the launch configuration: the input checks
+(`checked_inputs`), the tiles of all three launches (`launch_config`) and everything in a chunk
+that does not need the state (`_chunk_prepare_kernel`, run by `prepare`).  Both designs start
+here: the three-launch one (`delta_rule_chunk`) and the split one (`delta_rule_chunk_split`);
+how the whole op works is in `delta_rule_chunk`'s docstring."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents
+
+from clef_runtime.ops._common import cdiv, check_cu_seqlens, check_runnable
+from clef_runtime.ops.delta_rule_common import (
+    DotPolicy,
+    check_gdn_inputs,
+    check_state,
+    dot_policy,
+    pow2_at_least,
+    rne_bf16,
+    seq_bounds,
+    warmup_start,
+)
+from clef_runtime.ops.delta_rule_plan import Recorder, Spec, carve, plain_launch
+
+OP = "chunk_gated_delta_rule"
+BT = 64  # chunk length
+OUT_BV = 128  # launch 3's V block
+OUT_WARPS = 4
+_TORCH_DTYPE = {tl.bfloat16: torch.bfloat16, tl.float16: torch.float16, tl.float32: torch.float32}
+BC = 16  # sub-block of the triangular solve (the smallest tl.dot tile)
+# bf16 on tensor cores: launch 1's solve dots with f16 operands instead of TF32 (`solve_dtype`).
+# On the H200 launch 1 went 421.8 → 338.8 µs at B1 T32768 (18% fewer sm_90 instructions), the
+# whole call 1.10-1.12× faster on the rows short of FlashQLA, with errors against the float64
+# reference no larger (docs/performance.md, "eleventh pass"; hack/device/probe_prepare_table11.py).
+SOLVE_F16 = True
+
+
+# Kernel bodies are written out rather than split into small @triton.jit helpers: the
+# interpreter (how CI runs them) spends ~5 ms on every nested jit call, which would dominate the
+# CPU test budget; on a GPU it makes no difference (helpers are inlined).
+
+# ---------------------------------------------------------------------------------------------
+# launch 1: everything in a chunk that does not need the state
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _slot_bounds(i_t, cu_seqlens, T, NT, N, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """(batch row, first token, end of its sequence) of chunk slot `i_t`."""
+    if IS_VARLEN:
+        # Chunk c of sequence n (tokens from cu[n] + BT·c) owns slot cu[n] // BT + n + c: the
+        # slots of one sequence are consecutive and every sequence starts past the previous
+        # one's, all below ceil(T / BT) + N.  So a binary search over n of
+        # key(n) = cu[n] // BT + n finds a slot's sequence from cu_seqlens alone: no host-side
+        # table, no sync.  Slots no chunk owns come out empty (t0 == eos).  Offsets are clamped
+        # to [0, T]: unchecked bad ones (on a GPU) give wrong numbers, never a wild access.
+        b = i_t * 0
+        lo = i_t * 0
+        hi = lo + N - 1
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            key = tl.minimum(tl.maximum(tl.load(cu_seqlens + mid).to(tl.int64), 0), T) // BT + mid
+            lo = tl.where(key <= i_t, mid, lo)
+            hi = tl.where(key <= i_t, hi, mid - 1)
+        bos = tl.minimum(tl.maximum(tl.load(cu_seqlens + lo).to(tl.int64), 0), T)
+        eos = tl.minimum(tl.maximum(tl.load(cu_seqlens + lo + 1).to(tl.int64), bos), T)
+        t0 = bos + (i_t - bos // BT - lo) * BT
+        t0 = tl.where(t0 < bos, eos, t0)
+    else:
+        b = i_t // NT
+        t0 = (i_t % NT) * BT
+        eos = i_t * 0 + T
+    return b, t0, eos
+
+
+@triton.jit(do_not_specialize=["T", "NT", "N", "NW", "P"])
+def _chunk_prepare_kernel(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    w,
+    u,
+    aqk,
+    gc,
+    kf,
+    qf,
+    lb,
+    bt,
+    cu_seqlens,
+    scale,
+    T,
+    NT,
+    N,
+    sqb,
+    sqt,
+    skb,
+    skt,
+    svb,
+    svt,
+    cw,
+    warmup_log_bound,
+    NW,
+    P,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BVF: tl.constexpr,
+    KS: tl.constexpr,
+    VS: tl.constexpr,
+    BT: tl.constexpr,
+    BC: tl.constexpr,
+    LOG_BC: tl.constexpr,
+    SOLVE_BY_DOUBLING: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    L2NORM: tl.constexpr,
+    CHUNK_BOUND: tl.constexpr,
+    CHUNK_DT: tl.constexpr,
+    SOLVE_PRECISION: tl.constexpr,
+    DOUBLING_PRECISION: tl.constexpr,
+    ROUND_BF16: tl.constexpr,
+    T_OUT: tl.constexpr = False,
+    SOLVE_DT: tl.constexpr = tl.float32,
+    BETA_IN_T: tl.constexpr = False,
+    BETA_ROWS: tl.constexpr = False,
+    PDL: tl.constexpr = False,
+    WARMUP_PLAN: tl.constexpr = False,
+    WB: tl.constexpr = 64,
+):
+    if PDL:  # the split design's walk is launched as a dependant (`delta_rule_chunk_split.PDL`)
+        gdc_launch_dependents()
+    # a 1-D grid, value heads fastest: the value heads of one key head (and of one chunk) run
+    # side by side and share q and k through L2 (the chunk count stays off the 65535-limited
+    # grid axes)
+    pid = tl.program_id(0).to(tl.int64)
+    if WARMUP_PLAN:
+        # the split design's segment starts, from the gates alone (L2-normalised keys): the first
+        # NW = N·HV·P programs each find where one segment of one sequence
+        # and value head warms up from (`delta_rule_common.warmup_start`), into cw, in place of
+        # a launch of their own (`delta_rule_chunk_split._warmup_plan_kernel`: a launch's host
+        # time); the chunks' programs follow
+        if pid < NW:
+            i_nh = pid // P
+            s = pid % P
+            n = i_nh // HV
+            hv_w = i_nh % HV
+            b_w, bos, eos = seq_bounds(n, cu_seqlens, T, IS_VARLEN)
+            seg = tl.cdiv(tl.cdiv(eos - bos, BT), P)
+            c_lo = tl.minimum(s * seg, tl.cdiv(eos - bos, BT))
+            row = b_w * T * HV + hv_w
+            c_w = warmup_start(
+                g, g + row, beta + row, c_lo, bos, eos, warmup_log_bound, HV, BT, WB, True
+            )  # fmt: skip
+            tl.store(cw + pid, c_w.to(tl.int32))
+            return
+        pid -= NW
+    i_t = pid // HV
+    hv = (pid % HV).to(tl.int32)
+    h = hv // (HV // H)
+    b, t0, eos = _slot_bounds(i_t, cu_seqlens, T, NT, N, BT, IS_VARLEN)
+    # an empty slot of the varlen grid (t0 ≥ eos) masks every load and store below
+
+    # 64-bit scalar bases, 32-bit per-element offsets: int64 offset tiles would cost two
+    # registers per element
+    q += b * sqb + t0 * sqt + h * K
+    k += b * skb + t0 * skt + h * K
+    v += b * svb + t0 * svt + hv * V
+    tok0 = (b * T + t0) * HV + hv  # first row of the [B, T, HV, ...] tensors in this chunk
+    g += tok0
+    beta += tok0
+    hd0 = (b * HV + hv) * T + t0  # the same in the head-major [B, HV, T] cumulative decays
+    gc += hd0
+    # the per-token factors by chunk slot, [B, HV, NS, BT] with NS slots a batch row: every
+    # chunk's 64 start at a multiple of 64 floats (the split design's walk takes them by TMA,
+    # which needs 16-byte aligned starts, also where a packed sequence's chunks start anywhere)
+    NS = NT + N if IS_VARLEN else NT
+    fd0 = ((b * HV + hv) * NS + i_t - b * NS) * BT
+    kf += fd0
+    qf += fd0
+    w += tok0 * K
+    u += tok0 * V
+    aqk += tok0 * BT
+
+    r = tl.arange(0, BT)
+    n_live = eos - t0
+    live = r < n_live
+    gv = tl.load(g + r * HV, mask=live, other=0.0)
+    bv = tl.load(beta + r * HV, mask=live, other=0.0)
+    G = tl.cumsum(gv, 0)  # in-chunk cumulative log-decay, float32
+    gl = tl.sum(tl.where(r == tl.minimum(n_live, BT) - 1, G, 0.0), 0)  # to the chunk end
+    tl.store(gc + r, G, mask=live)
+
+    # Gram matrices of the raw q and k, K streamed in KS-wide slices: small dot operands keep
+    # the FMA path (GPUs without usable tensor cores, or float32) from spilling whole operand
+    # rows, and on tensor cores the products of input-dtype values are exact.  The fused L2
+    # norm then is a rank-one rescaling: q̂_t·k̂_j = (q_t·k_j) / (|q_t| |k_j|).
+    QK = tl.zeros([BT, BT], dtype=tl.float32)
+    KK = tl.zeros([BT, BT], dtype=tl.float32)
+    ssq = tl.zeros([BT], dtype=tl.float32)
+    ssk = tl.zeros([BT], dtype=tl.float32)
+    for c0 in tl.static_range(0, BK, KS):
+        cols = c0 + tl.arange(0, KS)
+        m = live[:, None] & (cols < K)[None, :]
+        ks = tl.load(k + r[:, None] * skt + cols[None, :], mask=m, other=0.0)
+        qs = tl.load(q + r[:, None] * sqt + cols[None, :], mask=m, other=0.0)
+        if L2NORM or CHUNK_BOUND:
+            k32 = ks.to(tl.float32)
+            ssk += tl.sum(k32 * k32, 1)
+        if L2NORM:
+            q32 = qs.to(tl.float32)
+            ssq += tl.sum(q32 * q32, 1)
+        kst = tl.trans(ks.to(CHUNK_DT))
+        KK = tl.dot(ks.to(CHUNK_DT), kst, KK, input_precision="ieee")
+        QK = tl.dot(qs.to(CHUNK_DT), kst, QK, input_precision="ieee")
+    if L2NORM:  # the opset's l2norm: x * rsqrt(sum(x²) + 1e-6), in float32
+        rk = tl.rsqrt(ssk + 1e-6)
+        rq = tl.rsqrt(ssq + 1e-6)
+    else:
+        rk = tl.full([BT], 1.0, dtype=tl.float32)
+        rq = tl.full([BT], 1.0, dtype=tl.float32)
+    # the per-token factors launches 2 and 3 apply to the raw k and q rows, so that neither
+    # reduces a row nor exponentiates: the L2 norm and the decay to the chunk end (k, exponent
+    # ≤ 0) or from the chunk start (q, with the scale)
+    tl.store(kf + r, rk * tl.exp(gl - G), mask=live)
+    tl.store(qf + r, (scale * rq) * tl.exp(G), mask=live)
+    # w's row factors, β e^{G} / |k| (e^{G} ≤ 1: the decay from the chunk start); with BETA_IN_T
+    # β goes into T instead
+    cw = tl.exp(G) * rk if BETA_IN_T else bv * tl.exp(G) * rk
+    if T_OUT:
+        # the split design's walk forms w and u itself from T, k, v and factors (FORM_WU): w's
+        # row factors in u's place and, with BETA_ROWS, β, both by chunk slot as kf (stored here,
+        # before the solve, so that their addresses take no registers through it)
+        tl.store(u - tok0 * V + fd0 + r, cw, mask=live)
+        if BETA_ROWS:  # β by chunk slot too: the walk reads it contiguous (or by TMA), not strided
+            tl.store(bt + fd0 + r, bv, mask=live)
+    if CHUNK_BOUND:
+        # log of a bound on the norm of the chunk's state map, for the split design's warm-up
+        # walks: each token maps S to e^{g} (I - β k̂ k̂ᵀ) S, whose spectral norm is
+        # e^{g} max(1, |1 - β |k̂|²|); the chunk's map is their product.  One float per chunk
+        # and value head, at this program's index.
+        nk2 = ssk * rk * rk
+        grow = tl.log(tl.maximum(tl.abs(1.0 - bv * nk2), 1.0))
+        tl.store(lb + pid, gl + tl.sum(tl.where(live, grow, 0.0), 0))
+
+    causal = r[:, None] >= r[None, :]
+    # e^{G_t - G_j} for j ≤ t (exponent ≤ 0); the upper triangle is zeroed before exp
+    decay = tl.where(causal, tl.exp(tl.where(causal, G[:, None] - G[None, :], 0.0)), 0.0)
+
+    # Aqk = scale (q̂ k̂ᵀ ⊙ decay), causal with the diagonal: the in-chunk part of the output
+    a_qk = QK * (scale * rq)[:, None] * rk[None, :] * decay
+    if ROUND_BF16:
+        a_qk = rne_bf16(a_qk)
+    tl.store(aqk + r[:, None] * (HV * BT) + r[None, :], a_qk.to(aqk.dtype.element_ty), mask=live[:, None])
+
+    # A = β k̂ k̂ᵀ ⊙ decay, strictly lower, float32
+    strict = r[:, None] > r[None, :]
+    A = tl.where(strict, KK * (bv * rk)[:, None] * rk[None, :] * decay, 0.0)
+
+    # T = (I + A)⁻¹.  Split A = N + L into its 16×16 diagonal blocks N and the strictly
+    # block-lower rest L, D = I + N.  The four D_bb are inverted by blocked forward substitution
+    # (or doubling), all four blocks at once; then with M = D⁻¹ L, which is nilpotent (M⁴ = 0 for
+    # four blocks), T = (I + M)⁻¹ D⁻¹ = (I - M + M² - M³) D⁻¹ = D⁻¹ - W + M² (D⁻¹ - W) with
+    # W = M D⁻¹: four 64×64 dots, W and M² side by side, so three deep (four deep as
+    # (I - M)(I + M²) D⁻¹: launch 1 at B1 T32768 451 → 421 µs on the H200, the same errors).
+    # Neither step is a power series inside a block: with repeated keys and β → 1 its
+    # alternating sums would cancel catastrophically (test_repeated_keys_full_beta_no_decay).
+    NB: tl.constexpr = BT // BC
+    blk = r // BC
+    same_blk = blk[:, None] == blk[None, :]
+    Nd = tl.sum(tl.reshape(tl.where(same_blk, A, 0.0), [NB, BC, NB, BC]), 2)  # [NB, BC, BC]
+    ri = tl.arange(0, BC)
+    eye_c = (ri[:, None] == ri[None, :]).to(tl.float32)
+    if SOLVE_BY_DOUBLING:
+        # Tensor-core GPUs: double the block size.  With X the inverse of D's b×b diagonal
+        # blocks and L_b the entries of N that join two neighbouring b-blocks into a 2b-block,
+        #     [[D1, 0], [L21, D2]]⁻¹ = [[X1, 0], [-X2 L21 X1, X2]],   i.e.   X ← X - X L_b X,
+        # for b = 2, 4, 8: six small batched dots with a dependency chain of six, where the
+        # row-by-row form below has fifteen.  On the FMA path (sm70) it spills far more, so that
+        # keeps the row form.
+        # b = 1: the 1×1 blocks of D are 1, so the 2×2 blocks' inverses are I - N on them
+        X = eye_c[None, :, :] - tl.where(((ri // 2)[:, None] == (ri // 2)[None, :])[None, :, :], Nd, 0.0)
+        for lvl in tl.static_range(1, LOG_BC):
+            joins = ((ri >> (lvl + 1))[:, None] == (ri >> (lvl + 1))[None, :]) & (
+                (ri >> lvl)[:, None] != (ri >> lvl)[None, :]
+            )
+            Lb = tl.where(joins[None, :, :], Nd, 0.0)
+            # On tensor cores (`doubling_precision`): 3xTF32 (split-float32) keeps float32
+            # accuracy here (the inverse's error ≤ 2.7e-8, hack/solve_precision_emulation.py) and
+            # replaced 768 of the 880 FMAs per thread of the IEEE form (launch 1 902 → 813 µs on
+            # the H200); bf16 takes plain TF32, whose error stays below the bf16 rounding of T
+            # (launch 1 569 → 453 µs, docs/performance.md "eighth pass").
+            # (SOLVE_DT f16: see `solve_dtype`; float32: the casts do nothing)
+            Xs = X.to(SOLVE_DT)
+            Xl = tl.dot(Xs, Lb.to(SOLVE_DT), input_precision=DOUBLING_PRECISION).to(SOLVE_DT)
+            X = X - tl.dot(Xl, Xs, input_precision=DOUBLING_PRECISION)
+    else:
+        X = tl.zeros([NB, BC, BC], dtype=tl.float32) + eye_c[None, :, :]
+        for i in range(1, BC):
+            # row i of each block becomes e_i - Σ_{j<i} N_ij X_j: rows j < i of X are final and
+            # N_ij = 0 for j ≥ i, so row i of the batched product N X is exactly that sum (one
+            # small dot per step instead of two cross-lane reductions)
+            X = tl.where(
+                (ri == i)[None, :, None], eye_c[None, :, :] - tl.dot(Nd, X, input_precision="ieee"), X
+            )
+    rb = tl.arange(0, NB)
+    eye_b = (rb[:, None] == rb[None, :]).to(tl.float32)
+    Dinv = tl.reshape(X[:, :, None, :] * eye_b[:, None, :, None], [BT, BT])
+    Ds = Dinv.to(SOLVE_DT)
+    M = tl.dot(Ds, tl.where(same_blk, 0.0, A).to(SOLVE_DT), input_precision=SOLVE_PRECISION).to(SOLVE_DT)
+    W = tl.dot(M, Ds, input_precision=SOLVE_PRECISION)
+    M2 = tl.dot(M, M, input_precision=SOLVE_PRECISION).to(SOLVE_DT)
+    Tm = Dinv - W + tl.dot(M2, (Dinv - W).to(SOLVE_DT), input_precision=SOLVE_PRECISION)
+    if BETA_IN_T:  # (T_OUT only) T diag(β) stored: the split walk's steps then need no β
+        Tm = Tm * bv[None, :]
+    # the WY products run on tensor cores: T rounded to the dot dtype
+    Tm = Tm.to(CHUNK_DT)
+    if ROUND_BF16:
+        Tm = rne_bf16(Tm)
+
+    # w = T (β e^{G} k̂) and u = T (β v), in KS/VS-wide column slices
+    if T_OUT:
+        # (`delta_rule_chunk_split`, FORM_WU: a quarter of w and u's bytes, and no w/u pass here)
+        # T in w's place ([B, T, HV, BT], like Aqk)
+        t_p = w + tok0 * (BT - K)
+        tl.store(t_p + r[:, None] * (HV * BT) + r[None, :], Tm.to(w.dtype.element_ty), mask=live[:, None])
+    else:
+        for c0 in tl.static_range(0, BK, KS):
+            cols = c0 + tl.arange(0, KS)
+            m = live[:, None] & (cols < K)[None, :]
+            kb = (
+                tl.load(k + r[:, None] * skt + cols[None, :], mask=m, other=0.0).to(tl.float32) * cw[:, None]
+            ).to(CHUNK_DT)
+            if ROUND_BF16:
+                kb = rne_bf16(kb)
+            ws = tl.dot(Tm, kb, input_precision="ieee")
+            if ROUND_BF16:
+                ws = rne_bf16(ws)
+            tl.store(w + r[:, None] * (HV * K) + cols[None, :], ws.to(w.dtype.element_ty), mask=m)
+        for c0 in tl.static_range(0, BVF, VS):
+            cols = c0 + tl.arange(0, VS)
+            m = live[:, None] & (cols < V)[None, :]
+            vb = (
+                tl.load(v + r[:, None] * svt + cols[None, :], mask=m, other=0.0).to(tl.float32) * bv[:, None]
+            ).to(CHUNK_DT)
+            if ROUND_BF16:
+                vb = rne_bf16(vb)
+            us = tl.dot(Tm, vb, input_precision="ieee")
+            if ROUND_BF16:
+                us = rne_bf16(us)
+            tl.store(u + r[:, None] * (HV * V) + cols[None, :], us.to(u.dtype.element_ty), mask=m)
+
+
+# ---------------------------------------------------------------------------------------------
+# host side
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Tile sizes, warps and stages of the three launches (see `launch_config`)."""
+
+    BK: int  # K padded to a power of two (one tile)
+    BVF: int  # V likewise
+    KS: int  # launch 1: K slice of the Gram matrices and w
+    VS: int  # launch 1: V slice of u
+    BV: int  # launch 2: V block per program
+    BVO: int  # launch 3: V block per program
+    warps1: int
+    warps2: int
+    stages2: int
+    warps3: int
+    solve_by_doubling: bool  # launch 1: how the 16×16 diagonal blocks are inverted
+    regs1: int | None  # launch 1: register cap per thread (None: the compiler's choice)
+    regs1_t: int | None  # the same for the split design's launch 1 (T stored: `prepare`'s t_out)
+
+
+def launch_config(K: int, V: int, dtype: torch.dtype, tensor_cores: bool) -> LaunchConfig:
+    """The tiles for head dims K, V and input `dtype`, on tensor cores or on the FMA path.
+
+    Checked with ptxas for sm_90 and sm_70 at K = V = 128 (tests/runtime/test_ops_compile.py:
+    no spills on sm_90, under 1 KB per thread on sm_70) and timed on the H200
+    (hack/device/probe_variants.py; the timings of each choice are in docs/performance.md).  On
+    tensor cores launch 1 takes K/V in slices of up to 128 (whole heads at K = V = 128); launch 2
+    takes 32-wide V blocks at 4 warps and 3 stages, except for f16, whose state dots take float32
+    operands and want 8 warps; launch 3 takes 128-wide V blocks at 4 warps for bf16 and 64-wide
+    ones for f16, whose float32 state tiles would spill at 128 on sm_90.  On the FMA path
+    (float32, and sm70, where Triton 3.6 has no MMA) every dot holds whole operand rows per
+    thread: 16-wide slices and blocks, 8 warps and no software pipelining keep the spills under
+    1 KB per thread (launch 3 at 128-wide blocks would spill 11 KB on sm_70)."""
+    BK, BVF = pow2_at_least(K), pow2_at_least(V)
+    if tensor_cores:
+        # On an H200 (Triton 3.6) tensor-core dots with a 16-wide K or V tile gave wrong sums
+        # (K=32/V=16 and K=V=16 heads, f16 and bf16; K, V ≥ 32 and float32 were right), which
+        # the interpreter cannot show.  Padding the tiles to 32 (masked) avoids those shapes.
+        BK, BVF = max(BK, 32), max(BVF, 32)
+        small = max(K, V) <= 128
+        return LaunchConfig(
+            BK=BK, BVF=BVF, KS=min(128, BK), VS=min(128, BVF), BV=min(32, BVF),
+            BVO=min(OUT_BV if dtype == torch.bfloat16 else 64, BVF),
+            warps1=4 if small else 8, warps2=4 if dtype == torch.bfloat16 and small else 8, stages2=3,
+            warps3=OUT_WARPS, solve_by_doubling=True,
+            # 168 registers let three 4-warp programs share an SM instead of two (it spills a few
+            # bytes): launch 1 at B1 T32768 went 813 → 690 µs on the H200 with the 3xTF32 solve,
+            # in bf16; f16 was not timed with the cap, so it keeps the compiler's choice.
+            regs1=168 if small and dtype == torch.bfloat16 else None,
+            # the split design's launch 1 (T stored, the f16 solve) at 128: four programs per SM,
+            # 24 bytes of spill; on the H200 it went 346 → 326 µs at B1 T32768 and 363 → 338
+            # for 8 packed × 4096, the whole call 1.01-1.03× faster (docs/performance.md,
+            # "thirteenth pass")
+            regs1_t=128 if small and dtype == torch.bfloat16 else None,
+        )  # fmt: skip
+    return LaunchConfig(
+        BK=BK, BVF=BVF, KS=min(16, BK), VS=min(16, BVF), BV=min(16, BVF), BVO=min(16, BVF),
+        warps1=8, warps2=8, stages2=1, warps3=8, solve_by_doubling=False, regs1=None, regs1_t=None,
+    )  # fmt: skip
+
+
+def checked_inputs(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None,
+    initial_state: torch.Tensor | None,
+    cu_seqlens: torch.Tensor | None,
+) -> tuple[int, int, int, int, int, int, int, float]:
+    """Every input check of the op; returns (B, T, H, HV, K, V, sequences N, scale)."""
+    B, T, H, HV, K, V = check_gdn_inputs(OP, q, k, v, g, beta)
+    device = q.device
+    check_runnable(OP, device)
+    N = B if cu_seqlens is None else check_cu_seqlens(OP, cu_seqlens, B, T, device)
+    if initial_state is not None:
+        check_state(OP, "initial_state", initial_state, N, HV, K, V)
+        if initial_state.device != device:
+            raise ValueError(f"{OP}: initial_state is on {initial_state.device} but q is on {device}")
+    return B, T, H, HV, K, V, N, K**-0.5 if scale is None else float(scale)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """Launch 1's outputs, the output buffers, and what the later launches need to know."""
+
+    o: torch.Tensor
+    final: torch.Tensor | None
+    w: torch.Tensor
+    u: torch.Tensor
+    aqk: torch.Tensor
+    gc: torch.Tensor
+    kf: torch.Tensor
+    qf: torch.Tensor
+    lb: torch.Tensor | None  # per chunk slot and value head: log of a bound on the chunk's state map
+    bt: torch.Tensor | None  # with ``beta_rows``: β by chunk slot, as kf
+    cu: torch.Tensor  # cu_seqlens, or an unused pointer when not varlen
+    NT: int
+    slots: int
+    NS: int  # chunk slots a batch row (the per-token factors are [B, HV, NS, BT])
+    policy: DotPolicy
+    cfg: LaunchConfig
+    extra: tuple[torch.Tensor | None, ...] = ()  # the caller's `extra` workspace tensors
+
+
+def doubling_precision(policy: DotPolicy) -> str:
+    """input_precision of launch 1's doubling dots (the 16×16 diagonal blocks' inverses): TF32
+    where T is rounded to bf16 for its dots (TF32's error is below that rounding: against the
+    float64 reference on the H200, random inputs and runs of equal keys with β = 1, no larger
+    than with 3xTF32), 3xTF32 otherwise (f16 rounds T to 11 bits, as fine as TF32 itself)."""
+    return "tf32" if policy.chunk_dtype == tl.bfloat16 else "tf32x3"
+
+
+def solve_dtype(dtype: torch.dtype, tensor_cores: bool) -> tl.dtype:
+    """Operand dtype of launch 1's solve dots: float32 (at `doubling_precision` and the policy's
+    solve_precision), or f16 for bf16 inputs on tensor cores where SOLVE_F16 is set.  f16 keeps
+    TF32's 11-bit significand in a narrower range (the largest |T| entry in
+    hack/solve_precision_emulation.py is 1.8) at twice its tensor-core rate, in half the registers:
+    the emulated errors equal TF32's, and on the H200 the errors against the float64 reference
+    were no larger (docs/performance.md, "eleventh pass")."""
+    return tl.float16 if SOLVE_F16 and dtype == torch.bfloat16 and tensor_cores else tl.float32
+
+
+def prepare(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    N: int,
+    scale: float,
+    cu_seqlens: torch.Tensor | None,
+    use_qk_l2norm: bool,
+    output_final_state: bool,
+    tc: bool,
+    chunk_bound: bool = False,
+    t_out: bool = False,
+    beta_in_t: bool = False,
+    beta_rows: bool = False,
+    pdl: bool = False,
+    extra: tuple[Spec | None, ...] = (),
+    rec: Recorder | None = None,
+    warmup_plan: tuple[int, float, int] | None = None,
+) -> Prepared:
+    """Allocate the outputs and launch 1's intermediates, and run launch 1 (shared with
+    `clef_runtime.ops.delta_rule_chunk_split`; ``chunk_bound``: also the per-chunk log bounds
+    `Prepared.lb` its warm-up walks read; ``t_out``: `Prepared.w` holds each chunk's T
+    ``[B, T, HV, BT]`` and `Prepared.u` the float32 factors ``β e^{G} / |k|`` by chunk slot
+    (as kf), from which that walk forms w and u; with ``beta_in_t`` T diag(β) and
+    ``e^{G} / |k|``; with ``beta_rows`` also β by chunk slot, `Prepared.bt`; with ``pdl`` it
+    lets the kernel after it start early: programmatic dependent launch, sm_90; with
+    ``warmup_plan`` = (P, log bound, chunks a step back) its first N·HV·P programs also store each
+    segment's warm-up start into the caller's first `extra` tensor, int32 [N·HV·P]: the split
+    design's segments, their bounds from the gates, so only for L2-normalised keys)."""
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    device = q.device
+    NT = cdiv(T, BT)
+    slots = B * NT if cu_seqlens is None else NT + N  # varlen: an upper bound, see the kernel
+    NS = slots // B
+    # per-token float32 factors by chunk slot, [B, HV, NS, BT] (each chunk's 64 contiguous and
+    # 256-byte aligned; a varlen batch's unused slots are never written nor read)
+    factor_rows = (B, HV, NS * BT)
+    f32 = torch.float32
+    # launch 1's intermediates and the caller's `extra` (one workspace allocation in a plan,
+    # `delta_rule_plan`): within-chunk intermediates, token-indexed, in the
+    # input dtype (see the module docstring); the cumulative decay, head-major [B, HV, T]; what
+    # launches 2 and 3 scale k and q rows by
+    specs: tuple[Spec | None, ...] = (
+        ((B, T, HV, BT if t_out else K), q.dtype),  # w (T with t_out)
+        (factor_rows, f32) if t_out else ((B, T, HV, V), q.dtype),  # u (w's row factors with t_out)
+        ((B, T, HV, BT), q.dtype),  # aqk
+        ((B, HV, T), f32),  # gc
+        (factor_rows, f32),  # kf
+        (factor_rows, f32),  # qf
+        (factor_rows, f32) if t_out and beta_rows else None,  # bt
+        ((slots, HV), f32) if chunk_bound else None,  # lb
+        *extra,
+    )
+    views = carve(specs, device, rec)
+    w, u, aqk, gc, kf, qf, bt, lb = views[:8]
+    assert w is not None and u is not None and aqk is not None and gc is not None
+    assert kf is not None and qf is not None
+    cu = cu_seqlens if cu_seqlens is not None else gc  # an unused pointer when not varlen
+    policy = dot_policy(q.dtype, _chunk_prepare_kernel, tc)
+    cfg = launch_config(K, V, q.dtype, tc)
+    P, log_bound, wb = warmup_plan if warmup_plan is not None else (1, 0.0, 64)
+    NW = N * HV * P if warmup_plan is not None else 0  # the warm-up programs ahead of the chunks'
+    cw = views[8] if NW else gc
+    assert cw is not None
+    if T > 0:
+        # the first long kernel goes into the queue before the outputs are allocated
+        plain_launch(
+            rec, _chunk_prepare_kernel, (slots * HV + NW,),
+            (
+                q, k, v, g, beta, w, u, aqk, gc, kf, qf, lb if lb is not None else gc,
+                bt if bt is not None else gc, cu,
+                scale, T, NT, N,
+                q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+                cw, log_bound, NW, P,
+            ),
+            dict(
+                H=H, HV=HV, K=K, V=V, BK=cfg.BK, BVF=cfg.BVF, KS=cfg.KS, VS=cfg.VS,
+                BT=BT, BC=BC, LOG_BC=BC.bit_length() - 1, SOLVE_BY_DOUBLING=cfg.solve_by_doubling,
+                IS_VARLEN=cu_seqlens is not None, L2NORM=use_qk_l2norm, CHUNK_BOUND=chunk_bound,
+                CHUNK_DT=policy.chunk_dtype, SOLVE_PRECISION=policy.solve_precision,
+                DOUBLING_PRECISION=doubling_precision(policy), SOLVE_DT=solve_dtype(q.dtype, tc),
+                ROUND_BF16=policy.round_bf16, T_OUT=t_out, BETA_IN_T=t_out and beta_in_t,
+                BETA_ROWS=bt is not None, PDL=pdl, WARMUP_PLAN=warmup_plan is not None, WB=wb,
+                num_warps=cfg.warps1,
+                maxnreg=cfg.regs1_t if t_out else cfg.regs1,
+            ),
+        )  # fmt: skip
+    o = torch.empty(B, T, HV, V, dtype=v.dtype, device=device)
+    final = torch.empty(N, HV, K, V, dtype=torch.float32, device=device) if output_final_state else None
+    if rec is not None:
+        rec.outputs(o, final)
+    return Prepared(o, final, w, u, aqk, gc, kf, qf, lb, bt, cu, NT, slots, NS, policy, cfg, tuple(views[8:]))
+
+
+def tunables() -> tuple[object, ...]:
+    """This module's settings that the host side reads (part of a plan's key)."""
+    return (SOLVE_F16, OUT_BV, OUT_WARPS)
