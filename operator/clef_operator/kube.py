@@ -351,8 +351,10 @@ def _owners(obj: Any) -> frozenset[str]:
 
 
 def _by_model(obj: Any) -> cache.Key | None:
+    """The model an object belongs to: on pods, by the label clef created it with (`revision-of`,
+    `verifies`) before the serving label, which anyone who may patch the pod can set."""
     found = obj.metadata.labels or {}
-    model = found.get(labels.MODEL) or found.get(labels.VERIFIES) or found.get(labels.REVISION_OF)
+    model = found.get(labels.REVISION_OF) or found.get(labels.VERIFIES) or found.get(labels.MODEL)
     return (obj.metadata.namespace or "", model) if model else None
 
 
