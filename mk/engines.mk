@@ -22,4 +22,4 @@ decisive: $(STAMP)
 	CLEF_CACHE=$(CLEF_CACHE) nice -n 19 $(VPY) -m clef_devcluster.decisive
 
 test-engines: engines decisive
-	CLEF_ENGINES=1 CLEF_CACHE=$(CLEF_CACHE) $(VPY) -m pytest tests/engines -v -p no:cacheprovider
+	CLEF_ENGINES=1 CLEF_CACHE=$(CLEF_CACHE) $(VPY) -m pytest tests/engines -v -s -p no:cacheprovider
