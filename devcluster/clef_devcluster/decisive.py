@@ -11,8 +11,9 @@ with (docs/verification.md, "The decisive checkpoint", has the measured distribu
   path takes 64 or 128 only), 3 GDN layers and 1 attention layer (Qwen3.5's pattern), grouped
   heads on both kinds, partial rotary, an untied head.  Written in bf16 and in f16.
 * Trained with upstream ``transformers`` (``Qwen3_5ForCausalLM``, its PyTorch gated-delta-rule)
-  from `clef_runtime.model.checkpoint`'s deterministic initialisation; one thread, fixed seeds and
-  a fixed data order, so the same pins give the same bits.
+  from `clef_runtime.model.checkpoint`'s deterministic initialisation; one thread, deterministic
+  algorithms, fixed seeds and a fixed data order (bit-identical weights across CPU kinds are not
+  promised, nor checked: the tests check the margins, not the bits).
 * What it learns, on the chat files of `clef_devcluster.checkpoints` (tokenizer, template with the
   thinking switch, stop token): to continue the built-in prompt set's numbered list ("Line 17: 17
   squared is 289.") from wherever the user's list stops, to answer the built-in questions (and
