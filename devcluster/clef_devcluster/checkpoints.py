@@ -161,6 +161,8 @@ def write_image_text_layout(text_dir: Path, out_dir: Path, *, seed: int = 0) -> 
     raw["architectures"] = ["Qwen3_5ForConditionalGeneration"]
     raw["dtype"] = dtype
     raw["text_config"]["dtype"] = dtype
+    # mistral.rs reads a missing list as Qwen3-VL's [8, 16, 24] and then wants deepstack mergers.
+    raw["vision_config"]["deepstack_visual_indexes"] = []
     (out_dir / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
     save_file({**renamed, **visual}, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     return out_dir
