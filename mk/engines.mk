@@ -4,7 +4,8 @@
 # $(CLEF_CACHE), keyed by its pins:
 #
 #   make engines          vLLM's CPU venv (~6 GB, ~3 min) and mistral.rs 0.8.1 with the documented
-#                         CPU patch (~25 min on 2 cores), both niced
+#                         CPU patch (22.5 min on 2 idle cores; 71 min niced on a
+#                         shared 2-core machine), both niced
 #   make decisive         the decisive verification checkpoint (trained on the CPU, a few minutes)
 #   make test-engines     all of the above, then tests/engines with CLEF_ENGINES=1
 

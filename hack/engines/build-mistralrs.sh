@@ -20,8 +20,9 @@
 # dependency set as `cargo install mistralrs-cli --version 0.8.1 --locked`); the script checks
 # that the patch changed nothing in that lock but the source of mistralrs-core itself.
 #
-# Cost here: about 22 min on 2 idle cores for a cold build (longer when niced on a shared
-# machine), about 2 GB of build directory, a 98 MB binary. Needs only crates.io.
+# Cost here: about 22 min on 2 idle cores for a cold build (4244 s when niced on a 2-core machine
+# shared with other builds, 2026-12-04), about 2 GB of build directory, a 98 MB binary. Needs only
+# crates.io.
 #
 # Usage: hack/engines/build-mistralrs.sh [--print-dir]
 #   --print-dir   print the cache directory and exit (0 if built, 1 if not)
