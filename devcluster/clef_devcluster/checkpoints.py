@@ -104,3 +104,65 @@ def write_chat_checkpoint(directory: Path, *, seed: int = 0) -> Path:
     write_random_checkpoint(directory, config, seed=seed, dtype=torch.float32)
     _sharpen(directory / "model.safetensors")
     return directory
+
+
+def write_image_text_layout(text_dir: Path, out_dir: Path, *, seed: int = 0) -> Path:
+    """A copy of the text-only checkpoint `text_dir` in Qwen3.5's image-and-text layout
+    (``Qwen3_5ForConditionalGeneration``), the only Qwen3.5 that mistral.rs 0.8.1 loads: the
+    decoder under ``text_config`` and ``model.language_model.*``, ``rope_parameters.mrope_section``
+    (text positions are equal on the three axes, so mrope is the text model's rope), and a
+    one-layer random vision tower (``model.visual.*``) that text prompts never run.  The logits of
+    a text prompt are the text model's (tests/runtime/test_decisive.py checks it in transformers).
+    """
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+    text = json.loads((text_dir / "config.json").read_text())
+    rotary_half = int(text["head_dim"] * text.get("partial_rotary_factor", 0.25)) // 2
+    third = rotary_half // 3
+    text["rope_parameters"] = {
+        "rope_type": "default",
+        "rope_theta": text.get("rope_theta", text.get("rope_parameters", {}).get("rope_theta", 10_000.0)),
+        "partial_rotary_factor": text.get("partial_rotary_factor", 0.25),
+        "mrope_section": [rotary_half - 2 * third, third, third],
+        "mrope_interleaved": True,
+    }
+    text.pop("architectures", None)
+    dtype = text.get("dtype", "float32")
+    vision = {
+        "depth": 1,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_heads": 2,
+        "out_hidden_size": text["hidden_size"],
+    }
+    config = Qwen3_5Config(
+        text_config=text, vision_config=vision, tie_word_embeddings=text.get("tie_word_embeddings", False)
+    )
+    torch.manual_seed(seed)
+    model = Qwen3_5ForConditionalGeneration(config)
+    visual = {
+        k: v.detach().to(getattr(torch, dtype)).contiguous()
+        for k, v in model.state_dict().items()
+        if k.startswith("model.visual.")
+    }
+    tensors = load_file(str(text_dir / "model.safetensors"))
+    renamed = {
+        ("model.language_model." + k[len("model.") :] if k.startswith("model.") else k): v
+        for k, v in tensors.items()
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for f in text_dir.iterdir():
+        if f.name not in ("config.json", "model.safetensors") and f.is_file():
+            shutil.copy2(f, out_dir / f.name)
+    raw = config.to_dict()
+    raw["architectures"] = ["Qwen3_5ForConditionalGeneration"]
+    raw["dtype"] = dtype
+    raw["text_config"]["dtype"] = dtype
+    # mistral.rs reads a missing list as Qwen3-VL's [8, 16, 24] and then wants deepstack mergers.
+    raw["vision_config"]["deepstack_visual_indexes"] = []
+    (out_dir / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
+    save_file({**renamed, **visual}, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    return out_dir
