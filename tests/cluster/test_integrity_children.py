@@ -251,6 +251,7 @@ def _until_quiet(cluster: Cluster, namespace: str, name: str, timeout: float = 6
             assert time.monotonic() - started < timeout, f"{name} kept changing for {timeout:.0f}s"
             if len(watched.snapshot()) != seen:
                 seen, last = len(watched.snapshot()), time.monotonic()
+            # The quiet window is the check; the watch thread fills the snapshot, read every 50 ms.
             time.sleep(0.05)
 
 

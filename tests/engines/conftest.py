@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+
+from tests import opt_in
 
 HERE = Path(__file__).parent
 REPO = HERE.parents[1]
@@ -31,15 +32,11 @@ SKIP_REASON = (
 
 
 def enabled() -> bool:
-    return os.environ.get("CLEF_ENGINES") == "1"
+    return opt_in.enabled("CLEF_ENGINES")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if enabled():
-        return
-    for item in items:
-        if HERE in item.path.parents:
-            item.add_marker(pytest.mark.skip(reason=SKIP_REASON))
+    opt_in.gate(items, HERE, "CLEF_ENGINES", SKIP_REASON)
 
 
 def cached(script: str) -> Path:
@@ -52,12 +49,6 @@ def cached(script: str) -> Path:
     if proc.returncode != 0:
         pytest.fail(f"{script}: {where} is not built: run `make engines` (or the script) first")
     return where
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextmanager
@@ -86,6 +77,8 @@ def engine(cmd: list[str], port: int, log: Path, *, env: dict[str, str] | None =
                     break
             except httpx.HTTPError:
                 pass
+            # An HTTP server sends no event when it starts listening: ask every 2 s (a start takes
+            # 45-125 s; the deadline above bounds it).
             time.sleep(2)
         yield url
     finally:

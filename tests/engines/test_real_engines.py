@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.engines.conftest import REPO, cached, endpoint_check, engine, free_port
+from clef_devcluster.procs import free_port
+from tests.engines.conftest import REPO, cached, endpoint_check, engine
 
 VLLM_RUNS = 3
 

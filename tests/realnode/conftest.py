@@ -27,6 +27,7 @@ from clef_devcluster.cluster import ClusterError, LocalCluster, build
 from clef_devcluster.config import REPO_ROOT, missing_prerequisites
 from clef_devcluster.hoststate import HostSnapshot
 from clef_devcluster.realnode import BRIDGE, NodeError, RealNode
+from tests import opt_in
 
 HERE = Path(__file__).parent
 # A state directory of its own: the cluster tier's .cluster/ and the demo's are never touched.
@@ -42,15 +43,11 @@ T = TypeVar("T")
 
 
 def enabled() -> bool:
-    return os.environ.get("CLEF_REAL_NODE", "") == "1"
+    return opt_in.enabled("CLEF_REAL_NODE")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if enabled():
-        return
-    for item in items:
-        if HERE in item.path.parents:
-            item.add_marker(pytest.mark.skip(reason=SKIP_REASON))
+    opt_in.gate(items, HERE, "CLEF_REAL_NODE", SKIP_REASON)
 
 
 @dataclass

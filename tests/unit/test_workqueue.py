@@ -218,6 +218,7 @@ def until_waiting(shared: SharedQueue, n: int) -> None:
     deadline = time.monotonic() + 10
     while shared.waiting() < n:
         assert time.monotonic() < deadline, f"{shared.waiting()} of {n} workers reached get()"
+        # A thread entering Condition.wait signals nothing to others: read the count every 1 ms.
         time.sleep(0.001)
 
 
