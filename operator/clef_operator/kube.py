@@ -32,11 +32,12 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from clef_operator import actions as act
-from clef_operator import cache, labels
+from clef_operator import labels
 from clef_operator.api import GROUP, KIND, PLURAL, VERSION, ClefModelStatus, Step
 from clef_operator.children import release_ops
 from clef_operator.endpoint import CHECK_CONTAINER
 from clef_operator.goldens import GOLDENS_CONTAINER, MAX_GOLDENS_BYTES
+from clef_operator.manager import cache
 from clef_operator.observed import (
     ConfigMapState,
     DeploymentState,

@@ -10,8 +10,9 @@ from typing import Any
 
 from kubernetes import client
 
-from clef_operator import cache, labels
+from clef_operator import labels
 from clef_operator.kube import KINDS
+from clef_operator.manager import cache
 
 
 def deployment(
@@ -130,7 +131,7 @@ def test_custom_objects_are_stored_by_namespace_and_name() -> None:
 
 def test_resync_and_workers_are_command_line_knobs() -> None:
     from clef_operator.cli import build_parser
-    from clef_operator.handlers import RESYNC_SECONDS, WORKERS, _next_look
+    from clef_operator.manager.workers import RESYNC_SECONDS, WORKERS, _next_look
 
     args = build_parser().parse_args(["run"])
     assert (args.resync_seconds, args.workers) == (RESYNC_SECONDS, WORKERS)

@@ -70,7 +70,7 @@ def test_every_metric_and_election_flag_is_documented() -> None:
     exports and each election flag it takes."""
     from prometheus_client import REGISTRY
 
-    import clef_operator.metrics  # noqa: F401  (registers the metrics)
+    import clef_operator.manager.metrics  # noqa: F401  (registers the metrics)
     from clef_operator.cli import build_parser
 
     text = OPERATIONS.read_text()

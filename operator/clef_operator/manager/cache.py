@@ -38,7 +38,7 @@ from typing import Any
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
-from clef_operator import memory
+from clef_operator.manager import memory
 
 log = logging.getLogger("clef.cache")
 
