@@ -38,8 +38,7 @@ def _run(args: argparse.Namespace) -> int:
         # kopf logs every watch event it hands to a handler; clef logs its decisions itself.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     from clef_operator.api import GROUP, PLURAL, VERSION
-    from clef_operator.handlers import api_client
-    from clef_operator.kube import serves
+    from clef_operator.apiclient import api_client, serves
 
     error = _setup(args)
     if error:
@@ -92,8 +91,7 @@ def _kopf_identity(name: str) -> Any:
 def _elect(args: argparse.Namespace) -> Any:
     """Block until this replica holds the Lease (a standby waits here, serving only /metrics and
     /healthz); the election thread then keeps renewing it, or ends the process when it is lost."""
-    from clef_operator.handlers import api_client
-    from clef_operator.kube import operator_namespace
+    from clef_operator.apiclient import api_client, operator_namespace
     from clef_operator.manager import leader, metrics
 
     elector = leader.Elector(

@@ -14,28 +14,12 @@ from __future__ import annotations
 from typing import Any
 
 import kopf
-from kubernetes import client, config
 
-from clef_operator.kube import Kube, operator_namespace
+from clef_operator.apiclient import api_client, operator_namespace
+from clef_operator.kube import Kube
 from clef_operator.manager import leader, memory
 from clef_operator.manager.workers import Tuning, Watching, Workers
 from clef_operator.reconcile import reconcile
-
-
-def api_client(fenced: bool = True, pool: int | None = None) -> client.ApiClient:
-    """In-cluster credentials when running in a pod, else the kubeconfig (KUBECONFIG).  Fenced:
-    every write refused while this replica cannot prove it holds the Lease (`leader`); reads and
-    watches pass.  `pool`: connections kept open (one per reconcile worker and watch)."""
-    try:
-        config.load_incluster_config()
-    except config.ConfigException:
-        config.load_kube_config()
-    configuration = client.Configuration.get_default_copy()
-    if pool is not None:
-        configuration.connection_pool_maxsize = pool
-    api = leader.FencedApiClient(configuration=configuration) if fenced else client.ApiClient(configuration)
-    api.user_agent = leader.user_agent()
-    return api
 
 
 def start_watching(tuning: Tuning) -> Watching:
@@ -45,7 +29,7 @@ def start_watching(tuning: Tuning) -> Watching:
     cache is synced when it takes over: failover then costs kopf's start-up, not a list of every
     child of every model."""
     kube = Kube(api_client(pool=tuning.workers + 16))
-    kube.instance = leader.identity() or kube.instance
+    kube.writer.instance = leader.identity() or kube.writer.instance
     kube.warm_up()
     memory.on_quiet(kube.close_idle_connections)
     memory.on_quiet(kube.cache.compact)
