@@ -21,7 +21,7 @@ from clef_operator import __version__
 def _run(args: argparse.Namespace) -> int:
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig
-    from clef_operator import memory
+    from clef_operator.manager import memory
 
     # Before the first thread (metrics, election, watches, reconciles) allocates.
     memory.limit_arenas()
@@ -38,8 +38,7 @@ def _run(args: argparse.Namespace) -> int:
         # kopf logs every watch event it hands to a handler; clef logs its decisions itself.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     from clef_operator.api import GROUP, PLURAL, VERSION
-    from clef_operator.handlers import api_client
-    from clef_operator.kube import serves
+    from clef_operator.apiclient import api_client, serves
 
     error = _setup(args)
     if error:
@@ -54,8 +53,9 @@ def _run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 3
-    from clef_operator import leader
-    from clef_operator.handlers import Tuning, start_watching
+    from clef_operator.handlers import start_watching
+    from clef_operator.manager import leader
+    from clef_operator.manager.workers import Tuning
 
     namespaces = args.namespace or None
     tuning = Tuning(tuple(namespaces or ()), args.resync_seconds, args.workers)
@@ -91,9 +91,8 @@ def _kopf_identity(name: str) -> Any:
 def _elect(args: argparse.Namespace) -> Any:
     """Block until this replica holds the Lease (a standby waits here, serving only /metrics and
     /healthz); the election thread then keeps renewing it, or ends the process when it is lost."""
-    from clef_operator import leader, metrics
-    from clef_operator.handlers import api_client
-    from clef_operator.kube import operator_namespace
+    from clef_operator.apiclient import api_client, operator_namespace
+    from clef_operator.manager import leader, metrics
 
     elector = leader.Elector(
         api_client(fenced=False),
@@ -112,7 +111,7 @@ def _elect(args: argparse.Namespace) -> Any:
 
 def _setup(args: argparse.Namespace) -> str:
     """Election timing, identity and the metrics endpoint; an error message for bad flags."""
-    from clef_operator import leader, metrics
+    from clef_operator.manager import leader, metrics
 
     try:
         args.timing = leader.LeaseTiming(
@@ -199,7 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--resync-seconds",
         type=_positive,
-        default=300.0,  # handlers.RESYNC_SECONDS (not imported here: it would load kopf)
+        default=300.0,  # manager.workers.RESYNC_SECONDS (not imported here: it would load the client)
         help="re-plan every model this often with no event, from the cache (default 300)",
     )
     run.add_argument(
@@ -223,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if argv is None and args.func is _run:
         # The operator's own process (a caller passing its argv, e.g. a test, is not re-executed).
-        from clef_operator import memory
+        from clef_operator.manager import memory
 
         memory.without_thread_caches()
     result: int = args.func(args)

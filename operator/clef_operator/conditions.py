@@ -103,7 +103,7 @@ class Why:
     IMAGE_PULL = "ImagePullFailed"
     CONTAINER_ERROR = "ContainerError"
     AS_EXPECTED = "AsExpected"
-    # Set by the handlers, not the planner: the stored spec does not validate.
+    # Set by the pass (`reconcile`), not the planner: the stored spec does not validate.
     INVALID_SPEC = "InvalidSpec"
 
 
@@ -154,7 +154,7 @@ def invalid_spec(old: list[Condition], error: ValidationError, at: Stamp) -> lis
 
 def child_rejected(conditions: list[Condition], message: str, at: Stamp) -> list[Condition]:
     """`conditions` with Degraded=True/ChildRejected: the API server refused a child clef made
-    (set by the handlers after the planner's status, in the words of the API server)."""
+    (set by the pass, `reconcile`, after the planner's status, in the words of the API server)."""
     degraded = at.condition(DEGRADED, ConditionStatus.TRUE, Why.CHILD_REJECTED, message)
     return merge_conditions(conditions, [*(c for c in conditions if c.type != DEGRADED), degraded])
 

@@ -1,5 +1,5 @@
 """clef's finalizer on every ClefModel: what a pass does about it, and the patches that add and
-remove it (pure; `handlers.reconcile` sends them).
+remove it (pure; `reconcile.reconcile` sends them).
 
 A deleted ClefModel's Deployments, Jobs and goldens go with it (owner references), but a Service it
 adopted outlives it and must be handed back first (`Kube.release_service`), so each model carries

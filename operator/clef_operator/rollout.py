@@ -90,7 +90,7 @@ def plan_rollout(
     verdict_key: bytes,
 ) -> Plan:
     """The phases in order; the actions are theirs, in the same order (status goes first: the
-    handlers write it before applying any action).  `verdict_key` is the operator's HMAC key:
+    pass (`reconcile`) writes it before applying any action).  `verdict_key` is the operator's HMAC key:
     verdicts it did not sign never count (verdicts.py)."""
     owner = Owner(model.name, model.namespace, model.uid)
     key = verification_key(spec)

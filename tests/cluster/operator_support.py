@@ -24,7 +24,7 @@ from kubernetes.client.exceptions import ApiException
 from clef_devcluster.host_operator import OPERATOR_NAMESPACE, clef_flash, spawn_operator, stop_operator
 from clef_devcluster.procs import free_port
 from clef_operator.api import GROUP, PLURAL, VERSION
-from clef_operator.leader import LEASE_NAME
+from clef_operator.manager.leader import LEASE_NAME
 
 from .conftest import Cluster, wait_for
 from .watches import GaplessWatch, states

@@ -46,7 +46,7 @@ from clef_devcluster.host_operator import (
     service_account_kubeconfig,
 )
 from clef_devcluster.kustomize import BASE, kustomize_build
-from clef_operator.leader import EXIT_LOST_LEASE, LEASE_NAME
+from clef_operator.manager.leader import EXIT_LOST_LEASE, LEASE_NAME
 
 from .conftest import Cluster, missing_prerequisite, wait_for
 from .holding_proxy import HoldingProxy, holding_proxy

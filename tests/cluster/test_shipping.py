@@ -518,7 +518,7 @@ def test_homelab_overlay_applies_and_the_api_server_accepts_its_models(
 def test_operator_start_up_check_sees_whether_the_crd_is_served(cluster: Cluster) -> None:
     """`clef-operator run` exits with a message instead of watching nothing when the CRD is
     missing (kopf's resource scanning is off, so it would not notice the CRD arrive later)."""
-    from clef_operator.kube import serves
+    from clef_operator.apiclient import serves
 
     assert serves(cluster.api, "clef.riotpiao.com", "v1alpha1", "clefmodels")
     assert not serves(cluster.api, "clef.riotpiao.com", "v1alpha1", "clefmodelz")

@@ -28,7 +28,7 @@ from clef_operator import labels
 from clef_operator.api import GROUP, PLURAL, VERSION
 from clef_operator.conditions import READY, VERIFIED
 from clef_operator.kube import VERDICT_KEY_SECRET
-from clef_operator.leader import LEASE_NAME
+from clef_operator.manager.leader import LEASE_NAME
 
 from .conftest import (
     IMAGES_DIR,

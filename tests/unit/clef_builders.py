@@ -155,7 +155,7 @@ class World:
         """One reconcile: plan, apply the actions, store the status."""
         p = self.plan()
         if p.ledger is not None:
-            self.ledger = p.ledger  # written before status, as the handlers do
+            self.ledger = p.ledger  # written before status, as reconcile does
         for action in p.actions:
             self.apply(action)
         self.status = p.status
@@ -277,7 +277,7 @@ class World:
 
     def _label_pod(self, action: LabelPod) -> None:
         pod = self.pods.get(action.name)
-        if pod is not None:  # gone: no error, as in kube.VANISHED_IS_DONE
+        if pod is not None:  # gone: no error, as in writes.VANISHED_IS_DONE
             value = action.labels.get(labels.MODEL, pod.serving_label)
             self.pods[action.name] = replace(pod, serving_label=value or "")
 

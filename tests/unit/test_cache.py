@@ -10,8 +10,9 @@ from typing import Any
 
 from kubernetes import client
 
-from clef_operator import cache, labels
-from clef_operator.kube import KINDS
+from clef_operator import labels
+from clef_operator.manager import cache
+from clef_operator.snapshots import KINDS
 
 
 def deployment(
@@ -130,7 +131,7 @@ def test_custom_objects_are_stored_by_namespace_and_name() -> None:
 
 def test_resync_and_workers_are_command_line_knobs() -> None:
     from clef_operator.cli import build_parser
-    from clef_operator.handlers import RESYNC_SECONDS, WORKERS, _next_look
+    from clef_operator.manager.workers import RESYNC_SECONDS, WORKERS, _next_look
 
     args = build_parser().parse_args(["run"])
     assert (args.resync_seconds, args.workers) == (RESYNC_SECONDS, WORKERS)
@@ -177,7 +178,7 @@ def test_goldens_config_maps_are_watched_by_label_and_observed_by_owner() -> Non
     assert [c.name for c in observed.config_maps] == ["m-goldens-a"]
     assert observed.config_maps[0].binary_data == {"goldens.json.gz": b"hi"}
     # A delete this operator made is not seen by the next pass.
-    kube._forget("configmaps", ModelRef("m", "ns", "model-uid", 1), "m-goldens-a")
+    kube.writer._forget("configmaps", ModelRef("m", "ns", "model-uid", 1), "m-goldens-a")
     assert kube.observe(ModelRef("m", "ns", "model-uid", 1), "svc").config_maps == ()
 
 
@@ -237,7 +238,7 @@ def test_a_compacted_table_gives_back_the_room_of_deleted_objects_and_keeps_the_
 
 
 def test_an_event_on_a_service_wakes_the_models_that_name_it_whatever_its_annotations():
-    from clef_operator.kube import ServiceReaders, _service_wakes
+    from clef_operator.snapshots import ServiceReaders, _service_wakes
 
     readers = ServiceReaders()
     readers.note("ns", "a", "clef-serve")

@@ -62,8 +62,9 @@ class FakeCore:
 def kube() -> Kube:
     k = Kube(client.ApiClient())
     k._verdict_key = VERDICT_KEY
-    k._ledger_namespace = "clef-system"
     k.core = FakeCore()  # type: ignore[assignment]
+    k.ledgers.core = k.core
+    k.ledgers.namespace = "clef-system"
     return k
 
 

@@ -8,8 +8,8 @@ from kubernetes import client
 
 from clef_operator import labels
 from clef_operator.drift import template_drift
-from clef_operator.kube import _config_map, _deployment, _job, _pod
 from clef_operator.observed import Packed
+from clef_operator.snapshots import _config_map, _deployment, _job, _pod
 
 T = datetime(2026, 3, 1, tzinfo=UTC)
 

@@ -12,8 +12,9 @@ from collections.abc import Iterator
 import pytest
 from kubernetes import client
 
-from clef_operator import kube
-from clef_operator.kube import EVENT_POSTERS, Kube
+from clef_operator import apiclient
+from clef_operator.kube import Kube
+from clef_operator.writes import EVENT_POSTERS
 
 
 class KeepAlive:
@@ -71,7 +72,7 @@ def test_warm_up_builds_every_pass_method_and_starts_the_event_threads_without_a
     # What a first call would have built for good (~100 objects a method) is there already.
     gc.collect()
     before = len(gc.get_objects())
-    for api_name, names in kube.PASS_METHODS.items():
+    for api_name, names in apiclient.PASS_METHODS.items():
         for name in names:
             with pytest.raises((TypeError, ValueError)):
                 getattr(getattr(k, api_name), name)()
@@ -87,16 +88,16 @@ def test_idle_connections_are_closed_and_the_next_request_opens_one(server: Keep
     core = client.CoreV1Api(api)
     core.read_namespaced_service("s", "ns")
     assert server.open == 1, "the connection is kept for the next request"
-    assert kube.close_idle_connections(api) == 1
+    assert apiclient.close_idle_connections(api) == 1
     assert server.closed.wait(10), "the server never saw the connection close"
     assert server.open == 0
-    assert kube.close_idle_connections(api) == 0
+    assert apiclient.close_idle_connections(api) == 0
     core.read_namespaced_service("s", "ns")
     assert (server.requests, server.open) == (2, 1)
 
 
 def test_a_client_without_urllib3_pools_closes_nothing() -> None:
-    assert kube.close_idle_connections(object()) == 0  # type: ignore[arg-type]
+    assert apiclient.close_idle_connections(object()) == 0  # type: ignore[arg-type]
 
 
 def test_the_newest_cached_model_is_read_from_its_packed_body() -> None:

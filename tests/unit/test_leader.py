@@ -18,8 +18,9 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from clef_operator import cli, leader
-from clef_operator.leader import Fence, Fenced, LeaseRecord, LeaseTiming, lease_body, may_acquire
+from clef_operator import cli
+from clef_operator.manager import leader
+from clef_operator.manager.leader import Fence, Fenced, LeaseRecord, LeaseTiming, lease_body, may_acquire
 
 T = LeaseTiming(duration=15, renew_deadline=10, retry_period=2)
 HELD = LeaseRecord(holder="a", duration_seconds=15, transitions=3, resource_version="41")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from clef_operator import memory
+from clef_operator.manager import memory
 
 
 def _wait(probe: Callable[[], bool], seconds: float = 10.0) -> bool:
@@ -128,7 +128,7 @@ def test_the_operator_runs_without_glibcs_thread_caches_unless_told_otherwise() 
         pytest.skip("not glibc: there is no per-thread cache to switch off")
     probe = (
         "import os; print(os.getpid(), os.environ.get('GLIBC_TUNABLES'), flush=True); "
-        "from clef_operator import memory; memory.without_thread_caches(); print('after')"
+        "from clef_operator.manager import memory; memory.without_thread_caches(); print('after')"
     )
     env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)

@@ -14,8 +14,9 @@ import pytest
 from clef_builders import FAULTY, GOOD2, KEY_BAND_FAILURE, World, make_spec, report
 from test_endpoint_flow import RUNTIME, check_job, endpoint_message, endpoint_spec, to_comparison
 
-from clef_operator import labels, metrics
-from clef_operator.metrics import PassFacts, derive_pass
+from clef_operator import labels
+from clef_operator.manager import metrics
+from clef_operator.manager.metrics import PassFacts, derive_pass
 from clef_operator.observed import ServiceState
 from clef_operator.rollout import Plan
 

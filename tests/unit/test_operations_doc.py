@@ -23,7 +23,7 @@ def test_every_reason_is_explained() -> None:
     reasons = {v for k, v in vars(Reason).items() if k.isupper()} | {
         v for k, v in vars(Why).items() if k.isupper()
     }
-    reasons.add("InvalidSpec")  # set by the handlers when the stored spec does not validate
+    reasons.add("InvalidSpec")  # set by the pass (reconcile) when the stored spec does not validate
     rows = {m.group(1) for m in re.finditer(r"^\| `(\w+)` \|", text, re.M)}
     assert not sorted(reasons - rows), f"docs/operations.md has no row for {sorted(reasons - rows)}"
     # Each condition type is set by some row of the reasons table (its second column, `Type=…`).
@@ -70,7 +70,7 @@ def test_every_metric_and_election_flag_is_documented() -> None:
     exports and each election flag it takes."""
     from prometheus_client import REGISTRY
 
-    import clef_operator.metrics  # noqa: F401  (registers the metrics)
+    import clef_operator.manager.metrics  # noqa: F401  (registers the metrics)
     from clef_operator.cli import build_parser
 
     text = OPERATIONS.read_text()

@@ -1,4 +1,4 @@
-"""handlers.reconcile: status first, then the actions in order, stopping at the first failure."""
+"""reconcile.reconcile: status first, then the actions in order, stopping at the first failure."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from clef_builders import T0, base_spec_dict
 from clef_operator.actions import Action, CreateJob
 from clef_operator.api import ClefModelStatus
 from clef_operator.finalizer import FINALIZER
-from clef_operator.handlers import REFUSED_RETRY_SECONDS, reconcile
-from clef_operator.kube import ServiceReaders
 from clef_operator.observed import ModelRef, Observed
+from clef_operator.reconcile import REFUSED_RETRY_SECONDS, reconcile
+from clef_operator.snapshots import ServiceReaders
 
 
 class RecordingKube:

@@ -14,9 +14,9 @@ from kubernetes import client
 from clef_operator.actions import DeleteJob
 from clef_operator.api import Verdict
 from clef_operator.conditions import Reason, Why
-from clef_operator.kube import pod_refusal
 from clef_operator.observed import DeploymentState, JobState, PodState
 from clef_operator.plan_verification import POD_RECHECK_SECONDS
+from clef_operator.snapshots import pod_refusal
 from clef_operator.verification import Outcome, Progress, judge
 
 REFUSED = 'Error creating: pods "m-verify-k-" is forbidden: pod rejected: RuntimeClass "nvidia" not found'

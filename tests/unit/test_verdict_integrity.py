@@ -11,8 +11,8 @@ from clef_builders import GOOD, GOOD2, T0, VERDICT_KEY, World, digest_for, make_
 from clef_operator import labels
 from clef_operator.actions import CreateJob, Event
 from clef_operator.api import ClefModelStatus, Dtype, Suite, Verdict, VerificationRecord, Verifier
+from clef_operator.apiclient import operator_namespace
 from clef_operator.conditions import Reason
-from clef_operator.kube import operator_namespace
 from clef_operator.observed import JobState, ModelRef, Observed, PodState
 from clef_operator.render import gpu_pin, render_serving_pod_spec, serving_revision, verification_key
 from clef_operator.revision import job_name

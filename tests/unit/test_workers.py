@@ -1,4 +1,4 @@
-"""handlers.Workers and Watching: the shell between the cache's watch threads, the work queue and
+"""manager.workers.Workers and Watching: the shell between the cache's watch threads, the work queue and
 `reconcile` (replaced here by a recorder: `reconcile` itself is tested in test_reconcile).  The
 cache is filled by hand, as its watches would; no request is made."""
 
@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from clef_operator import handlers, metrics
-from clef_operator.handlers import Tuning, Watching, Workers
 from clef_operator.kube import Kube
-from clef_operator.workqueue import SharedQueue, WorkQueue
+from clef_operator.manager import metrics
+from clef_operator.manager.workers import Tuning, Watching, Workers
+from clef_operator.manager.workqueue import SharedQueue, WorkQueue
 
 
 def model(name: str, rv: str = "1") -> dict[str, Any]:
@@ -36,7 +36,7 @@ def until(check: Callable[[], bool], seconds: float = 10.0) -> bool:
 
 
 class Passes:
-    """Stands in for `handlers.reconcile`: records each pass; `fail` raises for those names."""
+    """Stands in for `reconcile.reconcile`: records each pass; `fail` raises for those names."""
 
     def __init__(self) -> None:
         self.seen: list[str] = []
@@ -57,13 +57,12 @@ class Passes:
 
 
 @pytest.fixture
-def running(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Watching, Passes]]:
+def running() -> Iterator[tuple[Watching, Passes]]:
     passes = Passes()
-    monkeypatch.setattr(handlers, "reconcile", passes)
     # No informer added: the cache counts as synced.  A short backoff, so that retries come soon.
     queue = SharedQueue(WorkQueue(base_backoff=0.05, max_backoff=0.2))
     watching = Watching(Kube(client.ApiClient()), queue)
-    workers = Workers(watching, Tuning(workers=2, resync_seconds=300.0))
+    workers = Workers(watching, Tuning(workers=2, resync_seconds=300.0), passes)
     watching.kube.cache["clefmodels"].put(model("a"))
     watching.kube.cache["clefmodels"].put(model("b"))
     # A standby's cache: its events queue nothing (no worker runs yet).
@@ -133,7 +132,6 @@ def test_a_requeue_from_the_planner_comes_back(running: tuple[Watching, Passes])
 
 def test_workers_wait_for_the_cache_to_sync(monkeypatch: pytest.MonkeyPatch) -> None:
     passes = Passes()
-    monkeypatch.setattr(handlers, "reconcile", passes)
     watching = Watching(Kube(client.ApiClient()))
     synced = threading.Event()
     asked: list[bool] = []
@@ -145,7 +143,7 @@ def test_workers_wait_for_the_cache_to_sync(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(watching.kube.cache, "synced", is_synced)
     watching.kube.cache["clefmodels"].put(model("a"))
     watching.attach()
-    workers = Workers(watching, Tuning(workers=1, resync_seconds=300.0))
+    workers = Workers(watching, Tuning(workers=1, resync_seconds=300.0), passes)
     workers.start()
     try:
         watching.wake("ns", "a")

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from clef_operator.workqueue import MAX_BACKOFF_SECONDS, SharedQueue, WorkQueue
+from clef_operator.manager.workqueue import MAX_BACKOFF_SECONDS, SharedQueue, WorkQueue
 
 A, B, C = ("ns", "a"), ("ns", "b"), ("other", "a")
 

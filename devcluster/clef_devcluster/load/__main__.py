@@ -27,7 +27,7 @@ from typing import Any
 
 from kubernetes import client, config
 
-from clef_operator import memory
+from clef_operator.manager import memory
 
 from ..cluster import LocalCluster, build
 from ..config import REPO_ROOT, missing_prerequisites

@@ -316,7 +316,7 @@ class Operator:
 
     def report(self, label: str, timeout: float = 60.0) -> None:
         """With CLEF_MEMORY_REPORT=FILE in the environment (the operator's debug hook,
-        clef_operator.memory), a report appended to FILE under `label`: SIGUSR1, then wait until
+        clef_operator.manager.memory), a report appended to FILE under `label`: SIGUSR1, then wait until
         it is written.  Nothing without it.  A report allocates (a snapshot with tracing: tens of
         MiB): take RSS before it."""
         path = os.environ.get("CLEF_MEMORY_REPORT")

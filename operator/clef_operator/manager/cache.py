@@ -1,6 +1,6 @@
 """The informer-style cache `kube.observe` reads from: every kind clef plans from is listed once
 and then watched, in a thread per kind (and namespace), into a store keyed so that observing a
-model is a dictionary lookup.  Nothing is polled; a periodic resync (handlers) re-plans from here.
+model is a dictionary lookup.  Nothing is polled; a periodic resync (`workers`) re-plans from here.
 
 * **Initial sync.**  `synced` is set only after every informer has listed its kind once; the
   reconcilers wait for it, so no plan is ever made from a half-filled cache.
@@ -38,7 +38,7 @@ from typing import Any
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
-from clef_operator import memory
+from clef_operator.manager import memory
 
 log = logging.getLogger("clef.cache")
 
