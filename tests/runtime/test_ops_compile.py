@@ -170,9 +170,9 @@ def test_kernels_compile_for_sm90_and_sm70_without_spills() -> None:
 
 
 _CHUNK_BODY = r"""
-import triton.language as tl
 from clef_runtime.ops import delta_rule_chunk as dc, delta_rule_chunk_split as ds, delta_rule_prepare as dp
 from clef_runtime.ops.delta_rule_common import dot_policy
+from clef_runtime.ops.delta_rule_config import launch_config
 
 DIV16 = {"sqb", "sqt", "skb", "skt", "svb", "svt"}
 
@@ -180,7 +180,7 @@ results = {}
 # (arch, torch dtype, tensor cores): the H200 in bf16 and f16; the V100 (f16, FMA dots only)
 for arch, dtype, tc in ((90, torch.bfloat16, True), (90, torch.float16, True), (70, torch.float16, False)):
     name = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
-    cfg = dp.launch_config(128, 128, dtype, tc)
+    cfg = launch_config(128, 128, dtype, tc)
     # dot_policy asks the kernel whether it is interpreted; this process compiles, so it is not
     pol = dot_policy(dtype, dp._chunk_prepare_kernel, tc)
     p = "*" + name
@@ -193,8 +193,7 @@ for arch, dtype, tc in ((90, torch.bfloat16, True), (90, torch.float16, True), (
          dict(common, L2NORM=True, CHUNK_BOUND=tc, BVF=cfg.BVF, KS=cfg.KS, VS=cfg.VS, BC=dp.BC, LOG_BC=dp.BC.bit_length() - 1,
               SOLVE_BY_DOUBLING=cfg.solve_by_doubling, CHUNK_DT=pol.chunk_dtype,
               SOLVE_PRECISION=pol.solve_precision, DOUBLING_PRECISION=dp.doubling_precision(pol),
-              T_OUT=False, SOLVE_DT=dp.solve_dtype(dtype, tc), BETA_IN_T=False, BETA_ROWS=False, PDL=False,
-              WARMUP_PLAN=False, WB=ds.WARMUP_BLOCK),
+              T_OUT=False, SOLVE_DT=cfg.solve_dt, BETA_ROWS=False, WARMUP_PLAN=False, WB=ds.WARMUP_BLOCK),
          cfg.warps1, 3, cfg.regs1),
         ("recurrence", dc._chunk_recurrence_kernel,
          dict(k=p, w=p, u=p, gc="*fp32", kf="*fp32", hs=sp, vn=sp, h0="*fp32", ht="*fp32", cu_seqlens="*i32"),
@@ -206,25 +205,16 @@ for arch, dtype, tc in ((90, torch.bfloat16, True), (90, torch.float16, True), (
          dict(common, BV=cfg.BVO, STATE_DT=pol.state_dtype, STATE_PRECISION=pol.state_precision),
          cfg.warps3, 3, None),
     ]
-    if dtype == torch.bfloat16:  # the split design's launch 1 (T stored); its solve with f16 operands
+    if dtype == torch.bfloat16:  # the split design's launch 1 (T stored), β by chunk slot (TMA walks)
         launch, kernel, types, consts, warps, stages, regs = launches[0]
-        for what, solve_dt in (("", tl.float32), (" f16 solve", tl.float16)):
-            launches.append((f"prepare T out{what}", kernel, dict(types, u="*fp32"),
-                             dict(consts, T_OUT=True, SOLVE_DT=solve_dt, BETA_IN_T=ds.BETA_IN_T,
-                                  BETA_ROWS=ds.BETA_ROWS), warps, stages, cfg.regs1_t))
-        # with β folded into T (delta_rule_chunk_split.BETA_IN_T, off: measured no faster), f16 solve
-        launches.append(("prepare T out f16 solve β in T", kernel, dict(types, u="*fp32"),
-                         dict(consts, T_OUT=True, SOLVE_DT=tl.float16, BETA_IN_T=True), warps, stages, cfg.regs1_t))
+        launches.append(("prepare T out", kernel, dict(types, u="*fp32"),
+                         dict(consts, T_OUT=True, BETA_ROWS=True), warps, stages, cfg.regs1_t))
         # the default for B1 prompts: normalised keys, its first programs finding the segments'
         # warm-up starts (one dense sequence, as B1 prompts take it)
-        launches.append(("prepare T out f16 solve warm-up plan", kernel, dict(types, u="*fp32"),
-                         dict(consts, IS_VARLEN=False, T_OUT=True, SOLVE_DT=tl.float16, BETA_IN_T=ds.BETA_IN_T,
-                              BETA_ROWS=ds.BETA_ROWS, CHUNK_BOUND=False, WARMUP_PLAN=True),
+        launches.append(("prepare T out warm-up plan", kernel, dict(types, u="*fp32"),
+                         dict(consts, IS_VARLEN=False, T_OUT=True, BETA_ROWS=True, CHUNK_BOUND=False,
+                              WARMUP_PLAN=True),
                          warps, stages, cfg.regs1_t))
-        # signalling the walk, launched as a dependant (delta_rule_chunk_split.PDL, off: not timed)
-        launches.append(("prepare T out f16 solve PDL", kernel, dict(types, u="*fp32"),
-                         dict(consts, T_OUT=True, SOLVE_DT=tl.float16, BETA_IN_T=ds.BETA_IN_T,
-                              BETA_ROWS=ds.BETA_ROWS, PDL=True), warps, stages, cfg.regs1_t))
     for launch, kernel, types, consts, warps, stages, regs in launches:
         key = f"sm_{arch} {name} chunk {launch}"
         try:
@@ -243,12 +233,12 @@ def test_chunk_delta_rule_kernels_compile_for_sm90_and_sm70() -> None:
     head dims: they compile for sm_90 (bf16, f16) without spills, except launch 1 under its
     register cap (168, three programs per SM: measured faster with a few spilled bytes, bounded
     at 160 here), and for sm_70 (f16, the V100 that verification Jobs may get) with at most 1 KB
-    of stack per thread.  Also the split design's launch 1 (T stored, `T_OUT`), with its solve at
-    TF32 and at f16 operands (`delta_rule_prepare.SOLVE_F16`), under its own cap (128, four programs
-    per SM: measured faster with 24 bytes spilled at the op's default, 64 with the chunk bounds
-    compiled here; bounded at 128)."""
+    of stack per thread.  Also the split design's launch 1 (T stored, `T_OUT`; its solve with f16
+    operands, `LaunchConfig.solve_dt`), under its own cap (128, four programs per SM: measured
+    faster with 24 bytes spilled at the op's default, 64 with the chunk bounds compiled here;
+    bounded at 128)."""
     results = _compile_all(CHUNK_SCRIPT, 900)
-    assert len(results) == 14, results
+    assert len(results) == 11, results
 
     def allowed(key: str) -> int:
         # the three-launch design's launch 1 in bf16: 144 bytes under the cap (T_OUT off; until
@@ -275,51 +265,43 @@ def test_chunk_delta_rule_kernels_compile_for_sm90_and_sm70() -> None:
 _SPLIT_BODY = r"""
 from clef_runtime.ops import delta_rule_chunk as dc, delta_rule_chunk_split as ds, delta_rule_prepare as dp
 from clef_runtime.ops.delta_rule_common import dot_policy
+from clef_runtime.ops.delta_rule_config import WalkConfig
 
 DIV16 = {"sqb", "sqt", "skb", "skt", "svb", "svt"}
 pol = dot_policy(torch.bfloat16, dp._chunk_prepare_kernel, True)
 p = "*bf16"
 consts = dict(H=16, HV=32, K=128, V=128, BK=128, BT=dc.BT, IS_VARLEN=True,
               HAS_H0=True, STORE_FINAL=True, STATE_DT=pol.state_dtype, STATE_PRECISION=pol.state_precision,
-              ROUND_BF16=False, INTERPRETED=False, CHUNK_DT=pol.chunk_dtype, TMA=False, TMA_FACTORS=0,
-              BETA_IN_T=ds.BETA_IN_T, BETA_ROWS=False, PDL=False)
+              ROUND_BF16=False, INTERPRETED=False, CHUNK_DT=pol.chunk_dtype, TMA=False, TMA_FACTORS=0)
 f32 = "*fp32"
-types = dict(q=p, k=p, v=p, beta=f32, bt=f32, w=p, u=p, gc=f32, kf=f32, qf=f32, aqk=p, o=p,
+types = dict(q=p, k=p, v=p, beta=f32, bt=f32, tinv=p, wf=f32, gc=f32, kf=f32, qf=f32, aqk=p, o=p,
              cw="*i32", h0=f32, ht=f32, cu_seqlens="*i32")
-# unsplit and split into segments: w and u folded into the walk, 64-wide V; whole-V for many chains
+# the walk by TMA (sm_90) and by masked loads (rows not 16-byte aligned, or no TMA), at the shapes
+# and stages the op picks
+tma_cfg, masked_cfg = WalkConfig(tma=True), WalkConfig(tma=False)
+def walk(cfg, bv, **c):
+    tma = c.get("TMA", False)
+    c = dict(consts, BV=bv, TMA_FACTORS=ds.factor_descriptors(cfg, tma, bv), **c)
+    warps = cfg.wide_warps if bv == cfg.wide_bv else cfg.fold_warps
+    return c, warps, ds.pipeline_stages(cfg, tma, bv, pol.state_dtype)
 launches = [
-    ("walk", ds._segment_output_kernel, dict(types, u=f32),
-     dict(consts, WARMUP=False, FORM_WU=ds.FORM_WU, BV=ds.FOLD_BV), ds.FOLD_WARPS),
-    ("walk with warm-up", ds._segment_output_kernel, dict(types, u=f32),
-     dict(consts, WARMUP=True, FORM_WU=ds.FORM_WU, BV=ds.FOLD_BV), ds.FOLD_WARPS),
-    ("walk whole-V", ds._segment_output_kernel, dict(types, u=f32),
-     dict(consts, WARMUP=False, FORM_WU=ds.FORM_WU, BV=ds.WIDE_BV), ds.WIDE_WARPS),
-    # the tiles by TMA (ds.TMA_TILES, the default on sm_90)
-    # (B1 prompts: dense, split, the per-token factors by TMA too; packed sequences: varlen, whole-V)
-    ("walk with warm-up, TMA", ds._segment_output_kernel, dict(types, u=f32),
-     dict(consts, IS_VARLEN=False, WARMUP=True, FORM_WU=ds.FORM_WU, BV=ds.FOLD_BV, TMA=True,
-          TMA_FACTORS=ds.factor_descriptors(True, ds.FOLD_BV, ds.BETA_ROWS), BETA_ROWS=ds.BETA_ROWS), ds.FOLD_WARPS),
-    ("walk whole-V, TMA", ds._segment_output_kernel, dict(types, u=f32),
-     dict(consts, WARMUP=False, FORM_WU=ds.FORM_WU, BV=ds.WIDE_BV, TMA=True,
-          TMA_FACTORS=ds.factor_descriptors(True, ds.WIDE_BV, ds.BETA_ROWS), BETA_ROWS=ds.BETA_ROWS), ds.WIDE_WARPS),
-    # launched as a dependant of launch 1 (ds.PDL, off: not timed)
-    ("walk whole-V, TMA, PDL", ds._segment_output_kernel, dict(types, u=f32),
-     dict(consts, WARMUP=False, FORM_WU=ds.FORM_WU, BV=ds.WIDE_BV, TMA=True,
-          TMA_FACTORS=ds.factor_descriptors(True, ds.WIDE_BV, ds.BETA_ROWS), BETA_ROWS=ds.BETA_ROWS, PDL=True),
-     ds.WIDE_WARPS),
-    # β folded into T (ds.BETA_IN_T, off: measured no faster)
-    ("walk with warm-up, TMA, β in T", ds._segment_output_kernel, dict(types, u=f32),
-     dict(consts, IS_VARLEN=False, WARMUP=True, FORM_WU=ds.FORM_WU, BV=ds.FOLD_BV, TMA=True,
-          TMA_FACTORS=ds.factor_descriptors(True, ds.FOLD_BV, False), BETA_IN_T=True, BETA_ROWS=False),
-     ds.FOLD_WARPS),
+    # unsplit and split into segments, 64-wide V; whole-V for many chains
+    ("walk", ds._segment_output_kernel, types, *walk(masked_cfg, masked_cfg.fold_bv, WARMUP=False)),
+    ("walk with warm-up", ds._segment_output_kernel, types, *walk(masked_cfg, masked_cfg.fold_bv, WARMUP=True)),
+    ("walk whole-V", ds._segment_output_kernel, types, *walk(masked_cfg, masked_cfg.wide_bv, WARMUP=False)),
+    # the tiles by TMA (B1 prompts: dense, split, the per-token factors by TMA too; packed
+    # sequences: varlen, whole-V)
+    ("walk with warm-up, TMA", ds._segment_output_kernel, types,
+     *walk(tma_cfg, tma_cfg.fold_bv, IS_VARLEN=False, WARMUP=True, TMA=True)),
+    ("walk whole-V, TMA", ds._segment_output_kernel, types,
+     *walk(tma_cfg, tma_cfg.wide_bv, WARMUP=False, TMA=True)),
     ("warm-up plan", ds._warmup_plan_kernel,
      dict(lb=f32, cw="*i32", cu_seqlens="*i32", warmup_log_bound="fp32"),
-     dict(HV=32, BT=dc.BT, WB=ds.WARMUP_BLOCK, IS_VARLEN=True), 4),
+     dict(HV=32, BT=dc.BT, WB=ds.WARMUP_BLOCK, IS_VARLEN=True), 4, 2),
 ]
 results = {}
-for launch, kernel, types, c, warps in launches:
+for launch, kernel, types, c, warps, stages in launches:
     key = f"sm_90 bf16 split {launch}"
-    stages = ds.WIDE_STAGES if launch.startswith("walk whole-V, TMA") else ds.SPLIT_STAGES  # as the op picks them
     try:
         results[key] = {"ok": True, **compile_variant(kernel, types, c, 90, warps, stages, DIV16)}
     except Exception as e:
@@ -333,17 +315,16 @@ SPLIT_SCRIPT = PRELUDE + _SPLIT_BODY
 def test_split_chunk_kernels_compile_for_sm90() -> None:
     """The split design's walk (`delta_rule_chunk_split`, bf16 on tensor cores only: the
     default path for ≥ 128 sequence × value-head chains and for long B1 sequences) compiles for
-    sm_90 at its kept tiles: w and u folded into the walk, unsplit and split with the warm-up
-    (64-wide V, 4 warps, 2 stages: 192 bytes of spill per thread with the warm-up and the state
-    held transposed, 144 by rows) and whole-V at 8 warps (144 bytes) for grids of many chains;
-    with the tiles by TMA (the default on sm_90) neither spills at all, and the whole-V walk
-    takes three pipeline stages (`pipeline_stages`).
-    That was measured faster with those spills (docs/performance.md, seventh to ninth passes);
-    the bound catches a change that makes them spill for real.  Every kernel's shared memory must
+    sm_90 at the tiles of `delta_rule_config.WalkConfig`: unsplit and split with the warm-up
+    (64-wide V, 4 warps, 2 stages: by masked loads up to 192 bytes of spill per thread) and
+    whole-V at 8 warps for grids of many chains; with the tiles by TMA (the default on sm_90)
+    neither spills at all, and the whole-V walk takes three pipeline stages (`pipeline_stages`).
+    The masked walks were measured faster with those spills than at narrower tiles; the bound
+    catches a change that makes them spill for real.  Every kernel's shared memory must
     fit the SM as the op launches it: two 64-wide walks per SM, one whole-V walk.  (Launch 1 with
     the chunk bounds is the bf16 and f16 "prepare" of the test above.)"""
     results = _compile_all(SPLIT_SCRIPT, 900)
-    assert len(results) == 8, results
+    assert len(results) == 6, results
     heavy = {
         k: r
         for k, r in results.items()

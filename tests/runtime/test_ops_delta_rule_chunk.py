@@ -21,8 +21,8 @@ from clef_runtime.dtypes import torch_dtype
 from clef_runtime.faults import UnknownFaultError
 from clef_runtime.inputs import gdn_inputs
 from clef_runtime.kernel_config import UnknownKernelConfigError
-from clef_runtime.ops import delta_rule_prepare as dp
 from clef_runtime.ops.delta_rule_chunk import chunk_gated_delta_rule
+from clef_runtime.ops.delta_rule_config import launch_config
 from clef_runtime.opset import get_opset
 from clef_runtime.reference import delta_rule as ref
 from clef_runtime.tolerances import tolerance
@@ -137,27 +137,17 @@ def test_repeated_keys_full_beta_no_decay(
     assert_close(ht, rht, tol, f"{OP} {dtype_name} final state, repeated keys")
 
 
-@pytest.mark.parametrize("case", ["real-dims-K128-V128-T70", "varlen-1-3-0-63-65-h0", "repeated-keys"])
-def test_solve_with_tf32_operands(
-    case: str, monkeypatch: pytest.MonkeyPatch, rng: torch.Generator, device: torch.device
-) -> None:
-    """`delta_rule_prepare.SOLVE_F16` off (launch 1's solve dots for bf16 on tensor cores at TF32,
-    as before the eleventh pass; the default tests run it on): the same tolerance against the
-    reference, on the solve's worst case too."""
-    monkeypatch.setattr(dp, "SOLVE_F16", False)
-    assert dp.solve_dtype(torch.bfloat16, True) == tl.float32
-    if case == "repeated-keys":
-        test_repeated_keys_full_beta_no_decay(("bf16", "tensor-core"), rng, device)
-    else:
-        check_against_reference(rng, device, "bf16", kernel_config="tensor-core", **CASES[case])  # type: ignore[arg-type]
+def test_solve_takes_f16_operands_for_bf16_on_tensor_cores_only() -> None:
+    """Launch 1's solve dots: f16 operands for bf16 inputs on tensor cores (measured faster on
+    the H200, errors no larger: `delta_rule_config.launch_config`), float32 everywhere else."""
 
+    def solve_dt(dtype: torch.dtype, tc: bool) -> object:
+        return launch_config(128, 128, dtype, tc).solve_dt
 
-def test_solve_f16_is_for_bf16_on_tensor_cores_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert dp.SOLVE_F16, "on by default (measured faster on the H200, errors no larger)"
-    assert dp.solve_dtype(torch.bfloat16, True) == tl.float16
-    assert dp.solve_dtype(torch.float16, True) == tl.float32, "f16 inputs keep T's 11 bits"
-    assert dp.solve_dtype(torch.bfloat16, False) == tl.float32, "the FMA path keeps IEEE float32"
-    assert dp.solve_dtype(torch.float32, False) == tl.float32
+    assert solve_dt(torch.bfloat16, True) == tl.float16
+    assert solve_dt(torch.float16, True) == tl.float32, "f16 inputs keep T's 11 bits"
+    assert solve_dt(torch.bfloat16, False) == tl.float32, "the FMA path keeps IEEE float32"
+    assert solve_dt(torch.float32, False) == tl.float32
 
 
 def test_final_state_flag_does_not_change_output(rng: torch.Generator, device: torch.device) -> None:
@@ -345,30 +335,6 @@ def test_matches_reference_gpu(
     dtype_name, config = dtype_config
     kw = dict(kernel_config=config, initial=True, **shape, **QWEN)
     check_against_reference(rng, gpu_device, dtype_name, **kw)  # type: ignore[arg-type]
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize(
-    "shape",
-    [dict(B=1, T=4096), dict(lens=[1, 63, 64, 65, 1000, 3000]), None],
-    ids=["B1-T4096", "varlen-6", "repeated"],
-)
-def test_solve_with_tf32_operands_gpu(
-    shape: dict[str, object] | None,
-    monkeypatch: pytest.MonkeyPatch,
-    rng: torch.Generator,
-    gpu_device: torch.device,
-) -> None:
-    """`SOLVE_F16` off (the solve's dots at TF32 on the GPU's tensor cores; the default tests
-    run it on), at the Qwen3.5 heads (the split design at B1 T4096, the three launches for the
-    packed sequences), and on the solve's worst case."""
-    monkeypatch.setattr(dp, "SOLVE_F16", False)
-    if shape is None:
-        test_repeated_keys_full_beta_no_decay(("bf16", "tensor-core"), rng, gpu_device)
-    else:
-        check_against_reference(
-            rng, gpu_device, "bf16", kernel_config="tensor-core", initial=True, **shape, **QWEN
-        )  # type: ignore[arg-type]
 
 
 @pytest.mark.gpu

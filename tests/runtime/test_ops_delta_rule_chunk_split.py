@@ -11,6 +11,7 @@ warm-up cut too early fails.  GPU tier: the Qwen3.5 shapes.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -22,19 +23,16 @@ from tests.runtime.test_ops_delta_rule_chunk import OP, QWEN, check_against_refe
 from clef_runtime.compare import assert_close
 from clef_runtime.inputs import gdn_inputs
 from clef_runtime.ops.delta_rule_chunk_split import (
-    FOLD_BV,
-    FOLD_WARPS,
-    SPLIT_STAGES,
     WARMUP_LOG_BOUND,
-    WIDE_BV,
-    WIDE_STAGES,
-    WIDE_WARPS,
     chunk_gated_delta_rule_split,
     default_segments,
+    factor_descriptors,
     pipeline_stages,
     takes_default_path,
+    tma_eligible,
     walk_shape,
 )
+from clef_runtime.ops.delta_rule_config import WalkConfig, walk_config
 from clef_runtime.ops.delta_rule_prepare import BT, prepare
 from clef_runtime.reference import delta_rule as ref
 from clef_runtime.tolerances import tolerance
@@ -205,16 +203,18 @@ def test_warmup_varlen_with_empty_and_short_sequences(rng: torch.Generator, devi
 
 
 def tma_and_masked(
-    rng: torch.Generator, device: torch.device, monkeypatch: pytest.MonkeyPatch, layout: str, **dims: int
+    rng: torch.Generator, device: torch.device, layout: str, wide_bv: int | None = None, **dims: int
 ) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
     """The split design's output and final state with the walk's tiles by TMA and by masked
     loads, on the same inputs: an initial state, 2 segments, V blocks narrower than V; "varlen"
     has an empty sequence and sequences that end inside a chunk (at tokens 70, 200 and 205: no
     chunk but the first starts at a multiple of 4), "dense" a T that does too (150: not a
     multiple of 4), "dense-aligned" one that is (148).  The per-token factors come by TMA with the
-    tiles (launch 1 stores them by chunk slot, so every chunk's start is aligned)."""
-    from clef_runtime.ops import delta_rule_chunk_split as ds
-
+    tiles (launch 1 stores them by chunk slot, so every chunk's start is aligned).  ``wide_bv``:
+    the V block the walk's configuration counts as whole-V (β by TMA too)."""
+    cfg = walk_config(device)
+    if wide_bv is not None:
+        cfg = dataclasses.replace(cfg, wide_bv=wide_bv)
     if layout.startswith("varlen"):
         lens = [70, 0, 130, 5]
         cu: torch.Tensor | None = packed_cu_seqlens(lens, device)
@@ -225,13 +225,12 @@ def tma_and_masked(
     assert (T % 4 == 0) == (layout == "dense-aligned")
     q, k, v, g, beta = gdn_inputs(rng, device, torch.bfloat16, B=B, T=T, **dims)
     h0 = torch.randn(N, dims["HV"], dims["K"], dims["V"], generator=rng).to(device)
-    assert ds.tma_eligible(q, k, v)
+    assert tma_eligible(cfg, q, k, v)
     out = []
     for tiles in (True, False):
-        monkeypatch.setattr(ds, "TMA_TILES", tiles)
         o, ht = chunk_gated_delta_rule_split(
             q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu, use_qk_l2norm=True,
-            segments=2, block_v=dims["V"] // 2,
+            segments=2, block_v=dims["V"] // 2, config=dataclasses.replace(cfg, tma=tiles),
         )  # fmt: skip
         assert ht is not None
         out.append((o, ht))
@@ -240,74 +239,52 @@ def tma_and_masked(
 
 @pytest.mark.parametrize("layout", ["varlen", "dense", "dense-aligned"])
 def test_tma_tiles_give_the_masked_loads_results(
-    layout: str, rng: torch.Generator, device: torch.device, monkeypatch: pytest.MonkeyPatch
+    layout: str, rng: torch.Generator, device: torch.device
 ) -> None:
-    """The walk's tiles by TMA (`TMA_TILES`: each program's tensor descriptors over its
+    """The walk's tiles by TMA (`WalkConfig.tma`: each program's tensor descriptors over its
     sequence's rows, which read rows past the sequence end as zeros and do not write them) give
     the masked loads' outputs and final states to the bit, here in the interpreter.  A descriptor
     that let a partial chunk's rows through, or wrote the output rows past a sequence end (into
     the next sequence's), fails this test; so does a per-token factor past a sequence end (the
-    next sequence's, with `TMA_FACTORS`) that reached an output or a state."""
-    (o1, h1), (o0, h0) = tma_and_masked(rng, device, monkeypatch, layout, H=1, HV=2, K=32, V=64)
+    next sequence's, by TMA too) that reached an output or a state."""
+    (o1, h1), (o0, h0) = tma_and_masked(rng, device, layout, H=1, HV=2, K=32, V=64)
     assert torch.equal(o1, o0) and torch.equal(h1, h0)
 
 
 @pytest.mark.parametrize("layout", ["varlen", "dense"])
 def test_wide_walk_factors_by_tma_give_the_masked_loads_results(
-    layout: str, rng: torch.Generator, device: torch.device, monkeypatch: pytest.MonkeyPatch
+    layout: str, rng: torch.Generator, device: torch.device
 ) -> None:
-    """With `TMA_WIDE_FACTORS` the whole-V walk takes β (launch 1's by chunk slot,
-    `BETA_ROWS`) by TMA too (`factor_descriptors` = 2): the same outputs and final states, to the
-    bit, as the masked loads.  Here the test's V block stands for the whole-V one."""
-    from clef_runtime.ops import delta_rule_chunk_split as ds
-
-    monkeypatch.setattr(ds, "WIDE_BV", 32)  # the V block tma_and_masked takes
-    assert ds.factor_descriptors(True, 32, True) == 2
-    (o1, h1), (o0, h0) = tma_and_masked(rng, device, monkeypatch, layout, H=1, HV=2, K=32, V=64)
+    """The whole-V walk takes β (launch 1's by chunk slot) by TMA too (`factor_descriptors` = 2):
+    the same outputs and final states, to the bit, as the masked loads.  Here the test's V block
+    stands for the whole-V one."""
+    assert factor_descriptors(WalkConfig(tma=True, wide_bv=32), True, 32) == 2
+    (o1, h1), (o0, h0) = tma_and_masked(rng, device, layout, wide_bv=32, H=1, HV=2, K=32, V=64)
     assert torch.equal(o1, o0) and torch.equal(h1, h0)
 
 
 def test_factor_descriptors() -> None:
     """Which per-token factors the walk takes by TMA: none without TMA tiles, two for the 64-wide
-    walk (two programs per SM leave no shared memory for more), three for the whole-V walk when
-    launch 1 stored β by chunk slot."""
-    from clef_runtime.ops import delta_rule_chunk_split as ds
-
-    assert ds.factor_descriptors(False, ds.WIDE_BV, True) == 0
-    assert ds.factor_descriptors(True, ds.FOLD_BV, True) == 1
-    assert ds.factor_descriptors(True, ds.WIDE_BV, False) == 1
-    assert ds.factor_descriptors(True, ds.WIDE_BV, True) == 2
-
-
-@pytest.mark.parametrize(
-    "shape",
-    [dict(B=2, T=148), dict(lens=[70, 0, 130, 5])],
-    ids=["dense-aligned", "varlen"],
-)
-def test_beta_in_t_matches_reference(
-    shape: dict[str, object], rng: torch.Generator, device: torch.device, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """`BETA_IN_T` (launch 1 stores T diag(β) and e^{G} / |k|, the walk loads no β; off, measured
-    no faster on the H200): the reference's outputs at the default's tolerance, split into 2
-    segments (warm-ups) at V blocks narrower than V."""
-    from clef_runtime.ops import delta_rule_chunk_split as ds
-
-    monkeypatch.setattr(ds, "BETA_IN_T", True)
-    op = functools.partial(chunk_gated_delta_rule_split, segments=2, block_v=32)
-    check_against_reference(rng, device, "bf16", op=op, initial=True, H=1, HV=2, K=32, V=64, **shape)  # type: ignore[arg-type]
+    walk (two programs per SM leave no shared memory for more), three for the whole-V walk (β,
+    which launch 1 stores by chunk slot wherever the tiles come by TMA)."""
+    cfg = WalkConfig(tma=True)
+    assert factor_descriptors(cfg, False, cfg.wide_bv) == 0
+    assert factor_descriptors(cfg, True, cfg.fold_bv) == 1
+    assert factor_descriptors(cfg, True, cfg.wide_bv) == 2
 
 
 def test_tma_needs_aligned_rows(rng: torch.Generator, device: torch.device) -> None:
     """Descriptors need 16-byte aligned rows: head dims or token strides that are not whole
-    16-byte units keep the masked loads (the odd-dims case above runs them)."""
-    from clef_runtime.ops.delta_rule_chunk_split import tma_eligible
-
+    16-byte units keep the masked loads (the odd-dims case above runs them); so does a GPU
+    without TMA."""
+    cfg = WalkConfig(tma=True)
     q, k, v, _, _ = gdn_inputs(rng, device, torch.bfloat16, B=1, T=8, H=1, HV=1, K=32, V=32)
-    assert tma_eligible(q, k, v)
+    assert tma_eligible(cfg, q, k, v)
+    assert not tma_eligible(WalkConfig(tma=False), q, k, v)
     q20, k20, v20, _, _ = gdn_inputs(rng, device, torch.bfloat16, B=1, T=8, H=1, HV=1, K=20, V=40)
-    assert not tma_eligible(q20, k20, v20)
+    assert not tma_eligible(cfg, q20, k20, v20)
     wide = torch.zeros(1, 8, 1, 36, dtype=torch.bfloat16, device=device)[..., :32]  # token stride 36
-    assert not tma_eligible(wide, k, v)
+    assert not tma_eligible(cfg, wide, k, v)
 
 
 def test_split_refuses_the_fma_configuration(device: torch.device) -> None:
@@ -330,10 +307,11 @@ def test_default_segments() -> None:
 def test_walk_shape() -> None:
     # 64-wide programs while two per SM hold the grid (B1 T32768 in 4 segments: 256 on 132 SMs;
     # B4 T8192: 256), whole-V 8-warp programs beyond (8 packed × 4096: 512)
-    assert walk_shape(256, 132) == (FOLD_BV, FOLD_WARPS) == (64, 4)
-    assert walk_shape(264, 132) == (64, 4)
-    assert walk_shape(265, 132) == (WIDE_BV, WIDE_WARPS) == (128, 8)
-    assert walk_shape(512, 132) == (128, 8)
+    cfg = WalkConfig(tma=True)
+    assert walk_shape(cfg, 256, 132) == (cfg.fold_bv, cfg.fold_warps) == (64, 4)
+    assert walk_shape(cfg, 264, 132) == (64, 4)
+    assert walk_shape(cfg, 265, 132) == (cfg.wide_bv, cfg.wide_warps) == (128, 8)
+    assert walk_shape(cfg, 512, 132) == (128, 8)
 
 
 def test_pipeline_stages() -> None:
@@ -341,10 +319,20 @@ def test_pipeline_stages() -> None:
     # 4096 1.04× faster), two for the rest: 64-wide (two per SM), masked loads, f16 (float32
     # state operands: three stages do not fit its shared memory)
     bf16, f32 = tl.bfloat16, tl.float32
-    assert pipeline_stages(True, WIDE_BV, bf16) == WIDE_STAGES == 3
-    assert pipeline_stages(True, FOLD_BV, bf16) == SPLIT_STAGES == 2
-    assert pipeline_stages(False, WIDE_BV, bf16) == 2
-    assert pipeline_stages(True, WIDE_BV, f32) == 2
+    cfg = WalkConfig(tma=True)
+    assert pipeline_stages(cfg, True, cfg.wide_bv, bf16) == cfg.wide_stages == 3
+    assert pipeline_stages(cfg, True, cfg.fold_bv, bf16) == cfg.stages == 2
+    assert pipeline_stages(cfg, False, cfg.wide_bv, bf16) == 2
+    assert pipeline_stages(cfg, True, cfg.wide_bv, f32) == 2
+
+
+def test_walk_config_takes_tma_from_sm90() -> None:
+    """TMA where the GPU has it (compute capability 9), and under the interpreter, which stands
+    in for one on the CPU."""
+    assert walk_config(torch.device("cpu")).tma
+    if torch.cuda.is_available():
+        device = torch.device("cuda", 0)
+        assert walk_config(device).tma == (torch.cuda.get_device_capability(device)[0] >= 9)
 
 
 def test_default_path_takes_the_split_design_only_where_it_was_measured_faster() -> None:
@@ -379,55 +367,13 @@ def test_split_matches_reference_gpu(
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(
-    "shape", [dict(B=1, T=4096), dict(lens=[1, 63, 64, 65, 1000, 3000])], ids=["B1-T4096", "varlen-6"]
-)
-def test_beta_in_t_matches_reference_gpu(
-    shape: dict[str, object], rng: torch.Generator, gpu_device: torch.device, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """`BETA_IN_T` on the GPU at the Qwen3.5 heads (split with warm-ups at B1 T4096, whole-V
-    for the packed sequences)."""
-    from clef_runtime.ops import delta_rule_chunk_split as ds
-
-    monkeypatch.setattr(ds, "BETA_IN_T", True)
-    kw = dict(initial=True, **shape, **QWEN)
-    check_against_reference(rng, gpu_device, "bf16", op=split_op(None), **kw)  # type: ignore[arg-type]
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("layout", ["varlen", "dense", "dense-aligned"])
 def test_tma_tiles_give_the_masked_loads_results_gpu(
-    layout: str, rng: torch.Generator, gpu_device: torch.device, monkeypatch: pytest.MonkeyPatch
+    layout: str, rng: torch.Generator, gpu_device: torch.device
 ) -> None:
     """`test_tma_tiles_give_the_masked_loads_results` at the Qwen3.5 heads on the GPU (the same
     dots and roundings: equal up to the order the compiler gives a sum, measured bit-identical on
     the H200)."""
-    (o1, h1), (o0, h0) = tma_and_masked(rng, gpu_device, monkeypatch, layout, **QWEN)
+    (o1, h1), (o0, h0) = tma_and_masked(rng, gpu_device, layout, **QWEN)
     torch.testing.assert_close(o1, o0, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(h1, h0, rtol=1e-6, atol=1e-6)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("seqs", [0, 8], ids=["b1-split", "packed-whole-v"])
-def test_pdl_gives_the_same_results_gpu(
-    seqs: int, rng: torch.Generator, gpu_device: torch.device, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """`PDL` (the walk launched as a dependant of the kernel before it, waiting for its results
-    with `griddepcontrol.wait`) changes no arithmetic: the outputs and final states equal the
-    default's to the bit, at the Qwen3.5 heads, B1 T8192 split into segments (launch 2 between)
-    and 8 packed sequences of 4096 whole-V (launch 1 right before).  A wait placed after the first
-    read of launch 1's results would read stale T or factors and differ."""
-    from clef_runtime.ops import delta_rule_chunk_split as ds
-
-    T = 8192 if seqs == 0 else 8 * 4096
-    cu = packed_cu_seqlens([T // seqs] * seqs, gpu_device) if seqs else None
-    q, k, v, g, beta = gdn_inputs(rng, gpu_device, torch.bfloat16, B=1, T=T, H=16, HV=32, K=128, V=128)
-    out = []
-    for pdl in (False, True):
-        monkeypatch.setattr(ds, "PDL", pdl)
-        o, ht = chunk_gated_delta_rule_split(
-            q, k, v, g, beta, output_final_state=True, cu_seqlens=cu, use_qk_l2norm=True
-        )
-        assert ht is not None
-        out.append((o, ht))
-    assert torch.equal(out[0][0], out[1][0]) and torch.equal(out[0][1], out[1][1])

@@ -21,7 +21,8 @@ end, so it is ≤ 0 whenever g ≤ 0: nothing is exponentiated that can overflow
 Launches (grouped value heads read key head ``hv // (HV / H)`` by index: q/k are never
 repeated in memory):
 
-1. `delta_rule_prepare._chunk_prepare_kernel` (with the input checks and `launch_config`), grid ``(chunk slots · HV)`` with value heads fastest: per chunk and
+1. `delta_rule_prepare._chunk_prepare_kernel` (with the input checks), grid ``(chunk slots · HV)``
+   with value heads fastest: per chunk and
    value head, the in-chunk work that does not need the state: cumsum of g; the Gram matrices q
    kᵀ and k kᵀ of the raw inputs with K streamed in slices, the fused L2 norm applied as a
    rank-one rescaling; ``T`` by blockwise forward substitution (the four diagonal 16×16 blocks
@@ -32,7 +33,8 @@ repeated in memory):
    decay to the chunk end) and ``qf = scale e^{G_t}/|q_t|``.  ``gc`` is head-major
    ``[B, HV, T]``; ``kf`` and ``qf`` go by chunk slot, ``[B, HV, NS, BT]`` with ``NS`` slots a
    batch row, so a chunk's 64 values are contiguous and start 256-byte aligned even where a packed
-   sequence's chunks do not start at a multiple of 64 tokens.  Tiles: `launch_config`.
+   sequence's chunks do not start at a multiple of 64 tokens.  Tiles of every launch:
+   `delta_rule_config.launch_config`.
 2. `_chunk_recurrence_kernel`, grid ``(N·HV, V / BV)``: per sequence, value head and V block,
    sequential over the sequence's chunks with the float32 state in registers; each step forms
    ``v_new = u - w S`` and advances the state, ``S ← e^{G_L} S + kᵀ (kf ⊙ v_new)`` (the factor
@@ -47,11 +49,11 @@ bf16 on tensor cores with at least 128 (sequence, value head) chains, or with se
 `clef_runtime.ops.delta_rule_chunk_split` instead (launch 1 storing T in place of w and u, then
 the output fused into one walk per chain and V block that forms v_new from T, long sequences cut
 into segments that start from a warm-up walk; no chunk states stored: faster there, not measured
-faster for short B1 prompts; docs/performance.md, "fourth" to "eighth pass").
+faster for short B1 prompts; docs/performance.md).
 
 Launch 3 costs storing the chunk states (``[chunks, HV, K, V]``) but keeps the output's dots off
 the sequential chain; docs/performance.md has the measurements behind this split and behind the
-tiles of `launch_config`.
+tiles of `delta_rule_config`.
 
 Precision (the policy is in `delta_rule_common`): the Gram matrices take input-dtype operands
 with float32 accumulation; ``T`` is solved in float32 (the diagonal blocks at 3xTF32 for f16 and
@@ -99,7 +101,6 @@ from clef_runtime.ops.delta_rule_prepare import (
     _slot_bounds,
     checked_inputs,
     prepare,
-    tunables,
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -381,7 +382,6 @@ def chunk_gated_delta_rule(
             use_qk_l2norm,
             fault_state_in_io_dtype,
             tensor_cores,
-            delta_rule_chunk_split.tunables(),
         )
         if planned is not None:
             key, stream, ptrs = planned
@@ -491,13 +491,12 @@ def plan_key(
     use_qk_l2norm: bool,
     fault: bool,
     tensor_cores: bool | None,
-    split_tunables: tuple[object, ...],
 ) -> tuple[tuple[object, ...], int, list[int]] | None:
     """(the key of a call's plan, the current stream, the inputs' addresses), or None where a call
     takes no plan (not on a CUDA device, or arguments that are not tensors: the plain path then
     checks them).  The key holds what the checks read (shapes, strides, dtypes, devices), each
-    address's remainder mod 16 (Triton's specialisation), the flags, the current device and the
-    modules' settings."""
+    address's remainder mod 16 (Triton's specialisation), the flags and the current device (the
+    tiles are a function of these: `delta_rule_config`)."""
     if scale is not None and type(scale) not in (float, int):
         return None  # (a tensor's value could change under the same key)
     try:
@@ -519,7 +518,6 @@ def plan_key(
             tensor_key(cu), tensor_key(h0),
             ptrs[0] & 15, ptrs[1] & 15, ptrs[2] & 15, ptrs[3] & 15, ptrs[4] & 15, ptrs[5] & 15, ptrs[6] & 15,
             scale, bool(output_final_state), bool(use_qk_l2norm), bool(fault), tensor_cores, device,
-            tunables(), split_tunables,
         )  # fmt: skip
     except (AttributeError, TypeError, ValueError):
         return None

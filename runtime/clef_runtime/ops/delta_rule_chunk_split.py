@@ -2,19 +2,22 @@
 across programs ("split" design; the default path for bf16 with many chains or long sequences:
 `delta_rule_chunk_split.takes_default_path`, docs/performance.md).
 
-Launch 1 is the three-launch design's `_chunk_prepare_kernel` (w, u, Aqk and the per-token
-factors; `clef_runtime.ops.delta_rule_chunk` has the algebra).  What differs is the rest: the
-chunk states are never stored.  A program walks its chunks with the float32 state in registers
-and writes each chunk's output as it goes (``o = qf ⊙ (q S_c) + Aqk v_new``), so the 537 MB of
-chunk states and the v_new round trip of the three-launch design (B1 T32768 bf16) are gone.
+Launch 1 is the three-launch design's `_chunk_prepare_kernel` storing each chunk's
+``T = (I + A)⁻¹`` and the factors ``β e^{G} / |k|`` in place of w and u
+(`clef_runtime.ops.delta_rule_chunk` has the algebra).  What differs is the rest: the chunk
+states are never stored.  A program walks its chunks with the float32 state in registers, takes
+``v_new = u - w S = T (β v - (β e^{G} k̂) S)`` (w and u are never formed: a quarter of their
+bytes, one 64 × 64 × V dot more a step) and writes each chunk's output as it goes
+(``o = qf ⊙ (q S_c) + Aqk v_new``), so the 537 MB of chunk states and the v_new round trip of the
+three-launch design (B1 T32768 bf16) are gone.
 
 Walking a whole sequence in one program leaves too few programs at B1 (32 value heads × V
 blocks) and a long chain, so each sequence can be cut into ``P`` segments of whole chunks, one
 program each (launch 3, `_segment_output_kernel`, grid ``(N·HV, V / BV, P)``; where each
 segment's warm-up starts is found by launch 1's first programs for L2-normalised keys, by launch
-2, `_warmup_plan_kernel`, otherwise).  A segment needs
-its true start state; it gets it from a *warm-up walk* over the chunks before it.  Each token
-maps the state by ``S ← e^{g} (I - β k̂ k̂ᵀ) S + …``, whose linear part has spectral norm
+2, `_warmup_plan_kernel`, otherwise).  A segment needs its true start state; it gets it from a
+*warm-up walk* over the chunks before it.  Each token maps the state by
+``S ← e^{g} (I - β k̂ k̂ᵀ) S + …``, whose linear part has spectral norm
 ``e^{g} max(1, |1 - β |k̂|²|)``, so the map of chunks ``c_w .. c_lo - 1`` onto the segment start
 has norm at most ``e^{Σ b_c}`` with ``b_c`` the chunk's sum of ``g + log max(1, |1 - β |k̂|²|)``
 (with L2-normalised keys ``|k̂|² ≤ 1``, so the gates alone give it: ``max(1, |1 - β|)``;
@@ -25,21 +28,17 @@ from zero instead of the true state there leaves an error of at most ``2⁻²⁴
 norm: float32 rounding.  If the sum never falls that low (a head with no decay, or keys whose
 ``β |k̂|²`` exceeds 2), the warm-up reaches the sequence start and begins from the initial state:
 the exact walk, only longer.  So the split is never wrong, only slower when a head barely
-decays.  (An earlier form joined the segments by their affine maps ``S_end = M_s S + L_s``, K×K
-``M_s``; the maps cost as much as the walk itself: docs/performance.md, "fourth pass".)
+decays.  (Joining the segments by their affine maps instead cost as much as the walk itself:
+docs/performance.md, "What was tried and why it lost".)
 
-Launch 1 stores each chunk's ``T = (I + A)⁻¹`` and the factors ``β e^{G} / |k|`` in place of w
-and u, and each walk step takes ``v_new = u - w S = T (β v - (β e^{G} k̂) S)``: w and u are never
-formed (``FORM_WU``; launch 1 loses its w/u pass, the walk one 64 × 64 × V dot more), at 64-wide V
-blocks and 4 warps (whole-V blocks at 8 warps for grids of more than two programs per SM:
-`walk_shape`), split into segments or not.  The walk holds its state block transposed (``Sᵀ``,
-`_split_step_vk`) so that every dot is (a tile computed in registers) · (a tile loaded from
-memory)ᵀ: on Hopper that is a wgmma with its left operand in registers and its right one in the
-shared memory the pipelined loads fill, and no computed tile is copied to shared memory on the
-step's chain (docs/performance.md, "ninth pass").  On sm_90 those tiles arrive, and the output
-leaves, by TMA (``TMA_TILES``): each program makes tensor descriptors over its sequence's rows,
-so rows past the sequence end read as zeros and are not written, as with masked loads and
-stores, without their per-thread address and mask arithmetic ("tenth pass").
+The walk holds its state block transposed (``Sᵀ``, `_walk_step`) so that every dot is (a tile
+computed in registers) · (a tile loaded from memory)ᵀ: on Hopper that is a wgmma with its left
+operand in registers and its right one in the shared memory the pipelined loads fill, and no
+computed tile is copied to shared memory on the step's chain.  Its V blocks, warps and stages
+are the GPU's `delta_rule_config.WalkConfig`; on sm_90 its tiles arrive, and the output leaves,
+by TMA: each program makes tensor descriptors over its sequence's rows, so rows past the
+sequence end read as zeros and are not written, as with masked loads and stores, without their
+per-thread address and mask arithmetic.
 
 The segments differ from a single walk only in rounding.  With ``P = 1`` there is no warm-up
 and the kernel is the plain fused recurrence.  Segments hold ``ceil(chunks / P)`` chunks of their
@@ -58,30 +57,17 @@ import math
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_wait
 
 from clef_runtime.interpreter import interpreted
 from clef_runtime.ops._common import cdiv
-from clef_runtime.ops.delta_rule_common import (
-    capability,
-    rne_bf16,
-    tensor_core_dots,
-    warmup_start,
-)
+from clef_runtime.ops.delta_rule_common import rne_bf16, tensor_core_dots, warmup_start
 from clef_runtime.ops.delta_rule_common import seq_bounds as _seq_bounds
+from clef_runtime.ops.delta_rule_config import WalkConfig, walk_config
 from clef_runtime.ops.delta_rule_plan import Recorder, plain_launch
 from clef_runtime.ops.delta_rule_prepare import BT, OP, checked_inputs, prepare
 
-# With FORM_WU off, launches 2 and 3 take the whole V = 128 per program (k, w, q and Aqk are then
-# read once per chunk and value head, not once per V block), 8 warps, 2 stages (3 need 254 KB of
-# shared memory).
-# Measured on the H200 (docs/performance.md, "Split design"): 32-wide blocks at 4 warps were
-# 1.3-1.6× slower, 64-wide at 8 warps in between.
-SPLIT_BV = 128
-SPLIT_WARPS = 8
-SPLIT_STAGES = 2
 # With whole-V programs one program fills an SM's registers: at ≥ 128 (sequence, value head)
-# chains the unsplit walk already occupies the GPU, and splitting only adds the maps' work.
+# chains the unsplit walk already occupies the GPU, and splitting only adds the warm-ups' work.
 UNSPLIT_PROGRAMS = 128
 TARGET_PROGRAMS = 128  # below that, segments enough for this many programs (one per SM)
 MIN_SEGMENT_CHUNKS = 4  # shorter segments would spend more on their warm-up than they save
@@ -94,73 +80,15 @@ WARMUP_BLOCK = 64  # chunk bounds read per step of the walk back
 # head) chains, unsplit: measured faster there (B4 T8192, 8 packed × 4096) ...
 DEFAULT_MIN_CHAINS = 128
 # ... and, split into segments with warm-ups, for fewer chains whose sequences average at least
-# this many tokens: with the fold measured faster from B1 T2048 (1.19× at the bench's gates, 1.12×
-# at the model's) to T131072 (docs/performance.md, "sixth" to "eighth pass"); B1 T512 keeps the
-# three launches (it meets its target there).
+# this many tokens: measured faster on the H200 from B1 T2048 (1.19× at the bench's gates, 1.12×
+# at the model's) to T131072; B1 T512 keeps the three launches (docs/performance.md).
 DEFAULT_MIN_SPLIT_TOKENS = 2048
-# Launch 1 stores each chunk's T (64 × 64) instead of w and u (64 × 128 each) and the walk takes
-# v_new = T (β v - β e^{G} k̂ S) per step, at 64-wide V blocks and 4 warps (whole-V programs spill
-# 176 bytes with it): on the H200 B1 T8192 and T32768 9-12% faster split into segments
-# (docs/performance.md, "seventh pass"), B4 T8192 and 8 packed × 4096 8-10% faster unsplit
-# ("eighth pass"; there whole-V walks folded were 7% slower than stored, 32-wide 14%).
-FORM_WU = True
-FOLD_BV = 64
-FOLD_WARPS = 4
-# ... unless the grid at FOLD_BV has more programs than WIDE_PER_SM per SM (two fit an SM's
-# registers): then whole-V programs at 8 warps, which read k, q, T and Aqk once per chunk and
-# value head instead of once per V block (`walk_shape`; None: never).
-WIDE_BV = 128
-WIDE_WARPS = 8
-WIDE_PER_SM: int | None = 2
-# The whole-V walk with its tiles by TMA (one program per SM) takes three pipeline stages (its k,
-# q, v, T and Aqk tiles are 64 KB a stage): on the H200, 8 packed × 4096 went 819.7 → 784.1 µs
-# (docs/performance.md, "eleventh pass").  The 64-wide walk keeps SPLIT_STAGES (two programs per
-# SM must fit in its shared memory), and so do the masked loads (not timed at three) and f16
-# (`pipeline_stages`).
-WIDE_STAGES = 3
-# The folded walk moves its k, q, v, T and Aqk tiles and its output by TMA, through tensor
-# descriptors that each program makes for its sequence's rows (`tma_eligible`): on the H200 the
-# walk went 633 → 445 µs at B1 T32768, the whole call 1.20-1.24× faster at B1 T8192, B1 T32768 and
-# B4 T8192, with the same outputs to the bit (docs/performance.md, "tenth pass").  Its per-thread
-# copies' address and mask arithmetic (~540 instructions of a 1328-instruction step) and the
-# output's layout change go away, and so do its register spills.
-TMA_TILES = True
-# ... and two of its per-token factors (k's and β e^{G} / |k|, 64 floats each a step), which
-# otherwise take per-thread asynchronous copies with their address and mask arithmetic: the
-# sm_90 walk's loops 913 → 889 (output) and 687 → 633 (warm-up) instructions; on the H200 B1
-# T131072 3052.6 → 2991.1 µs, B1 T32768 775.5 → 762.9, bit-identical (docs/performance.md,
-# "eleventh pass").  q's factor as well would need 88 bytes of shared memory more than two walks
-# per SM have (with BETA_IN_T it fits, and was 6% slower: twelfth pass).  A descriptor's row
-# and a load's first element must start 16-byte aligned: launch 1 stores the factors by chunk
-# slot (each chunk's 64 at a multiple of 64 floats), so packed sequences take them too.
-TMA_FACTORS = True
-# Launch 1 stores β by chunk slot as well, so that a walk step whose tiles come by TMA reads its
-# chunk's 64 β contiguous (or by TMA) rather than with the input's stride of HV floats.
-BETA_ROWS = True
-# The whole-V walk (one program per SM, shared memory to spare) takes β by TMA too; the 64-wide
-# walk would need 344 bytes more shared memory than two programs per SM have.  (q's factor by TMA
-# is not pipelined, as it scales a dot's result rather than feeding an operand: the copy and its
-# wait land inside the step, twelfth pass's "q's factor by TMA", 4-10% slower.)
-TMA_WIDE_FACTORS = True
-# The walk launched with programmatic dependent launch (sm_90): its programs may start while the
-# kernel before it (launch 1, or launch 2 with segments) finishes, and wait for its results
-# (`griddepcontrol.wait`) only before reading them; launch 1 signals its dependants as it starts.
-# That hides the launch gap and launch 1's last, partly filled wave.  Off: bit-identical, and on
-# the H200 0.5-1% faster on unsplit rows (B4 T8192 1.031x, then 1.012x on a repeat), no faster on
-# split ones, inside the probe's noise (docs/performance.md, "fourteenth pass").
-PDL = False
-# Launch 1 stores T diag(β) and e^{G} / |k| for the fold (β folded into T), so that the walk's
-# steps need not load β (a strided per-thread load of 64 floats a step).  Off: on the H200 the
-# walk gains what launch 1 loses (B1 T32768: walk 417.9 → 382.6 µs, launch 1 356.9 → 374.8,
-# the call 762.8 → 762.1; B4 T8192 0.995×, B1 T131072 1.011×, packed 8 × 4096 0.994×:
-# docs/performance.md, "twelfth pass").
-BETA_IN_T = False
 
 
-def default_segments(N: int, HV: int, V: int, T: int, block_v: int = SPLIT_BV) -> int:
-    """Segments per sequence: one when the unsplit walk has enough programs, else enough for
-    TARGET_PROGRAMS, none shorter than MIN_SEGMENT_CHUNKS chunks on average (host arithmetic
-    only: no sync on cu_seqlens)."""
+def default_segments(N: int, HV: int, V: int, T: int, block_v: int = 128) -> int:
+    """Segments per sequence: one when the unsplit walk has enough programs (counted at
+    ``block_v``-wide V blocks), else enough for TARGET_PROGRAMS, none shorter than
+    MIN_SEGMENT_CHUNKS chunks on average (host arithmetic only: no sync on cu_seqlens)."""
     programs = N * HV * cdiv(V, block_v)
     if programs >= UNSPLIT_PROGRAMS:
         return 1
@@ -170,30 +98,28 @@ def default_segments(N: int, HV: int, V: int, T: int, block_v: int = SPLIT_BV) -
     return int(max(1, min(want, room, MAX_SEGMENTS)))
 
 
-def walk_shape(programs: int, sms: int) -> tuple[int, int]:
-    """(V block, warps) of the folded walk, whose grid has ``programs`` programs at FOLD_BV on a
-    GPU of ``sms`` SMs: FOLD_BV and FOLD_WARPS, or WIDE_BV and WIDE_WARPS where that grid would
-    hold more than WIDE_PER_SM programs per SM."""
-    if WIDE_PER_SM is not None and programs > WIDE_PER_SM * sms:
-        return WIDE_BV, WIDE_WARPS
-    return FOLD_BV, FOLD_WARPS
+def walk_shape(cfg: WalkConfig, programs: int, sms: int) -> tuple[int, int]:
+    """(V block, warps) of the walk, whose grid has ``programs`` programs at ``cfg.fold_bv`` on a
+    GPU of ``sms`` SMs: the 64-wide shape, or the whole-V one where that grid would hold more
+    than ``cfg.wide_per_sm`` programs per SM."""
+    if programs > cfg.wide_per_sm * sms:
+        return cfg.wide_bv, cfg.wide_warps
+    return cfg.fold_bv, cfg.fold_warps
 
 
-def pipeline_stages(tma: bool, block_v: int, state_dt: tl.dtype) -> int:
-    """The folded walk's pipeline stages: WIDE_STAGES for whole-V blocks whose tiles come by TMA
+def pipeline_stages(cfg: WalkConfig, tma: bool, block_v: int, state_dt: tl.dtype) -> int:
+    """The walk's pipeline stages: ``cfg.wide_stages`` for whole-V blocks whose tiles come by TMA
     and whose state dots take 16-bit operands (bf16: where three were measured faster), else
-    SPLIT_STAGES (f16's float32 state operands need more shared memory than three stages leave)."""
-    return WIDE_STAGES if tma and block_v == WIDE_BV and state_dt != tl.float32 else SPLIT_STAGES
+    ``cfg.stages`` (f16's float32 state operands need more shared memory than three stages
+    leave; the masked loads were not timed at three)."""
+    return cfg.wide_stages if tma and block_v == cfg.wide_bv and state_dt != tl.float32 else cfg.stages
 
 
-def tma_eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether the walk can take its tiles by TMA (TMA_TILES): a GPU of compute capability 9 or
-    more (the interpreter stands in for one on the CPU), and every row a descriptor addresses 16-byte
-    aligned: q, k and v's data, their batch and token strides and the head dims K and V in whole
-    16-byte units (the walk's own tensors are laid out so)."""
-    if not TMA_TILES:
-        return False
-    if q.device.type == "cuda" and capability(q.device)[0] < 9:
+def tma_eligible(cfg: WalkConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether the walk takes its tiles by TMA: where the GPU has it (``cfg.tma``) and every row a
+    descriptor addresses is 16-byte aligned: q, k and v's data, their batch and token strides and
+    the head dims K and V in whole 16-byte units (the walk's own tensors are laid out so)."""
+    if not cfg.tma:
         return False
     unit = 16 // q.element_size()
     return all(
@@ -205,13 +131,15 @@ def tma_eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     )
 
 
-def factor_descriptors(tma: bool, block_v: int, beta_rows: bool) -> int:
+def factor_descriptors(cfg: WalkConfig, tma: bool, block_v: int) -> int:
     """Which of the walk's per-token factors come by TMA: 0 (none: the tiles come by per-thread
-    copies, or TMA_FACTORS is off), 1 (k's and β e^{G} / |k|), 2 (also β, for the whole-V walk
-    where TMA_WIDE_FACTORS is set and launch 1 stored β by chunk slot)."""
-    if not (tma and TMA_FACTORS):
+    copies), 1 (k's and β e^{G} / |k|), 2 (also β, for the whole-V walk: the 64-wide one would
+    need 344 bytes more shared memory than two programs per SM have).  q's factor never does: it
+    scales a dot's result rather than feeding an operand, so its copy is not pipelined (measured
+    4-10% slower)."""
+    if not tma:
         return 0
-    return 2 if TMA_WIDE_FACTORS and beta_rows and block_v == WIDE_BV else 1
+    return 2 if block_v == cfg.wide_bv else 1
 
 
 @functools.lru_cache(maxsize=16)
@@ -234,92 +162,14 @@ def takes_default_path(
 
 
 @triton.jit
-def _split_step(
-    S,
-    t0,
-    t_out,
-    eos,
-    k_p,
-    w_p,
-    u_p,
-    gc_p,
-    kf_p,
-    q_p,
-    qf_p,
-    aqk_p,
-    o_p,
-    ncols,
-    use_u,
-    skt,
-    sqt,
-    HV: tl.constexpr,
-    K: tl.constexpr,
-    V: tl.constexpr,
-    BK: tl.constexpr,
-    BV: tl.constexpr,
-    BT: tl.constexpr,
-    OUTPUT: tl.constexpr,
-    STATE_DT: tl.constexpr,
-    STATE_PRECISION: tl.constexpr,
-    ROUND_BF16: tl.constexpr,
-):
-    """One chunk from its start state S (K × the columns of one block) with w and u stored by
-    launch 1 (FORM_WU off); with OUTPUT, the chunk's output rows for these columns are stored if
-    the chunk starts at or after t_out (a warm-up chunk's output is computed and dropped: one loop
-    keeps the walk's registers as they were).  Returns the state at the chunk end."""
-    n_live = eos - t0
-    r = tl.arange(0, BT)
-    live = r < n_live
-    rk = tl.arange(0, BK)
-    rv = tl.arange(0, BV)
-    kmask = live[:, None] & (rk < K)[None, :]
-    vmask = live[:, None] & (rv < ncols)[None, :]
-    gl = tl.load(gc_p + t0 + tl.minimum(n_live, BT) - 1)  # decay to the chunk end
-    kfac = tl.load(kf_p + t0 + r, mask=live, other=0.0)
-    kc = tl.load(k_p + t0 * skt + r[:, None] * skt + rk[None, :], mask=kmask, other=0.0).to(STATE_DT)
-    Sd = S.to(STATE_DT)
-    if ROUND_BF16:
-        Sd = rne_bf16(Sd)
-    wc = tl.load(w_p + t0 * (HV * K) + r[:, None] * (HV * K) + rk[None, :], mask=kmask, other=0.0).to(
-        STATE_DT
-    )
-    uc = tl.load(u_p + t0 * (HV * V) + r[:, None] * (HV * V) + rv[None, :], mask=vmask & use_u, other=0.0).to(
-        tl.float32
-    )
-    v_new = uc - tl.dot(wc, Sd, input_precision=STATE_PRECISION)
-    vk = (v_new * kfac[:, None]).to(STATE_DT)
-    if ROUND_BF16:
-        vk = rne_bf16(vk)
-    if OUTPUT:
-        vd = v_new.to(STATE_DT)
-        if ROUND_BF16:
-            vd = rne_bf16(vd)
-        qfac = tl.load(qf_p + t0 + r, mask=live, other=0.0)
-        qc = tl.load(q_p + t0 * sqt + r[:, None] * sqt + rk[None, :], mask=kmask, other=0.0).to(STATE_DT)
-        a_mask = live[:, None] & (r[None, :] <= r[:, None])  # the causal part
-        Ac = tl.load(aqk_p + t0 * (HV * BT) + r[:, None] * (HV * BT) + r[None, :], mask=a_mask, other=0.0)
-        oc = qfac[:, None] * tl.dot(qc, Sd, input_precision=STATE_PRECISION) + tl.dot(
-            Ac.to(STATE_DT), vd, input_precision=STATE_PRECISION
-        )
-        if ROUND_BF16:
-            oc = rne_bf16(oc)
-        tl.store(
-            o_p + t0 * (HV * V) + r[:, None] * (HV * V) + rv[None, :],
-            oc.to(o_p.dtype.element_ty),
-            mask=vmask & (t0 >= t_out),
-        )
-    return S * tl.exp(gl) + tl.dot(tl.trans(kc), vk, input_precision=STATE_PRECISION)
-
-
-@triton.jit
-def _split_step_vk(
+def _walk_step(
     St,
     t0,
     t_out,
     eos,
     k_p,
-    w_p,
-    u_p,
+    t_p,
+    wf_p,
     gc_p,
     kf_p,
     q_p,
@@ -327,7 +177,6 @@ def _split_step_vk(
     aqk_p,
     o_p,
     ncols,
-    use_u,
     skt,
     sqt,
     v_p,
@@ -353,23 +202,24 @@ def _split_step_vk(
     CHUNK_DT: tl.constexpr,
     TMA: tl.constexpr,
     TMA_FACTORS: tl.constexpr,
-    BETA_IN_T: tl.constexpr,
-    BETA_ROWS: tl.constexpr,
 ):
-    """One chunk as `_split_step` does it, with the fold (FORM_WU: w_p holds launch 1's T, u_p the
-    factors β e^{G} / |k|, v_p at v and b_p at β: launch 1's by chunk slot with BETA_ROWS (a
-    descriptor with TMA_FACTORS > 1), else the input's, stride HV; with BETA_IN_T T diag(β) and
-    e^{G} / |k|, and b_p is not read; the factor pointers kf_p, u_p, qf_p are offset so that
-    chunk t0's factors are at ``+ t0``, descriptors load at the chunk's row), the state held transposed (``St = Sᵀ``,
-    V block × K) and every product written as ``(computed tile) · (loaded tile)ᵀ``: the left
-    operand of each dot is formed in registers and the right one is a tile read from memory.  On
-    Hopper a wgmma takes its left operand from registers and its right one from shared memory,
-    where the pipelined loads already put the tiles; so no computed tile (S, y, v_new) goes
-    through shared memory on the step's dependent chain.  The factors scale the columns of
-    ``Sᵀ k̂ᵀ`` after the dot instead of k's rows before it (float32 instead of a bf16 rounding of
-    the scaled keys).  With TMA the tiles of k, q, v, T and Aqk come by the sequence's tensor
-    descriptors `*_d` (rows counted from ``bos``; rows past the sequence end read as zeros, as
-    the masked loads give them) and the output leaves by ``o_d`` (rows past the end dropped)."""
+    """One chunk from its start state, held transposed (``St = Sᵀ``, V block × K); with OUTPUT,
+    the chunk's output rows for these columns are stored if the chunk starts at or after t_out (a
+    warm-up chunk's output is computed and dropped: one loop keeps the walk's registers as they
+    were).  Returns the state at the chunk end.
+
+    ``t_p`` holds launch 1's T, ``wf_p`` the factors β e^{G} / |k|, ``v_p`` v and ``b_p`` β
+    (launch 1's by chunk slot with TMA, a descriptor where TMA_FACTORS > 1; else the input's,
+    stride HV); the factor pointers kf_p, wf_p, qf_p are offset so that chunk t0's factors are at
+    ``+ t0``, descriptors load at the chunk's row.  Every product is written as
+    ``(computed tile) · (loaded tile)ᵀ``: on Hopper a wgmma takes its left operand from registers
+    and its right one from shared memory, where the pipelined loads already put the tiles, so no
+    computed tile (S, y, v_new) goes through shared memory on the step's dependent chain.  The
+    factors scale the columns of ``Sᵀ k̂ᵀ`` after the dot instead of k's rows before it (float32
+    instead of a bf16 rounding of the scaled keys).  With TMA the tiles of k, q, v, T and Aqk come
+    by the sequence's tensor descriptors `*_d` (rows counted from ``bos``; rows past the sequence
+    end read as zeros, as the masked loads give them) and the output leaves by ``o_d`` (rows past
+    the end dropped)."""
     n_live = eos - t0
     r = tl.arange(0, BT)
     live = r < n_live
@@ -379,7 +229,7 @@ def _split_step_vk(
     vmask_t = (rv < ncols)[:, None] & live[None, :]  # [BV, BT]
     gl = tl.load(gc_p + t0 + tl.minimum(n_live, BT) - 1)  # decay to the chunk end
     row = (t0 - bos).to(tl.int32)  # the chunk's first row in the descriptors
-    if TMA_FACTORS > 0:  # noqa: SIM108 (kf_p and u_p: descriptors over the sequence's factors)
+    if TMA_FACTORS > 0:  # noqa: SIM108 (kf_p and wf_p: descriptors over the sequence's factors)
         kfac = kf_p.load([row])
     else:
         kfac = tl.load(kf_p + t0 + r, mask=live, other=0.0)
@@ -389,34 +239,30 @@ def _split_step_vk(
     else:
         kc = tl.load(k_p + t0 * skt + r[:, None] * skt + rk[None, :], mask=kmask, other=0.0).to(STATE_DT)
         Tc = tl.load(
-            w_p + t0 * (HV * BT) + r[:, None] * (HV * BT) + r[None, :], mask=live[:, None], other=0.0
+            t_p + t0 * (HV * BT) + r[:, None] * (HV * BT) + r[None, :], mask=live[:, None], other=0.0
         ).to(CHUNK_DT)
     Sd = St.to(STATE_DT)
     if ROUND_BF16:
         Sd = rne_bf16(Sd)
     # yᵀ = (β v - β e^{G} k̂ S)ᵀ, then v_newᵀ = yᵀ Tᵀ
     if TMA_FACTORS > 0:  # noqa: SIM108
-        bfac = u_p.load([row])
+        bfac = wf_p.load([row])
     else:
-        bfac = tl.load(u_p + t0 + r, mask=live, other=0.0)
-    if not BETA_IN_T:
-        if TMA_FACTORS > 1:  # β by chunk slot (BETA_ROWS), by a descriptor
-            bvv = b_p.load([row])
-        elif BETA_ROWS:  # β by chunk slot, contiguous
-            bvv = tl.load(b_p + t0 + r, mask=live, other=0.0)
-        else:  # the input's β, stride HV
-            bvv = tl.load(b_p + (t0 + r) * HV, mask=live, other=0.0)
-    if OUTPUT:  # (by TMA it would not be pipelined: it scales a dot's result, not an operand)
+        bfac = tl.load(wf_p + t0 + r, mask=live, other=0.0)
+    if TMA_FACTORS > 1:  # β by chunk slot, by a descriptor
+        bvv = b_p.load([row])
+    elif TMA:  # β by chunk slot, contiguous
+        bvv = tl.load(b_p + t0 + r, mask=live, other=0.0)
+    else:  # the input's β, stride HV
+        bvv = tl.load(b_p + (t0 + r) * HV, mask=live, other=0.0)
+    if OUTPUT:
         qfac = tl.load(qf_p + t0 + r, mask=live, other=0.0)
     if TMA:
         v_t = tl.trans(v_d.load([row, 0]))
     else:
-        v_t = tl.load(v_p + (t0 + r)[None, :] * svt + rv[:, None], mask=vmask_t & use_u, other=0.0)
+        v_t = tl.load(v_p + (t0 + r)[None, :] * svt + rv[:, None], mask=vmask_t, other=0.0)
     ks = tl.dot(Sd, tl.trans(kc), input_precision=STATE_PRECISION)
-    if BETA_IN_T:  # launch 1 stored T diag(β) and e^{G} / |k|: v_newᵀ = (v - e^{G} k̂ S)ᵀ (T diag(β))ᵀ
-        y = v_t.to(tl.float32) - ks * bfac[None, :]
-    else:
-        y = v_t.to(tl.float32) * bvv[None, :] - ks * bfac[None, :]
+    y = v_t.to(tl.float32) * bvv[None, :] - ks * bfac[None, :]
     y = y.to(CHUNK_DT)
     if ROUND_BF16:
         y = rne_bf16(y)
@@ -457,55 +303,41 @@ def _split_step_vk(
 # fmt: off
 @triton.jit
 def _walk_span(
-    S, t_lo, t_out, t_hi, eos, k_p, w_p, u_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, use_u, skt, sqt,
+    S, t_lo, t_out, t_hi, eos, k_p, t_p, wf_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, skt, sqt,
     v_p, svt, b_p, k_d, q_d, v_d, t_d, a_d, o_d, bos,
     HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
     OUTPUT: tl.constexpr, STATE_DT: tl.constexpr, STATE_PRECISION: tl.constexpr, ROUND_BF16: tl.constexpr,
-    INTERPRETED: tl.constexpr, FORM_WU: tl.constexpr, CHUNK_DT: tl.constexpr, TMA: tl.constexpr,
-    TMA_FACTORS: tl.constexpr, BETA_IN_T: tl.constexpr, BETA_ROWS: tl.constexpr,
+    INTERPRETED: tl.constexpr, CHUNK_DT: tl.constexpr, TMA: tl.constexpr, TMA_FACTORS: tl.constexpr,
 ):
-    """`_split_step` (`_split_step_vk` with FORM_WU) over the chunks of tokens [t_lo, t_hi) from
-    state S, outputs from t_out on; returns the state at t_hi."""
+    """`_walk_step` over the chunks of tokens [t_lo, t_hi) from state S, outputs from t_out on;
+    returns the state at t_hi."""
     if INTERPRETED:  # Triton 3.6's interpreter cannot take a runtime range bound (numpy ≥ 2)
         t0 = t_lo
         while t0 < t_hi:
-            if FORM_WU:
-                S = _split_step_vk(
-                    S, t0, t_out, eos, k_p, w_p, u_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, use_u, skt, sqt,
-                    v_p, svt, b_p, k_d, q_d, v_d, t_d, a_d, o_d, bos,
-                    HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16, CHUNK_DT, TMA, TMA_FACTORS, BETA_IN_T, BETA_ROWS,
-                )  # fmt: skip
-            else:
-                S = _split_step(
-                    S, t0, t_out, eos, k_p, w_p, u_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, use_u, skt, sqt,
-                    HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16,
-                )  # fmt: skip
+            S = _walk_step(
+                S, t0, t_out, eos, k_p, t_p, wf_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, skt, sqt,
+                v_p, svt, b_p, k_d, q_d, v_d, t_d, a_d, o_d, bos,
+                HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16, CHUNK_DT, TMA, TMA_FACTORS,
+            )
             t0 += BT
     else:
         # a for loop, so the compiler can pipeline the next chunk's loads behind this one's dots
         for c in range(0, tl.cdiv(t_hi - t_lo, BT)):
-            if FORM_WU:
-                S = _split_step_vk(
-                    S, t_lo + c * BT, t_out, eos, k_p, w_p, u_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, use_u,
-                    skt, sqt, v_p, svt, b_p, k_d, q_d, v_d, t_d, a_d, o_d, bos,
-                    HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16, CHUNK_DT, TMA, TMA_FACTORS, BETA_IN_T, BETA_ROWS,
-                )  # fmt: skip
-            else:
-                S = _split_step(
-                    S, t_lo + c * BT, t_out, eos, k_p, w_p, u_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, use_u,
-                    skt, sqt, HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16,
-                )  # fmt: skip
+            S = _walk_step(
+                S, t_lo + c * BT, t_out, eos, k_p, t_p, wf_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols,
+                skt, sqt, v_p, svt, b_p, k_d, q_d, v_d, t_d, a_d, o_d, bos,
+                HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16, CHUNK_DT, TMA, TMA_FACTORS,
+            )
     return S
 
 
 @triton.jit
 def _walk(
-    S, t_lo, t_out, t_hi, eos, k_p, w_p, u_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, use_u, skt, sqt,
+    S, t_lo, t_out, t_hi, eos, k_p, t_p, wf_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, skt, sqt,
     v_p, svt, b_p, k_d, q_d, v_d, t_d, a_d, o_d, bos,
     HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
     OUTPUT: tl.constexpr, STATE_DT: tl.constexpr, STATE_PRECISION: tl.constexpr, ROUND_BF16: tl.constexpr,
-    INTERPRETED: tl.constexpr, FORM_WU: tl.constexpr, CHUNK_DT: tl.constexpr, TMA: tl.constexpr,
-    TMA_FACTORS: tl.constexpr, BETA_IN_T: tl.constexpr, BETA_ROWS: tl.constexpr,
+    INTERPRETED: tl.constexpr, CHUNK_DT: tl.constexpr, TMA: tl.constexpr, TMA_FACTORS: tl.constexpr,
 ):
     """`_walk_span` over the chunks of tokens [t_lo, t_hi) from state S, outputs from t_out on;
     returns the state at t_hi.  Both launches walk through here (inlined on a GPU).  A TMA store
@@ -513,16 +345,16 @@ def _walk(
     t_first = t_lo
     if TMA:
         S = _walk_span(
-            S, t_lo, t_out, t_out, eos, k_p, w_p, u_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, use_u, skt, sqt,
+            S, t_lo, t_out, t_out, eos, k_p, t_p, wf_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, skt, sqt,
             v_p, svt, b_p, k_d, q_d, v_d, t_d, a_d, o_d, bos,
-            HV, K, V, BK, BV, BT, False, STATE_DT, STATE_PRECISION, ROUND_BF16, INTERPRETED, FORM_WU, CHUNK_DT, TMA, TMA_FACTORS, BETA_IN_T, BETA_ROWS,
-        )  # fmt: skip
+            HV, K, V, BK, BV, BT, False, STATE_DT, STATE_PRECISION, ROUND_BF16, INTERPRETED, CHUNK_DT, TMA, TMA_FACTORS,
+        )
         t_first = t_out
     return _walk_span(
-        S, t_first, t_out, t_hi, eos, k_p, w_p, u_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, use_u, skt, sqt,
+        S, t_first, t_out, t_hi, eos, k_p, t_p, wf_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, skt, sqt,
         v_p, svt, b_p, k_d, q_d, v_d, t_d, a_d, o_d, bos,
-        HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16, INTERPRETED, FORM_WU, CHUNK_DT, TMA, TMA_FACTORS, BETA_IN_T, BETA_ROWS,
-    )  # fmt: skip
+        HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16, INTERPRETED, CHUNK_DT, TMA, TMA_FACTORS,
+    )
 # fmt: on
 
 
@@ -566,8 +398,8 @@ def _segment_output_kernel(
     v,
     beta,
     bt,
-    w,
-    u,
+    tinv,
+    wf,
     gc,
     kf,
     qf,
@@ -601,19 +433,15 @@ def _segment_output_kernel(
     WARMUP: tl.constexpr,
     ROUND_BF16: tl.constexpr,
     INTERPRETED: tl.constexpr,
-    FORM_WU: tl.constexpr,
     CHUNK_DT: tl.constexpr,
-    TMA: tl.constexpr = False,
-    TMA_FACTORS: tl.constexpr = 0,
-    BETA_IN_T: tl.constexpr = False,
-    BETA_ROWS: tl.constexpr = False,
-    PDL: tl.constexpr = False,
+    TMA: tl.constexpr,
+    TMA_FACTORS: tl.constexpr,
 ):
     """Segment s of one sequence, value head and V block: its start state from a warm-up walk
-    over the chunks before it, then its chunks with the output fused.  With FORM_WU, w holds
-    launch 1's T per chunk and u the factors of k̂'s rows, and each step forms w and u.  With TMA
-    (FORM_WU only) the walk moves its tiles by tensor descriptors of this sequence's rows
-    (`tma_eligible`)."""
+    over the chunks before it, then its chunks with the output fused.  ``tinv`` holds launch 1's
+    T per chunk and ``wf`` the factors of k̂'s rows, from which each step forms w and u.  With TMA
+    the walk moves its tiles by tensor descriptors of this sequence's rows (`tma_eligible`) and
+    TMA_FACTORS of its per-token factors too (`factor_descriptors`)."""
     i_nh = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1)
     s = tl.program_id(2).to(tl.int64)
@@ -626,20 +454,15 @@ def _segment_output_kernel(
 
     rk = tl.arange(0, BK)
     rv = tl.arange(0, BV)
-    if FORM_WU:  # the state's block held transposed, [BV, BK] (`_split_step_vk`)
-        s_off = rv[:, None] + rk[None, :] * V
-        s_mask = (rv < ncols)[:, None] & (rk < K)[None, :]
-    else:
-        s_off = rk[:, None] * V + rv[None, :]
-        s_mask = (rk < K)[:, None] & (rv < ncols)[None, :]
+    # the state's block held transposed, [BV, BK] (`_walk_step`)
+    s_off = rv[:, None] + rk[None, :] * V
+    s_mask = (rv < ncols)[:, None] & (rk < K)[None, :]
     h0 += i_nh * K * V + c0
     ht += i_nh * K * V + c0
     seg = tl.cdiv(tl.cdiv(eos - bos, BT), P)  # chunks per segment
     t_lo = tl.minimum(bos + s * seg * BT, eos)
     t_hi = tl.minimum(bos + (s + 1) * seg * BT, eos)
     t_w = bos  # where the walk starts: from the initial state at the sequence start, or ...
-    if PDL:  # launched as a dependant: launch 1's (and 2's) results are complete from here on
-        gdc_wait()
     if WARMUP:  # ... from zero at the first chunk whose map onto t_lo is below the bound
         c_w = tl.load(cw + i_nh * P + s).to(tl.int64)  # `warmup_start`, from launch 1 or 2
         t_w = tl.where(c_w < 0, bos, bos + c_w * BT)
@@ -648,10 +471,8 @@ def _segment_output_kernel(
         from_start = s == s
     if HAS_H0:
         S = tl.load(h0 + s_off, mask=s_mask & from_start, other=0.0)
-    elif FORM_WU:
-        S = tl.zeros([BV, BK], dtype=tl.float32)
     else:
-        S = tl.zeros([BK, BV], dtype=tl.float32)
+        S = tl.zeros([BV, BK], dtype=tl.float32)
 
     k_p = k + b * skb + h * K
     q_p = q + b * sqb + h * K
@@ -661,12 +482,8 @@ def _segment_output_kernel(
     # token t0's chunk is at `+ t0` as in the token-indexed tensors
     slot0 = bos // BT + n if IS_VARLEN else n * 0  # its first slot in the batch row
     fd = ((b * HV + hv) * NS + slot0) * BT
-    if FORM_WU:
-        w_p = w + tok * BT
-        u_p = u + fd - bos
-    else:
-        w_p = w + tok * K
-        u_p = u + tok * V + c0
+    t_p = tinv + tok * BT
+    wf_p = wf + fd - bos
     o_p = o + tok * V + c0
     aqk_p = aqk + tok * BT
     v_p = v + b * svb + hv * V + c0
@@ -677,7 +494,7 @@ def _segment_output_kernel(
         k_d = tl.make_tensor_descriptor(k_p + bos * skt, [nrow, K], [skt, 1], [BT, BK])
         q_d = tl.make_tensor_descriptor(q_p + bos * sqt, [nrow, K], [sqt, 1], [BT, BK])
         v_d = tl.make_tensor_descriptor(v_p + bos * svt, [nrow, ncols], [svt, 1], [BT, BV])
-        t_d = tl.make_tensor_descriptor(w_p + bos * (HV * BT), [nrow, BT], [HV * BT, 1], [BT, BT])
+        t_d = tl.make_tensor_descriptor(t_p + bos * (HV * BT), [nrow, BT], [HV * BT, 1], [BT, BT])
         a_d = tl.make_tensor_descriptor(aqk_p + bos * (HV * BT), [nrow, BT], [HV * BT, 1], [BT, BT])
         o_d = tl.make_tensor_descriptor(o_p + bos * (HV * V), [nrow, ncols], [HV * V, 1], [BT, BV])
     else:
@@ -689,22 +506,21 @@ def _segment_output_kernel(
         o_d = k_p
     kf_h = kf + fd - bos
     qf_h = qf + fd - bos
-    b_h = bt + fd - bos if BETA_ROWS else beta + tok
+    b_h = bt + fd - bos if TMA else beta + tok  # β by chunk slot (launch 1's `bt`) with TMA
     if TMA_FACTORS > 0:
         # the per-token factors by TMA too, through 1-D descriptors over the sequence's
         # [eos - bos) (each chunk's 64 start 256-byte aligned, launch 1's slots); past the end
         # they read zeros, as the masked loads give them
         nfac = (eos - bos).to(tl.int32)
         kf_h = tl.make_tensor_descriptor(kf + fd, [nfac], [1], [BT])
-        u_p = tl.make_tensor_descriptor(u + fd, [nfac], [1], [BT])
+        wf_p = tl.make_tensor_descriptor(wf + fd, [nfac], [1], [BT])
         if TMA_FACTORS > 1:  # also β (`factor_descriptors`)
             b_h = tl.make_tensor_descriptor(bt + fd, [nfac], [1], [BT])
     # the warm-up chunks [t_w, t_lo) (their outputs dropped), then the segment's own
     S = _walk(
-        S, t_w, t_lo, t_hi, eos, k_p, w_p, u_p, gc + hd, kf_h, q_p, qf_h, aqk_p, o_p,
-        ncols, True, skt, sqt, v_p, svt, b_h, k_d, q_d, v_d, t_d, a_d, o_d, bos,
-        HV, K, V, BK, BV, BT, True, STATE_DT, STATE_PRECISION, ROUND_BF16, INTERPRETED, FORM_WU, CHUNK_DT, TMA, TMA_FACTORS, BETA_IN_T,
-        BETA_ROWS,
+        S, t_w, t_lo, t_hi, eos, k_p, t_p, wf_p, gc + hd, kf_h, q_p, qf_h, aqk_p, o_p,
+        ncols, skt, sqt, v_p, svt, b_h, k_d, q_d, v_d, t_d, a_d, o_d, bos,
+        HV, K, V, BK, BV, BT, True, STATE_DT, STATE_PRECISION, ROUND_BF16, INTERPRETED, CHUNK_DT, TMA, TMA_FACTORS,
     )  # fmt: skip
     if STORE_FINAL:
         tl.store(ht + s_off, S, mask=s_mask & (s == P - 1))
@@ -726,19 +542,21 @@ def chunk_gated_delta_rule_split(
     block_v: int | None = None,
     warps: int | None = None,
     stages: int | None = None,
+    config: WalkConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The chunked delta rule in the split design (same contract as
     `clef_runtime.ops.delta_rule_chunk.chunk_gated_delta_rule`).  ``segments``: per sequence
     (None: `default_segments`); ``block_v``, ``warps``, ``stages``: the walk's column block, warps
-    and pipeline stages (for measurements; None: the kept ones, `walk_shape`, or SPLIT_BV and
-    SPLIT_WARPS with FORM_WU off, and SPLIT_STAGES).  Raises ValueError where the device takes the FMA
-    configuration (float32, sm70): that path has the three-launch design only."""
+    and pipeline stages (for measurements; None: `walk_shape` and `pipeline_stages`); ``config``:
+    the walk's configuration (None: the device's, `delta_rule_config.walk_config`).  Raises
+    ValueError where the device takes the FMA configuration (float32, sm70): that path has the
+    three-launch design only."""
     _, T, H, HV, K, V, N, scale = checked_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens)
     if not tensor_core_dots(q.dtype, q.device):
         raise ValueError(f"{OP}: the split design runs on tensor cores only (16-bit inputs, sm80+)")
     return run_split(
         q, k, v, g, beta, (T, H, HV, K, V, N), scale, initial_state, output_final_state, cu_seqlens, use_qk_l2norm,
-        segments, block_v, warps, stages,
+        segments, block_v, warps, stages, config=config,
     )  # fmt: skip
 
 
@@ -759,6 +577,7 @@ def run_split(
     warps: int | None = None,
     stages: int | None = None,
     rec: Recorder | None = None,
+    config: WalkConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`chunk_gated_delta_rule_split` on inputs already checked (`checked_inputs`: ``dims`` is its
     (T, H, HV, K, V, N), ``scale`` its scale) and on tensor cores: what
@@ -769,13 +588,11 @@ def run_split(
     P = default_segments(N, HV, V, T) if segments is None else int(segments)
     if P < 1:
         raise ValueError(f"{OP}: segments must be ≥ 1, got {P}")
-    fold = FORM_WU
-    beta_in_t = fold and BETA_IN_T
-    tma = fold and T > 0 and tma_eligible(q, k, v)
-    pdl = PDL and tma and q.device.type == "cuda" and not interpreted(_segment_output_kernel)
-    # (the walk by per-thread copies keeps the input's β: with β by slot its 64-wide form spills
-    # 16 bytes more on sm_90, and it was not measured so)
-    beta_rows = tma and BETA_ROWS and not beta_in_t
+    wcfg = walk_config(q.device) if config is None else config
+    tma = T > 0 and tma_eligible(wcfg, q, k, v)
+    # β by chunk slot only with TMA: the walk by per-thread copies keeps the input's β (with β by
+    # slot its 64-wide form spills 16 bytes more on sm_90, and it was not measured so)
+    beta_rows = tma
     # launch 1 stores the chunk bounds only for keys it does not normalise (with normalised keys
     # the gates give them: `chunk_bounds`); they cost it 14% at B1 T32768 on the H200.  With
     # normalised keys launch 1 also finds the segments' warm-up starts (its first N·HV·P
@@ -785,15 +602,12 @@ def run_split(
     P_warm = P > 1
     p = prepare(
         q, k, v, g, beta, N, scale, cu_seqlens, use_qk_l2norm, output_final_state, True,
-        P_warm and not use_qk_l2norm, fold, beta_in_t, beta_rows, pdl,
+        P_warm and not use_qk_l2norm, True, beta_rows,
         extra=(((N * HV * P,), torch.int32) if P_warm else None,), rec=rec,
         warmup_plan=(P, WARMUP_LOG_BOUND, WARMUP_BLOCK) if use_qk_l2norm and P_warm else None,
     )  # fmt: skip
     policy, cfg = p.policy, p.cfg
-    if fold:
-        walk_bv, walk_warps = walk_shape(N * HV * cdiv(V, FOLD_BV) * P, _sm_count(q.device))
-    else:
-        walk_bv, walk_warps = SPLIT_BV, SPLIT_WARPS
+    walk_bv, walk_warps = walk_shape(wcfg, N * HV * cdiv(V, wcfg.fold_bv) * P, _sm_count(q.device))
     BV = min(block_v or walk_bv, cfg.BVF)
     varlen = cu_seqlens is not None
     cw = p.gc  # an unused pointer with one segment
@@ -807,8 +621,7 @@ def run_split(
             (p.lb, cw, p.cu, WARMUP_LOG_BOUND, T, p.NT, P),
             dict(HV=HV, BT=BT, WB=WARMUP_BLOCK, IS_VARLEN=varlen, num_warps=4),
         )  # fmt: skip
-    walk_stages = pipeline_stages(tma, BV, policy.state_dtype)
-    tma_factors = factor_descriptors(tma, BV, beta_rows)
+    walk_stages = pipeline_stages(wcfg, tma, BV, policy.state_dtype)
     # the descriptors need global scratch memory from Triton's allocator: ours for this launch,
     # unless the caller has set one (`delta_rule_plan.launch_with_scratch`)
     plain_launch(
@@ -824,21 +637,9 @@ def run_split(
             HAS_H0=initial_state is not None, STORE_FINAL=p.final is not None,
             STATE_DT=policy.state_dtype, STATE_PRECISION=policy.state_precision, WARMUP=P_warm,
             ROUND_BF16=policy.round_bf16, INTERPRETED=interpreted(_segment_output_kernel),
-            FORM_WU=fold, CHUNK_DT=policy.chunk_dtype, TMA=tma, TMA_FACTORS=tma_factors,
-            BETA_IN_T=beta_in_t, BETA_ROWS=beta_rows, PDL=pdl, launch_pdl=pdl,
+            CHUNK_DT=policy.chunk_dtype, TMA=tma, TMA_FACTORS=factor_descriptors(wcfg, tma, BV),
             num_warps=warps or walk_warps, num_stages=stages or walk_stages,
         ),
         scratch=q.device if tma else None,
     )  # fmt: skip
     return p.o, p.final
-
-
-def tunables() -> tuple[object, ...]:
-    """The settings of this module that the host side reads: part of a plan's key
-    (`delta_rule_chunk.plan_key`), so that a test or probe that changes one gets a new plan."""
-    return (
-        SPLIT_BV, SPLIT_WARPS, SPLIT_STAGES, UNSPLIT_PROGRAMS, TARGET_PROGRAMS, MIN_SEGMENT_CHUNKS,
-        MAX_SEGMENTS, WARMUP_LOG_BOUND, WARMUP_BLOCK, DEFAULT_MIN_CHAINS, DEFAULT_MIN_SPLIT_TOKENS,
-        FORM_WU, FOLD_BV, FOLD_WARPS, WIDE_BV, WIDE_WARPS, WIDE_PER_SM, WIDE_STAGES, TMA_TILES,
-        TMA_FACTORS, BETA_ROWS, TMA_WIDE_FACTORS, PDL, BETA_IN_T,
-    )  # fmt: skip

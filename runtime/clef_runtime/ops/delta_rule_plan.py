@@ -5,8 +5,8 @@ allocates its outputs and about ten intermediates and makes three launches throu
 launcher: 160-200 µs of host time a call on the H200's host, more than the op's GPU time at
 chunked-prefill sizes (docs/performance.md, "Host time per chunked call").  Everything but the
 allocations and the launches is a function of the inputs' layout (shapes, strides, dtypes, device,
-16-byte alignment of each pointer), the call's flags and the modules' tunables, so the second call
-of a layout runs the plain path and records a `Plan`; every later call of that layout:
+16-byte alignment of each pointer) and the call's flags, so the second call of a layout runs the
+plain path and records a `Plan`; every later call of that layout:
 
 1. one workspace for all intermediates and the walk's TMA scratch (`layout`), kept for the
    next call on the same stream up to `KEEP_WORKSPACE_BYTES`, and launch 1 straight away (the
@@ -33,6 +33,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+# Triton's private allocator module: the public `triton.set_allocator` sets the allocator for the
+# rest of the context and returns no token, and Triton has no public getter, so it can neither
+# put the caller's allocator back after one launch nor tell whether the caller has set one
+# (`launch_with_scratch` needs both).  Checked against Triton 3.6 (constraints.txt).
 from triton.runtime import _allocation
 
 from clef_runtime.ops import fast_launch

@@ -1,8 +1,8 @@
-"""Chunked delta-rule prefill, launch 1 and the launch configuration: the input checks
-(`checked_inputs`), the tiles of all three launches (`launch_config`) and everything in a chunk
-that does not need the state (`_chunk_prepare_kernel`, run by `prepare`).  Both designs start
-here: the three-launch one (`delta_rule_chunk`) and the split one (`delta_rule_chunk_split`);
-how the whole op works is in `delta_rule_chunk`'s docstring."""
+"""Chunked delta-rule prefill, launch 1: the input checks (`checked_inputs`) and everything in a
+chunk that does not need the state (`_chunk_prepare_kernel`, run by `prepare`, at the tiles of
+`delta_rule_config.launch_config`).  Both designs start here: the three-launch one
+(`delta_rule_chunk`) and the split one (`delta_rule_chunk_split`); how the whole op works is in
+`delta_rule_chunk`'s docstring."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents
 
 from clef_runtime.ops._common import cdiv, check_cu_seqlens, check_runnable
 from clef_runtime.ops.delta_rule_common import (
@@ -19,24 +18,17 @@ from clef_runtime.ops.delta_rule_common import (
     check_gdn_inputs,
     check_state,
     dot_policy,
-    pow2_at_least,
     rne_bf16,
     seq_bounds,
     warmup_start,
 )
+from clef_runtime.ops.delta_rule_config import LaunchConfig, launch_config
 from clef_runtime.ops.delta_rule_plan import Recorder, Spec, carve, plain_launch
 
 OP = "chunk_gated_delta_rule"
 BT = 64  # chunk length
-OUT_BV = 128  # launch 3's V block
-OUT_WARPS = 4
 _TORCH_DTYPE = {tl.bfloat16: torch.bfloat16, tl.float16: torch.float16, tl.float32: torch.float32}
 BC = 16  # sub-block of the triangular solve (the smallest tl.dot tile)
-# bf16 on tensor cores: launch 1's solve dots with f16 operands instead of TF32 (`solve_dtype`).
-# On the H200 launch 1 went 421.8 → 338.8 µs at B1 T32768 (18% fewer sm_90 instructions), the
-# whole call 1.10-1.12× faster on the rows short of FlashQLA, with errors against the float64
-# reference no larger (docs/performance.md, "eleventh pass"; hack/device/probe_prepare_table11.py).
-SOLVE_F16 = True
 
 
 # Kernel bodies are written out rather than split into small @triton.jit helpers: the
@@ -128,14 +120,10 @@ def _chunk_prepare_kernel(
     ROUND_BF16: tl.constexpr,
     T_OUT: tl.constexpr = False,
     SOLVE_DT: tl.constexpr = tl.float32,
-    BETA_IN_T: tl.constexpr = False,
     BETA_ROWS: tl.constexpr = False,
-    PDL: tl.constexpr = False,
     WARMUP_PLAN: tl.constexpr = False,
     WB: tl.constexpr = 64,
 ):
-    if PDL:  # the split design's walk is launched as a dependant (`delta_rule_chunk_split.PDL`)
-        gdc_launch_dependents()
     # a 1-D grid, value heads fastest: the value heads of one key head (and of one chunk) run
     # side by side and share q and k through L2 (the chunk count stays off the 65535-limited
     # grid axes)
@@ -230,14 +218,13 @@ def _chunk_prepare_kernel(
     # ≤ 0) or from the chunk start (q, with the scale)
     tl.store(kf + r, rk * tl.exp(gl - G), mask=live)
     tl.store(qf + r, (scale * rq) * tl.exp(G), mask=live)
-    # w's row factors, β e^{G} / |k| (e^{G} ≤ 1: the decay from the chunk start); with BETA_IN_T
-    # β goes into T instead
-    cw = tl.exp(G) * rk if BETA_IN_T else bv * tl.exp(G) * rk
+    # w's row factors, β e^{G} / |k| (e^{G} ≤ 1: the decay from the chunk start)
+    wf = bv * tl.exp(G) * rk
     if T_OUT:
-        # the split design's walk forms w and u itself from T, k, v and factors (FORM_WU): w's
-        # row factors in u's place and, with BETA_ROWS, β, both by chunk slot as kf (stored here,
-        # before the solve, so that their addresses take no registers through it)
-        tl.store(u - tok0 * V + fd0 + r, cw, mask=live)
+        # the split design's walk forms w and u itself from T, k, v and factors: w's row factors
+        # in u's place and, with BETA_ROWS, β, both by chunk slot as kf (stored here, before the
+        # solve, so that their addresses take no registers through it)
+        tl.store(u - tok0 * V + fd0 + r, wf, mask=live)
         if BETA_ROWS:  # β by chunk slot too: the walk reads it contiguous (or by TMA), not strided
             tl.store(bt + fd0 + r, bv, mask=live)
     if CHUNK_BOUND:
@@ -295,8 +282,8 @@ def _chunk_prepare_kernel(
             # accuracy here (the inverse's error ≤ 2.7e-8, hack/solve_precision_emulation.py) and
             # replaced 768 of the 880 FMAs per thread of the IEEE form (launch 1 902 → 813 µs on
             # the H200); bf16 takes plain TF32, whose error stays below the bf16 rounding of T
-            # (launch 1 569 → 453 µs, docs/performance.md "eighth pass").
-            # (SOLVE_DT f16: see `solve_dtype`; float32: the casts do nothing)
+            # (launch 1 569 → 453 µs on the H200).
+            # (SOLVE_DT f16: see `LaunchConfig.solve_dt`; float32: the casts do nothing)
             Xs = X.to(SOLVE_DT)
             Xl = tl.dot(Xs, Lb.to(SOLVE_DT), input_precision=DOUBLING_PRECISION).to(SOLVE_DT)
             X = X - tl.dot(Xl, Xs, input_precision=DOUBLING_PRECISION)
@@ -317,8 +304,6 @@ def _chunk_prepare_kernel(
     W = tl.dot(M, Ds, input_precision=SOLVE_PRECISION)
     M2 = tl.dot(M, M, input_precision=SOLVE_PRECISION).to(SOLVE_DT)
     Tm = Dinv - W + tl.dot(M2, (Dinv - W).to(SOLVE_DT), input_precision=SOLVE_PRECISION)
-    if BETA_IN_T:  # (T_OUT only) T diag(β) stored: the split walk's steps then need no β
-        Tm = Tm * bv[None, :]
     # the WY products run on tensor cores: T rounded to the dot dtype
     Tm = Tm.to(CHUNK_DT)
     if ROUND_BF16:
@@ -326,7 +311,7 @@ def _chunk_prepare_kernel(
 
     # w = T (β e^{G} k̂) and u = T (β v), in KS/VS-wide column slices
     if T_OUT:
-        # (`delta_rule_chunk_split`, FORM_WU: a quarter of w and u's bytes, and no w/u pass here)
+        # (`delta_rule_chunk_split`: a quarter of w and u's bytes, and no w/u pass here)
         # T in w's place ([B, T, HV, BT], like Aqk)
         t_p = w + tok0 * (BT - K)
         tl.store(t_p + r[:, None] * (HV * BT) + r[None, :], Tm.to(w.dtype.element_ty), mask=live[:, None])
@@ -335,7 +320,7 @@ def _chunk_prepare_kernel(
             cols = c0 + tl.arange(0, KS)
             m = live[:, None] & (cols < K)[None, :]
             kb = (
-                tl.load(k + r[:, None] * skt + cols[None, :], mask=m, other=0.0).to(tl.float32) * cw[:, None]
+                tl.load(k + r[:, None] * skt + cols[None, :], mask=m, other=0.0).to(tl.float32) * wf[:, None]
             ).to(CHUNK_DT)
             if ROUND_BF16:
                 kb = rne_bf16(kb)
@@ -360,66 +345,6 @@ def _chunk_prepare_kernel(
 # ---------------------------------------------------------------------------------------------
 # host side
 # ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class LaunchConfig:
-    """Tile sizes, warps and stages of the three launches (see `launch_config`)."""
-
-    BK: int  # K padded to a power of two (one tile)
-    BVF: int  # V likewise
-    KS: int  # launch 1: K slice of the Gram matrices and w
-    VS: int  # launch 1: V slice of u
-    BV: int  # launch 2: V block per program
-    BVO: int  # launch 3: V block per program
-    warps1: int
-    warps2: int
-    stages2: int
-    warps3: int
-    solve_by_doubling: bool  # launch 1: how the 16×16 diagonal blocks are inverted
-    regs1: int | None  # launch 1: register cap per thread (None: the compiler's choice)
-    regs1_t: int | None  # the same for the split design's launch 1 (T stored: `prepare`'s t_out)
-
-
-def launch_config(K: int, V: int, dtype: torch.dtype, tensor_cores: bool) -> LaunchConfig:
-    """The tiles for head dims K, V and input `dtype`, on tensor cores or on the FMA path.
-
-    Checked with ptxas for sm_90 and sm_70 at K = V = 128 (tests/runtime/test_ops_compile.py:
-    no spills on sm_90, under 1 KB per thread on sm_70) and timed on the H200
-    (hack/device/probe_variants.py; the timings of each choice are in docs/performance.md).  On
-    tensor cores launch 1 takes K/V in slices of up to 128 (whole heads at K = V = 128); launch 2
-    takes 32-wide V blocks at 4 warps and 3 stages, except for f16, whose state dots take float32
-    operands and want 8 warps; launch 3 takes 128-wide V blocks at 4 warps for bf16 and 64-wide
-    ones for f16, whose float32 state tiles would spill at 128 on sm_90.  On the FMA path
-    (float32, and sm70, where Triton 3.6 has no MMA) every dot holds whole operand rows per
-    thread: 16-wide slices and blocks, 8 warps and no software pipelining keep the spills under
-    1 KB per thread (launch 3 at 128-wide blocks would spill 11 KB on sm_70)."""
-    BK, BVF = pow2_at_least(K), pow2_at_least(V)
-    if tensor_cores:
-        # On an H200 (Triton 3.6) tensor-core dots with a 16-wide K or V tile gave wrong sums
-        # (K=32/V=16 and K=V=16 heads, f16 and bf16; K, V ≥ 32 and float32 were right), which
-        # the interpreter cannot show.  Padding the tiles to 32 (masked) avoids those shapes.
-        BK, BVF = max(BK, 32), max(BVF, 32)
-        small = max(K, V) <= 128
-        return LaunchConfig(
-            BK=BK, BVF=BVF, KS=min(128, BK), VS=min(128, BVF), BV=min(32, BVF),
-            BVO=min(OUT_BV if dtype == torch.bfloat16 else 64, BVF),
-            warps1=4 if small else 8, warps2=4 if dtype == torch.bfloat16 and small else 8, stages2=3,
-            warps3=OUT_WARPS, solve_by_doubling=True,
-            # 168 registers let three 4-warp programs share an SM instead of two (it spills a few
-            # bytes): launch 1 at B1 T32768 went 813 → 690 µs on the H200 with the 3xTF32 solve,
-            # in bf16; f16 was not timed with the cap, so it keeps the compiler's choice.
-            regs1=168 if small and dtype == torch.bfloat16 else None,
-            # the split design's launch 1 (T stored, the f16 solve) at 128: four programs per SM,
-            # 24 bytes of spill; on the H200 it went 346 → 326 µs at B1 T32768 and 363 → 338
-            # for 8 packed × 4096, the whole call 1.01-1.03× faster (docs/performance.md,
-            # "thirteenth pass")
-            regs1_t=128 if small and dtype == torch.bfloat16 else None,
-        )  # fmt: skip
-    return LaunchConfig(
-        BK=BK, BVF=BVF, KS=min(16, BK), VS=min(16, BVF), BV=min(16, BVF), BVO=min(16, BVF),
-        warps1=8, warps2=8, stages2=1, warps3=8, solve_by_doubling=False, regs1=None, regs1_t=None,
-    )  # fmt: skip
 
 
 def checked_inputs(
@@ -475,16 +400,6 @@ def doubling_precision(policy: DotPolicy) -> str:
     return "tf32" if policy.chunk_dtype == tl.bfloat16 else "tf32x3"
 
 
-def solve_dtype(dtype: torch.dtype, tensor_cores: bool) -> tl.dtype:
-    """Operand dtype of launch 1's solve dots: float32 (at `doubling_precision` and the policy's
-    solve_precision), or f16 for bf16 inputs on tensor cores where SOLVE_F16 is set.  f16 keeps
-    TF32's 11-bit significand in a narrower range (the largest |T| entry in
-    hack/solve_precision_emulation.py is 1.8) at twice its tensor-core rate, in half the registers:
-    the emulated errors equal TF32's, and on the H200 the errors against the float64 reference
-    were no larger (docs/performance.md, "eleventh pass")."""
-    return tl.float16 if SOLVE_F16 and dtype == torch.bfloat16 and tensor_cores else tl.float32
-
-
 def prepare(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -499,9 +414,7 @@ def prepare(
     tc: bool,
     chunk_bound: bool = False,
     t_out: bool = False,
-    beta_in_t: bool = False,
     beta_rows: bool = False,
-    pdl: bool = False,
     extra: tuple[Spec | None, ...] = (),
     rec: Recorder | None = None,
     warmup_plan: tuple[int, float, int] | None = None,
@@ -510,10 +423,8 @@ def prepare(
     `clef_runtime.ops.delta_rule_chunk_split`; ``chunk_bound``: also the per-chunk log bounds
     `Prepared.lb` its warm-up walks read; ``t_out``: `Prepared.w` holds each chunk's T
     ``[B, T, HV, BT]`` and `Prepared.u` the float32 factors ``β e^{G} / |k|`` by chunk slot
-    (as kf), from which that walk forms w and u; with ``beta_in_t`` T diag(β) and
-    ``e^{G} / |k|``; with ``beta_rows`` also β by chunk slot, `Prepared.bt`; with ``pdl`` it
-    lets the kernel after it start early: programmatic dependent launch, sm_90; with
-    ``warmup_plan`` = (P, log bound, chunks a step back) its first N·HV·P programs also store each
+    (as kf), from which that walk forms w and u; with ``beta_rows`` also β by chunk slot,
+    `Prepared.bt`; with ``warmup_plan`` = (P, log bound, chunks a step back) its first N·HV·P programs also store each
     segment's warm-up start into the caller's first `extra` tensor, int32 [N·HV·P]: the split
     design's segments, their bounds from the gates, so only for L2-normalised keys)."""
     B, T, H, K = q.shape
@@ -568,9 +479,9 @@ def prepare(
                 BT=BT, BC=BC, LOG_BC=BC.bit_length() - 1, SOLVE_BY_DOUBLING=cfg.solve_by_doubling,
                 IS_VARLEN=cu_seqlens is not None, L2NORM=use_qk_l2norm, CHUNK_BOUND=chunk_bound,
                 CHUNK_DT=policy.chunk_dtype, SOLVE_PRECISION=policy.solve_precision,
-                DOUBLING_PRECISION=doubling_precision(policy), SOLVE_DT=solve_dtype(q.dtype, tc),
-                ROUND_BF16=policy.round_bf16, T_OUT=t_out, BETA_IN_T=t_out and beta_in_t,
-                BETA_ROWS=bt is not None, PDL=pdl, WARMUP_PLAN=warmup_plan is not None, WB=wb,
+                DOUBLING_PRECISION=doubling_precision(policy), SOLVE_DT=cfg.solve_dt,
+                ROUND_BF16=policy.round_bf16, T_OUT=t_out,
+                BETA_ROWS=bt is not None, WARMUP_PLAN=warmup_plan is not None, WB=wb,
                 num_warps=cfg.warps1,
                 maxnreg=cfg.regs1_t if t_out else cfg.regs1,
             ),
@@ -580,8 +491,3 @@ def prepare(
     if rec is not None:
         rec.outputs(o, final)
     return Prepared(o, final, w, u, aqk, gc, kf, qf, lb, bt, cu, NT, slots, NS, policy, cfg, tuple(views[8:]))
-
-
-def tunables() -> tuple[object, ...]:
-    """This module's settings that the host side reads (part of a plan's key)."""
-    return (SOLVE_F16, OUT_BV, OUT_WARPS)
