@@ -44,14 +44,16 @@ lock: | $(UV)
 
 .PHONY: lint
 lint: $(STAMP)
-	$(VENV)/bin/ruff check operator runtime contract devcluster tests
-	$(VENV)/bin/ruff format --check operator runtime contract devcluster tests
+	$(VENV)/bin/ruff check operator runtime contract devcluster tests bench
+	$(VENV)/bin/ruff format --check operator runtime contract devcluster tests bench
 	$(VENV)/bin/mypy
+	$(VENV)/bin/mypy bench
+	bash -n bench/gpu_check.sh
 
 .PHONY: fmt
 fmt: $(STAMP)
-	$(VENV)/bin/ruff format operator runtime contract devcluster tests
-	$(VENV)/bin/ruff check --fix operator runtime contract devcluster tests
+	$(VENV)/bin/ruff format operator runtime contract devcluster tests bench
+	$(VENV)/bin/ruff check --fix operator runtime contract devcluster tests bench
 
 -include mk/*.mk
 

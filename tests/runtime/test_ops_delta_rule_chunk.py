@@ -350,7 +350,7 @@ def test_small_head_dims_gpu(
     dtype_config: tuple[str, str], K: int, V: int, rng: torch.Generator, gpu_device: torch.device
 ) -> None:
     """Head dims below the 32-wide tensor-core tiles: on an H200 (Triton 3.6) 16-wide dot tiles
-    gave wrong sums in f16/bf16 (found by hack/device/probe_chunk.py); the wrapper pads them.  The
+    gave wrong sums in f16/bf16 (found by bench/probe_chunk.py); the wrapper pads them.  The
     FMA configuration keeps 16-wide tiles: f16-fma runs them for real."""
     dtype_name, config = dtype_config
     kw = dict(kernel_config=config, B=2, T=200, H=2, HV=4, K=K, V=V)

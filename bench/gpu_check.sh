@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call's worth of GPU checks (the H200 of the device tool, or any CUDA host).
-# Usage: hack/device/gpu_check.sh SECTION...   sections: tests probe verify faults bench
+# Usage: bench/gpu_check.sh SECTION...   sections: tests probe verify faults bench
 # Results land in $OUT (default .bench/gpu) as a handful of files; a summary prints last.
 set -uo pipefail
 OUT=${OUT:-.bench/gpu}
@@ -35,7 +35,7 @@ for section in "$@"; do
     say "tests: $(( $(date +%s) - t0 ))s"
     ;;
   probe)
-    python3 hack/device/probe_chunk.py 2>&1 | tee -a "$summary"
+    python3 bench/probe_chunk.py 2>&1 | tee -a "$summary"
     ;;
   verify)
     for run in ${VERIFY_RUNS:-cold warm}; do

@@ -1,4 +1,6 @@
-"""Endpoint verification at clef-flash's size on one GPU: goldens, then `clef-runtime serve`, then
+"""Endpoint verification at clef-flash's size: goldens, serve, endpoint-check; time, memory.
+
+Endpoint verification at clef-flash's size on one GPU: goldens, then `clef-runtime serve`, then
 `endpoint-check` against it; wall time and peak GPU memory of each (docs/verification.md,
 "Endpoint verification").
 
@@ -7,7 +9,7 @@ with 16 key / 32 value heads of 128, 8 attention, hidden 2560, vocabulary 248320
 head and the MLP width chosen so the f16 weights are 9.4 GiB (the homelab overlay's size), random
 weights by `clef_runtime.model.checkpoint`'s rules, and the test fixture's tokenizer and template.
 
-    PYTHONPATH=operator:runtime:contract:. python3 hack/device/measure_endpoint.py   # writes $OUT
+    PYTHONPATH=operator:runtime:contract:. python3 bench/measure_endpoint.py   # writes $OUT
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "runtime"))
 
 from chat_checkpoint import write_chat_files  # noqa: E402
@@ -47,7 +49,8 @@ class GpuMemory:
     """Samples nvidia-smi's used memory (whole device: context, allocator cache) per phase."""
 
     def __init__(self) -> None:
-        self.phase, self.peaks = "idle", {}
+        self.phase = "idle"
+        self.peaks: dict[str, int] = {}
         threading.Thread(target=self._run, daemon=True).start()
 
     def _run(self) -> None:

@@ -1,10 +1,12 @@
-"""The homelab's V100 configuration, run for real on another GPU: `clef-runtime verify` with the
+"""verify and the GPU test tier with the V100's FMA kernel configuration forced.
+
+The homelab's V100 configuration, run for real on another GPU: `clef-runtime verify` with the
 chunked delta rule's launch configuration forced to FMA (``--kernel-config fma``: FMA tiles,
 row-by-row solve, IEEE dots; `clef_runtime.kernel_config`), f16, model shapes, kernels and full
 suites; then the GPU test tier (``-m gpu``, whose f16-fma cases force the same configuration),
 one pytest process per file, until the deadline.
 
-Usage (GPU host, repository root):  OUT=.bench/v100 python3 hack/device/v100_config.py [DEADLINE_S]
+Usage (GPU host, repository root):  OUT=.bench/v100 python3 bench/v100_config.py [DEADLINE_S]
 Writes $OUT/v100_config.json (what docs/verification.md quotes), the two full verify reports and
 the logs.
 """
@@ -21,7 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 OUT = Path(os.environ.get("OUT", ".bench/v100"))
-DEADLINE_S = float(sys.argv[1]) if len(sys.argv) > 1 else 380.0
+DEADLINE_S = 380.0  # seconds from START; the first argument sets it
 START = time.monotonic()
 ENV = {
     **{k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "CLEF_KERNEL_CONFIG")},
@@ -115,4 +117,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) > 1:
+        DEADLINE_S = float(sys.argv[1])
     main()

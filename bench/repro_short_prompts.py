@@ -1,8 +1,10 @@
-"""Short prompts on the GPU, one process per case: the hybrid model (clef-flash's GDN heads, the
+"""The hybrid model on 1-65 token prompts per dtype on the GPU, one process per case.
+
+Short prompts on the GPU, one process per case: the hybrid model (clef-flash's GDN heads, the
 verify model profile's width) generating from prompts of 1..65 tokens on the Triton op set, per
 dtype, and each GDN op alone at T=1.  A case that faults the GPU kills only its own process.
 
-    PYTHONPATH=operator:runtime:contract:. python3 hack/device/repro_short_prompts.py   # writes $OUT
+    PYTHONPATH=operator:runtime:contract:. python3 bench/repro_short_prompts.py   # writes $OUT
 """
 
 from __future__ import annotations

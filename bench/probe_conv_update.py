@@ -1,4 +1,6 @@
-"""`causal_conv1d_update` launch shapes at B256 (and B1), bf16, D = 8192, W = 4, one new token:
+"""Decode conv launch shapes (`conv.UpdateConfig`) timed and checked, against FLA's.
+
+`causal_conv1d_update` launch shapes at B256 (and B1), bf16, D = 8192, W = 4, one new token:
 the tree's kernel over `UpdateConfig` variants, the kernel of an older tree (``OLD=path/to/conv.py``,
 optional) and FLA's (when importable), with the copy bandwidth measured in the same run (take the bench's: this one copies once, cold).
 
@@ -6,11 +8,12 @@ Each variant is checked against the reference (outputs and the shifted pool, fre
 inputs) and timed by CUDA-graph replay of one call per input set over 8 rotated sets (~270 MB
 at B256, several times the L2), median of 30 replays.  The table prints last, best first.
 
-    PYTHONPATH=runtime:contract python3 hack/device/probe_conv_update.py [B list]
+    PYTHONPATH=runtime:contract python3 bench/probe_conv_update.py [B list]
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import itertools
 import os
@@ -25,7 +28,6 @@ from clef_runtime.reference import conv as ref
 
 D, W, SETS, REPLAYS = 8192, 4, 8, 30
 dt = torch.bfloat16
-batches = [int(b) for b in sys.argv[1].split(",")] if len(sys.argv) > 1 else [256, 1]
 
 
 def draw(B: int, seed: int) -> dict[str, torch.Tensor]:
@@ -86,7 +88,8 @@ def old_update() -> Callable[..., torch.Tensor] | None:
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod.causal_conv1d_update  # type: ignore[no-any-return]
+    fn: Callable[..., torch.Tensor] = mod.causal_conv1d_update
+    return fn
 
 
 def fla_update() -> Callable[..., torch.Tensor] | None:
@@ -102,6 +105,14 @@ def fla_update() -> Callable[..., torch.Tensor] | None:
     return run
 
 
+def _fixed(cfg: conv.UpdateConfig, B: int, D: int) -> conv.UpdateConfig:
+    return cfg
+
+
+def _call(update: Callable[..., torch.Tensor], s: dict) -> object:
+    return update(s["x"], s["state"], s["weight"], activation="silu")
+
+
 def variants() -> list[conv.UpdateConfig]:
     out = []
     for bd, nw in itertools.product([64, 128, 256, 512, 1024], [1, 2, 4, 8]):
@@ -112,7 +123,12 @@ def variants() -> list[conv.UpdateConfig]:
     return out
 
 
-def main() -> None:
+def parse(argv: list[str]) -> list[int]:
+    """``[B list]`` (comma-separated batch sizes; default 256,1)."""
+    return [int(b) for b in argv[0].split(",")] if argv else [256, 1]
+
+
+def main(batches: list[int]) -> None:
     torch.backends.cuda.matmul.allow_tf32 = False
     print(torch.cuda.get_device_name(), "torch", torch.__version__)
     gbps = copy_gbps()
@@ -130,7 +146,7 @@ def main() -> None:
 
         for cfg in variants():
             name = f"rows{cfg.rows} bd{cfg.block_d} w{cfg.num_warps}"
-            conv._update_config = lambda B_, D_, c=cfg: c
+            conv._update_config = functools.partial(_fixed, cfg)
             try:
                 err = check(conv.causal_conv1d_update, B, 7)
                 t = graph_time(clef, sets)
@@ -147,7 +163,7 @@ def main() -> None:
             if upd is None:
                 continue
             err = check(upd, B, 7)
-            t = graph_time(lambda s, u=upd: u(s["x"], s["state"], s["weight"], activation="silu"), sets)
+            t = graph_time(functools.partial(_call, upd), sets)
             table.append((B, t, name, err))
         if fla is not None:
             fsets = [
@@ -164,4 +180,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(parse(sys.argv[1:]))

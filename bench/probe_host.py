@@ -1,4 +1,6 @@
-"""Host time of one call of clef's chunked op (the Python and launch work before it returns),
+"""Host time of one chunked-prefill call, idle GPU and behind a launch backlog.
+
+Host time of one call of clef's chunked op (the Python and launch work before it returns),
 on an idle GPU and behind a backlog of queued work, to tell the op's own host cost from the
 back-pressure of a full launch queue (which the bench's "host enqueue" of a GPU-bound eager row
 includes).  bf16, the Qwen3.5 heads; median of 30 calls each.
@@ -8,7 +10,7 @@ T512), 261 (B1 T8192), 227 (B1 T32768), 188 (8 packed × 4096).  The "GPU idle" 
 larger (207-540 µs) and its GPU time includes the wait for the host's launches, so read the
 back-to-back column.
 
-    PYTHONPATH=runtime:contract python3 hack/device/probe_host.py
+    PYTHONPATH=runtime:contract python3 bench/probe_host.py
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import time
 import torch
 
 from clef_runtime.inputs import gdn_inputs
-from clef_runtime.ops.delta_rule_chunk import chunk_gated_delta_rule
+from clef_runtime.ops import chunk_gated_delta_rule
 
 H, HV, K, V = 16, 32, 128, 128
 ROWS = {
