@@ -181,7 +181,7 @@ def _chunk_step(
 
 # T is never specialised: Triton compiles T == 1 as a constant, which makes the chunk loop's trip
 # count a constant 1, and that pipelined loop (3 stages) faulted on the H200 (illegal address) for
-# a bf16 prompt of one token (hack/device/repro_short_prompts.py).
+# a bf16 prompt of one token (bench/repro_short_prompts.py).
 @triton.jit(do_not_specialize=["T", "NT", "NS"])
 def _chunk_recurrence_kernel(
     k,

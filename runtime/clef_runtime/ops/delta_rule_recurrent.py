@@ -30,7 +30,7 @@ from clef_runtime.ops.delta_rule_common import (
 OP = "fused_recurrent_gated_delta_rule"
 # V block and warps: a [128, 64] float32 state slice per program at 4 warps (32 state elements
 # per thread), the fastest of the blocks and warps swept on the H200
-# (hack/device/sweep_recurrent_table.py; docs/performance.md, "Decode V blocks").
+# (`git show 36b2886:hack/device/sweep_recurrent_table.py`; docs/performance.md, "Decode V blocks").
 BV_MAX = 64
 WARPS = 4
 
