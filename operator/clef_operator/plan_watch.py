@@ -328,7 +328,8 @@ def _also(wrong: list[Finding]) -> str:
 
 
 def _said(serving: Condition, previous: Condition | None) -> tuple[Action, ...]:
-    """An event for each change of what the probes found (not for the first pending or pass)."""
+    """An event for each change of a failing finding, and one when probes pass again after one
+    (none for the first pending or pass: 1,000 models starting post nothing)."""
     if previous is not None and (previous.status, previous.reason, previous.message) == (
         serving.status,
         serving.reason,
@@ -340,7 +341,7 @@ def _said(serving: Condition, previous: Condition | None) -> tuple[Action, ...]:
     if (
         serving.status is ConditionStatus.TRUE
         and previous is not None
-        and previous.status is not ConditionStatus.TRUE
+        and (previous.status is ConditionStatus.FALSE or previous.reason == Why.PROBE_ERROR)
     ):
         return (event("ProbesConsistent", serving.message),)
     return ()

@@ -252,3 +252,30 @@ def test_without_watch_there_is_no_serving_condition_and_probes_go() -> None:
     assert {a.name for a in plan.actions if isinstance(a, DeleteJob)} == running
     w.step()
     assert all(c.type != "Serving" for c in w.status.conditions)
+
+
+def test_probes_passing_again_are_said_once_and_a_first_pass_is_not() -> None:
+    w, rev = serving()
+    bad = f"preview-{rev}"
+    answer(w, probe_of(w, "serving-1"))
+    answer(w, probe_of(w, bad))
+    plan = w.step()
+    assert w.condition("Serving")[1] == "Consistent"
+    assert not [a for a in plan.actions if isinstance(a, Event) and a.reason.startswith("Probe")], (
+        "nothing to say"
+    )
+    w.advance(INTERVAL)
+    w.step()
+    answer(w, probe_of(w, "serving-1", finished=False))
+    answer(w, probe_of(w, bad, finished=False), wrong_answer(), exit_code=1)
+    w.step()
+    assert w.condition("Serving")[1] == "ProbeMismatch"
+    w.advance(INTERVAL)
+    w.step()
+    for name in ("serving-1", bad):
+        answer(w, probe_of(w, name, finished=False))
+    plan = w.step()
+    said = [a.reason for a in plan.actions if isinstance(a, Event)]
+    assert w.condition("Serving")[1] == "Consistent" and said.count("ProbesConsistent") == 1, said
+    plan = w.step()
+    assert "ProbesConsistent" not in [a.reason for a in plan.actions if isinstance(a, Event)]
