@@ -80,6 +80,14 @@ def asks_engine(mode: str = "endpoint", **endpoint: Any) -> Mutation:
     return mutate
 
 
+WATCH = "spec.verification.watch"
+
+
+def watch(**fields: Any) -> Mutation:
+    """spec.verification.watch with `fields` (after asks_engine, which sets verification up)."""
+    return nested(WATCH, fields)
+
+
 def without_volume(body: Body) -> None:
     body["spec"]["model"].pop("volume", None)
 
@@ -401,6 +409,30 @@ BAD: list[tuple[str, Mutation, str]] = [
         ),
         "spec.verification.image",
     ),
+    # Probes of the serving revision (spec.verification.watch).
+    (
+        "probe interval under a minute",
+        both(asks_engine(), watch(intervalSeconds=59)),
+        WATCH + ".intervalSeconds",
+    ),
+    (
+        "probe interval over an hour",
+        both(asks_engine(), watch(intervalSeconds=3601)),
+        WATCH + ".intervalSeconds",
+    ),
+    ("probe of no prompt", both(asks_engine(), watch(prompts=0)), WATCH + ".prompts"),
+    ("probe of 17 prompts", both(asks_engine(), watch(prompts=17)), WATCH + ".prompts"),
+    ("probe policy rollback (not offered)", both(asks_engine(), watch(policy="rollback")), WATCH + ".policy"),
+    (
+        "probes in mode kernels",
+        both(asks_engine(), nested("spec.verification", {"mode": "kernels", "watch": {}})),
+        WATCH,
+    ),
+    (
+        "probes of an unverified model",
+        both(nested("spec.verification", {"required": False, "watch": {}})),
+        WATCH,
+    ),
 ]
 
 # Valid inputs close to the edges of the rules above: admission must keep accepting them.
@@ -457,6 +489,11 @@ GOOD: list[tuple[str, Mutation]] = [
         "mode both, with prompts and a token cap",
         asks_engine("both", builtinPrompts="none", prompts=[{"name": "q", "text": "2+2?"}], maxNewTokens=2),
     ),
+    (
+        "probes that cordon, at the bounds",
+        both(asks_engine(), watch(intervalSeconds=60, prompts=16, policy="cordon-pod")),
+    ),
+    ("probes with the defaults", both(asks_engine("both"), watch())),
     ("vllm asks its engine", both(asks_engine(), spec(engine="vllm", gpuMemoryMiB=32768))),
     ("default mode, unverified: no runtime image needed", nested("spec.verification", {"required": False})),
 ]

@@ -67,14 +67,19 @@ class ImageEntry:
     dialect: str | None = None
     failure: str | None = None
     ops: str | None = None
+    # kind serve with a fault only: the engine answers this many generation requests right, then
+    # every later one with the fault (`clef-runtime serve --fault-after`).
+    fault_after: int | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"image {self.ref}: kind {self.kind!r} is not one of {', '.join(KINDS)}")
         if self.kind == "serve":
             self._check_serve()
-        elif self.dialect or self.failure or self.ops:
-            raise ValueError(f"image {self.ref}: `dialect`, `failure` and `ops` are for kind serve only")
+        elif self.dialect or self.failure or self.ops or self.fault_after is not None:
+            raise ValueError(
+                f"image {self.ref}: `dialect`, `failure`, `ops` and `faultAfter` are for kind serve only"
+            )
         elif (self.kind == "fault") != bool(self.fault):
             raise ValueError(f"image {self.ref}: `fault` is required for kind fault and only for it")
         _, tag, digest = split_ref(self.ref)
@@ -92,6 +97,13 @@ class ImageEntry:
             raise ValueError(
                 f"image {self.ref}: `dialect` {self.dialect!r} is not one of {', '.join(DIALECTS)}"
             )
+        if self.fault_after is not None and (
+            not self.fault or self.fault_after < 0 or self.ops or self.failure
+        ):
+            raise ValueError(
+                f"image {self.ref}: `faultAfter` needs a `fault`, a count of requests (0 or more), and no"
+                " `ops` or `failure`"
+            )
         for name, value, allowed in (("failure", self.failure, FAILURES), ("ops", self.ops, OPS)):
             if value is not None and value not in allowed:
                 raise ValueError(f"image {self.ref}: `{name}` {value!r} is not one of {', '.join(allowed)}")
@@ -105,6 +117,8 @@ class ImageEntry:
     def engine_ops(self) -> str:
         """The op set the stand-in engine runs: the catalogue's faults live in the Triton kernels,
         so a faulty engine runs those; a healthy one the reference ops (fast on a CPU)."""
+        if self.fault_after is not None:
+            return "reference"  # until the fault turns on (serve --fault-after)
         return self.ops or ("triton" if self.fault else "reference")
 
     @property
@@ -125,6 +139,8 @@ class ImageEntry:
         for key in ("dialect", "failure", "ops"):
             if getattr(self, key):
                 d[key] = getattr(self, key)
+        if self.fault_after is not None:
+            d["faultAfter"] = self.fault_after
         return d
 
     @classmethod
@@ -139,6 +155,7 @@ class ImageEntry:
             dialect=d.get("dialect"),
             failure=d.get("failure"),
             ops=d.get("ops"),
+            fault_after=int(d["faultAfter"]) if d.get("faultAfter") is not None else None,
         )
 
 
@@ -283,6 +300,7 @@ def put_image(
     dialect: str | None = None,
     failure: str | None = None,
     ops: str | None = None,
+    fault_after: int | None = None,
 ) -> ImageEntry:
     """Add `ref` to the live table, or move it to a new digest (a fresh one unless given).
 
@@ -314,6 +332,7 @@ def put_image(
             dialect=dialect,
             failure=failure,
             ops=ops,
+            fault_after=fault_after,
         )
         cm["data"] = {IMAGE_TABLE_KEY: table.with_entry(entry).dump()}
         try:

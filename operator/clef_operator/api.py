@@ -569,6 +569,37 @@ class EndpointSpec(ApiModel):
     )
 
 
+class WatchPolicy(StrEnum):
+    """What a failed probe of a serving pod does (docs/verification.md, "Watching the serving
+    revision").  `alert`: the Serving condition and a Warning event.  `cordon-pod`: also takes
+    the serving label off that pod, so no Service that selects on it sends it traffic."""
+
+    ALERT = "alert"
+    CORDON_POD = "cordon-pod"
+
+
+class WatchSpec(ApiModel):
+    """Probes of the serving revision: every serving pod, at its own address, is asked a few of
+    the signed goldens' prompts every `intervalSeconds`, by a CPU-only Job, judged by the rule
+    of the endpoint verification."""
+
+    interval_seconds: Annotated[int, in_range("spec.verification.watch.intervalSeconds", 60, 3600)] = Field(
+        default=600,
+        description="Seconds between two probes of one serving pod (60 to 3600: a finished probe Job is kept"
+        " until the next one, and the API server removes it an hour after it finished).",
+    )
+    prompts: Annotated[int, in_range("spec.verification.watch.prompts", 1, 16)] = Field(
+        default=1,
+        description="Golden prompts asked per probe; each probe asks the next ones, so that every prompt is"
+        " asked in turn.",
+    )
+    policy: WatchPolicy = Field(
+        default=WatchPolicy.ALERT,
+        description="alert (condition and event) or cordon-pod (also remove the failing pod from the serving"
+        " label's selector).",
+    )
+
+
 class VerificationSpec(ApiModel):
     checks = (
         Check(
@@ -585,6 +616,10 @@ class VerificationSpec(ApiModel):
         " from a preview replica) or both.  Default per engine: endpoint for candle-vllm and vllm.",
     )
     endpoint: EndpointSpec | None = None
+    watch: WatchSpec | None = Field(
+        default=None,
+        description="Probe the serving pods with the goldens while they serve (modes endpoint and both).",
+    )
     suite: Suite = Suite.KERNELS
     timeout_seconds: Annotated[int, in_range("spec.verification.timeoutSeconds", 10, 86400)] = Field(
         default=1800,
@@ -681,6 +716,14 @@ def _endpoint_checks() -> tuple[Check, ...]:
             " mounted checkpoint",
             lambda s: not _asks_endpoint(s) or "volume" in s["model"],
             field_path=".model.volume",
+        ),
+        Check(
+            f"!has(self.verification.watch) || ({asks})",
+            "spec.verification.watch: probes ask the serving engine the signed goldens, which exist only when"
+            " verification.required is true and the mode is endpoint or both (the default for candle-vllm and"
+            " vllm)",
+            lambda s: "watch" not in s["verification"] or _asks_endpoint(s),
+            field_path=".verification.watch",
         ),
         Check(
             f"{_MODE} != 'endpoint' || (!has(self.verification.image)"

@@ -244,14 +244,21 @@ def verified_revisions(model: ModelRef, observed: Observed, verdict_key: bytes) 
 
 
 def label_verified_pods(
-    model: ModelRef, spec: ClefModelSpec, observed: Observed, verdict_key: bytes
+    model: ModelRef,
+    spec: ClefModelSpec,
+    observed: Observed,
+    verdict_key: bytes,
+    withheld: Mapping[str, str] | None = None,
 ) -> tuple[Action, ...]:
     """The serving label (`clef.riotpiao.com/model=<name>`, which clef's Service selects with the
     revision) on every live pod of a verified revision that lacks it, and off every pod of a
     preview that carries it (someone put it there: clef never does).  Serving pods are created
     without it (`render.serving_pod_labels`), so a preview, which has no verdict yet, is selected by
     no Service that selects on it (docs/operations.md, "Selecting serving pods").  A model that
-    does not require verification serves its revisions without a verdict: every one but a preview."""
+    does not require verification serves its revisions without a verdict: every one but a preview.
+    A pod in `withheld` (cordoned by a failed probe, `plan_watch`: name -> why) never has it: it
+    is taken off, with a `PodCordoned` event."""
+    withheld = withheld or {}
     if spec.verification.required:
         verified = verified_revisions(model, observed, verdict_key)
     else:
@@ -265,7 +272,11 @@ def label_verified_pods(
     for p in observed.pods:
         if p.component != labels.COMPONENT_SERVING or p.deleting or p.phase in ("Succeeded", "Failed"):
             continue
-        if p.revision in verified and p.serving_label != model.name:
+        if p.name in withheld:
+            if p.serving_label and p.revision_of == model.name:
+                actions.append(LabelPod(p.name, {labels.MODEL: None}))
+                actions.append(_cordoned(model, observed, p.name, withheld[p.name]))
+        elif p.revision in verified and p.serving_label != model.name:
             actions.append(LabelPod(p.name, {labels.MODEL: model.name}))
         elif p.revision in previews and p.serving_label and p.revision_of == model.name:
             actions.append(LabelPod(p.name, {labels.MODEL: None}))
@@ -278,3 +289,23 @@ def label_verified_pods(
                 )
             )
     return tuple(actions)
+
+
+def _cordoned(model: ModelRef, observed: Observed, name: str, why: str) -> Event:
+    """The event of a pod taken out of serving, saying what still serves."""
+    left = [
+        p.name
+        for p in observed.pods
+        if p.serving_label == model.name and p.name != name and not p.deleting and p.ready
+    ]
+    serves = (
+        f"{len(left)} pod(s) still carry it"
+        if left
+        else f"no other pod of {model.name} carries it: nothing serves now (fail closed: no answer rather"
+        " than a wrong one)"
+    )
+    return Event(
+        "Warning",
+        "PodCordoned",
+        f"removed the serving label {labels.MODEL} from pod {name}, whose probe failed: {why}. {serves}",
+    )

@@ -18,7 +18,9 @@ READY = "Ready"
 VERIFIED = "Verified"
 PROGRESSING = "Progressing"
 DEGRADED = "Degraded"
-CONDITION_TYPES = (READY, VERIFIED, PROGRESSING, DEGRADED)
+# Only with spec.verification.watch: what the latest probes of the serving pods found.
+SERVING = "Serving"
+CONDITION_TYPES = (READY, VERIFIED, PROGRESSING, DEGRADED, SERVING)
 
 MAX_MESSAGE = 4096
 
@@ -105,6 +107,20 @@ class Why:
     AS_EXPECTED = "AsExpected"
     # Set by the pass (`reconcile`), not the planner: the stored spec does not validate.
     INVALID_SPEC = "InvalidSpec"
+    # Serving (spec.verification.watch; plan_watch): every probed pod answered as the goldens say.
+    CONSISTENT = "Consistent"
+    # A serving pod answered a golden prompt with other tokens (policy alert: it keeps serving).
+    PROBE_MISMATCH = "ProbeMismatch"
+    # A serving pod's engine failed a golden prompt (HTTP 5xx, connection lost while answering).
+    PROBE_ENGINE_ERROR = "ProbeEngineError"
+    # A probe could not judge (it timed out, could not reach the pod, read other goldens).
+    PROBE_ERROR = "ProbeError"
+    # Policy cordon-pod: a pod whose probe failed lost the serving label and is probed no more.
+    POD_CORDONED = "PodCordoned"
+    # A serving pod has no finished probe yet.
+    PROBE_PENDING = "ProbePending"
+    # Nothing is probed: no revision of the current spec serves, or its goldens are not trusted.
+    NOT_PROBED = "NotProbed"
 
 
 @dataclass(frozen=True)

@@ -111,11 +111,58 @@ def render_comparison_job(
     }
     if run:
         annotations[labels.REVERIFY_RUN] = run
+    argv = comparison_argv(spec, pod, goldens.sha256)
+    name = check_job_name(owner.name, key, run)
+    return _check_job(owner, spec, name, job_labels, annotations, argv, goldens)
+
+
+def probe_job_name(model: str, pod_uid: str, round_: int) -> str:
+    """`<model>-probe-<uid8>-<round>`: at most 38 + 7 + 8 + 6 = 59 characters (a label value)."""
+    return f"{model}-probe-{pod_uid[:8]}-{round_ % 100000}"
+
+
+def render_probe_job(
+    owner: Owner, spec: ClefModelSpec, pod: PodState, goldens: Trusted, round_: int
+) -> dict[str, Any]:
+    """A probe of one serving pod (spec.verification.watch): the comparison Job asking `pod` at
+    its own address `watch.prompts` of the goldens' prompts (the `round_`-th group), within one
+    interval.  No TTL: the operator deletes it once a newer probe of the pod has finished (a
+    cordoned pod's failing probe is kept while the pod lives: it is what keeps it cordoned)."""
+    watch = spec.verification.watch
+    assert watch is not None
+    job_labels = {**object_labels(owner.name, labels.COMPONENT_VERIFICATION), labels.STEP: labels.STEP_PROBE}
+    annotations = {
+        labels.IMAGE: spec.image,
+        labels.PROBE_POD_UID: pod.uid,
+        labels.PROBE_POD_IP: pod.ip,
+        labels.PROBE_IMAGE_ID: pod.image_id,
+        labels.PROBE_ROUND: str(round_),
+        labels.GOLDENS_CONFIGMAP: goldens.name,
+        labels.GOLDENS_SHA256: goldens.sha256,
+    }
+    argv = comparison_argv(spec, pod, goldens.sha256)
+    argv += ["--sample", str(watch.prompts), "--sample-round", str(round_)]
+    name = probe_job_name(owner.name, pod.uid, round_)
+    job = _check_job(owner, spec, name, job_labels, annotations, argv, goldens)
+    job["spec"]["activeDeadlineSeconds"] = watch.interval_seconds
+    del job["spec"]["ttlSecondsAfterFinished"]
+    return job
+
+
+def _check_job(
+    owner: Owner,
+    spec: ClefModelSpec,
+    name: str,
+    job_labels: dict[str, str],
+    annotations: dict[str, str],
+    argv: list[str],
+    goldens: Trusted,
+) -> dict[str, Any]:
     container = {
         "name": CHECK_CONTAINER,
         "image": endpoint_of(spec).runtime_image,
         "imagePullPolicy": "IfNotPresent",
-        "command": comparison_argv(spec, pod, goldens.sha256),
+        "command": argv,
         "env": [{"name": TERMINATION_LOG_ENV, "value": TERMINATION_LOG}],
         "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
         "volumeMounts": [{"name": "goldens", "mountPath": GOLDENS_MOUNT, "readOnly": True}, dict(TMP_MOUNT)],
@@ -131,7 +178,7 @@ def render_comparison_job(
         "containers": [container],
         "volumes": [{"name": "goldens", "configMap": {"name": goldens.name}}, dict(TMP_VOLUME)],
     }
-    return job_manifest(owner, check_job_name(owner.name, key, run), job_labels, annotations, spec, pod_spec)
+    return job_manifest(owner, name, job_labels, annotations, spec, pod_spec)
 
 
 # ------------------------------------------------------------------------------ judging Jobs

@@ -44,6 +44,14 @@ GOLDENS_CONFIGMAP = f"{PREFIX}/goldens-configmap"
 # The signed sha256 of the goldens a comparison Job was given (also in its argv, which is binding).
 GOLDENS_SHA256 = f"{PREFIX}/goldens-sha256"
 
+# Probes of the serving revision (spec.verification.watch): CPU-only Jobs with the step label
+# `probe`; on each, the serving pod it asks (UID, IP, imageID) and which probe of that pod it is.
+STEP_PROBE = "probe"
+PROBE_POD_UID = f"{PREFIX}/probe-pod-uid"
+PROBE_POD_IP = f"{PREFIX}/probe-pod-ip"
+PROBE_IMAGE_ID = f"{PREFIX}/probe-image-id"
+PROBE_ROUND = f"{PREFIX}/probe-round"
+
 # On the ClefModel: any new value asks for a fresh verification of the current spec.
 REVERIFY = f"{PREFIX}/reverify"
 

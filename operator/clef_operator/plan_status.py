@@ -36,9 +36,12 @@ class Conditions:
     verified: Condition
     progressing: Condition
     degraded: Condition
+    # Only with spec.verification.watch (plan_watch).
+    serving: Condition | None = None
 
     def in_order(self) -> list[Condition]:
-        return [self.ready, self.verified, self.progressing, self.degraded]
+        found = [self.ready, self.verified, self.progressing, self.degraded]
+        return found + ([self.serving] if self.serving is not None else [])
 
 
 def derive_conditions(

@@ -232,6 +232,8 @@ def pass_message(spec: ClefModelSpec, record: VerificationRecord) -> str:
 def _cancel_obsolete_jobs(observed: Observed, current: set[str]) -> tuple[Action, ...]:
     actions: list[Action] = []
     for j in observed.jobs:
+        if j.step == labels.STEP_PROBE:
+            continue  # probes of the serving revision (plan_watch), not a verification of a spec
         if j.name not in current and not j.finished and not j.deleting:
             actions.append(DeleteJob(j.name))
             actions.append(

@@ -49,25 +49,27 @@ selector patch) -> `move_towards_desired`; 5 (delay, history) -> `retire_old_rev
 speaks for what it checked) -> `verification.judge` and `verdicts` (scope, signatures), pinning
 serving pods to the GPU class that passed -> `desired_revision`, reverting pod-template drift ->
 `children.revert_drift`; 11
-(status after the fact) -> `derive_conditions` and `build_status`.
+(status after the fact) -> `derive_conditions` and `build_status`; 13 (verified once is not
+verified forever: probes of the serving revision) -> `plan_watch.plan_probes`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
 from clef_operator.actions import Action
 from clef_operator.api import ClefModelSpec, ClefModelStatus, VerificationRecord
 from clef_operator.children import label_verified_pods, revert_drift
-from clef_operator.conditions import Stamp
+from clef_operator.conditions import SERVING, Stamp
 from clef_operator.observed import ModelRef, Observed
 from clef_operator.plan_revisions import move_towards_desired, retire_old_revisions, stop_stale_previews
 from clef_operator.plan_service import active_revision
 from clef_operator.plan_status import build_status, derive_conditions
 from clef_operator.plan_verification import Desired, desired_revision, drive_verification
+from clef_operator.plan_watch import plan_probes
 from clef_operator.render import Owner, verification_key
 from clef_operator.verdicts import collect_verdicts, ledger_after
 
@@ -100,13 +102,19 @@ def plan_rollout(
     verification = drive_verification(model, owner, spec, key, observed, verdicts, now, verdict_key)
     desired = desired_revision(owner, spec, verification, verdicts.run)
     drift = revert_drift(observed, _known_templates(desired))
-    serving_labels = label_verified_pods(model, spec, observed, verdict_key)
     active = active_revision(model, owner, spec, observed, status, verdicts, desired)
     move = move_towards_desired(model, owner, spec, observed, desired, active)
+    stamp = Stamp(now, model.generation)
+    previous = next((c for c in status.conditions if c.type == SERVING), None)
+    probes = plan_probes(
+        stamp, model, owner, spec, observed, desired.revision, move.active_revision, previous, verdict_key
+    )
+    serving_labels = label_verified_pods(model, spec, observed, verdict_key, probes.withheld)
     previews = stop_stale_previews(observed, {verification.preview, desired.revision, move.active_revision})
     retired = retire_old_revisions(spec, observed, move, now, {verification.preview, *previews.stopped})
-    conditions = derive_conditions(
-        Stamp(now, model.generation), model, spec, observed, verification, active, move, retired, drift
+    conditions = replace(
+        derive_conditions(stamp, model, spec, observed, verification, active, move, retired, drift),
+        serving=probes.serving,
     )
     new_status = build_status(
         model, spec, key, observed, status, verdicts, verification, desired, active, move, conditions
@@ -121,9 +129,10 @@ def plan_rollout(
         *move.actions,
         *previews.actions,
         *retired.actions,
+        *probes.actions,
     )
     # A switch made in this pass is reported by the next one, which comes at once.
-    waits = [w for w in (retired.requeue_after, verification.recheck) if w is not None]
+    waits = [w for w in (retired.requeue_after, verification.recheck, probes.requeue_after) if w is not None]
     requeue = 0.0 if move.switching else (min(waits) if waits else None)
     ledger = None
     if verdicts.ledger is not None:

@@ -37,6 +37,7 @@ CONTAINER_OF = {
     labels.COMPONENT_VERIFICATION: VERIFY_CONTAINER,
     Step.GOLDENS.value: GOLDENS_CONTAINER,
     Step.ENDPOINT.value: CHECK_CONTAINER,
+    labels.STEP_PROBE: CHECK_CONTAINER,
 }
 # The goldens ConfigMaps are the only ConfigMaps clef reads: its cache lists and watches just
 # these (by label), never every ConfigMap in the namespace.

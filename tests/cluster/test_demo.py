@@ -32,7 +32,7 @@ def test_make_demo_tells_the_story_and_exits_zero(tmp_path: Path) -> None:
     state = tmp_path / "demo"
     demo = [sys.executable, "-m", "clef_devcluster.demo", "--state-dir", str(state)]
     try:
-        run = subprocess.run(demo, cwd=REPO, capture_output=True, text=True, timeout=840)
+        run = subprocess.run(demo, cwd=REPO, capture_output=True, text=True, timeout=1080)
         out = run.stdout
         (tmp_path / "demo-output.txt").write_text(out)  # kept by pytest with tmp_path, for a look
         assert run.returncode == 0, f"make demo exited {run.returncode}\n{out[-6000:]}\n{run.stderr[-3000:]}"
@@ -47,6 +47,9 @@ def test_make_demo_tells_the_story_and_exits_zero(tmp_path: Path) -> None:
             r"^ +coder: +verified by endpoint: .*$",
             r"^\[\d\d:\d\d:\d\d\] clef-flash: Verified=False \(EndpointMismatch\): ",
             r"^ +first divergence: prompt capital, token \d+: expected id \d+ ",
+            r"^\[\d\d:\d\d:\d\d\] clef-flash: Serving=True \(Consistent\): ",
+            r"^\[\d\d:\d\d:\d\d\] clef-flash: Serving=False \(PodCordoned\): ",
+            r"^ +clef-flash: CORDONED clef-flash-\w+-\w+-\w+ on worker-\d: its probe's answer diverged$",
         ):
             assert re.search(pattern, out, re.M), f"no line matches {pattern!r}\n{out[-6000:]}"
         # the demo's own "created" lines (a condition it prints may quote the same words: e.g.
@@ -59,13 +62,15 @@ def test_make_demo_tells_the_story_and_exits_zero(tmp_path: Path) -> None:
             "goldens reused: 1 goldens Job in all",
             "✔ step 2: the key-band fault in the serving engine was caught; the old revision still serves; ClusterIP unchanged",
             "✔ step 3: candle-vllm 0.9.1 was verified against the same goldens and swapped in; ClusterIP",
-            "All three steps happened as described.",
+            "✔ step 4: a GPU that went bad while serving was caught by a probe of its pod, which clef cordoned;"
+            " the other pod still serves",
+            "All four steps happened as described.",
             "make demo-down",
         ):
             assert line in out, f"missing {line!r}\n{out[-4000:]}"
         # The ClusterIP printed before the fault and after the swap is one and the same.
         ips = re.findall(r"Service clef-serve: selector \{[^}]*\}, ClusterIP (\S+)", out)
-        assert len(ips) == 3 and len(set(ips)) == 1, ips
+        assert len(ips) == 4 and len(set(ips)) == 1, ips
         # The final table: both models Ready and Verified.
         table = out[out.index("$ kubectl get clefmodels -n homelab") :].splitlines()[1:4]
         assert table[0].split() == ["NAME", "READY", "VERIFIED", "ACTIVE", "CANDIDATE", "AGE"]

@@ -467,3 +467,38 @@ def test_a_malformed_goldens_digest_is_an_error_naming_the_flag(
         made[1], "http://127.0.0.1:9", "vllm", tmp_path, "--goldens-sha256", "md5:abc"
     )
     assert code == 2 and "--goldens-sha256 'md5:abc'" in compact["error"], compact
+
+
+def test_an_engine_that_goes_bad_after_n_requests_passes_then_fails_the_same_sample(
+    made: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """`serve --fault-after N` (the local cluster's engine that goes bad while it serves): a probe
+    of the same golden prompt passes while requests 1..N are answered, and fails from N+1 on.
+    /health counts the generation requests, which is how the cluster tier tells pods apart."""
+    ckpt, goldens = made
+    sample = ("--sample", "1", "--sample-round", "1")  # the second prompt: `hello`, which the fault moves
+    with served(ckpt, tmp_path, "--fault-after", "1", fault="conv_key_band_zero") as (url, _):
+        code, full, compact, err = endpoint_check(goldens, url, "clef", tmp_path, *sample)
+        assert code == 0, f"{full['summary']}\n{err[-2000:]}"
+        assert [p["name"] for p in full["prompts"]] == ["hello"], "one prompt: the sample asked"
+        assert httpx.get(f"{url}/health").json()["requests"] == 1
+        code, full, compact, err = endpoint_check(goldens, url, "clef", tmp_path, *sample)
+        assert code == 1, f"request 2 is answered by the faulty kernels: {full['summary']}\n{err[-2000:]}"
+        assert compact["firstDivergence"]["prompt"] == "hello"
+        assert httpx.get(f"{url}/health").json()["requests"] == 2
+
+
+def test_a_sample_rotates_through_every_prompt(made: tuple[Path, Path], tmp_path: Path) -> None:
+    ckpt, goldens = made
+    names = [p["name"] for p in json.loads(goldens.read_text())["prompts"]]
+    asked = []
+    with served(ckpt, tmp_path) as (url, _):
+        for round_ in range(len(names)):
+            code, full, _compact, err = endpoint_check(
+                goldens, url, "clef", tmp_path, "--sample", "2", "--sample-round", str(round_)
+            )
+            assert code == 0, f"{full['summary']}\n{err[-2000:]}"
+            asked.append([p["name"] for p in full["prompts"]])
+    assert all(len(a) == min(2, len(names)) for a in asked)
+    assert {n for a in asked for n in a} == set(names), "every prompt asked in turn"
+    assert asked[0] == names[:2] and asked[1] == [names[(2 + i) % len(names)] for i in range(2)]

@@ -57,7 +57,7 @@ def _candle_chat(url: str, content: str, **extra: object) -> dict:
 
 
 def test_models_and_health(openai: str) -> None:
-    assert httpx.get(f"{openai}/health").json() == {"status": "ok", "generating": False}
+    assert httpx.get(f"{openai}/health").json() == {"status": "ok", "generating": False, "requests": 0}
     models = httpx.get(f"{openai}/v1/models").json()
     assert models["data"][0]["id"] == "chat-checkpoint" and models["data"][0]["max_model_len"] == 4096
 

@@ -289,3 +289,25 @@ def test_an_endpoint_rollout_counts_each_step_under_its_own_label_and_starts_onc
         ("endpoint", "Passed"),
     ]
     assert (w.started, w.completed) == (1, 1), "three step records, one rollout"
+
+
+def test_a_serving_pod_that_answers_wrongly_has_a_series_until_serving_is_not_false():
+    from test_plan_watch import answer, probe_of, serving, wrong_answer
+
+    w, rev = serving()
+    metrics.record_model("ns", "watched", w.status)
+    assert metrics.serving_failed_since(w.status) is None
+    assert _failed_since("watched") is None
+    answer(w, probe_of(w, "serving-1"))
+    answer(w, probe_of(w, f"preview-{rev}"), wrong_answer(), exit_code=1)
+    w.step()
+    metrics.record_model("ns", "watched", w.status)
+    assert _failed_since("watched") == w.now.timestamp()
+    metrics.record_model("ns", "watched", None)
+    assert _failed_since("watched") is None
+
+
+def _failed_since(name: str) -> float | None:
+    return metrics.REGISTRY.get_sample_value(
+        "clef_serving_failed_since_timestamp_seconds", {"namespace": "ns", "name": name}
+    )

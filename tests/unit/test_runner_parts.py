@@ -352,6 +352,24 @@ def test_a_failed_liveness_probe_kills_the_container() -> None:
 # -- the image table and who runs which pod ------------------------------------------------------
 
 
+def test_an_engine_that_goes_bad_after_n_requests_starts_on_the_reference_ops() -> None:
+    entry = serve_entry(fault="conv_key_band_zero", fault_after=4)
+    cmd = engine.translate(["candle-vllm", "--w=/models/flash"], entry, "127.16.0.2", host)
+    assert cmd.argv[cmd.argv.index("--ops") + 1] == "reference", "right until the fault turns on"
+    assert cmd.argv[-2:] == ["--fault-after", "4"]
+    clef = engine.translate(["clef-runtime", "serve", "--checkpoint", "/models/flash"],
+                            serve_entry(dialect="openai", fault="conv_key_band_zero", fault_after=0), "127.16.0.2",
+                            host)  # fmt: skip
+    assert clef.argv[clef.argv.index("--fault-after") + 1] == "0"
+    assert ImageEntry.from_dict(entry.to_dict()) == entry and entry.to_dict()["faultAfter"] == 4
+    for bad in ({"fault_after": 4}, {"fault_after": -1, "fault": "conv_key_band_zero"},
+                {"fault_after": 1, "fault": "conv_key_band_zero", "ops": "triton"}):  # fmt: skip
+        with pytest.raises(ValueError, match="faultAfter"):
+            serve_entry(**bad)
+    with pytest.raises(ValueError, match="for kind serve only"):
+        ImageEntry("r.test/x:1", "fault", default_digest("x"), fault="conv_key_band_zero", fault_after=1)
+
+
 def test_serve_entries_are_validated() -> None:
     ok = serve_entry(fault="conv_key_band_zero")
     assert ImageEntry.from_dict(ok.to_dict()) == ok

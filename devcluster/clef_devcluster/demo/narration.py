@@ -43,12 +43,20 @@ def short(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-_JOBS = {"goldens": "goldens Job", "endpoint": "comparison Job", "verify": "verification Job"}
+_JOBS = {
+    "goldens": "goldens Job",
+    "endpoint": "comparison Job",
+    "probe": "probe Job",
+    "verify": "verification Job",
+}
 _RUNS = {
     "goldens": "clef-runtime goldens from the checkpoint",
     "endpoint": "clef-runtime endpoint-check against the preview",
+    "probe": "clef-runtime endpoint-check against a serving pod",
     "verify": "clef-runtime verify",
 }
+# CPU-only Jobs: they ask an engine over HTTP.
+_NO_GPU = ("endpoint", "probe")
 
 _TOLD_ELSEWHERE: dict[str, set[tuple[str, str]]] = {
     "Verified": {("Unknown", "VerificationPending"), ("Unknown", "VerificationRunning")},
@@ -109,7 +117,7 @@ def _pod_lines(who: str, before: Snapshot | None, snap: Snapshot, node_gpus: dic
         if phase == "Running":
             gpu = node_gpus.get(node, "")
             step = snap.job_steps.get(job, "verify")
-            where = f"on {node}, no GPU" if step == "endpoint" else f"on {node}{', ' + gpu if gpu else ''}"
+            where = f"on {node}, no GPU" if step in _NO_GPU else f"on {node}{', ' + gpu if gpu else ''}"
             lines.append(
                 f"{who} waiting for {_JOBS.get(step, 'verification Job')} {job} (running {_RUNS.get(step, step)} {where})…"
             )
@@ -174,7 +182,7 @@ def _service_lines(who: str, before: Snapshot | None, snap: Snapshot) -> list[st
 def _condition_lines(who: str, before: Snapshot | None, snap: Snapshot) -> list[str]:
     """Conditions whose status or reason changed, but for what the other lines tell already."""
     lines = []
-    for type_ in ("Verified", "Progressing", "Ready", "Degraded"):
+    for type_ in ("Verified", "Progressing", "Ready", "Degraded", "Serving"):
         new = snap.condition(type_)
         old = before.condition(type_) if before else {}
         key = (new.get("status"), new.get("reason"))

@@ -1,4 +1,4 @@
-"""The demo's three steps, each checking what it claims, and the cluster and operator they run on."""
+"""The demo's four steps, each checking what it claims, and the cluster and operator they run on."""
 
 from __future__ import annotations
 
@@ -30,6 +30,11 @@ ENGINES = "registry.clef.test/engines"
 # candle-vllm 0.9.0 carries the key-band fault (conv_key_band_zero) in the serving engine; 0.9.1 fixed it.
 BROKEN_IMAGE = f"{ENGINES}/candle-vllm:0.9.0"
 FIXED_IMAGE = f"{ENGINES}/candle-vllm:0.9.1"
+# Step 4: a GPU goes bad under a serving pod.  The local cluster's stand-in: engines started from
+# now on answer this many generation requests right, then with the key-band fault (the runner's
+# `clef-runtime serve --fault-after`): the second replica's first probe passes, its second does not.
+GOES_BAD_AFTER = 1
+PROBE_INTERVAL = 60
 STEP_LABEL = "clef.riotpiao.com/verification-step"
 OPERATOR = "clef-operator"
 # Goldens, a preview engine and a comparison on this host's CPU take a minute or two; a step also
@@ -169,7 +174,8 @@ class Demo:
             self.start_operator()
             step1 = self.step1()
             step2 = self.step2(step1)
-            self.step3(step1, step2)
+            step3 = self.step3(step1, step2)
+            self.step4(step3)
             self.finish()
         except DemoFailed as e:
             self.report_failure(str(e))
@@ -398,7 +404,7 @@ class Demo:
         )
         return snap
 
-    def step3(self, step1: Snapshot, step2: Snapshot) -> None:
+    def step3(self, step1: Snapshot, step2: Snapshot) -> Snapshot:
         heading("step 3: upgrade to candle-vllm 0.9.1, the fix")
         old = str(step1.status["activeRevision"])
         ip = step1.service[1] if step1.service else ""
@@ -443,6 +449,89 @@ class Demo:
             3,
             f"candle-vllm 0.9.1 was verified against the same goldens and swapped in; ClusterIP {ip} unchanged",
         )
+        return snap
+
+    def step4(self, step3: Snapshot) -> None:
+        heading("step 4: a GPU goes bad while serving; a probe of its pod catches it, and clef cordons it")
+        from kubernetes import client
+
+        from ..images import put_image
+
+        core = client.CoreV1Api(self.api)
+        active = str(step3.status["activeRevision"])
+        ip = step3.service[1] if step3.service else ""
+        digest = str(step3.status["activeImage"]).split("@sha256:")[1]
+        # The same digest: the pod that serves keeps its healthy engine; the next one goes bad.
+        put_image(core, FIXED_IMAGE, "serve", digest=digest, dialect="candle-vllm",
+                  fault="conv_key_band_zero", fault_after=GOES_BAD_AFTER)  # fmt: skip
+        detail(
+            f"the local cluster's stand-in: engines started from now on answer {GOES_BAD_AFTER} request(s)"
+        )
+        detail("right, then as if their GPU zeroed the key channel band (clef-runtime serve --fault-after)")
+        # The second replica needs the spare V100, which the revision step 3 replaced holds until
+        # its scale-down (rollout.scaleDownDelaySeconds).
+        narrator = Narrator(self.node_gpus, {MODEL: step3})
+        self.wait(
+            "the replaced revision to give its GPU back",
+            {MODEL: SERVICE},
+            lambda s: all(r == 0 for d, (r, _) in s[MODEL].deployments.items() if d != f"{MODEL}-{active}"),
+            narrator,
+        )
+        first = {p.metadata.name for p in self.serving_pods(active)}
+        watch = {"intervalSeconds": PROBE_INTERVAL, "prompts": 1, "policy": "cordon-pod"}
+        self.custom().patch_namespaced_custom_object(
+            GROUP, VERSION, NAMESPACE, PLURAL, MODEL,
+            {"spec": {"replicas": 2, "verification": {"watch": watch}}},
+        )  # fmt: skip
+        say(f"clef-flash: 2 replicas; every serving pod probed every {PROBE_INTERVAL}s, policy cordon-pod")
+
+        def done(s: dict[str, Snapshot]) -> bool:
+            return s[MODEL].current() and s[MODEL].condition("Serving").get("reason") == "PodCordoned"
+
+        snap = self.wait("a probe to catch the bad GPU", {MODEL: SERVICE}, done, narrator)[MODEL]
+        message = str(snap.condition("Serving").get("message", ""))
+        pods = {p.metadata.name: p for p in self.serving_pods(active)}
+        bad = [n for n in pods if f"pod {n} on node" in message]
+        self.expect(len(bad) == 1 and bad[0] not in first, f"the new replica was cordoned: {bad}, {message}")
+        kept = [
+            n for n, p in pods.items() if (p.metadata.labels or {}).get("clef.riotpiao.com/model") == MODEL
+        ]
+        self.expect(sorted(kept) == sorted(first), f"the first pod keeps the serving label: {kept}")
+        cordoned = pods[bad[0]]
+        self.expect(
+            cordoned.status.phase == "Running"
+            and "clef.riotpiao.com/model" not in (cordoned.metadata.labels or {}),
+            f"{bad[0]} runs on without the serving label",
+        )
+        self.expect(
+            "prompt capital, token" in message, f"the probe names the prompt and the token: {message}"
+        )
+        self.expect(
+            snap.service == (active, ip), f"clef-serve still selects {active} at {ip}: {snap.service}"
+        )
+        print()
+        detail(f"clef-flash: CORDONED {bad[0]} on {cordoned.spec.node_name}: its probe's answer diverged")
+        detail(f"            {short(message.split('): ', 1)[-1], 240)}")
+        detail(f"            still serving: {', '.join(kept)} (revision {active})")
+        self.show_service(SERVICE, note="unchanged; it selects the serving label, which the bad pod lost")
+        self.passed(
+            4,
+            "a GPU that went bad while serving was caught by a probe of its pod, which clef cordoned;"
+            " the other pod still serves",
+        )
+
+    def serving_pods(self, revision: str) -> list[Any]:
+        from kubernetes import client
+
+        found: list[Any] = (
+            client.CoreV1Api(self.api)
+            .list_namespaced_pod(
+                NAMESPACE,
+                label_selector=f"clef.riotpiao.com/revision={revision},clef.riotpiao.com/component=serving",
+            )
+            .items
+        )
+        return [p for p in found if p.metadata.deletion_timestamp is None]
 
     def finish(self) -> None:
         self.run_kubectl("get", "clefmodels", "-n", NAMESPACE)
@@ -450,7 +539,7 @@ class Demo:
         kubeconfig = rel(self.cluster.kubeconfig)
         print(
             f"""
-All three steps happened as described.
+All four steps happened as described.
 
 Look around (the cluster and the operator keep running):
   export KUBECONFIG={kubeconfig} PATH="{self.cluster.bin.kubectl.parent}:$PATH"

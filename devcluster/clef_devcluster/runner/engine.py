@@ -138,7 +138,7 @@ def translate(
 
 
 def _serve_argv(entry: ImageEntry, checkpoint: str, pod_ip: str, port: int, dtype: str) -> list[str]:
-    return [
+    argv = [
         "clef-runtime",
         "serve",
         "--dialect",
@@ -156,6 +156,12 @@ def _serve_argv(entry: ImageEntry, checkpoint: str, pod_ip: str, port: int, dtyp
         "--device",
         "cpu",
     ]
+    return argv + _fault_after(entry)
+
+
+def _fault_after(entry: ImageEntry) -> list[str]:
+    """An engine that goes bad while it serves (`faultAfter` in its entry)."""
+    return [] if entry.fault_after is None else ["--fault-after", str(entry.fault_after)]
 
 
 def _candle_vllm(
@@ -222,7 +228,7 @@ def _clef(args: list[str], entry: ImageEntry, pod_ip: str, host_path: Callable[[
         flags["--chat-template"] = host_path(flags["--chat-template"])
     for name, value in flags.items():
         argv += [name, value] if value else [name]
-    return EngineCommand(argv + positionals, port, [])
+    return EngineCommand(argv + _fault_after(entry) + positionals, port, [])
 
 
 def is_engine_command(argv: list[str], entry: ImageEntry) -> bool:

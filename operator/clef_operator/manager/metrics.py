@@ -21,7 +21,7 @@ from prometheus_client import REGISTRY, Counter, Gauge, Histogram, make_wsgi_app
 from clef_operator import labels
 from clef_operator.actions import Action, CreateService, PatchServiceSelector
 from clef_operator.api import ClefModelStatus, Condition, VerificationRecord
-from clef_operator.conditions import PROGRESSING, VERIFIED, Why
+from clef_operator.conditions import PROGRESSING, SERVING, VERIFIED, Why
 from clef_operator.observed import Observed
 
 ROLLOUTS_STARTED = Counter(
@@ -74,6 +74,12 @@ PROGRESSING_SINCE = Gauge(
     "clef_rollout_progressing_since_timestamp_seconds",
     "When a model's Progressing condition turned True (Unix time); no series while it is not"
     " progressing.  time() minus it: how long the rollout has been going.",
+    ["namespace", "name"],
+)
+SERVING_FAILED_SINCE = Gauge(
+    "clef_serving_failed_since_timestamp_seconds",
+    "When a model's Serving condition (spec.verification.watch) turned False: a serving pod's probe"
+    " found wrong answers or it was cordoned (Unix time); no series otherwise.",
     ["namespace", "name"],
 )
 LEADER = Gauge(
@@ -214,8 +220,17 @@ def derive_pass(
 
 def progressing_since(status: ClefModelStatus) -> float | None:
     """When Progressing turned True (its lastTransitionTime), or None when it is not True."""
-    c = _condition(status, PROGRESSING)
-    if c is None or c.status.value != "True":
+    return _turned(status, PROGRESSING, "True")
+
+
+def serving_failed_since(status: ClefModelStatus) -> float | None:
+    """When Serving turned False (probes found a pod answering wrongly), or None otherwise."""
+    return _turned(status, SERVING, "False")
+
+
+def _turned(status: ClefModelStatus, type_: str, value: str) -> float | None:
+    c = _condition(status, type_)
+    if c is None or c.status.value != value:
         return None
     try:
         return datetime.fromisoformat(c.last_transition_time.replace("Z", "+00:00")).timestamp()
@@ -226,12 +241,15 @@ def progressing_since(status: ClefModelStatus) -> float | None:
 def record_model(namespace: str, name: str, status: ClefModelStatus | None) -> None:
     """The model's progressing-since series: set while it progresses, removed otherwise (and when
     the model is gone: `status` None), so nothing is kept for a model that no longer exists."""
-    since = progressing_since(status) if status is not None else None
-    if since is not None:
-        PROGRESSING_SINCE.labels(namespace=namespace, name=name).set(since)
-    else:
-        with contextlib.suppress(KeyError):
-            PROGRESSING_SINCE.remove(namespace, name)
+    for gauge, since in (
+        (PROGRESSING_SINCE, progressing_since(status) if status is not None else None),
+        (SERVING_FAILED_SINCE, serving_failed_since(status) if status is not None else None),
+    ):
+        if since is not None:
+            gauge.labels(namespace=namespace, name=name).set(since)
+        else:
+            with contextlib.suppress(KeyError):
+                gauge.remove(namespace, name)
 
 
 def record_pass(facts: PassFacts) -> None:

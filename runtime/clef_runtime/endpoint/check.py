@@ -62,6 +62,9 @@ class CheckArgs:
     termination_log: str = "/dev/termination-log"
     only: tuple[str, ...] = ()  # prompt names; empty: all
     goldens_sha256: str | None = None  # the digest the goldens must have (the operator's Job sets it)
+    # A probe of a serving pod asks `sample` prompts, the `sample_round`-th group of them in turn.
+    sample: int | None = None
+    sample_round: int = 0
 
 
 def _thresholds(args: CheckArgs) -> Thresholds:
@@ -73,12 +76,25 @@ def _thresholds(args: CheckArgs) -> Thresholds:
     return Thresholds(args.near_tie_margin, t.logprob_mean, t.logprob_p99)
 
 
-def _selected(goldens: Goldens, only: tuple[str, ...]) -> list[GoldenPrompt]:
+def _selected(
+    goldens: Goldens, only: tuple[str, ...], sample: int | None = None, sample_round: int = 0
+) -> list[GoldenPrompt]:
+    """The prompts asked: those named (all without `only`); with `sample`, `sample` of them
+    starting at prompt `sample_round * sample` (in file order, wrapping), so that successive
+    rounds ask every prompt in turn."""
     names = {p.name for p in goldens.prompts}
     unknown = sorted(set(only) - names)
     if unknown:
         raise GoldensError(f"no golden prompt named {', '.join(unknown)}")
-    return [p for p in goldens.prompts if not only or p.name in only]
+    chosen = [p for p in goldens.prompts if not only or p.name in only]
+    if sample is None or not chosen:
+        return chosen
+    if sample < 1 or sample_round < 0:
+        raise GoldensError(
+            f"--sample {sample} must be at least 1 and --sample-round {sample_round} not negative"
+        )
+    start = sample_round * sample
+    return [chosen[(start + i) % len(chosen)] for i in range(min(sample, len(chosen)))]
 
 
 def load_goldens(path: str, expected: str | None) -> tuple[Goldens, str]:
@@ -160,7 +176,7 @@ def _check(args: CheckArgs, run: EndpointRun) -> None:
         "cacheKey": goldens.cache_key,
         **goldens.provenance,
     }
-    prompts = _selected(goldens, args.only)
+    prompts = _selected(goldens, args.only, args.sample, args.sample_round)
     run.max_near_ties = args.max_near_ties if args.max_near_ties is not None else max(1, len(prompts) // 4)
     timeout = httpx.Timeout(args.timeout, connect=min(args.timeout, 30.0))
     with httpx.Client(base_url=args.url.rstrip("/"), timeout=timeout) as client:

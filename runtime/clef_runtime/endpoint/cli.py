@@ -8,7 +8,7 @@ import dataclasses
 import os
 from typing import Any, TypeVar
 
-from clef_contract.command import DTYPES, TERMINATION_LOG, TERMINATION_LOG_ENV
+from clef_contract.command import DTYPES, FAULT_ENV, TERMINATION_LOG, TERMINATION_LOG_ENV
 from clef_contract.endpoint import (
     DIALECTS,
     ENDPOINT_DIALECT_ENV,
@@ -89,6 +89,12 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-new-tokens", type=int, default=4096, help="the most a request may ask for")
     p.add_argument("--max-request-bytes", type=int, default=4 * 1024 * 1024)
     p.add_argument("--ready-file", help="write the bound port here once serving (for scripts and tests)")
+    p.add_argument(
+        "--fault-after",
+        type=int,
+        help="answer the first N generation requests with --ops reference, the rest with the Triton op set"
+        f" carrying the fault named by {FAULT_ENV} (an engine that goes bad while it serves)",
+    )
 
 
 def _check_parser(sub: argparse._SubParsersAction) -> None:
@@ -119,6 +125,15 @@ def _check_parser(sub: argparse._SubParsersAction) -> None:
         "--max-near-ties", type=int, default=None, help="default: a quarter of the prompts, at least 1"
     )
     p.add_argument("--prompt", action="append", default=[], help="only this golden prompt (repeatable)")
+    p.add_argument(
+        "--sample", type=int, help="ask only this many prompts (a probe of a serving pod; default: all)"
+    )
+    p.add_argument(
+        "--sample-round",
+        type=int,
+        default=0,
+        help="with --sample: which group of prompts, in file order and wrapping (default 0)",
+    )
     p.add_argument("--report", help="write the full JSON report here instead of stdout")
     p.add_argument(
         "--termination-log",

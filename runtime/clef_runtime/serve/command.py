@@ -1,7 +1,11 @@
 """`clef-runtime serve`: load a checkpoint on the chosen op set and serve it until SIGTERM.
 
 The op set is built once, at start, with the fault named by ``CLEF_RUNTIME_FAULT`` (the runtime's
-fault catalogue), so a serving engine can be made wrong the way the incident's was.  SIGTERM and
+fault catalogue), so a serving engine can be made wrong the way the incident's was.  With
+``--fault-after N`` the first N generation requests are answered by the ``--ops reference`` set
+and every later one by the Triton op set carrying that fault: an engine (or a GPU) that goes bad
+while it serves, after it passed its verification.  ``/health`` counts the generation requests
+answered (``requests``), so a test can tell which pod was asked what.  SIGTERM and
 SIGINT stop accepting requests, let the one in flight finish, and exit 0.
 
 ``--dialect candle-vllm`` behaves as candle-vllm does where that changes ids (its source at
@@ -16,17 +20,19 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from clef_contract.command import ExitCode
+from clef_contract.command import FAULT_ENV, ExitCode
 from clef_runtime.choices import OPSETS
 from clef_runtime.choices import SERVE_DIALECTS as DIALECTS
 from clef_runtime.dtypes import NAMES
 
 if TYPE_CHECKING:
+    from clef_runtime.model import HybridModel
     from clef_runtime.serve.http import ClefHTTPServer
 
 
@@ -45,6 +51,7 @@ class ServeArgs:
     max_new_tokens: int = 4096
     max_request_bytes: int = 4 * 1024 * 1024
     ready_file: str | None = None
+    fault_after: int | None = None
 
 
 def _check(args: ServeArgs) -> str | None:
@@ -57,6 +64,18 @@ def _check(args: ServeArgs) -> str | None:
             return f"{flag} {value!r} is not one of {', '.join(allowed)}"
     if min(args.max_prompt_tokens, args.max_new_tokens, args.max_request_bytes) < 1:
         return "--max-prompt-tokens, --max-new-tokens and --max-request-bytes must be positive"
+    if args.fault_after is not None:
+        from clef_runtime.faults import UnknownFaultError, active_fault
+
+        try:
+            fault = active_fault()
+        except UnknownFaultError as exc:
+            return str(exc)
+        if args.fault_after < 0 or fault is None or args.ops != "reference":
+            return (
+                f"--fault-after {args.fault_after}: needs a number of requests (0 or more), --ops reference"
+                f" (what answers before) and {FAULT_ENV} naming the fault that answers after"
+            )
     if not (Path(args.checkpoint) / "config.json").is_file():
         return f"--checkpoint {args.checkpoint}: no config.json there"
     return None
@@ -93,7 +112,10 @@ def build_server(args: ServeArgs) -> ClefHTTPServer:
         vocab_size=config.vocab_size,
     )
 
+    turn = _fault_turn(args, model, config.qkv_split)
+
     def generate(req: Generate) -> Generation:
+        turn()
         k = max(req.top_logprobs or 0, 1)
         return greedy(
             model,
@@ -107,6 +129,28 @@ def build_server(args: ServeArgs) -> ClefHTTPServer:
     shaper = Shaper(args.dialect, args.model_name or ckpt.resolve().name, tok.piece, tok.decode)
     service = Service(args.dialect, shaper, tok, limits, generate)
     return ClefHTTPServer((args.host, args.port), service, args.max_request_bytes)
+
+
+def _fault_turn(
+    args: ServeArgs, model: HybridModel, qkv_split: tuple[int, int, int] | None
+) -> Callable[[], None]:
+    """What each generation request calls first (under the one generation lock): with
+    --fault-after N, the model's op set becomes the faulty Triton one from request N+1 on."""
+    after = args.fault_after
+    if after is None:
+        return lambda: None
+    from clef_runtime.opset import get_opset
+
+    faulty = get_opset("triton", qkv_split=qkv_split)  # reads CLEF_RUNTIME_FAULT
+    served = [0]
+
+    def turn() -> None:
+        served[0] += 1
+        if served[0] == after + 1:
+            print(f"serve: request {served[0]}: from now on the faulty op set answers", file=sys.stderr)
+            model.opset = faulty
+
+    return turn
 
 
 def returned_tokens(dialect: str, max_tokens: int) -> int:

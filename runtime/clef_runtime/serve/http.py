@@ -46,6 +46,7 @@ class Service:
         self._generate = generate
         self.lock = threading.Lock()
         self.generating = False  # /health says so: a preview that is busy is not idle
+        self.requests = 0  # generation requests answered, for /health
 
     def error(self, status: int, message: str) -> tuple[int, dict[str, Any]]:
         status = bad_request_status(self.dialect, status)
@@ -60,7 +61,7 @@ class Service:
         if ROUTES[path] != method:
             return self.error(405, f"{path} takes {ROUTES[path]}")
         if path == "/health":
-            return 200, {"status": "ok", "generating": self.generating}
+            return 200, {"status": "ok", "generating": self.generating, "requests": self.requests}
         if path == "/v1/models":
             return 200, self.shaper.models(self.limits.max_positions)
         try:
@@ -83,6 +84,7 @@ class Service:
                 return self._generate(req)
             finally:
                 self.generating = False
+                self.requests += 1
 
     def _complete(self, body: dict[str, Any]) -> dict[str, Any]:
         prompt = completion_prompt(body)

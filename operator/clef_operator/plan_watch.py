@@ -1,0 +1,347 @@
+"""Probes of the serving revision (spec.verification.watch; docs/verification.md, "Watching the
+serving revision"): a phase of the planner (`rollout`), pure.
+
+Every Ready pod of the active revision, when that revision is the current spec's, is asked a few
+of the signed goldens' prompts at its own address (never through a Service) by a CPU-only probe
+Job (`endpoint.render_probe_job`), every `intervalSeconds`.  Everything is decided from observed
+state, so an operator restarted at any point takes the same next step:
+
+* **when**: a pod's newest probe Job was created `intervalSeconds` ago and has finished (no probe
+  yet: at once).  One probe of a pod runs at a time;
+* **what it found**: the newest finished probe Job of the pod, read like the comparison
+  (`endpoint.judge_run`, `endpoint.goldens_read`: only the signed goldens count).  It is kept until
+  a newer probe of the pod has finished; older ones, and those of pods that are gone, are deleted;
+* **cordon-pod**: a pod whose newest finished probe found other tokens (or its engine failing a
+  prompt) is withheld from the serving label (`children.label_verified_pods` takes it off, so no
+  Service that selects on it sends it traffic) and is probed no more.  That failing Job is the
+  record: it is kept while the pod lives, so the pod stays cordoned until it is deleted (its
+  Deployment then makes a new one, which is probed at once).  Cordoning the last serving pod is
+  done all the same (wrong answers are worse than none) and said so;
+* **alert**: the same finding is the `Serving` condition and a Warning event, nothing more.
+
+The `Serving` condition says what the latest probes found, naming the pod, its node, the probe
+Job and the first divergence (a pass names only pod and node, so that probes that keep passing
+write no status); an event goes with each change of a failing finding (`previous` is the one in
+status: at worst an event is said twice).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from clef_operator import labels
+from clef_operator.actions import Action, CreateJob, DeleteJob, event
+from clef_operator.api import ClefModelSpec, Condition, ConditionStatus, WatchPolicy
+from clef_operator.conditions import SERVING, Reason, Stamp, Why
+from clef_operator.endpoint import Judged, goldens_read, judge_run, render_probe_job
+from clef_operator.endpoint_flow import COMPARISON
+from clef_operator.goldens import Trusted, check_signature, goldens_key, goldens_name
+from clef_operator.observed import JobState, ModelRef, Observed, PodState
+from clef_operator.render import Owner
+from clef_operator.verification import Progress
+
+# What a finished probe found.
+PASSED, MISMATCH, ENGINE_ERROR, ERROR = "passed", "mismatch", "engine-error", "error"
+# Findings that take a pod out of serving under policy cordon-pod (an error says nothing of the
+# pod's answers: the probe itself could not judge).
+WRONG = (MISMATCH, ENGINE_ERROR)
+REASON_OF = {MISMATCH: Why.PROBE_MISMATCH, ENGINE_ERROR: Why.PROBE_ENGINE_ERROR, ERROR: Why.PROBE_ERROR}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """The newest finished probe of one pod."""
+
+    pod: PodState
+    job: JobState
+    found: str  # PASSED | MISMATCH | ENGINE_ERROR | ERROR
+    summary: str
+
+    def describe(self) -> str:
+        if self.found == PASSED:
+            # No Job name or time: a pass written alike every interval writes no status.
+            return f"pod {self.pod.name} on node {self.pod.node_name or '(none)'}"
+        at = self.job.created_at.isoformat() if self.job.created_at else "?"
+        return (
+            f"pod {self.pod.name} on node {self.pod.node_name or '(none)'} (probe Job {self.job.name},"
+            f" started {at}): {self.summary}"
+        )
+
+
+@dataclass(frozen=True)
+class Probes:
+    actions: tuple[Action, ...] = ()
+    # Pods kept from the serving label (cordon-pod), by name: why, in words.
+    withheld: Mapping[str, str] = field(default_factory=dict)
+    serving: Condition | None = None
+    requeue_after: float | None = None
+
+
+def probe_jobs(observed: Observed) -> list[JobState]:
+    return [j for j in observed.jobs if j.step == labels.STEP_PROBE]
+
+
+def _round(job: JobState) -> int:
+    text = job.annotations.get(labels.PROBE_ROUND, "")
+    return int(text) if text.isdigit() else -1
+
+
+def _probed_pod(job: JobState, observed: Observed) -> PodState | None:
+    """The serving pod a probe Job asked, if it is still that pod at that address."""
+    pod = observed.pod(job.annotations.get(labels.PROBE_POD_UID, ""))
+    if pod is None or pod.deleting or pod.component != labels.COMPONENT_SERVING:
+        return None
+    return pod if pod.ip and job.annotations.get(labels.PROBE_POD_IP) == pod.ip else None
+
+
+def _goldens(model: ModelRef, observed: Observed, name: str, secret: bytes) -> Trusted | None:
+    cm = observed.config_map(name)
+    if cm is None or cm.deleting:
+        return None
+    signed = check_signature(model, cm.labels.get(labels.GOLDENS_KEY, ""), cm, secret)
+    return signed if isinstance(signed, Trusted) else None
+
+
+def read_probe(
+    model: ModelRef, spec: ClefModelSpec, observed: Observed, job: JobState, pod: PodState, secret: bytes
+) -> Finding | None:
+    """A finished probe, fail closed (None while it runs): a pass only with the signed goldens."""
+    judged = judge_run(COMPARISON(spec), job, observed.pods_of_job(job), job_deadline(spec))
+    if isinstance(judged, Progress):
+        return None
+    goldens = _goldens(model, observed, job.annotations.get(labels.GOLDENS_CONFIGMAP, ""), secret)
+    if goldens is None:
+        judged = Judged(False, Reason.GOLDENS_UNTRUSTED, "the goldens it was given are gone or not signed")
+    else:
+        judged = goldens_read(judged, job.command, goldens)
+    if judged.passed:
+        found = PASSED
+    elif judged.reason == Reason.ENDPOINT_MISMATCH:
+        found = MISMATCH
+    elif judged.reason == Reason.ENGINE_ERROR:
+        found = ENGINE_ERROR
+    else:
+        found = ERROR
+    summary = judged.summary if found != ERROR else f"{judged.reason}: {judged.summary}"
+    return Finding(pod, job, found, summary)
+
+
+def job_deadline(spec: ClefModelSpec) -> int:
+    watch = spec.verification.watch
+    return watch.interval_seconds if watch is not None else spec.verification.timeout_seconds
+
+
+@dataclass(frozen=True)
+class _Pod:
+    """One serving pod's probes: its newest finished one read, the one running, the rest."""
+
+    pod: PodState
+    jobs: tuple[JobState, ...]  # by round
+    finding: Finding | None
+    running: JobState | None
+
+
+def _pods(
+    model: ModelRef, spec: ClefModelSpec, observed: Observed, secret: bytes
+) -> tuple[dict[str, _Pod], list[JobState]]:
+    """The probed pods (by UID) and the probe Jobs whose pod is gone."""
+    by_pod: dict[str, list[JobState]] = {}
+    orphans: list[JobState] = []
+    for job in probe_jobs(observed):
+        if job.deleting:
+            continue
+        pod = _probed_pod(job, observed)
+        if pod is None:
+            orphans.append(job)
+        else:
+            by_pod.setdefault(pod.uid, []).append(job)
+    out: dict[str, _Pod] = {}
+    for uid, jobs in by_pod.items():
+        jobs.sort(key=_round)
+        pod = observed.pod(uid)
+        assert pod is not None
+        finished = [j for j in jobs if j.finished]
+        running = next((j for j in reversed(jobs) if not j.finished), None)
+        finding = read_probe(model, spec, observed, finished[-1], pod, secret) if finished else None
+        out[uid] = _Pod(pod, tuple(jobs), finding, running)
+    return out, orphans
+
+
+def _eligible(observed: Observed, model: ModelRef, revision: str) -> list[PodState]:
+    """The pods a probe asks: Ready serving pods of `revision` at an address."""
+    return [
+        p
+        for p in observed.pods_of_revision(revision)
+        if p.revision_of == model.name and p.ready and p.ip and not p.deleting and p.phase == "Running"
+    ]
+
+
+def plan_probes(
+    at: Stamp,
+    model: ModelRef,
+    owner: Owner,
+    spec: ClefModelSpec,
+    observed: Observed,
+    desired_revision: str,
+    active_revision: str,
+    previous: Condition | None,
+    secret: bytes,
+) -> Probes:
+    watch = spec.verification.watch
+    if watch is None:
+        return Probes(actions=tuple(DeleteJob(j.name) for j in probe_jobs(observed) if not j.deleting))
+    now = at.now
+    pods, orphans = _pods(model, spec, observed, secret)
+    actions: list[Action] = [DeleteJob(j.name) for j in orphans]
+    withheld: dict[str, str] = {}
+    for p in pods.values():
+        f = p.finding
+        if watch.policy is WatchPolicy.CORDON_POD and f is not None and f.found in WRONG:
+            withheld[p.pod.name] = f.describe()
+    # Older finished probes go once a newer one has finished; a cordoned pod keeps only its record.
+    for p in pods.values():
+        keep = {p.finding.job.name} if p.finding else set()
+        if p.pod.name not in withheld and p.running is not None:
+            keep.add(p.running.name)
+        actions += [DeleteJob(j.name) for j in p.jobs if j.name not in keep]
+
+    why_not = _why_not_probed(spec, desired_revision, active_revision)
+    goldens = _goldens(model, observed, goldens_name(model.name, goldens_key(spec)), secret)
+    if not why_not and goldens is None:
+        why_not = (
+            f"the goldens of the current spec ({goldens_name(model.name, goldens_key(spec))}) are not stored"
+            " and signed: re-verify to have them made"
+        )
+    waits: list[float] = []
+    eligible = [] if why_not else _eligible(observed, model, active_revision)
+    for pod in eligible:
+        if pod.name in withheld:
+            continue
+        probed = pods.get(pod.uid)
+        if probed is not None and probed.running is not None:
+            continue
+        newest = probed.jobs[-1] if probed is not None and probed.jobs else None
+        due = (
+            newest.created_at + timedelta(seconds=watch.interval_seconds)
+            if newest and newest.created_at
+            else now
+        )
+        if due > now:
+            waits.append((due - now).total_seconds())
+            continue
+        assert goldens is not None
+        round_ = _round(newest) + 1 if newest is not None else 0
+        actions.append(CreateJob(render_probe_job(owner, spec, pod, goldens, round_)))
+    serving = _condition(at, model, spec, observed, active_revision, pods, eligible, withheld, why_not)
+    said = _said(serving, previous)
+    return Probes(
+        actions=(*actions, *said),
+        withheld=withheld,
+        serving=serving,
+        requeue_after=min(waits) if waits else None,
+    )
+
+
+def _why_not_probed(spec: ClefModelSpec, desired_revision: str, active_revision: str) -> str:
+    if not active_revision:
+        return "no revision serves yet"
+    if active_revision != desired_revision:
+        return (
+            f"the revision that serves ({active_revision}) is not the current spec's (it is being verified,"
+            " or failed): probes ask the current spec's goldens"
+        )
+    return ""
+
+
+def _condition(
+    at: Stamp,
+    model: ModelRef,
+    spec: ClefModelSpec,
+    observed: Observed,
+    active_revision: str,
+    pods: Mapping[str, _Pod],
+    eligible: list[PodState],
+    withheld: Mapping[str, str],
+    why_not: str,
+) -> Condition:
+    """Serving: the worst of what the latest probes of the active revision's pods found."""
+    mine = [p for p in pods.values() if p.pod.revision == active_revision]
+    cordoned = [p.finding for p in mine if p.pod.name in withheld and p.finding is not None]
+    findings = [p.finding for p in mine if p.finding is not None and p.pod.name not in withheld]
+    wrong = [f for f in findings if f.found in WRONG]
+    errors = [f for f in findings if f.found == ERROR]
+    if cordoned:
+        left = [p for p in eligible if p.name not in withheld]
+        if left:
+            serves = f"{len(left)} pod(s) of revision {active_revision} still serve ({', '.join(p.name for p in left[:4])})"
+        else:
+            serves = f"no pod of {model.name} serves now: clients get no answer rather than a wrong one (fail closed)"
+        text = "; ".join(f.describe() for f in cordoned[:3])
+        names = " ".join(f.pod.name for f in cordoned[:3])
+        return at.condition(
+            SERVING,
+            ConditionStatus.FALSE,
+            Why.POD_CORDONED,
+            f"cordoned (serving label {labels.MODEL} removed, probed no more): {text}. {serves}. Check the node,"
+            f" then delete the pod to have it replaced: kubectl -n {model.namespace} delete pod {names}"
+            + _also(wrong),
+        )
+    if wrong:
+        worst = next((f for f in wrong if f.found == MISMATCH), wrong[0])
+        return at.condition(
+            SERVING,
+            ConditionStatus.FALSE,
+            REASON_OF[worst.found],
+            "; ".join(f.describe() for f in wrong[:3])
+            + ". Policy alert: the pod keeps serving; set spec.verification.watch.policy: cordon-pod to take"
+            " such a pod out of serving",
+        )
+    if errors:
+        return at.condition(
+            SERVING,
+            ConditionStatus.UNKNOWN,
+            Why.PROBE_ERROR,
+            "a probe could not judge: " + "; ".join(f.describe() for f in errors[:3]),
+        )
+    if why_not:
+        return at.condition(SERVING, ConditionStatus.UNKNOWN, Why.NOT_PROBED, f"nothing is probed: {why_not}")
+    passed = [f for f in findings if f.found == PASSED and f.pod.uid in {p.uid for p in eligible}]
+    pending = [p for p in eligible if p.uid not in {f.pod.uid for f in passed}]
+    if pending or not eligible:
+        names = ", ".join(p.name for p in pending[:4]) or f"no Ready pod of revision {active_revision}"
+        return at.condition(
+            SERVING, ConditionStatus.UNKNOWN, Why.PROBE_PENDING, f"waiting for the first probe of: {names}"
+        )
+    return at.condition(
+        SERVING,
+        ConditionStatus.TRUE,
+        Why.CONSISTENT,
+        f"{len(passed)} serving pod(s) of revision {active_revision} answered their latest probe as the"
+        " goldens say: " + "; ".join(f.describe() for f in passed[:4]),
+    )
+
+
+def _also(wrong: list[Finding]) -> str:
+    return (" Also failing: " + "; ".join(f.describe() for f in wrong[:2])) if wrong else ""
+
+
+def _said(serving: Condition, previous: Condition | None) -> tuple[Action, ...]:
+    """An event for each change of a failing finding, and one when probes pass again after one
+    (none for the first pending or pass: 1,000 models starting post nothing)."""
+    if previous is not None and (previous.status, previous.reason, previous.message) == (
+        serving.status,
+        serving.reason,
+        serving.message,
+    ):
+        return ()
+    if serving.status is ConditionStatus.FALSE or serving.reason == Why.PROBE_ERROR:
+        return (event("ProbeFailed", f"{serving.reason}: {serving.message}", warning=True),)
+    if (
+        serving.status is ConditionStatus.TRUE
+        and previous is not None
+        and (previous.status is ConditionStatus.FALSE or previous.reason == Why.PROBE_ERROR)
+    ):
+        return (event("ProbesConsistent", serving.message),)
+    return ()

@@ -1,0 +1,233 @@
+"""Probes of the serving revision end to end (issue 37): `flash` is verified and served from two
+pods of a candle-vllm image whose engine answers its first FAULT_AFTER generation requests right
+and every later one with the key-band fault (a GPU that goes bad while it serves: the runner's
+`clef-runtime serve --fault-after`).  The comparison asks the promoted preview pod two prompts,
+its first probe two more: its second probe, one interval later, is answered wrongly, while the
+other pod (two probes, four requests) stays right.
+
+In file order: the probe catches the bad pod within one interval and policy alert only reports
+it (the pod keeps the serving label, watched without gaps); switched to cordon-pod, exactly that
+pod leaves the serving label's selector and the other keeps serving; no probe went through a
+Service: every probe Job asked one pod at its own address, and each pod's engine counted exactly
+the requests of its own probes (runner pods have loopback IPs, so the selector is watched rather
+than EndpointSlices).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from kubernetes import client
+
+from clef_devcluster.checkpoints import write_chat_checkpoint
+from clef_devcluster.config import ENGINE_IMAGE_PREFIX
+from clef_devcluster.images import put_image
+
+from .conftest import Cluster, wait_for
+from .operator_support import VERIFY_SECONDS, Models, OperatorProcess, clefmodel, delete_models
+from .watches import GaplessWatch, states
+
+pytestmark = pytest.mark.cluster
+
+ENGINE = f"{ENGINE_IMAGE_PREFIX}candle-vllm"
+GOES_BAD = f"{ENGINE}:0.8.4-goes-bad"
+RUNTIME = "registry.clef.test/clef-runtime:1.0"
+NAME = "flash"
+PROMPTS = [
+    {"name": "capital", "text": "What is the capital of France?"},
+    {"name": "count", "text": "Count from one to five."},
+]
+# Each probe asks both prompts (test_endpoint_mode shows the fault moves at least one of them).
+# The comparison's two requests and the first probe's two are answered right, the fifth on is
+# not: only the promoted preview pod gets that far by its second probe (the other pod, by its
+# third, an interval later than this story needs).
+PER_PROBE = 2
+FAULT_AFTER = 4
+INTERVAL = 60  # the least spec.verification.watch.intervalSeconds admits
+PROBE_STEP = "clef.riotpiao.com/verification-step=probe"
+POD_UID = "clef.riotpiao.com/probe-pod-uid"
+SERVING_LABEL = "clef.riotpiao.com/model"
+
+
+@dataclass
+class Story:
+    cluster: Cluster
+    namespace: str
+    models: Models
+    operator: OperatorProcess
+    checkpoint: Path
+    # The pods a Service of the user's own selecting on the serving label would select.
+    selected: GaplessWatch
+    # Every probe Job, also those the operator deleted once a newer probe finished.
+    probes: GaplessWatch
+
+    def serving_pods(self) -> list[client.V1Pod]:
+        return list(
+            self.cluster.core.list_namespaced_pod(
+                self.namespace, label_selector="clef.riotpiao.com/component=serving"
+            ).items
+        )
+
+    def selected_states(self) -> list[set[str]]:
+        return [set(s) for s in states(self.selected.initial, self.selected.snapshot())]
+
+
+def flash(checkpoint: Path, image: str, policy: str = "alert") -> dict[str, Any]:
+    return clefmodel(
+        NAME,
+        image,
+        dtype="f16",
+        replicas=2,
+        model={
+            "name": "clef-flash",
+            "path": "/models/clef-flash",
+            "volume": {"hostPath": {"path": str(checkpoint)}},
+        },
+        verification={
+            "mode": "endpoint",
+            "timeoutSeconds": int(VERIFY_SECONDS),
+            "endpoint": {
+                "runtimeImage": RUNTIME,
+                "builtinPrompts": "none",
+                "prompts": PROMPTS,
+                "maxNewTokens": 6,
+                "requestTimeoutSeconds": 120,
+                "readyTimeoutSeconds": 60,
+            },
+            "watch": {"intervalSeconds": INTERVAL, "prompts": PER_PROBE, "policy": policy},
+        },
+        rollout={"scaleDownDelaySeconds": 2, "revisionHistoryLimit": 1},
+    )
+
+
+@pytest.fixture(scope="module")
+def story(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Story]:
+    cluster.image_table()  # a missing harness runner is a stated skip
+    root = tmp_path_factory.mktemp("watch")
+    checkpoint = write_chat_checkpoint(root / "clef-flash")
+    namespace = f"t-watch-{uuid.uuid4().hex[:6]}"
+    cluster.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
+    operator = OperatorProcess(cluster.kubeconfig, namespace, root / "operator.log")
+    models = Models(cluster, namespace, operator)
+    selected = GaplessWatch(
+        cluster.core.list_namespaced_pod, namespace, label_selector=f"{SERVING_LABEL}={NAME}"
+    )
+    probes = GaplessWatch(cluster.batch.list_namespaced_job, namespace, label_selector=PROBE_STEP)
+    operator.start()
+    try:
+        with selected, probes:
+            yield Story(cluster, namespace, models, operator, checkpoint, selected, probes)
+    finally:
+        delete_models(cluster, namespace)
+        operator.stop()
+        cluster.core.delete_namespace(namespace)
+
+
+def _probe_counts(story: Story) -> dict[str, int]:
+    """Finished probes per pod UID, over every probe Job the namespace had."""
+    done: dict[str, str] = {}
+    for change in story.probes.snapshot():
+        job = change.obj
+        conditions = {c.type: c.status for c in (job.status.conditions or [])} if job.status else {}
+        if conditions.get("Complete") == "True" or conditions.get("Failed") == "True":
+            done[job.metadata.name] = job.metadata.annotations[POD_UID]
+    counts: dict[str, int] = {}
+    for uid in done.values():
+        counts[uid] = counts.get(uid, 0) + 1
+    return counts
+
+
+def test_a_pod_that_goes_bad_is_caught_within_one_interval_and_alert_only_reports(story: Story) -> None:
+    models = story.models
+    entry = put_image(story.cluster.core, GOES_BAD, "serve", dialect="candle-vllm",
+                      fault="conv_key_band_zero", fault_after=FAULT_AFTER)  # fmt: skip
+    pinned = f"{ENGINE}@sha256:{entry.digest}"
+    models.create(flash(story.checkpoint, pinned))
+    models.wait_condition(NAME, "Ready", "True", "Available", timeout=VERIFY_SECONDS)
+    consistent = models.wait_condition(NAME, "Serving", "True", "Consistent", timeout=INTERVAL)
+    passed_at = time.monotonic()
+    print(f"first probes: {consistent['message']}")
+    pods = {p.metadata.name: p for p in story.serving_pods()}
+    assert len(pods) == 2, list(pods)
+    # Within one interval (and the time a probe takes) of the last passing probe.
+    found = models.wait_condition(NAME, "Serving", "False", "ProbeMismatch", timeout=INTERVAL + 45)
+    print(f"caught {time.monotonic() - passed_at:.0f}s after the passing probe: {found['message']}")
+    bad = next(name for name in pods if f"pod {name} on node" in found["message"])
+    good = next(name for name in pods if name != bad)
+    assert pods[bad].spec.node_name in found["message"]
+    assert "expected id" in found["message"] and "the engine said" in found["message"]
+    assert f"pod {good} " not in found["message"]
+    models.wait_events(NAME, "ProbeFailed")
+    # Alert: reported, and the pod kept the serving label through every pass until now.
+    assert all({bad, good} <= s for s in story.selected_states()[-1:]), "both pods still selected"
+    first = next(i for i, s in enumerate(story.selected_states()) if {bad, good} <= s)
+    assert all({bad, good} <= s for s in story.selected_states()[first:]), "alert never removed a pod"
+
+
+def test_cordon_pod_removes_exactly_the_bad_pod_from_the_selector(story: Story) -> None:
+    models = story.models
+    before = len(story.selected.snapshot())
+    bad_message = models.condition(NAME, "Serving")["message"]
+    pods = {p.metadata.name for p in story.serving_pods()}
+    bad = next(name for name in pods if f"pod {name} on node" in bad_message)
+    good = next(name for name in pods if name != bad)
+    models.patch(NAME, {"spec": {"verification": {"watch": {"policy": "cordon-pod"}}}})
+    cordoned = models.wait_condition(NAME, "Serving", "False", "PodCordoned", timeout=30)
+    assert bad in cordoned["message"] and "1 pod(s) of revision" in cordoned["message"]
+    models.wait_events(NAME, "PodCordoned")
+    wait_for(lambda: story.selected_states()[-1] == {good}, 30, f"the selector to hold only {good}",
+             lambda: str(story.selected_states()[-1]))  # fmt: skip
+    after = story.selected.snapshot()[before:]
+    left = [c.name for c in after if c.type == "DELETED"]
+    assert left == [bad], f"exactly the bad pod left the selector: {[(c.type, c.name) for c in after]}"
+    still = story.cluster.core.read_namespaced_pod(bad, story.namespace)
+    assert still.status.phase == "Running" and SERVING_LABEL not in (still.metadata.labels or {}), (
+        "cordoned, not deleted: it is there to be looked at"
+    )
+
+
+def test_no_probe_goes_through_a_service(story: Story) -> None:
+    services = story.cluster.core.list_namespaced_service(story.namespace).items
+    addresses = {s.spec.cluster_ip for s in services} | {s.metadata.name for s in services}
+    pods = {p.metadata.uid: p for p in story.serving_pods()}
+    asked: dict[str, str] = {}
+    for change in story.probes.snapshot():
+        job = change.obj
+        argv = job.spec.template.spec.containers[0].command
+        url = argv[argv.index("--url") + 1]
+        uid = job.metadata.annotations[POD_UID]
+        asked[job.metadata.name] = url
+        assert uid in pods, f"{job.metadata.name} asked a pod that is not a serving pod of {NAME}"
+        assert url == f"http://{pods[uid].status.pod_ip}:8000", (job.metadata.name, url)
+        assert not any(a and a in url for a in addresses), f"{job.metadata.name} asked a Service: {url}"
+    assert len(asked) >= 4, asked
+    # Each engine counted exactly its own probes' requests, PER_PROBE each (the promoted preview,
+    # the pod that went bad, also the comparison's two): a probe in flight is counted by the engine
+    # before its Job finishes, so this is waited for, not sampled.
+    bad = next(p for p in pods.values() if f"pod {p.metadata.name} on node" in _serving_message(story))
+    comparison = {uid: 2 if pod is bad else 0 for uid, pod in pods.items()}
+
+    def counted() -> dict[str, tuple[int, int]]:
+        counts = _probe_counts(story)
+        found = {
+            pod.metadata.name: (
+                httpx.get(f"http://{pod.status.pod_ip}:8000/health", timeout=10).json()["requests"],
+                PER_PROBE * counts.get(uid, 0) + comparison[uid],
+            )
+            for uid, pod in pods.items()
+        }
+        return found
+
+    wait_for(lambda: all(a == b for a, b in counted().values()), 60,
+             "each engine's request count to be its own probes' and the comparison's", counted)  # fmt: skip
+
+
+def _serving_message(story: Story) -> str:
+    return str(story.models.condition(NAME, "Serving")["message"])
