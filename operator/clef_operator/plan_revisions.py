@@ -254,10 +254,15 @@ def retire_old_revisions(
     return replace(scaled, actions=scaled.actions + _trim_history(spec, observed, keep, now))
 
 
-def _active_short(spec: ClefModelSpec, move: Move) -> str:
-    """Why older revisions must keep their pods: the active one lacks available replicas."""
+def _active_short(spec: ClefModelSpec, observed: Observed, move: Move) -> str:
+    """Why older revisions must keep their pods: the active one lacks available replicas.  Not
+    while one of its pods waits to be scheduled: the older pods may hold the very GPUs it waits
+    for (a scale-up on a full cluster), and they serve no traffic, so holding them would stall the
+    active revision for good."""
     dep = move.active_deployment
     if dep is not None and dep.is_available() and dep.replicas >= spec.replicas:
+        return ""
+    if _waiting_for_room(observed, move.active_revision):
         return ""
     available = dep.available_replicas if dep is not None else 0
     return (
@@ -266,11 +271,21 @@ def _active_short(spec: ClefModelSpec, move: Move) -> str:
     )
 
 
+def _waiting_for_room(observed: Observed, revision: str) -> str:
+    """The scheduler's message for a pod of `revision` that cannot be scheduled, else ""."""
+    serving = (p for p in observed.pods if p.component == labels.COMPONENT_SERVING and not p.deleting)
+    return next(
+        (p.unschedulable_message for p in serving if p.revision == revision and p.unschedulable_message), ""
+    )
+
+
 def _scale_down(
     spec: ClefModelSpec, observed: Observed, move: Move, keep: set[str], now: datetime
 ) -> Retirement:
     delay, active_rev = spec.rollout.scale_down_delay_seconds, move.active_revision
-    held = _active_short(spec, move) if active_rev else ""
+    held = _active_short(spec, observed, move) if active_rev else ""
+    room = _waiting_for_room(observed, active_rev) if active_rev else ""
+    why = f"; revision {active_rev} has a pod waiting to be scheduled: {room}" if room else ""
     actions: list[Action] = []
     waits: list[float] = []
     for d in observed.deployments:
@@ -295,7 +310,7 @@ def _scale_down(
             actions.append(
                 event(
                     "RevisionScaledDown",
-                    f"scaled {d.name} to 0 ({delay}s after revision {active_rev} took over)",
+                    f"scaled {d.name} to 0 ({delay}s after revision {active_rev} took over){why}",
                 )
             )
         else:

@@ -690,3 +690,45 @@ def test_an_adopted_service_with_an_unnamed_port_is_a_conflict_unless_it_is_clef
     w.step()
     assert "ServiceAdopted" in w.event_reasons()
     assert w.condition("Degraded")[0] == "False"
+
+
+# ---------------------------------------------------------------------------- scale-down hold
+
+
+def _scaled_up_after_a_switch(w: World) -> tuple[str, str]:
+    """A revision switch, then spec.replicas 1 -> 2 before the old revision's scale-down is due:
+    the active revision has 1/2 available.  Returns (old Deployment, active revision)."""
+    w.deploy_first()
+    old = w.active_deployment().name
+    switch_to(w, GOOD2)
+    assert w.deployments[old].replicas == 1, "the old revision keeps its pods until the delay"
+    w.spec = w.spec.model_copy(update={"replicas": 2})
+    w.step()
+    active = w.active_deployment()
+    assert active.replicas == 2 and active.available_replicas == 1
+    return old, active.revision
+
+
+def test_an_older_revision_gives_its_gpus_back_when_the_active_ones_pod_waits_for_them():
+    w = World(make_spec())
+    old, rev = _scaled_up_after_a_switch(w)
+    msg = "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
+    w.pods["new"] = PodState(
+        name="new", component=labels.COMPONENT_SERVING, revision=rev, unschedulable_message=msg
+    )
+    w.advance(31)
+    p = w.step()
+    assert ScaleDeployment(old, 0, {labels.SCALE_DOWN_AT: None}) in p.actions
+    scaled = [e for e in p.actions if isinstance(e, Event) and e.reason == "RevisionScaledDown"]
+    assert scaled and "waiting to be scheduled" in scaled[0].message and msg in scaled[0].message
+    assert w.condition("Progressing")[1] != "ScaleDownHeld"
+
+
+def test_an_older_revision_keeps_its_pods_while_the_active_one_is_short_for_another_reason():
+    w = World(make_spec())
+    old, _ = _scaled_up_after_a_switch(w)
+    w.advance(31)
+    p = w.step()
+    assert not any(isinstance(a, ScaleDeployment) and a.name == old for a in p.actions)
+    assert w.condition("Progressing")[:2] == ("True", "ScaleDownHeld")
+    assert "1/2 replicas available" in w.condition("Progressing")[2]
