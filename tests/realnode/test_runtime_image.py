@@ -157,13 +157,51 @@ def _checkpoint() -> Path:
     return checkpoint
 
 
-def _endpoint_flash(image: str, runtime: str, checkpoint: Path) -> dict[str, Any]:
+def _weights_claim(real: RealCluster, ns: str, checkpoint: Path) -> str:
+    """The checkpoint as a PersistentVolumeClaim bound to a hostPath PersistentVolume the admin
+    (this test) made: the shipped tree allows no hostPath in clef's pods (its admission policy
+    clef-operator-host-paths), and Pod Security "restricted" allows claims."""
+    name = f"{ns}-clef-flash"
+    real.core.create_persistent_volume(
+        client.V1PersistentVolume(
+            metadata=client.V1ObjectMeta(name=name),
+            spec=client.V1PersistentVolumeSpec(
+                capacity={"storage": "1Gi"},
+                access_modes=["ReadOnlyMany"],
+                host_path=client.V1HostPathVolumeSource(path=str(checkpoint), type="Directory"),
+                storage_class_name="",
+                persistent_volume_reclaim_policy="Retain",
+                claim_ref=client.V1ObjectReference(namespace=ns, name="clef-flash"),
+            ),
+        )
+    )
+    real.core.create_namespaced_persistent_volume_claim(
+        ns,
+        client.V1PersistentVolumeClaim(
+            metadata=client.V1ObjectMeta(name="clef-flash"),
+            spec=client.V1PersistentVolumeClaimSpec(
+                access_modes=["ReadOnlyMany"],
+                storage_class_name="",
+                volume_name=name,
+                resources=client.V1VolumeResourceRequirements(requests={"storage": "1Gi"}),
+            ),
+        ),
+    )
+    watch_until(
+        real.core.list_namespaced_persistent_volume_claim,
+        lambda claims: any(c.status and c.status.phase == "Bound" for c in claims) or None,
+        60, "PersistentVolumeClaim clef-flash Bound", namespace=ns, field_selector="metadata.name=clef-flash",
+    )  # fmt: skip
+    return name
+
+
+def _endpoint_flash(image: str, runtime: str) -> dict[str, Any]:
     return {
         **clef_flash(image),
         "model": {
             "name": "clef-flash",
             "path": "/models/clef-flash",
-            "volume": {"hostPath": {"path": str(checkpoint)}},
+            "volume": {"pvc": {"claimName": "clef-flash"}},
         },
         "runtimeClassName": "runc",
         "nodeSelector": {**LABEL, PRODUCT: REAL_CLASS},
@@ -215,18 +253,16 @@ def test_endpoint_mode_a_real_preview_serves_and_a_real_comparison_pod_asks_it(
     which carries the serving label; then the key-band fault in the engine is an EndpointMismatch,
     its preview never gets the serving label, and the clean revision keeps serving.
 
-    The weights are a hostPath, which Pod Security "restricted" refuses: this namespace enforces
-    no profile (test_operator.py checks "restricted" on every kind of verification pod)."""
+    The namespace enforces Pod Security "restricted"; the weights are a claim bound to a hostPath
+    volume (`_weights_claim`)."""
     ns = "t-endpoint"
-    real.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
-    watch_until(
-        real.core.list_namespaced_service_account, lambda sas: sas or None, 30, f"ServiceAccount {ns}/default",
-        namespace=ns, field_selector="metadata.name=default",
-    )  # fmt: skip
+    restricted_namespace(real, ns)
     custom = client.CustomObjectsApi(real.api)
     checkpoint = _checkpoint()
+    volume = ""
     try:
-        spec = _endpoint_flash(runtime_images.engine, runtime_images.clean, checkpoint)
+        volume = _weights_claim(real, ns, checkpoint)
+        spec = _endpoint_flash(runtime_images.engine, runtime_images.clean)
         started = time.monotonic()
         custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, model_object("flash", spec))
 
@@ -235,6 +271,9 @@ def test_endpoint_mode_a_real_preview_serves_and_a_real_comparison_pod_asks_it(
             v = condition(m, VERIFIED)
             if v and v["status"] == "False":
                 raise AssertionError(f"the clean engine was not verified: {v}")
+            d = condition(m, "Degraded")
+            if d and d["reason"] == "ChildRejected":
+                raise AssertionError(f"the API server refused a child: {d['message']}")
             r = condition(m, READY)
             return (
                 m if r and r["status"] == "True" and (m.get("status") or {}).get("activeRevision") else None
@@ -328,4 +367,6 @@ def test_endpoint_mode_a_real_preview_serves_and_a_real_comparison_pod_asks_it(
         assert [p.metadata.name for p in labelled] == [pod.metadata.name], "only the verified pod is served"
     finally:
         delete_namespace(real, custom, ns)
+        if volume:
+            real.core.delete_persistent_volume(volume)
         shutil.rmtree(checkpoint.parent, ignore_errors=True)
