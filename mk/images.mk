@@ -39,6 +39,6 @@ images-pin:
 	$(PYTHON) hack/images.py pin --digests $(IMAGES_DIR)/digests.json --out kustomize/overlays/pinned
 
 # Opt-in (not in `make test`): two builds of the operator image, the same digest.
-# CLEF_IMAGES_RUNTIME=cpu adds the CPU runtime image (several GB, ~10 min a build here).
+# CLEF_IMAGES_RUNTIME=cpu adds the CPU runtime image (several GB, 11-22 min a build here, ~40 GB of disk).
 test-images: $(STAMP)
 	CLEF_IMAGES=1 CLEF_IMAGES_PIP=$(UV_HOME)/bin/pip $(VPY) -m pytest tests/images -q -s -m images

@@ -7,8 +7,8 @@
 #                         image-operator`) and the CPU runtime image (`make image-runtime`),
 #                         then tests/realnode with CLEF_REAL_NODE=1
 #   make test-real REUSE_RUNTIME_IMAGE=1
-#                         the same with the runtime image already in .images/ (it takes about
-#                         10 min to build here; digests.json names the commit it was built from)
+#                         the same with the runtime image already in .images/ (it takes 11 to
+#                         22 min to build here; digests.json names the commit it was built from)
 #   make node-build       only the node's binaries (kubelet, containerd, CNI plugins, pause)
 
 REAL_NODE_PACKAGES := runc iptables iproute2 umoci skopeo mmdebstrap

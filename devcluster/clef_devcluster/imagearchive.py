@@ -96,15 +96,20 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     tar.addfile(info, io.BytesIO(data))
 
 
-def write_env_variant(base: Path, out: Path, ref: str, env: dict[str, str]) -> str:
+def write_env_variant(
+    base: Path, out: Path, ref: str, env: dict[str, str], files: tuple[File, ...] = ()
+) -> str:
     """An image that is `base` (a one-image OCI archive, as `make images` writes) with `env` set
     over its config's Env, and nothing else changed: the same layers, by digest.  The archive
     written to `out` holds only the new manifest and config, not the layers (gigabytes for the
     runtime): it imports only where `base` was imported before (containerd finds the layers in
     its content store by digest).  Returns the new manifest's digest; the image is named `ref`.
 
+    With `files`, one layer holding them is added on top (written into the archive: it is new).
+
     This is how the real-node tier makes a variant of the runtime image that carries a fault of
-    the catalogue (CLEF_RUNTIME_FAULT), as the demo's image table does for the cluster tier."""
+    the catalogue (CLEF_RUNTIME_FAULT), as the demo's image table does for the cluster tier, and
+    an engine image built on it (`files`: the engine's executable)."""
     with tarfile.open(base) as tar:
 
         def blob(digest: str) -> bytes:
@@ -127,6 +132,20 @@ def write_env_variant(base: Path, out: Path, ref: str, env: dict[str, str]) -> s
     inner = config.setdefault("config", {})
     kept = [e for e in inner.get("Env") or [] if e.split("=", 1)[0] not in env]
     inner["Env"] = kept + [f"{k}={v}" for k, v in env.items()]
+    layer = _layer(list(files)) if files else b""
+    layer_digest = "sha256:" + hashlib.sha256(layer).hexdigest()
+    if files:
+        # Uncompressed: its digest is its diff ID.
+        config["rootfs"]["diff_ids"] = [*config["rootfs"]["diff_ids"], layer_digest]
+        config["history"] = [*config.get("history", []), {"created_by": "clef_devcluster.imagearchive"}]
+        manifest["layers"] = [
+            *manifest["layers"],
+            {
+                "mediaType": "application/vnd.oci.image.layer.v1.tar",
+                "digest": layer_digest,
+                "size": len(layer),
+            },
+        ]
     config_bytes = json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
     config_digest = "sha256:" + hashlib.sha256(config_bytes).hexdigest()
     manifest["config"] = {**manifest["config"], "digest": config_digest, "size": len(config_bytes)}
@@ -147,6 +166,8 @@ def write_env_variant(base: Path, out: Path, ref: str, env: dict[str, str]) -> s
     with tarfile.open(out, "w", format=tarfile.PAX_FORMAT) as tar:
         _add(tar, "oci-layout", b'{"imageLayoutVersion":"1.0.0"}')
         _add(tar, _blob_path(config_digest), config_bytes)
+        if files:
+            _add(tar, _blob_path(layer_digest), layer)
         _add(tar, _blob_path(manifest_digest), manifest_bytes)
         _add(tar, "index.json", json.dumps(index, sort_keys=True).encode())
     return manifest_digest

@@ -37,6 +37,7 @@ from clef_operator.render import (
     Owner,
     job_manifest,
     object_labels,
+    placement,
     render_deployment,
 )
 from clef_operator.revision import REVERIFY_SUFFIX_LENGTH
@@ -95,7 +96,8 @@ def comparison_argv(spec: ClefModelSpec, pod: PodState, goldens_sha256: str) -> 
 def render_comparison_job(
     owner: Owner, spec: ClefModelSpec, key: str, run: str, pod: PodState, goldens: Trusted
 ) -> dict[str, Any]:
-    """CPU only (no GPU, no GPU runtime class): it talks HTTP to the preview pod."""
+    """CPU only (no GPU, no GPU runtime class): it talks HTTP to the preview pod.  It runs where
+    the model's pods may run (spec.nodeSelector, spec.tolerations: `placement`)."""
     job_labels = {
         **object_labels(owner.name, labels.COMPONENT_VERIFICATION),
         labels.STEP: Step.ENDPOINT.value,
@@ -171,6 +173,7 @@ def _check_job(
         "securityContext": copy.deepcopy(VERIFIER_CONTAINER_SECURITY),
     }
     pod_spec = {
+        **placement(spec),
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "restartPolicy": "Never",

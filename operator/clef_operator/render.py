@@ -167,17 +167,27 @@ def model_volume(
     return [{"name": "model", **source}], [mount]
 
 
-def scheduling(spec: ClefModelSpec) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "runtimeClassName": spec.runtime_class_name,
-        "automountServiceAccountToken": False,
-        "enableServiceLinks": False,
-    }
+def placement(spec: ClefModelSpec) -> dict[str, Any]:
+    """spec.nodeSelector and spec.tolerations, which every pod clef creates for the model carries
+    (docs/api.md): serving, preview, kernels verification, goldens and the comparison Job alike.
+    A pool kept for the model (a taint, a label) is where all of its pods run."""
+    out: dict[str, Any] = {}
     if spec.node_selector:
         out["nodeSelector"] = dict(spec.node_selector)
     if spec.tolerations:
         out["tolerations"] = [t.to_wire() for t in spec.tolerations]
     return out
+
+
+def scheduling(spec: ClefModelSpec) -> dict[str, Any]:
+    """`placement` plus the runtime class, for the pods that use the GPU; no service-account
+    token and no Service variables for any of them."""
+    return {
+        "runtimeClassName": spec.runtime_class_name,
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        **placement(spec),
+    }
 
 
 CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}

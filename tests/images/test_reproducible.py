@@ -3,7 +3,7 @@
 Each test builds an image with hack/images.py into two output directories and compares the
 manifest digests read from the two OCI archives.  The second build rebuilds the Debian base
 (mmdebstrap) too, as a fresh machine would, so the base's reproducibility is under test as well.
-Builds take minutes (the runtime image: ~10 min each), so the tier needs CLEF_IMAGES=1, which
+Builds take minutes (the runtime image: 11-22 min each here), so the tier needs CLEF_IMAGES=1, which
 `make test-images` sets; CLEF_IMAGES_RUNTIME=cpu adds the CPU runtime image.
 """
 
@@ -84,5 +84,5 @@ def test_operator_image_builds_to_the_same_digest_twice(tmp_path: Path) -> None:
 def test_cpu_runtime_image_builds_to_the_same_digest_twice(tmp_path: Path) -> None:
     _engine()
     if os.environ.get("CLEF_IMAGES_RUNTIME") != "cpu":
-        _skip("the runtime image is several GB (~10 min a build): set CLEF_IMAGES_RUNTIME=cpu")
+        _skip("the runtime image is several GB (11-22 min a build): set CLEF_IMAGES_RUNTIME=cpu")
     _twice(tmp_path, ["--runtime", "cpu"], "clef-runtime-cpu")

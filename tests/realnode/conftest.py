@@ -22,11 +22,16 @@ import pytest
 import yaml
 from kubernetes import client, config, watch
 
+from clef_contract.command import DEVICE_ENV, FAULT_ENV, SHAPES_ENV
 from clef_devcluster import realnode
 from clef_devcluster.cluster import ClusterError, LocalCluster, build
 from clef_devcluster.config import REPO_ROOT, missing_prerequisites
+from clef_devcluster.host_operator import OPERATOR_NAMESPACE
 from clef_devcluster.hoststate import HostSnapshot
-from clef_devcluster.realnode import BRIDGE, NodeError, RealNode
+from clef_devcluster.imagearchive import File, write_env_variant
+from clef_devcluster.kustomize import BASE, find, kustomize_build
+from clef_devcluster.realnode import BRIDGE, LABEL, NODE_NAME, TOLERATION, NodeError, RealNode
+from clef_operator import labels
 from tests import opt_in
 
 HERE = Path(__file__).parent
@@ -199,3 +204,143 @@ def write_overlay(directory: Path, resource: Path, patches: list[dict[str, Any]]
     }
     (directory / "kustomization.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     return directory
+
+
+# ------------------------------------------------------------------ the operator, deployed
+
+SELECTOR = "app.kubernetes.io/name=clef-operator"
+GPU = labels.GPU_RESOURCE
+PRODUCT = labels.NODE_GPU_PRODUCT
+
+
+def _placement() -> list[dict[str, Any]]:
+    """The only change to the shipped tree: the operator's pods go to the real node (tainted, so
+    that nothing of the cluster tier's kwok nodes' lands there)."""
+    ops = [
+        {"op": "add", "path": "/spec/template/spec/tolerations", "value": [TOLERATION]},
+        *(
+            {"op": "add", "path": f"/spec/template/spec/nodeSelector/{k.replace('/', '~1')}", "value": v}
+            for k, v in LABEL.items()
+        ),
+    ]
+    return [{"target": {"kind": "Deployment", "name": "clef-operator"}, "patch": _json(ops)}]
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value)
+
+
+@pytest.fixture(scope="module")
+def deployed_operator(real: RealCluster, operator_image: BuiltImage) -> Iterator[list[dict[str, Any]]]:
+    """The pinned overlay (`make images`: kustomize/base with the operator at the digest just
+    built; the install path of docs/operations.md) applied with the placement above."""
+    if (PINNED / "kustomization.yaml").is_file():
+        source, patches = PINNED, _placement()
+    else:
+        source, patches = BASE, _placement()
+    overlay = write_overlay(STATE_DIR / "overlays" / "operator", source, patches)
+    if source == BASE:
+        # The same pin the generated overlay makes, where it has not been generated.
+        doc = yaml.safe_load((overlay / "kustomization.yaml").read_text())
+        repo = operator_image.ref.rsplit(":", 1)[0]
+        doc["images"] = [
+            {"name": "ghcr.io/riotpiao/clef-operator", "newName": repo, "digest": operator_image.digest}
+        ]
+        (overlay / "kustomization.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    objects = kustomize_build(real.kubectl, overlay)
+    image = find(objects, "Deployment", "clef-operator")["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert image == operator_image.pinned, f"the overlay deploys {image}, not the image just built"
+    real.run_kubectl("apply", "--server-side", "-k", str(overlay))
+    try:
+        yield objects
+    finally:
+        real.run_kubectl(
+            "-n", OPERATOR_NAMESPACE, "delete", "deployment", "clef-operator", "--wait=false", check=False
+        )
+        # The pods stop through the kubelet (a clean container stop), not the node's teardown.
+        try:
+            watch_until(
+                real.core.list_namespaced_pod,
+                lambda pods: not pods or None,
+                60,
+                "the operator's pods to go",
+                namespace=OPERATOR_NAMESPACE,
+                label_selector=SELECTOR,
+            )
+        except AssertionError as e:
+            print(f"real-node: {e}")
+
+
+# ------------------------------------------------------------------ the runtime image, imported
+
+# The real node plays one GPU class.  It has no GPU: the verifier runs clef's kernels on its CPU
+# under Triton's interpreter, as the cluster tier's runner does on the host.
+REAL_CLASS = "cpu-triton-interpreter"
+# What the cluster tier's runner forces for every run (runner/env.py HARNESS_ENV), here in the
+# image's own environment: the operator passes no CLEF_* variable (admission reserves them).
+CPU_ENV = {DEVICE_ENV: "cpu", SHAPES_ENV: "reduced", "TRITON_INTERPRET": "1"}
+FAULT = "conv_key_band_zero"
+VERIFY_SECONDS = 600.0
+
+
+# The engine of the tier's engine images: candle-vllm's command line served by clef-runtime serve.
+ENGINE_SHIM = File("opt/clef/bin/candle-vllm", (HERE / "candle_vllm.py").read_bytes(), 0o755)
+
+
+@dataclass(frozen=True)
+class RuntimeImages:
+    clean: str  # repo@sha256:... of the CPU runtime image as built, with CPU_ENV
+    faulty: str  # the same layers, with CPU_ENV and CLEF_RUNTIME_FAULT=conv_key_band_zero
+    engine: str  # clean plus one layer: ENGINE_SHIM (an engine image built on the runtime image)
+    engine_faulty: str  # faulty plus the same layer
+    built: BuiltImage
+
+
+@pytest.fixture(scope="module")
+def runtime_images(real: RealCluster) -> Iterator[RuntimeImages]:
+    """The CPU runtime image `make image-runtime` built, imported into the node, and two variants
+    of it that differ from it in their config's Env only (imagearchive.write_env_variant: the same
+    layers, by digest); and an engine image on each, the variant plus one layer holding
+    `candle-vllm` (candle_vllm.py), as a serving image is built FROM the runtime image.  The node
+    gets one GPU class (a label, the nvidia.com/gpu capacity a device plugin would advertise) and
+    a RuntimeClass for runc: it has no NVIDIA runtime."""
+    built = built_image("clef-runtime-cpu")
+    started = time.monotonic()
+    real.node.import_image(built.archive, built.ref, built.digest)
+    commit = json.loads((IMAGES_DIR / "digests.json").read_text())["clef-runtime-cpu"].get("commit", "?")
+    print(
+        f"runtime image: {built.pinned} (built from {commit}) imported in {time.monotonic() - started:.0f}s"
+    )
+    repo, tag = built.ref.rsplit(":", 1)
+    pinned = {}
+    variants = [("clean", CPU_ENV, ()), ("faulty", {**CPU_ENV, FAULT_ENV: FAULT}, ())]
+    variants += [
+        ("engine", CPU_ENV, (ENGINE_SHIM,)),
+        ("engine-faulty", {**CPU_ENV, FAULT_ENV: FAULT}, (ENGINE_SHIM,)),
+    ]
+    for name, env, files in variants:
+        ref = f"{repo}:{tag}-realnode-{name}"
+        archive = STATE_DIR / "images" / f"runtime-{name}.oci.tar"
+        digest = write_env_variant(built.archive, archive, ref, env, files)
+        real.node.import_image(archive, ref, digest)
+        pinned[name] = f"{repo}@{digest}"
+    present = real.node.images()
+    for ref in (built.pinned, *pinned.values()):
+        assert ref in present, f"{ref} not among the node's images after import: {present}"
+    node_patch = [
+        {"op": "add", "path": f"/status/{field}/{GPU.replace('/', '~1')}", "value": "2"}
+        for field in ("capacity", "allocatable")
+    ]
+    real.core.patch_node_status(NODE_NAME, node_patch)
+    real.core.patch_node(NODE_NAME, {"metadata": {"labels": {PRODUCT: REAL_CLASS}}})
+    node = client.NodeV1Api(real.api)
+    node.create_runtime_class(
+        client.V1RuntimeClass(metadata=client.V1ObjectMeta(name="runc"), handler="runc")
+    )
+    try:
+        yield RuntimeImages(
+            pinned["clean"], pinned["faulty"], pinned["engine"], pinned["engine-faulty"], built
+        )
+    finally:
+        node.delete_runtime_class("runc")
+        real.core.patch_node(NODE_NAME, {"metadata": {"labels": {PRODUCT: None}}})

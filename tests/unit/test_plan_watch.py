@@ -94,7 +94,10 @@ def test_every_serving_pod_is_probed_at_its_own_address_with_the_signed_goldens(
         assert w.config_maps[goldens].annotations[labels.GOLDENS_META].find(signed) >= 0
         assert manifest["spec"]["activeDeadlineSeconds"] == INTERVAL
         assert "ttlSecondsAfterFinished" not in manifest["spec"], "kept until a newer probe finished"
-        assert "nvidia.com/gpu" not in str(manifest["spec"]["template"]["spec"]), "a probe needs no GPU"
+        pod_spec = manifest["spec"]["template"]["spec"]
+        asked = [c.get("resources", {}) for c in pod_spec["containers"]]
+        assert not any("nvidia.com/gpu" in str(r) for r in asked), "a probe asks for no GPU"
+        assert "runtimeClassName" not in pod_spec, "nor the GPU runtime"
         assert w.pods[name].serving_label == w.model.name
     assert w.condition("Serving")[:2] == ("Unknown", "ProbePending")
 

@@ -217,6 +217,37 @@ def test_an_env_variant_is_the_same_layers_with_the_env_set(tmp_path: Path) -> N
     assert write_env_variant(base, tmp_path / "again.tar", ref, env) == digest
 
 
+def test_a_variant_with_files_adds_one_layer_holding_them(tmp_path: Path) -> None:
+    """An engine image on the runtime image: the base's layers, then one uncompressed layer with
+    the files (its digest is its diff ID), carried in the archive; the base's are not."""
+    from clef_devcluster.imagearchive import write_env_variant
+
+    base = tmp_path / "base.oci.tar"
+    base_digest, layer = _oci_archive(base, ["PATH=/opt/clef/bin"])
+    shim = File("opt/clef/bin/candle-vllm", b"#!/bin/sh\nexec true\n", 0o755)
+    out = tmp_path / "engine.oci.tar"
+    digest = write_env_variant(base, out, "x/engine:1", {"A": "b"}, (shim,))
+    assert digest not in (
+        base_digest,
+        write_env_variant(base, tmp_path / "env.tar", "x/engine:1", {"A": "b"}),
+    )
+    with tarfile.open(out) as tar:
+        manifest = json.loads(tar.extractfile(f"blobs/sha256/{digest[7:]}").read())  # type: ignore[union-attr]
+        first, added = manifest["layers"]
+        assert first["digest"] == layer and added["mediaType"] == "application/vnd.oci.image.layer.v1.tar"
+        blob = tar.extractfile(f"blobs/sha256/{added['digest'][7:]}").read()  # type: ignore[union-attr]
+        assert "sha256:" + hashlib.sha256(blob).hexdigest() == added["digest"] and len(blob) == added["size"]
+        config = json.loads(tar.extractfile(f"blobs/sha256/{manifest['config']['digest'][7:]}").read())  # type: ignore[union-attr]
+        assert f"blobs/sha256/{layer[7:]}" not in tar.getnames()
+    assert config["rootfs"]["diff_ids"] == [added["digest"]], (
+        "the base's diff IDs (none here) and the new one"
+    )
+    with tarfile.open(fileobj=io.BytesIO(blob)) as layer_tar:
+        member = layer_tar.getmember("opt/clef/bin/candle-vllm")
+        assert member.mode == 0o755 and layer_tar.extractfile(member).read() == shim.data  # type: ignore[union-attr]
+    assert write_env_variant(base, tmp_path / "again.tar", "x/engine:1", {"A": "b"}, (shim,)) == digest
+
+
 def test_an_env_variant_of_a_tampered_archive_is_refused(tmp_path: Path) -> None:
     from clef_devcluster.imagearchive import write_env_variant
 
