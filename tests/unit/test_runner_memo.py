@@ -178,3 +178,18 @@ def test_no_memo_without_the_sessions_directory(tmp_path: Path) -> None:
     (tmp_path / memo.MEMO_DIR).mkdir(parents=True)
     found = memo.Memo.of(tmp_path)
     assert found is not None and found.root == tmp_path / memo.MEMO_DIR
+
+
+def test_a_second_store_of_one_key_keeps_the_first_and_a_gone_memo_keeps_nothing(tmp_path: Path) -> None:
+    store = memo.Memo(tmp_path / "memo")
+    store.root.mkdir()
+    first, second = memo.Recorded(0, "first", [], 1.0), memo.Recorded(0, "second", [], 2.0)
+    store.store("k", first)
+    store.store("k", second)  # two pods of one key ran at once: the later one is not kept
+    assert store.lookup("k") == first
+    assert [p.name for p in store.root.iterdir()] == ["k"], "no half-written entry is left behind"
+    store.root.joinpath("k", "run.json").unlink()
+    store.root.joinpath("k").rmdir()
+    store.root.rmdir()  # the session ended while a run was finishing
+    store.store("k", first)
+    assert not store.root.exists()

@@ -32,6 +32,7 @@ import contextlib
 import hashlib
 import importlib.util
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -40,6 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .logs import parse_records, record_line
+
+log = logging.getLogger("clef.runner")
 
 # Under the runner's state directory; the test session creates and removes it.
 MEMO_DIR = Path("run") / "verify-memo"
@@ -217,12 +220,17 @@ class Memo:
             "records": run.records,
             "seconds": run.seconds,
         }
-        tmp = Path(tempfile.mkdtemp(prefix=".store-", dir=self.root))
-        (tmp / "run.json").write_text(json.dumps(doc))
+        tmp: Path | None = None
         try:
+            tmp = Path(tempfile.mkdtemp(prefix=".store-", dir=self.root))
+            (tmp / "run.json").write_text(json.dumps(doc))
             os.rename(tmp, self.root / key)
-        except OSError:
-            shutil.rmtree(tmp, ignore_errors=True)  # another pod of the same key was first
+        except OSError as e:
+            # Another pod of the same key was first, or the session removed the memo meanwhile:
+            # this run is simply not kept.
+            log.info("verify memo: run %s not kept (%s)", key, e)
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
 
     def note(self, outcome: str, key: str) -> None:
         with contextlib.suppress(OSError), (self.root / LEDGER).open("a") as f:
