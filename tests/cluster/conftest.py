@@ -13,10 +13,12 @@ each goes through `missing_prerequisite`, the only skip in the tier
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
@@ -30,6 +32,7 @@ from clef_devcluster.cluster import ClusterError, LocalCluster, build, install_c
 from clef_devcluster.config import CRDS_DIR, DEFAULT_STATE_DIR, missing_prerequisites
 from clef_devcluster.kustomize import find_kubectl
 from clef_devcluster.rest import Rest
+from clef_devcluster.runner.memo import MEMO_DIR, read_ledger
 
 T = TypeVar("T")
 
@@ -103,7 +106,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     _SKIPPED.update(reason=missing, count=len(cluster_items))
 
 
+# Hits and misses of the session's verify memo (clef_devcluster/runner/memo.py), for the summary.
+_MEMO: dict[str, int] = {}
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _MEMO:
+        terminalreporter.write_line(
+            f"verify memo: {_MEMO['hit']} replayed, {_MEMO['miss']} run for real"
+            " (CLEF_VERIFY_MEMO=0 runs every one)"
+        )
+    elif _memo_off():
+        terminalreporter.write_line("verify memo: off (CLEF_VERIFY_MEMO=0): every verify ran for real")
     if _SKIPPED:
         terminalreporter.write_line(
             f"cluster tier skipped ({_SKIPPED['count']} tests): {_SKIPPED['reason']}", yellow=True
@@ -112,6 +126,28 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 def _required() -> bool:
     return os.environ.get("CLEF_REQUIRE_CLUSTER", "") not in ("", "0")
+
+
+def _memo_off() -> bool:
+    return os.environ.get("CLEF_VERIFY_MEMO", "") == "0"
+
+
+@contextmanager
+def verify_memo(local: LocalCluster) -> Iterator[None]:
+    """The session's verify memo: a fresh directory for the local runner to keep finished verify
+    runs in and replay them from (clef_devcluster/runner/memo.py), removed at the end, its hits and
+    misses kept for the summary.  CLEF_VERIFY_MEMO=0: no memo, every run is real."""
+    if _memo_off():
+        yield
+        return
+    root = local.dir / MEMO_DIR
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    try:
+        yield
+    finally:
+        _MEMO.update(read_ledger(root))
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def missing_prerequisite(reason: str) -> NoReturn:
@@ -157,7 +193,8 @@ def cluster(pytestconfig: pytest.Config) -> Iterator[Cluster]:
         api = config.new_client_from_config(config_file=str(local.kubeconfig))
         # Again for a reused cluster: the CRDs in the checkout may be newer than it.
         install_crds(Rest(local.kubeconfig))
-        yield Cluster(local.kubeconfig, api, local, str(local.bin.kubectl))
+        with verify_memo(local):
+            yield Cluster(local.kubeconfig, api, local, str(local.bin.kubectl))
     finally:
         report = local.down() if started_here else None
         # The runner's mistakes (a rejected status update, a crash in a worker) would otherwise

@@ -28,4 +28,5 @@ Run as `python -m clef_devcluster.runner --state-dir DIR --kubeconfig FILE`; `up
     probes.py     startup, readiness and liveness probes
     volumes.py    hostPath, configMap, secret and emptyDir volumes without a mount namespace
     logs.py       output capture and the kubelet's log endpoint
+    memo.py       a test session's memo of finished `clef-runtime verify` runs, replayed
 """

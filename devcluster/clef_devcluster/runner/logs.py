@@ -93,15 +93,17 @@ class OutputCapture:
         with contextlib.suppress(OSError):
             pipe.close()
 
-    def close(self, timeout: float = 5.0) -> None:
+    def close(self, timeout: float = 5.0) -> bool:
         """Once the process has ended: the rest of its output, then the files closed.  A reader
-        still blocked after `timeout` (a grandchild holding the pipe) is left behind."""
+        still blocked after `timeout` (a grandchild holding the pipe) is left behind.  Whether
+        all the output was read."""
         deadline = time.monotonic() + timeout
         for t in self.threads:
             t.join(max(0.0, deadline - time.monotonic()))
         with self.lock:
             self.plain.close()
             self.records.close()
+        return not any(t.is_alive() for t in self.threads)
 
 
 @dataclass(frozen=True)

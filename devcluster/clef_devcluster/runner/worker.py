@@ -21,7 +21,7 @@ from clef_contract.command import TERMINATION_LOG_ENV
 
 from .. import images
 from ..rest import ApiError, Rest
-from . import engine, volumes
+from . import engine, memo, volumes
 from .container import ContainerState, kill_group, now, read_termination_message
 from .env import ContainerEnv, expand, process_env
 from .logs import LogIndex, OutputCapture
@@ -56,6 +56,7 @@ class PodHost(Protocol):
     shutting_down: threading.Event
     addresses: PodAddresses
     log_index: LogIndex
+    state_dir: Path
 
     def node_ip(self, name: str | None) -> str: ...
     def track(self, pid: int) -> None: ...
@@ -291,14 +292,62 @@ class PodWorker:
             return self._terminate(
                 state, started, 128, "StartError", f'exec: "{argv[0]}": executable file not found in $PATH'
             )
-        spawned = _spawn([exe, *argv[1:]], proc_env, run_dir, out_path)
-        if isinstance(spawned, OSError):
-            return self._terminate(state, started, 128, "StartError", f"{argv[0]}: {spawned.strerror}")
-        proc, capture = spawned
-        probes = self._running(spec, entry, state, started, proc, argv, out_path)
-        code = self._until_exit(proc, probes, state, capture)
+        memo_run = self._memo_run(spec, entry, argv, proc_env, run_dir)
+        replay = memo_run.lookup() if memo_run is not None and not self.stop.is_set() else None
+        if memo_run is not None and replay is not None:
+            code = self._replay(spec, state, started, memo_run, replay, termlog, out_path)
+        else:
+            spawned = _spawn([exe, *argv[1:]], proc_env, run_dir, out_path)
+            if isinstance(spawned, OSError):
+                return self._terminate(state, started, 128, "StartError", f"{argv[0]}: {spawned.strerror}")
+            proc, capture = spawned
+            began = time.monotonic()
+            probes = self._running(spec, entry, state, started, proc, argv, out_path)
+            code, by_itself = self._until_exit(proc, probes, state, capture)
+            if memo_run is not None and by_itself:
+                memo_run.store(code, termlog, out_path.with_suffix(".cri"), time.monotonic() - began)
         message = read_termination_message(termlog, out_path, spec.get("terminationMessagePolicy"), code)
         return self._terminate(state, started, code, "Completed" if code == 0 else "Error", message)
+
+    def _memo_run(
+        self, spec: Obj, entry: images.ImageEntry, argv: list[str], env: dict[str, str], run_dir: Path
+    ) -> memo.MemoRun | None:
+        """The test session's memo for this run (memo.py), if there is one and the run may use it."""
+        if not memo.eligible(argv, spec):
+            return None
+        store = memo.Memo.of(self.runner.state_dir)
+        if store is None:
+            return None
+        pod = memo.PodPaths(str(run_dir), str(self.runner.volume_dir(self.namespace, self.name)), self.name)
+        inputs = memo.tree_digest(Path(p) for p in memo.input_paths(argv))
+        key = memo.memo_key(argv, env, entry.kind, entry.fault, pod, memo.source_digest(), inputs)
+        return memo.MemoRun(store, key, pod)
+
+    def _replay(
+        self,
+        spec: Obj,
+        state: ContainerState,
+        started: str,
+        run: memo.MemoRun,
+        replay: memo.Recorded,
+        termlog: Path,
+        out_path: Path,
+    ) -> int:
+        """A memoised run played back through the pod's lifecycle: running (its log indexed),
+        its output and termination log written as the real run wrote them, then its exit code."""
+        records = out_path.with_suffix(".cri")
+        out_path.unlink(missing_ok=True)
+        records.unlink(missing_ok=True)
+        records.write_bytes(b"")
+        self.runner.log_index.started(self.namespace, self.name, spec["name"], records)
+        with self.lock:
+            state.state = {"running": {"startedAt": started}}
+        self._publish()
+        log.info("%s/%s/%s: replayed from memo %s (exit %d; the real run took %.1fs)", self.namespace,
+                 self.name, spec["name"], run.key, replay.exit_code, replay.seconds)  # fmt: skip
+        memo.write_replay(replay, run.pod, termlog, out_path, records)
+        self.runner.log_index.stopped(self.namespace, self.name, spec["name"])
+        return replay.exit_code
 
     def _terminate(self, state: ContainerState, started: str, code: int, reason: str, message: str) -> int:
         """Report the container run that began at `started` as terminated; its exit code."""
@@ -354,14 +403,16 @@ class PodWorker:
 
     def _until_exit(
         self, proc: subprocess.Popen[bytes], probes: ProbeSet, state: ContainerState, capture: OutputCapture
-    ) -> int:
-        """Wait for the process to end (`_wait`), then let go of it and of its output: its exit code."""
+    ) -> tuple[int, bool]:
+        """Wait for the process to end (`_wait`), then let go of it and of its output: its exit
+        code, and whether it ended by itself with all its output read (not killed, no signal)."""
         try:
-            return self._wait(proc, probes, state)
+            code, by_itself = self._wait(proc, probes, state)
         finally:
             self.runner.untrack(proc.pid)
-            capture.close()
+            complete = capture.close()
             self.runner.log_index.stopped(self.namespace, self.name, state.name)
+        return code, by_itself and complete
 
     def _prepare(
         self, spec: Obj, entry: images.ImageEntry, state: ContainerState
@@ -429,11 +480,17 @@ class PodWorker:
         self.runner.log_index.waiting(self.namespace, self.name, state.name, reason)
         self._publish()
 
-    def _wait(self, proc: subprocess.Popen[bytes], probes: ProbeSet, state: ContainerState) -> int:
+    def _wait(
+        self, proc: subprocess.Popen[bytes], probes: ProbeSet, state: ContainerState
+    ) -> tuple[int, bool]:
+        """The process's exit code, and whether it ended by itself (neither the runner nor a
+        signal ended it)."""
         probes.reset(time.monotonic())
+        killed = False
         while proc.poll() is None:
             if self.stop.wait(0.2):
                 kill_group(proc, self.grace)
+                killed = True
                 break
             if not probes.any or not self.pod_ip:
                 continue
@@ -446,6 +503,7 @@ class PodWorker:
             if kill:
                 log.info("%s/%s/%s: %s", self.namespace, self.name, state.name, kill)
                 kill_group(proc, self.grace)
+                killed = True
                 break
         rc = proc.wait()
         # A container ends with its first process: what it left running goes too (and lets go
@@ -453,7 +511,7 @@ class PodWorker:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
         # A signal death is reported as the shell (and the kubelet) does: 128 + signal.
-        return 128 - rc if rc < 0 else rc
+        return (128 - rc if rc < 0 else rc), not killed and rc >= 0
 
 
 def _executable(program: str, path: str) -> str | None:
