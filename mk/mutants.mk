@@ -4,10 +4,11 @@
 # damaging one).  Opt-in: it takes tens of minutes under the interpreter.  `make test` runs a
 # three-mutant sample (tests/runtime/test_source_mutants.py).
 
-MUTANTS_SAMPLE ?= 30
+MUTANTS_SAMPLE ?= 42
+MUTANTS_DTYPES ?= f16,bf16,f32
 MUTANTS_JSON ?= docs/data/mutants-source.json
 
 .PHONY: mutants
 mutants: $(STAMP)
-	TRITON_INTERPRET=1 PYTHONPATH=tests/runtime $(VPY) -m mutants.score --sample $(MUTANTS_SAMPLE) \
+	TRITON_INTERPRET=1 PYTHONPATH=tests/runtime $(VPY) -m mutants.score --sample $(MUTANTS_SAMPLE) --dtypes $(MUTANTS_DTYPES) \
 	  --json $(MUTANTS_JSON)

@@ -219,7 +219,7 @@ def judge(
                     return f"{t}: {found[0]}"
         return ""
 
-    kind, value = isolated(damage, 60 + 10 * sum(clean.seconds[t] for t in triggers))
+    kind, value = isolated(damage, 60 + 4 * sum(clean.seconds[t] for t in triggers))
     if kind != "ok":
         out.status, out.detail = kind, value
     elif not value:
@@ -242,8 +242,8 @@ def judge(
 
 
 def sample(mutants: list[Mutant], reachable: Callable[[Mutant], bool], n: int, seed: int) -> list[Mutant]:
-    """n mutants among the reachable ones, spread evenly over the operators (round robin over a
-    seeded shuffle of each operator's mutants)."""
+    """n mutants among those `reachable` accepts, spread evenly over the operators (round robin
+    over a seeded shuffle of each operator's mutants)."""
     by_op: dict[str, list[Mutant]] = {}
     for m in mutants:
         if reachable(m):
@@ -285,7 +285,7 @@ def score(
         cleans[dt] = clean_run(torch_dtype(dt))
         log(f"{dt}: clean triggers in {time.perf_counter() - t0:.1f} s")
     reach = set().union(*(r for c in cleans.values() for r in c.reached.values()))
-    picked = sample(pool, lambda m: (m.module.rsplit(".", 1)[-1], m.function) in reach, n, seed)
+    picked = sample(pool, lambda m: True, n, seed)  # independent of the dtypes run: one sample for all
     result: dict[str, Any] = {
         "schema": "clef-source-mutants/1",
         "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -300,7 +300,7 @@ def score(
             op: sum(m.operator == op for m in everything) for op in sorted({m.operator for m in everything})
         },
         "in_scope": len(pool),
-        "reachable": sum((m.module.rsplit(".", 1)[-1], m.function) in reach for m in pool),
+        "reached_at_these_dtypes": sum((m.module.rsplit(".", 1)[-1], m.function) in reach for m in pool),
         "sampled": len(picked),
         "seed": seed,
         "dtypes": {},
@@ -334,7 +334,7 @@ def score(
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dtypes", default="f16,bf16,f32")
-    p.add_argument("--sample", type=int, default=30, help="mutants judged (the same ones at every dtype)")
+    p.add_argument("--sample", type=int, default=42, help="mutants judged (the same ones at every dtype)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--modules", default="", help="comma-separated op module stems (default: all)")
     p.add_argument("--json", required=True, help="where the result goes")
