@@ -6,13 +6,16 @@ functions each trigger reaches.  Then each mutant, in turn:
 
 1. *not reached*: no trigger runs its function at this dtype (it cannot be judged here);
 2. it runs every trigger that reaches its function, in a forked process under a time limit:
-   *raises* (any exception: not a silent bug), *crashes* (the process dies) or *hangs*; else *damaging* when `damage.damaged` finds a tensor past the
-   harness's bound, else *undamaging* (an equivalent mutant on these inputs);
+   *raises* (any exception: not a silent bug), *crashes* (the process dies) or *hangs*; else
+   *damaging* when `damage.damaged` finds a tensor past the harness's bound, else *undamaging*
+   (an equivalent mutant on these inputs);
 3. each damaging mutant runs verify's default Job (``--suite kernels``, reduced shapes, the CPU,
-   this dtype) with the mutant in the op set; *caught* when the verdict is not ``pass``.
+   this dtype) with the mutant in the op set, forked too; *caught* when the verdict is not
+   ``pass``, or when that process dies or never finishes (no report: the operator's
+   ``ReportMissing``).
 
-Score = caught / damaging.  Not reached, raising, hanging and undamaging mutants are counted
-apart, not in the score.  Ops the mutated module does not serve run under `memo` (the clean
+Score = caught / damaging.  Not reached, raising, crashing, hanging and undamaging mutants are
+counted apart, not in the score.  Ops the mutated module does not serve run under `memo` (the clean
 run's calls replayed bit for bit), so a verify run costs the mutated op's cases only.
 
     PYTHONPATH=tests/runtime TRITON_INTERPRET=1 python -m mutants.score --json out.json
