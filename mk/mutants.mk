@@ -4,7 +4,7 @@
 # damaging one).  Opt-in: it takes tens of minutes under the interpreter.  `make test` runs a
 # three-mutant sample (tests/runtime/test_source_mutants.py).
 
-MUTANTS_SAMPLE ?= 42
+MUTANTS_SAMPLE ?= 100
 MUTANTS_DTYPES ?= f16,bf16,f32
 MUTANTS_JSON ?= docs/data/mutants-source.json
 

@@ -337,7 +337,7 @@ def score(
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dtypes", default="f16,bf16,f32")
-    p.add_argument("--sample", type=int, default=42, help="mutants judged (the same ones at every dtype)")
+    p.add_argument("--sample", type=int, default=100, help="mutants judged (the same ones at every dtype)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--modules", default="", help="comma-separated op module stems (default: all)")
     p.add_argument("--json", required=True, help="where the result goes")
