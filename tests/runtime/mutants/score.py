@@ -24,6 +24,7 @@ run's calls replayed bit for bit), so a verify run costs the mutated op's cases 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import pickle
@@ -70,6 +71,7 @@ def isolated(fn: Callable[[], Any], limit_s: float) -> tuple[str, Any]:
     if pid == 0:  # the child: never returns into the caller (pytest, the CLI)
         os.close(r)
         torch.set_num_threads(1)  # the parent's OpenMP threads did not fork: use none
+        faulthandler.disable()  # a crash is an outcome here, reported by the parent, not a traceback
         try:
             data = pickle.dumps(("ok", fn()))
         except BaseException as exc:  # everything a mutant raises is its outcome
