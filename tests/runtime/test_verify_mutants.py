@@ -1,7 +1,10 @@
-"""verify judged on bugs it was not tuned to: a held-out set of realistic silent mutants of clef's
-own Triton ops (`mutants.catalogue`), each proven to do real damage on its triggering case, all
-caught by verify's default Job configuration (`--suite kernels --dtype f16`, on the CPU with the
-local cluster's reduced shapes), which passes the clean runtime.
+"""Contract mutants: 41 hand-written wrappers around clef's own Triton ops (`mutants.catalogue`),
+regression tests that verify's contract checks still fire.  They were written beside those checks,
+so they are not a score of verify (that is the kernel-source mutants' job,
+`test_source_mutants.py`, `make mutants`).  Each must do damage on its triggering case beyond
+the op's tolerance (verify's own: these test that its checks fire at its thresholds), and
+verify's default Job configuration (`--suite kernels --dtype f16`, on the CPU with the local
+cluster's reduced shapes) must fail on each and pass the clean runtime.
 
 Mutants are injected the way the fault catalogue is, through the op set: `get_opset("triton")`
 builds on `clef_runtime.ops.TRITON_OPS`, which these tests replace.  Under the Triton interpreter
@@ -59,7 +62,7 @@ def damage(seen: dict[str, Seen], reference: dict[str, Seen]) -> list[str]:
     return found
 
 
-def test_the_set_is_large_named_and_triggered() -> None:
+def test_the_contract_mutants_are_named_and_triggered() -> None:
     names = [m.name for m in MUTANTS]
     assert len(MUTANTS) >= 30 and len(set(names)) == len(names)
     ops = {n for n in vars(TRITON_OPS) if n != "name"}

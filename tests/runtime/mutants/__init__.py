@@ -1,4 +1,8 @@
-"""A held-out set of realistic silent kernel bugs (mutants) for judging `clef-runtime verify`.
+"""Mutants for judging `clef-runtime verify` (docs/verification.md, "Mutants").
 
-They live in the tests, not in the shipped fault catalogue (`clef_runtime.faults`), so verify is
-judged on bugs it was not tuned to: see docs/verification.md, "Mutants"."""
+* Kernel-source mutants (`source`, `inject`, `damage`, `score`): generated mechanically from the
+  Triton kernels' AST; their damage is measured by the harness's own bound; the score of verify.
+* Contract mutants (`catalogue`, `triggers`, `memo`, `device_run`): hand-written wrappers,
+  regression tests of verify's contract checks (written beside them, so not a score).
+
+They live in the tests, not in the shipped fault catalogue (`clef_runtime.faults`)."""

@@ -1,7 +1,8 @@
-"""The mutants: realistic silent bugs, each a wrapper around one of clef's own Triton ops (the
-real op runs; then its output, its state or its inputs are corrupted, or a path of the contract
-is skipped).  No exception, finite numbers unless the bug itself overflows.  Each names the
-trigger (`triggers`) on which it provably does damage."""
+"""The contract mutants: hand-written regression tests of verify's contract checks (the score of
+verify is the kernel-source mutants', `source`).  Realistic silent bugs, each a wrapper around
+one of clef's own Triton ops (the real op runs; then its output, its state or its inputs are
+corrupted, or a path of the contract is skipped).  No exception, finite numbers unless the bug
+itself overflows.  Each names the trigger (`triggers`) on which it provably does damage."""
 
 from __future__ import annotations
 

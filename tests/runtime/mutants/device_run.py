@@ -1,5 +1,5 @@
 """The GPU run behind docs/verification.md (not a test): verify's default Job at the model's shapes
-on a CUDA device, as the operator runs it, plus the held-out mutant set through the same Job.
+on a CUDA device, as the operator runs it, plus the contract mutants (`catalogue`) through the same Job.
 
     OUT=/some/dir PYTHONPATH=operator:runtime:contract:.:tests/runtime python3 tests/runtime/mutants/device_run.py
 
