@@ -952,6 +952,18 @@ class VerificationRecord(ApiModel):
         default=None, max_length=256, description="Node label nvidia.com/gpu.product."
     )
     gpu_memory_mib: int | None = Field(default=None)
+    node_driver: str | None = Field(
+        default=None,
+        max_length=64,
+        description="The NVIDIA driver of the node it ran on (node label nvidia.com/cuda.driver-version.full);"
+        " recorded, not part of the verification key.",
+    )
+    node_cuda_runtime: str | None = Field(
+        default=None,
+        max_length=64,
+        description="The CUDA runtime of the node it ran on (node label nvidia.com/cuda.runtime-version.full);"
+        " recorded, not part of the verification key.",
+    )
     dtype: Dtype
     suite: Suite
     verdict: Verdict
