@@ -50,7 +50,9 @@ speaks for what it checked) -> `verification.judge` and `verdicts` (scope, signa
 serving pods to the GPU class that passed -> `desired_revision`, reverting pod-template drift ->
 `children.revert_drift`; 11
 (status after the fact) -> `derive_conditions` and `build_status`; 13 (verified once is not
-verified forever: probes of the serving revision) -> `plan_watch.plan_probes`.
+verified forever: probes of the serving revision) -> `plan_watch.plan_probes`, and its policy
+rollback (a failure in service, then the newest kept revision verified on the GPU class) ->
+`plan_rollback.roll_back`.
 """
 
 from __future__ import annotations

@@ -69,7 +69,18 @@ def test_a_revision_that_goes_bad_is_rolled_back_to_the_previous_one_without_a_j
     m.create(flash(checkpoint, f"{ENGINE}@sha256:{entry.digest}", policy="rollback"))
     m.wait_condition(NAME, "Ready", "True", "Available", timeout=VERIFY_SECONDS)
     m.wait_condition(NAME, "Serving", "True", "Consistent", timeout=INTERVAL)
-    a = m.get(NAME)["status"]["activeRevision"]
+    first = m.get(NAME)["status"]
+    a = first["activeRevision"]
+    # The pass names the driver and CUDA runtime its node reports (GPU feature discovery's labels;
+    # one node per GPU class in the dev cluster).
+    passed = next(r for r in first["verifications"] if r["step"] == "endpoint")
+    node = next(
+        n.metadata.labels
+        for n in cluster.core.list_node().items
+        if n.metadata.labels.get("nvidia.com/gpu.product") == passed["gpuClass"]
+    )
+    assert passed.get("nodeDriver") == node["nvidia.com/cuda.driver-version.full"], passed
+    assert passed.get("nodeCudaRuntime") == node["nvidia.com/cuda.runtime-version.full"], passed
     print(f"revision {a} verified, served and probed: {time.monotonic() - started:.0f}s")
 
     bad = put_image(cluster.core, GOES_BAD, "serve", dialect="candle-vllm",
