@@ -422,7 +422,7 @@ BAD: list[tuple[str, Mutation, str]] = [
     ),
     ("probe of no prompt", both(asks_engine(), watch(prompts=0)), WATCH + ".prompts"),
     ("probe of 17 prompts", both(asks_engine(), watch(prompts=17)), WATCH + ".prompts"),
-    ("probe policy rollback (not offered)", both(asks_engine(), watch(policy="rollback")), WATCH + ".policy"),
+    ("probe policy unknown", both(asks_engine(), watch(policy="roll-back")), WATCH + ".policy"),
     (
         "probes in mode kernels",
         both(asks_engine(), nested("spec.verification", {"mode": "kernels", "watch": {}})),
@@ -494,6 +494,7 @@ GOOD: list[tuple[str, Mutation]] = [
         both(asks_engine(), watch(intervalSeconds=60, prompts=16, policy="cordon-pod")),
     ),
     ("probes with the defaults", both(asks_engine("both"), watch())),
+    ("probes that roll back", both(asks_engine(), watch(policy="rollback"))),
     ("vllm asks its engine", both(asks_engine(), spec(engine="vllm", gpuMemoryMiB=32768))),
     ("default mode, unverified: no runtime image needed", nested("spec.verification", {"required": False})),
 ]

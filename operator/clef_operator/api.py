@@ -96,6 +96,7 @@ class VerificationMode(StrEnum):
 
     KERNELS = "kernels"
     ENDPOINT = "endpoint"
+    PROBE = "probe"
     BOTH = "both"
 
 
@@ -572,10 +573,13 @@ class EndpointSpec(ApiModel):
 class WatchPolicy(StrEnum):
     """What a failed probe of a serving pod does (docs/verification.md, "Watching the serving
     revision").  `alert`: the Serving condition and a Warning event.  `cordon-pod`: also takes
-    the serving label off that pod, so no Service that selects on it sends it traffic."""
+    the serving label off that pod, so no Service that selects on it sends it traffic.
+    `rollback`: cordon-pod, and the revision's verdict is failed in service (a signed record of
+    step `probe`), so that the newest earlier revision verified on the same GPU class serves."""
 
     ALERT = "alert"
     CORDON_POD = "cordon-pod"
+    ROLLBACK = "rollback"
 
 
 class WatchSpec(ApiModel):
@@ -595,8 +599,9 @@ class WatchSpec(ApiModel):
     )
     policy: WatchPolicy = Field(
         default=WatchPolicy.ALERT,
-        description="alert (condition and event) or cordon-pod (also remove the failing pod from the serving"
-        " label's selector).",
+        description="alert (condition and event), cordon-pod (also remove the failing pod from the serving"
+        " label's selector) or rollback (cordon-pod, record the revision as failed in service, and serve the"
+        " newest earlier revision verified on the same GPU class, when one is kept).",
     )
 
 
@@ -925,12 +930,14 @@ class Verifier(StrEnum):
 class Step(StrEnum):
     """Which step of a verification a record speaks for.  `kernels`: the verify Job (the whole
     verification in mode kernels); `goldens`, `preview`, `endpoint`: the steps of the endpoint
-    mode, of which only `endpoint` (the comparison) concludes a pass."""
+    mode, of which only `endpoint` (the comparison) concludes a pass.  `probe`: a probe of the
+    serving revision that failed under watch policy rollback (the verdict failed in service)."""
 
     KERNELS = "kernels"
     GOLDENS = "goldens"
     PREVIEW = "preview"
     ENDPOINT = "endpoint"
+    PROBE = "probe"
 
 
 class VerificationRecord(ApiModel):
@@ -945,6 +952,18 @@ class VerificationRecord(ApiModel):
         default=None, max_length=256, description="Node label nvidia.com/gpu.product."
     )
     gpu_memory_mib: int | None = Field(default=None)
+    node_driver: str | None = Field(
+        default=None,
+        max_length=64,
+        description="The NVIDIA driver of the node it ran on (node label nvidia.com/cuda.driver-version.full);"
+        " recorded, not part of the verification key.",
+    )
+    node_cuda_runtime: str | None = Field(
+        default=None,
+        max_length=64,
+        description="The CUDA runtime of the node it ran on (node label nvidia.com/cuda.runtime-version.full);"
+        " recorded, not part of the verification key.",
+    )
     dtype: Dtype
     suite: Suite
     verdict: Verdict
@@ -970,7 +989,8 @@ class VerificationRecord(ApiModel):
     )
     step: Step = Field(
         default=Step.KERNELS,
-        description="The step: kernels (the verify Job), goldens, preview or endpoint (the comparison).",
+        description="The step: kernels (the verify Job), goldens, preview, endpoint (the comparison) or probe"
+        " (a probe of the serving revision failed it in service, watch policy rollback).",
     )
     final: bool = Field(
         default=True,

@@ -121,6 +121,12 @@ class Why:
     PROBE_PENDING = "ProbePending"
     # Nothing is probed: no revision of the current spec serves, or its goldens are not trusted.
     NOT_PROBED = "NotProbed"
+    # Policy rollback: the current spec's revision failed in service; the rollback target is
+    # being scaled up and switched to.
+    ROLLING_BACK = "RollingBack"
+    # Policy rollback: the current spec's revision failed in service and no kept revision is
+    # verified on its GPU class; failing pods are cordoned, the others keep serving.
+    NO_ROLLBACK_TARGET = "NoRollbackTarget"
 
 
 @dataclass(frozen=True)

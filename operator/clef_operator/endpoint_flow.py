@@ -381,6 +381,8 @@ def _start_comparison(
         digest=digest,
         gpu_class=pod.node_gpu_product or None,
         gpu_memory_mib=pod.node_gpu_memory_mib,
+        node_driver=pod.node_driver or None,
+        node_cuda_runtime=pod.node_cuda_runtime or None,
     )
     said = Event(
         "Normal",
@@ -501,6 +503,8 @@ def _concluded(
         "digest": digest,
         "gpu_class": pod.node_gpu_product or None,
         "gpu_memory_mib": pod.node_gpu_memory_mib,
+        "node_driver": pod.node_driver or None,
+        "node_cuda_runtime": pod.node_cuda_runtime or None,
         "failing": list(judged.failing),
         "device": judged.device,
         "runtime_version": judged.runtime_version,

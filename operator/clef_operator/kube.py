@@ -25,7 +25,15 @@ from clef_operator.apiclient import build_validators, close_idle_connections
 from clef_operator.goldens import GOLDENS_CONTAINER, MAX_GOLDENS_BYTES
 from clef_operator.ledger import Ledgers
 from clef_operator.manager import cache
-from clef_operator.observed import ConfigMapState, JobState, ModelRef, Observed, Packed, PodState
+from clef_operator.observed import (
+    ConfigMapState,
+    JobState,
+    ModelRef,
+    Observed,
+    Packed,
+    PodState,
+    node_versions,
+)
 from clef_operator.snapshots import KINDS, ServiceReaders, pod_refusal, version_number
 from clef_operator.writes import Writer
 
@@ -202,6 +210,8 @@ class Kube:
             pod,
             node_gpu_product=node.get(labels.NODE_GPU_PRODUCT, ""),
             node_gpu_memory_mib=int(memory) if memory.isdigit() else None,
+            node_driver=node_versions(node)[0],
+            node_cuda_runtime=node_versions(node)[1],
         )
 
     def _goldens_logs(

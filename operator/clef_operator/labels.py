@@ -95,6 +95,15 @@ SCALE_DOWN_AT = f"{PREFIX}/scale-down-at"
 # Node labels published by NVIDIA's GPU feature discovery.
 NODE_GPU_PRODUCT = "nvidia.com/gpu.product"
 NODE_GPU_MEMORY = "nvidia.com/gpu.memory"
+# The node's NVIDIA driver and CUDA runtime (user space), as GPU feature discovery reports them;
+# older releases publish the driver only in the three deprecated parts.
+NODE_DRIVER_VERSION = "nvidia.com/cuda.driver-version.full"
+NODE_DRIVER_PARTS = (
+    "nvidia.com/cuda.driver.major",
+    "nvidia.com/cuda.driver.minor",
+    "nvidia.com/cuda.driver.rev",
+)
+NODE_CUDA_RUNTIME = "nvidia.com/cuda.runtime-version.full"
 GPU_RESOURCE = "nvidia.com/gpu"
 
 

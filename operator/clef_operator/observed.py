@@ -72,6 +72,17 @@ class ModelRef:
         return self.annotations.get(labels.REVERIFY, "")
 
 
+def node_versions(node_labels: Mapping[str, str]) -> tuple[str, str]:
+    """A node's NVIDIA driver and CUDA runtime versions from its GPU feature discovery labels (the
+    driver from the deprecated major/minor/rev labels when the full one is missing), "" for what
+    it does not report: PodState's `node_driver` and `node_cuda_runtime`."""
+    driver = node_labels.get(labels.NODE_DRIVER_VERSION, "")
+    parts = [node_labels.get(k, "") for k in labels.NODE_DRIVER_PARTS]
+    if not driver and all(parts):
+        driver = ".".join(parts)
+    return driver[:64], node_labels.get(labels.NODE_CUDA_RUNTIME, "")[:64]
+
+
 @dataclass(frozen=True)
 class DeploymentState:
     name: str
@@ -165,6 +176,9 @@ class PodState:
     ready: bool = False
     node_gpu_product: str = ""
     node_gpu_memory_mib: int | None = None
+    # The node's driver and CUDA runtime versions (`node_versions`), "" when not labelled.
+    node_driver: str = ""
+    node_cuda_runtime: str = ""
     created_at: datetime | None = None
     # The UIDs in its ownerReferences: what binds a verification pod to its Job (labels do not).
     owner_uids: tuple[str, ...] = ()

@@ -7,7 +7,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from clef_operator import labels
-from clef_operator.api import ClefModelSpec, ClefModelStatus, Condition, ConditionStatus, VerificationRecord
+from clef_operator.api import (
+    ClefModelSpec,
+    ClefModelStatus,
+    Condition,
+    ConditionStatus,
+    Step,
+    VerificationRecord,
+)
 from clef_operator.children import Drift
 from clef_operator.conditions import (
     DEGRADED,
@@ -131,6 +138,15 @@ def _verified(at: Stamp, spec: ClefModelSpec, verification: Verification, advice
     ):
         return at.condition(
             VERIFIED, ConditionStatus.FALSE, record.reason, f"{record.image}: {record.summary}. {advice}"
+        )
+    if verification.state is VerificationState.FAILED and record is not None and record.step is Step.PROBE:
+        return at.condition(
+            VERIFIED,
+            ConditionStatus.FALSE,
+            record.reason,
+            f"{record.image} ({record.digest}) failed in service ({record.reason}, probe Job {record.job}):"
+            f" {record.summary}. Watch policy rollback: see the Serving condition for what serves. Fix the node"
+            f" or the image, then re-verify or change spec.image",
         )
     if verification.state is VerificationState.FAILED and record is not None:
         return at.condition(
@@ -300,7 +316,9 @@ def build_status(
     rev, dep = move.active_revision, move.active_deployment
     active_image = dep.annotations.get(labels.PINNED_IMAGE) if dep is not None else None
     active_spec = None
-    if rev and rev == desired.revision:
+    if rev and rev == desired.revision and desired.failed is not None:
+        active_image, active_spec = desired.image, None  # a rollback target: not the current spec's
+    elif rev and rev == desired.revision:
         active_image, active_spec = desired.image, spec.to_wire()
     elif rev and active.served is not None:
         active_image, active_spec = active_image or status.active_image, status.active_spec

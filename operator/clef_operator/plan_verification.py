@@ -251,11 +251,14 @@ def _cancel_obsolete_jobs(observed: Observed, current: set[str]) -> tuple[Action
 @dataclass(frozen=True)
 class Desired:
     """The revision the current spec should serve, rendered once: empty while none may serve
-    (verification running or failed)."""
+    (verification running or failed); under watch policy rollback, the rollback target."""
 
     revision: str = ""
     image: str | None = None
     manifest: Mapping[str, Any] | None = None
+    # Watch policy rollback: the current key failed in service (plan_rollback); the revision, when
+    # one, is the rollback target, served as it was made.
+    failed: VerificationRecord | None = None
 
 
 def desired_revision(owner: Owner, spec: ClefModelSpec, verification: Verification, run: str) -> Desired:

@@ -17,7 +17,10 @@ state, so an operator restarted at any point takes the same next step:
   record: it is kept while the pod lives, so the pod stays cordoned until it is deleted (its
   Deployment then makes a new one, which is probed at once).  Cordoning the last serving pod is
   done all the same (wrong answers are worse than none) and said so;
-* **alert**: the same finding is the `Serving` condition and a Warning event, nothing more.
+* **alert**: the same finding is the `Serving` condition and a Warning event, nothing more;
+* **rollback**: cordon-pod, and a wrong finding on a pod of the active revision fails the pass it
+  stands on in service (`Probes.failure`, `plan_rollback`), so that the next pass serves the
+  rollback target; with none kept, the `Serving` condition says so (`NoRollbackTarget`).
 
 The `Serving` condition says what the latest probes found, naming the pod, its node, the probe
 Job and the first divergence (a pass names only pod and node, so that probes that keep passing
@@ -33,12 +36,13 @@ from datetime import timedelta
 
 from clef_operator import labels
 from clef_operator.actions import Action, CreateJob, DeleteJob, event
-from clef_operator.api import ClefModelSpec, Condition, ConditionStatus, WatchPolicy
+from clef_operator.api import ClefModelSpec, Condition, ConditionStatus, VerificationRecord, WatchPolicy
 from clef_operator.conditions import SERVING, Reason, Stamp, Why
 from clef_operator.endpoint import Judged, goldens_read, judge_run, render_probe_job
 from clef_operator.endpoint_flow import COMPARISON
 from clef_operator.goldens import Trusted, check_signature, goldens_key, goldens_name
 from clef_operator.observed import JobState, ModelRef, Observed, PodState
+from clef_operator.plan_rollback import failure_record
 from clef_operator.render import Owner
 from clef_operator.verification import Progress
 
@@ -48,6 +52,8 @@ PASSED, MISMATCH, ENGINE_ERROR, ERROR = "passed", "mismatch", "engine-error", "e
 # pod's answers: the probe itself could not judge).
 WRONG = (MISMATCH, ENGINE_ERROR)
 REASON_OF = {MISMATCH: Why.PROBE_MISMATCH, ENGINE_ERROR: Why.PROBE_ENGINE_ERROR, ERROR: Why.PROBE_ERROR}
+# Policies under which a wrong finding takes the pod out of serving.
+CORDONING = (WatchPolicy.CORDON_POD, WatchPolicy.ROLLBACK)
 
 
 @dataclass(frozen=True)
@@ -77,6 +83,8 @@ class Probes:
     withheld: Mapping[str, str] = field(default_factory=dict)
     serving: Condition | None = None
     requeue_after: float | None = None
+    # Policy rollback: the signed record that fails the active revision's pass in service.
+    failure: VerificationRecord | None = None
 
 
 def probe_jobs(observed: Observed) -> list[JobState]:
@@ -184,11 +192,15 @@ def plan_probes(
     owner: Owner,
     spec: ClefModelSpec,
     observed: Observed,
-    desired_revision: str,
+    probed_revision: str,
     active_revision: str,
     previous: Condition | None,
     secret: bytes,
+    rollback: Rollback | None = None,
 ) -> Probes:
+    """`probed_revision`: the revision whose pods may be probed when it is the active one (the
+    current spec's, the rollback target, or under rollback with no target the one that failed);
+    `rollback`: what policy rollback stands on (None under the other policies)."""
     watch = spec.verification.watch
     if watch is None:
         return Probes(actions=tuple(DeleteJob(j.name) for j in probe_jobs(observed) if not j.deleting))
@@ -198,7 +210,7 @@ def plan_probes(
     withheld: dict[str, str] = {}
     for p in pods.values():
         f = p.finding
-        if watch.policy is WatchPolicy.CORDON_POD and f is not None and f.found in WRONG:
+        if watch.policy in CORDONING and f is not None and f.found in WRONG:
             withheld[p.pod.name] = f.describe()
     # Older finished probes go once a newer one has finished; a cordoned pod keeps only its record.
     for p in pods.values():
@@ -207,7 +219,7 @@ def plan_probes(
             keep.add(p.running.name)
         actions += [DeleteJob(j.name) for j in p.jobs if j.name not in keep]
 
-    why_not = _why_not_probed(spec, desired_revision, active_revision)
+    why_not = _why_not_probed(spec, probed_revision, active_revision)
     goldens = _goldens(model, observed, goldens_name(model.name, goldens_key(spec)), secret)
     if not why_not and goldens is None:
         why_not = (
@@ -235,12 +247,93 @@ def plan_probes(
         round_ = _round(newest) + 1 if newest is not None else 0
         actions.append(CreateJob(render_probe_job(owner, spec, pod, goldens, round_)))
     serving = _condition(at, model, spec, observed, active_revision, pods, eligible, withheld, why_not)
+    failure = None
+    if rollback is not None:
+        serving = rollback.condition(at, active_revision, serving)
+        failure = _failure(at, model, rollback, active_revision, pods, secret)
     said = _said(serving, previous)
     return Probes(
         actions=(*actions, *said),
         withheld=withheld,
         serving=serving,
-        requeue_after=min(waits) if waits else None,
+        requeue_after=0.0 if failure is not None else (min(waits) if waits else None),
+        failure=failure,
+    )
+
+
+@dataclass(frozen=True)
+class Rollback:
+    """Policy rollback: the pass the active revision stands on (None once it failed in service),
+    the current key's failure in service, and the rollback target ("" when none is kept)."""
+
+    active_verdict: VerificationRecord | None
+    failed: VerificationRecord | None
+    target: str
+
+    def condition(self, at: Stamp, active_revision: str, probed: Condition) -> Condition:
+        """Serving while a failure in service holds: rolling back, or nothing to roll back to;
+        once the target serves, what its own probes find."""
+        f = self.failed
+        if f is None or (self.target and self.target == active_revision):
+            return probed
+        failed = f"verification key {f.key} ({f.digest or f.image}) failed in service: {f.summary}"
+        if self.target:
+            return at.condition(
+                SERVING,
+                ConditionStatus.FALSE,
+                Why.ROLLING_BACK,
+                f"{failed}. Policy rollback: moving to revision {self.target}, the newest kept revision verified on"
+                f" {f.gpu_class or 'the same GPU class'}",
+            )
+        return at.condition(
+            SERVING,
+            ConditionStatus.FALSE,
+            Why.NO_ROLLBACK_TARGET,
+            f"{failed}. Policy rollback: no kept revision is verified on {f.gpu_class or 'this GPU class'}, so"
+            f" nothing is rolled back: failing pods are cordoned as under cordon-pod and revision"
+            f" {active_revision or '(none)'} keeps serving from the others. Probes say: {probed.reason}:"
+            f" {probed.message}",
+        )
+
+
+def _failure(
+    at: Stamp,
+    model: ModelRef,
+    rollback: Rollback,
+    active_revision: str,
+    pods: Mapping[str, _Pod],
+    secret: bytes,
+) -> VerificationRecord | None:
+    """The record that fails the active revision's pass in service: on the first wrong finding
+    of one of its pods by a probe started after the pass (once failed, the pass no longer counts,
+    so it is not failed twice; the finding that failed an earlier run does not fail a new one)."""
+    verdict = rollback.active_verdict
+    if verdict is None:
+        return None
+    wrong = sorted(
+        (
+            p.finding
+            for p in pods.values()
+            if p.pod.revision == active_revision
+            and p.finding is not None
+            and p.finding.found in WRONG
+            and p.finding.job.created_at is not None
+            and p.finding.job.created_at.isoformat() >= verdict.finished_at
+        ),
+        key=lambda f: (f.found != MISMATCH, f.job.name),
+    )
+    if not wrong:
+        return None
+    f = wrong[0]
+    return failure_record(
+        secret,
+        model,
+        verdict,
+        REASON_OF[f.found],
+        f.describe(),
+        f.job.name,
+        f.job.uid,
+        at.now,
     )
 
 

@@ -50,7 +50,9 @@ speaks for what it checked) -> `verification.judge` and `verdicts` (scope, signa
 serving pods to the GPU class that passed -> `desired_revision`, reverting pod-template drift ->
 `children.revert_drift`; 11
 (status after the fact) -> `derive_conditions` and `build_status`; 13 (verified once is not
-verified forever: probes of the serving revision) -> `plan_watch.plan_probes`.
+verified forever: probes of the serving revision) -> `plan_watch.plan_probes`, and its policy
+rollback (a failure in service, then the newest kept revision verified on the GPU class) ->
+`plan_rollback.roll_back`.
 """
 
 from __future__ import annotations
@@ -61,15 +63,16 @@ from datetime import datetime
 from typing import Any
 
 from clef_operator.actions import Action
-from clef_operator.api import ClefModelSpec, ClefModelStatus, VerificationRecord
+from clef_operator.api import ClefModelSpec, ClefModelStatus, VerificationRecord, WatchPolicy
 from clef_operator.children import label_verified_pods, revert_drift
 from clef_operator.conditions import SERVING, Stamp
 from clef_operator.observed import ModelRef, Observed
 from clef_operator.plan_revisions import move_towards_desired, retire_old_revisions, stop_stale_previews
+from clef_operator.plan_rollback import roll_back, served_verdict, with_failure
 from clef_operator.plan_service import active_revision
-from clef_operator.plan_status import build_status, derive_conditions
+from clef_operator.plan_status import MAX_RECORDS, build_status, derive_conditions
 from clef_operator.plan_verification import Desired, desired_revision, drive_verification
-from clef_operator.plan_watch import plan_probes
+from clef_operator.plan_watch import Rollback, plan_probes
 from clef_operator.render import Owner, verification_key
 from clef_operator.verdicts import collect_verdicts, ledger_after
 
@@ -101,13 +104,22 @@ def plan_rollout(
     )
     verification = drive_verification(model, owner, spec, key, observed, verdicts, now, verdict_key)
     desired = desired_revision(owner, spec, verification, verdicts.run)
+    desired = roll_back(spec, observed.deployments, verdicts, verification, desired)
     drift = revert_drift(observed, _known_templates(desired))
     active = active_revision(model, owner, spec, observed, status, verdicts, desired)
     move = move_towards_desired(model, owner, spec, observed, desired, active)
     stamp = Stamp(now, model.generation)
     previous = next((c for c in status.conditions if c.type == SERVING), None)
+    watch = spec.verification.watch
+    rollback = None
+    if watch is not None and watch.policy is WatchPolicy.ROLLBACK:
+        rollback = Rollback(
+            served_verdict(move.active_deployment, verdicts), desired.failed, desired.revision
+        )
+    # With nothing to roll back to, the revision that failed in service is still probed.
+    probed = desired.revision or (move.active_revision if desired.failed is not None else "")
     probes = plan_probes(
-        stamp, model, owner, spec, observed, desired.revision, move.active_revision, previous, verdict_key
+        stamp, model, owner, spec, observed, probed, move.active_revision, previous, verdict_key, rollback
     )
     serving_labels = label_verified_pods(model, spec, observed, verdict_key, probes.withheld)
     previews = stop_stale_previews(observed, {verification.preview, desired.revision, move.active_revision})
@@ -137,7 +149,12 @@ def plan_rollout(
     ledger = None
     if verdicts.ledger is not None:
         ledger = ledger_after(verdicts.ledger, verification.new_record)
+        if probes.failure is not None:
+            ledger = ledger_after(ledger, probes.failure)
         ledger = None if ledger == observed.ledger else ledger
+    if probes.failure is not None:
+        records = with_failure(verdict_key, model, new_status.verifications, probes.failure)
+        new_status = new_status.model_copy(update={"verifications": records[:MAX_RECORDS]})
     return Plan(actions, new_status, requeue, ledger)
 
 

@@ -27,6 +27,7 @@ from clef_operator.observed import (
     Packed,
     PodState,
     ServiceState,
+    node_versions,
 )
 from clef_operator.render import ENGINE_CONTAINER, VERIFY_CONTAINER
 
@@ -179,6 +180,8 @@ def _pod(p: Any, node_labels: Mapping[str, Mapping[str, str]]) -> PodState:
         unschedulable_message=unschedulable,
         node_gpu_product=node_meta.get(labels.NODE_GPU_PRODUCT, ""),
         node_gpu_memory_mib=int(memory) if memory.isdigit() else None,
+        node_driver=node_versions(node_meta)[0],
+        node_cuda_runtime=node_versions(node_meta)[1],
         created_at=meta.creation_timestamp,
         owner_uids=tuple(ref.uid for ref in (meta.owner_references or []) if ref.uid),
         uid=meta.uid or "",

@@ -120,6 +120,8 @@ class _Case:
             digest=digest,
             gpu_class=(pod.node_gpu_product or None) if pod else None,
             gpu_memory_mib=pod.node_gpu_memory_mib if pod else None,
+            node_driver=(pod.node_driver or None) if pod else None,
+            node_cuda_runtime=(pod.node_cuda_runtime or None) if pod else None,
             dtype=self.spec.dtype,
             suite=self.spec.verification.suite,
             verdict=verdict,
