@@ -256,9 +256,10 @@ def retire_old_revisions(
 
 def _active_short(spec: ClefModelSpec, observed: Observed, move: Move) -> str:
     """Why older revisions must keep their pods: the active one lacks available replicas.  Not
-    while one of its pods waits to be scheduled: the older pods may hold the very GPUs it waits
-    for (a scale-up on a full cluster), and they serve no traffic, so holding them would stall the
-    active revision for good."""
+    while one of its pods waits for GPUs (the scheduler's `Insufficient nvidia.com/gpu`): the
+    older pods may hold the very GPUs it waits for (a scale-up on a full cluster), and they serve
+    no traffic, so holding them would stall the active revision for good.  A pod that waits for
+    anything else (a cordoned or lost node) gains nothing from their scale-down, and they stay."""
     dep = move.active_deployment
     if dep is not None and dep.is_available() and dep.replicas >= spec.replicas:
         return ""
@@ -272,11 +273,12 @@ def _active_short(spec: ClefModelSpec, observed: Observed, move: Move) -> str:
 
 
 def _waiting_for_room(observed: Observed, revision: str) -> str:
-    """The scheduler's message for a pod of `revision` that cannot be scheduled, else ""."""
+    """The scheduler's message for a pod of `revision` that cannot be scheduled for want of GPUs,
+    else ""."""
+    short = f"Insufficient {labels.GPU_RESOURCE}"
     serving = (p for p in observed.pods if p.component == labels.COMPONENT_SERVING and not p.deleting)
-    return next(
-        (p.unschedulable_message for p in serving if p.revision == revision and p.unschedulable_message), ""
-    )
+    waiting = (p.unschedulable_message for p in serving if p.revision == revision)
+    return next((m for m in waiting if short in m), "")
 
 
 def _scale_down(

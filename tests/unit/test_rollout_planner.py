@@ -724,9 +724,20 @@ def test_an_older_revision_gives_its_gpus_back_when_the_active_ones_pod_waits_fo
     assert w.condition("Progressing")[1] != "ScaleDownHeld"
 
 
-def test_an_older_revision_keeps_its_pods_while_the_active_one_is_short_for_another_reason():
+@pytest.mark.parametrize(
+    "unschedulable",
+    ["", "0/1 nodes are available: 1 node(s) were unschedulable."],
+    ids=["starting", "cordoned"],
+)
+def test_an_older_revision_keeps_its_pods_while_the_active_one_is_short_for_another_reason(
+    unschedulable: str,
+):
     w = World(make_spec())
-    old, _ = _scaled_up_after_a_switch(w)
+    old, rev = _scaled_up_after_a_switch(w)
+    if unschedulable:
+        w.pods["new"] = PodState(
+            name="new", component=labels.COMPONENT_SERVING, revision=rev, unschedulable_message=unschedulable
+        )
     w.advance(31)
     p = w.step()
     assert not any(isinstance(a, ScaleDeployment) and a.name == old for a in p.actions)
