@@ -9,7 +9,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 fi
-export PYTHONPATH=runtime:${PYTHONPATH:-} PYTHONUNBUFFERED=1
+export PYTHONPATH=runtime:contract:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 unset TRITON_INTERPRET
 summary="$OUT/summary.txt"
 : >"$summary"
