@@ -60,6 +60,10 @@ def test_argument_parsing() -> None:
     with pytest.raises(SystemExit, match="dtype 'f8'"):
         load("probe_chunk.py").parse(["16", "16", "f8", "0", "0"])
     assert load("probe_conv_update.py").parse(["256,1"]) == [256, 1]
+    assert load("probe_split_threshold.py").parse(["512,1024"]) == [512, 1024]
+    assert load("probe_split_threshold.py").parse([]) == [512, 768, 1024, 1536]
+    with pytest.raises(SystemExit, match="T list '512,x'"):
+        load("probe_split_threshold.py").parse(["512,x"])
     T, dtype = load("profile_chunk.py").parse(["512", "f16"])
     assert (T, str(dtype)) == (512, "torch.float16")
     with pytest.raises(SystemExit, match="dtype 'f64'"):

@@ -339,7 +339,10 @@ def test_default_path_takes_the_split_design_only_where_it_was_measured_faster()
     bf16, f16 = torch.bfloat16, torch.float16
     assert takes_default_path(bf16, True, 4, 32, 128, 128)  # B4 T8192, 8 packed sequences
     assert takes_default_path(bf16, True, 1, 32, 128, 128, 2048)  # B1 T2048: split, warm-ups
-    assert not takes_default_path(bf16, True, 1, 32, 128, 128, 1024)  # B1 T1024: three launches
+    assert takes_default_path(bf16, True, 1, 32, 128, 128, 1024)  # B1 T1024: split, warm-ups
+    assert not takes_default_path(bf16, True, 1, 32, 128, 128, 1023)  # shorter: three launches
+    assert not takes_default_path(bf16, True, 1, 32, 128, 128, 512)
+    assert not takes_default_path(bf16, True, 2, 32, 128, 128, 2047)  # two sequences, 1023 tokens each
     assert takes_default_path(bf16, True, 1, 32, 128, 128, 32768)  # B1 T32768: split, warm-ups
     assert not takes_default_path(f16, True, 1, 32, 128, 128, 32768)
     assert not takes_default_path(f16, True, 8, 32, 128, 128)  # f16 would spill

@@ -80,9 +80,11 @@ WARMUP_BLOCK = 64  # chunk bounds read per step of the walk back
 # head) chains, unsplit: measured faster there (B4 T8192, 8 packed × 4096) ...
 DEFAULT_MIN_CHAINS = 128
 # ... and, split into segments with warm-ups, for fewer chains whose sequences average at least
-# this many tokens: measured faster on the H200 from B1 T2048 (1.19× at the bench's gates, 1.12×
-# at the model's) to T131072; B1 T512 keeps the three launches (docs/performance.md).
-DEFAULT_MIN_SPLIT_TOKENS = 2048
+# this many tokens: measured faster on the H200 from B1 T1024 (62.5 → 52.3 µs by graph replay,
+# host 44.2 → 38.3 µs a call beside a 10.3 µs `x.add_`) to T131072; B1 T768 and shorter keep the
+# three launches, where no segment count, V block, warps or stages of the walk was as fast
+# (bench/probe_split_threshold.py; docs/performance.md, "Short prompts").
+DEFAULT_MIN_SPLIT_TOKENS = 1024
 
 
 def default_segments(N: int, HV: int, V: int, T: int, block_v: int = 128) -> int:
