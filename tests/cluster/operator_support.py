@@ -185,6 +185,7 @@ ENDPOINT_PROMPTS = [
     {"name": "capital", "text": "What is the capital of France?"},
     {"name": "count", "text": "Count from one to five."},
 ]
+ENDPOINT_MAX_NEW_TOKENS = 6
 
 
 def endpoint_model(
@@ -213,7 +214,7 @@ def endpoint_model(
                 "runtimeImage": ENDPOINT_RUNTIME,
                 "builtinPrompts": "none",
                 "prompts": ENDPOINT_PROMPTS,
-                "maxNewTokens": 6,
+                "maxNewTokens": ENDPOINT_MAX_NEW_TOKENS,
                 "requestTimeoutSeconds": 120,
                 "readyTimeoutSeconds": ready_timeout,
             },
