@@ -121,6 +121,12 @@ BAD: list[tuple[str, Mutation, str]] = [
     ),
     ("candle-vllm with pipeline parallelism", spec(gpus=4, tensorParallel=2), "spec.tensorParallel"),
     ("vllm without GPU memory", spec(engine="vllm"), "spec.gpuMemoryMiB"),
+    (
+        "mistralrs with a tensor-parallel degree below gpus",
+        spec(engine="mistralrs", gpus=4, tensorParallel=2, gpuMemoryMiB=32768),
+        "spec.tensorParallel",
+    ),
+    ("mistralrs without GPU memory", spec(engine="mistralrs"), "spec.gpuMemoryMiB"),
     ("KV heads not dividing heads", nested(f"{ARCH}.numKeyValueHeads", 5), f"{ARCH}.numKeyValueHeads"),
     (
         "attention interval beyond the layers",
@@ -496,5 +502,9 @@ GOOD: list[tuple[str, Mutation]] = [
     ("probes with the defaults", both(asks_engine("both"), watch())),
     ("probes that roll back", both(asks_engine(), watch(policy="rollback"))),
     ("vllm asks its engine", both(asks_engine(), spec(engine="vllm", gpuMemoryMiB=32768))),
+    (
+        "mistralrs asks its engine, over every GPU of the pod",
+        both(asks_engine(), spec(engine="mistralrs", gpus=2, tensorParallel=2, gpuMemoryMiB=32768)),
+    ),
     ("default mode, unverified: no runtime image needed", nested("spec.verification", {"required": False})),
 ]

@@ -30,7 +30,7 @@ CONFIGMAP_PATH = f"/api/v1/namespaces/{HARNESS_NAMESPACE}/configmaps/{IMAGE_TABL
 
 KINDS = ("good", "fault", "hang", "unpullable", "serve")
 # What a serve image's engine speaks (clef-runtime serve --dialect), and the engine binary it carries.
-DIALECTS = {"candle-vllm": "candle-vllm", "vllm": "vllm", "openai": "clef-runtime"}
+DIALECTS = {"candle-vllm": "candle-vllm", "vllm": "vllm", "mistralrs": "mistralrs", "openai": "clef-runtime"}
 # How a serve image's engine fails besides wrong answers: it exits at start, or never answers.
 FAILURES = ("crash", "never-ready")
 OPS = ("triton", "reference")

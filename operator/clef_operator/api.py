@@ -72,6 +72,7 @@ class ApiModel(BaseModel):
 class Engine(StrEnum):
     CANDLE_VLLM = "candle-vllm"
     VLLM = "vllm"
+    MISTRALRS = "mistralrs"
 
 
 class Dtype(StrEnum):
@@ -108,11 +109,11 @@ class BuiltinPrompts(StrEnum):
     NONE = "none"
 
 
-# What a user of each engine expects: the kernels suite proves nothing about candle-vllm's or
-# vLLM's own kernels, so their engine is asked.  Every engine has an endpoint dialect
-# (ENGINE_DIALECT): `clef-runtime endpoint-check --dialect`.
-DEFAULT_MODE = {"candle-vllm": VerificationMode.ENDPOINT, "vllm": VerificationMode.ENDPOINT}
-ENGINE_DIALECT = {"candle-vllm": "candle-vllm", "vllm": "vllm"}
+# What a user of each engine expects: the kernels suite proves nothing about candle-vllm's,
+# vLLM's or mistral.rs's own kernels, so their engine is asked.  Every engine has an endpoint
+# dialect (ENGINE_DIALECT): `clef-runtime endpoint-check --dialect`.
+DEFAULT_MODE = {engine: VerificationMode.ENDPOINT for engine in ("candle-vllm", "vllm", "mistralrs")}
+ENGINE_DIALECT = {"candle-vllm": "candle-vllm", "vllm": "vllm", "mistralrs": "mistralrs"}
 
 
 class Strategy(StrEnum):
@@ -618,7 +619,7 @@ class VerificationSpec(ApiModel):
     mode: VerificationMode | None = Field(
         default=None,
         description="kernels (clef-runtime verify in the image), endpoint (the engine answers golden prompts"
-        " from a preview replica) or both.  Default per engine: endpoint for candle-vllm and vllm.",
+        " from a preview replica) or both.  Default per engine: endpoint for candle-vllm, vllm and mistralrs.",
     )
     endpoint: EndpointSpec | None = None
     watch: WatchSpec | None = Field(
@@ -710,7 +711,7 @@ def _endpoint_checks() -> tuple[Check, ...]:
         Check(
             f"!({asks}) || (has(self.verification.endpoint) && has(self.verification.endpoint.runtimeImage))",
             "spec.verification.endpoint.runtimeImage: required for verification mode endpoint or both (the default"
-            " for candle-vllm and vllm): the clef runtime image that makes the goldens and compares; or set"
+            " for every engine): the clef runtime image that makes the goldens and compares; or set"
             " spec.verification.mode: kernels",
             lambda s: not _asks_endpoint(s) or "runtimeImage" in s["verification"].get("endpoint", {}),
             field_path=".verification.endpoint.runtimeImage",
@@ -725,8 +726,7 @@ def _endpoint_checks() -> tuple[Check, ...]:
         Check(
             f"!has(self.verification.watch) || ({asks})",
             "spec.verification.watch: probes ask the serving engine the signed goldens, which exist only when"
-            " verification.required is true and the mode is endpoint or both (the default for candle-vllm and"
-            " vllm)",
+            " verification.required is true and the mode is endpoint or both (the default for every engine)",
             lambda s: "watch" not in s["verification"] or _asks_endpoint(s),
             field_path=".verification.watch",
         ),
@@ -778,6 +778,21 @@ class ClefModelSpec(ApiModel):
             field_path=".tensorParallel",
         ),
         Check(
+            "self.engine != 'mistralrs' || !has(self.tensorParallel) || self.tensorParallel == self.gpus",
+            "spec.tensorParallel: mistralrs takes every GPU of the pod (tensor parallel over all of them, or"
+            " its layers mapped across them) and has no flag for a degree, so tensorParallel must equal"
+            " spec.gpus (or be left out)",
+            lambda s: s["engine"] != "mistralrs" or _tp(s) == s["gpus"],
+            field_path=".tensorParallel",
+        ),
+        Check(
+            "self.engine != 'mistralrs' || has(self.gpuMemoryMiB)",
+            "spec.gpuMemoryMiB: required for engine mistralrs (its KV cache is sized in MiB per GPU,"
+            " --pa-memory-mb: kvFraction x the memory left after the weights); e.g. 32768 for a V100-32GB",
+            lambda s: s["engine"] != "mistralrs" or "gpuMemoryMiB" in s,
+            field_path=".gpuMemoryMiB",
+        ),
+        Check(
             "self.engine != 'vllm' || has(self.gpuMemoryMiB)",
             "spec.gpuMemoryMiB: required for engine vllm (its KV cache is sized in bytes: kvFraction x the memory"
             " left after the weights); e.g. 32768 for a V100-32GB",
@@ -800,7 +815,11 @@ class ClefModelSpec(ApiModel):
         ),
     )
 
-    engine: Engine = Field(description="The serving engine preset that turns these fields into argv.")
+    engine: Engine = Field(
+        description="The serving engine preset that turns these fields into argv: candle-vllm, vllm or"
+        " mistralrs (mistral.rs 0.8.1; it loads Qwen3.5 only in the image-and-text layout, so the weights"
+        " volume must hold that layout, docs/api.md)."
+    )
     image: Annotated[
         str,
         *image_reference("spec.image", "registry.example/candle-vllm:sm70"),
@@ -827,12 +846,14 @@ class ClefModelSpec(ApiModel):
         ),
     ] = Field(default=1, description="GPUs per replica.")
     tensor_parallel: Annotated[int, in_range("spec.tensorParallel", 1, 16)] | None = Field(
-        default=None, description="Tensor-parallel degree; defaults to spec.gpus."
+        default=None,
+        description="Tensor-parallel degree; defaults to spec.gpus.  candle-vllm and mistralrs: must equal"
+        " spec.gpus (they shard over every GPU of the pod).",
     )
     gpu_memory_mib: Annotated[int, in_range("spec.gpuMemoryMiB", 1024, 4194304)] | None = Field(
         default=None,
         description="Memory of one GPU in MiB.  Defaults to the node label nvidia.com/gpu.memory of the verification"
-        " pod's node (kvCacheTokens estimate); required for engine vllm.",
+        " pod's node (kvCacheTokens estimate); required for engines vllm and mistralrs.",
     )
     replicas: Annotated[int, in_range("spec.replicas", 0, 64)] = Field(
         default=1, description="Serving replicas; 0 keeps a parked (verified, not serving) Deployment."

@@ -20,7 +20,8 @@ def kv_bytes_per_token(spec: ClefModelSpec) -> int:
 
 def kv_budget_bytes_per_gpu(spec: ClefModelSpec, gpu_memory_mib: int) -> int:
     """kvFraction of what is left on one GPU after its share of the weights (candle-vllm's
-    `--gpu-memory-fraction` semantics, which the vLLM preset reproduces with a byte count)."""
+    `--gpu-memory-fraction` semantics, which the vLLM and mistral.rs presets reproduce with an
+    amount: bytes, MiB)."""
     weights_per_gpu_mib = (spec.model.weights_mib or 0) / spec.gpus
     free_mib = max(0.0, gpu_memory_mib - weights_per_gpu_mib)
     return int(spec.kv_fraction * free_mib * MIB)

@@ -23,7 +23,7 @@ from clef_operator.api import (
     VerificationMode,
     effective_mode,
 )
-from clef_operator.kvcache import kv_budget_bytes_per_gpu
+from clef_operator.kvcache import MIB, kv_budget_bytes_per_gpu
 from clef_operator.revision import deployment_name, job_name, short_hash
 
 VERIFY_CONTAINER = "verify"
@@ -31,7 +31,7 @@ ENGINE_CONTAINER = "engine"
 JOB_TTL_SECONDS = 3600
 
 VLLM_DTYPE = {Dtype.F16: "float16", Dtype.BF16: "bfloat16", Dtype.F32: "float32"}
-READINESS_PATH = {Engine.CANDLE_VLLM: "/v1/models", Engine.VLLM: "/health"}
+READINESS_PATH = {Engine.CANDLE_VLLM: "/v1/models", Engine.VLLM: "/health", Engine.MISTRALRS: "/health"}
 
 
 @dataclass(frozen=True)
@@ -80,6 +80,8 @@ def engine_argv(spec: ClefModelSpec) -> list[str]:
             "--p",
             port,
         ]
+    elif spec.engine is Engine.MISTRALRS:
+        argv = mistralrs_argv(spec)
     else:
         # vLLM's --gpu-memory-utilization covers weights and activations too, so the same
         # "fraction of what the weights leave" is given as an explicit byte count.
@@ -104,6 +106,33 @@ def engine_argv(spec: ClefModelSpec) -> list[str]:
         if spec.gpus // tp > 1:
             argv += ["--pipeline-parallel-size", str(spec.gpus // tp)]
     return argv + list(spec.args)
+
+
+def mistralrs_argv(spec: ClefModelSpec) -> list[str]:
+    """mistral.rs 0.8.1 (`mistralrs serve`, its model type auto-detected from config.json).  It has
+    no flag for a served name (clients ask for `default`), nor for a tensor-parallel degree: it
+    uses every GPU of the pod, which the CRD makes spec.gpus.  Its KV cache (PagedAttention, on by
+    default on CUDA) gets `--pa-memory-mb` per GPU, which mistral.rs takes as is (its
+    `--pa-memory-fraction` would also count the weights).  Its prefix cache is off: in 0.8.1 it
+    hands one request's GDN state to the next that shares a prefix (docs/verification.md, "The
+    real-engine tier"), and the preview replica that is verified runs this same argv."""
+    assert spec.gpu_memory_mib is not None, "the CRD requires spec.gpuMemoryMiB for mistralrs"
+    return [
+        "mistralrs",
+        "serve",
+        "-m",
+        spec.model.path,
+        "--dtype",
+        spec.dtype.value,
+        "--pa-memory-mb",
+        str(kv_budget_bytes_per_gpu(spec, spec.gpu_memory_mib) // MIB),
+        "--prefix-cache-n",
+        "0",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(spec.service.container_port),
+    ]
 
 
 def verify_argv(spec: ClefModelSpec) -> list[str]:

@@ -178,6 +178,52 @@ def clefmodel(name: str, image: str = IMAGE_10, **spec: Any) -> dict[str, Any]:
     return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ClefModel", "metadata": {"name": name}, "spec": body}
 
 
+# Endpoint mode on the local cluster: the runtime image that makes goldens and compares, and two
+# short chat prompts (a few new tokens each: the engine runs on the CPU).
+ENDPOINT_RUNTIME = IMAGE_10
+ENDPOINT_PROMPTS = [
+    {"name": "capital", "text": "What is the capital of France?"},
+    {"name": "count", "text": "Count from one to five."},
+]
+ENDPOINT_MAX_NEW_TOKENS = 6
+
+
+def endpoint_model(
+    name: str,
+    checkpoint: Path,
+    image: str,
+    ready_timeout: int,
+    model_path: str = "/models/clef-flash",
+    **spec: Any,
+) -> dict[str, Any]:
+    """A ClefModel in mode endpoint on the chat checkpoint at `checkpoint` (a host directory,
+    mounted at `model_path`), asked ENDPOINT_PROMPTS only; `spec` adds or replaces fields."""
+    return clefmodel(
+        name,
+        image,
+        dtype="f16",
+        model={
+            "name": "clef-flash",
+            "path": "/models/clef-flash",
+            "volume": {"hostPath": {"path": str(checkpoint)}},
+        },
+        verification={
+            "mode": "endpoint",
+            "timeoutSeconds": int(VERIFY_SECONDS),
+            "endpoint": {
+                "runtimeImage": ENDPOINT_RUNTIME,
+                "builtinPrompts": "none",
+                "prompts": ENDPOINT_PROMPTS,
+                "maxNewTokens": ENDPOINT_MAX_NEW_TOKENS,
+                "requestTimeoutSeconds": 120,
+                "readyTimeoutSeconds": ready_timeout,
+            },
+        },
+        rollout={"scaleDownDelaySeconds": 2, "revisionHistoryLimit": 1},
+        **spec,
+    )
+
+
 class Models:
     """ClefModels in one namespace, through the real API server."""
 

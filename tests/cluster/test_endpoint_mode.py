@@ -33,7 +33,7 @@ from clef_devcluster.checkpoints import OTHER_TEMPLATE, write_chat_checkpoint
 from clef_devcluster.config import ENGINE_IMAGE_PREFIX
 
 from .conftest import Cluster, wait_for
-from .operator_support import VERIFY_SECONDS, Models, OperatorProcess, clefmodel, delete_models
+from .operator_support import VERIFY_SECONDS, Models, OperatorProcess, delete_models, endpoint_model
 from .watches import GaplessWatch, states
 
 pytestmark = pytest.mark.cluster
@@ -41,12 +41,7 @@ pytestmark = pytest.mark.cluster
 ENGINE = f"{ENGINE_IMAGE_PREFIX}candle-vllm"
 GOOD, BROKEN, FIXED = (f"{ENGINE}:{t}" for t in ("0.8.4", "0.9.0", "0.9.1"))
 CRASH, NEVER_READY = f"{ENGINE}:crash", f"{ENGINE}:never-ready"
-RUNTIME = "registry.clef.test/clef-runtime:1.0"
 NAME = "flash"
-PROMPTS = [
-    {"name": "capital", "text": "What is the capital of France?"},
-    {"name": "count", "text": "Count from one to five."},
-]
 READY_TIMEOUT = 45
 STEP = "clef.riotpiao.com/verification-step"
 KEY = "clef.riotpiao.com/verification-key"
@@ -91,30 +86,7 @@ class Story:
 
 
 def flash(checkpoint: Path, image: str) -> dict[str, Any]:
-    body = clefmodel(
-        NAME,
-        image,
-        dtype="f16",
-        model={
-            "name": "clef-flash",
-            "path": "/models/clef-flash",
-            "volume": {"hostPath": {"path": str(checkpoint)}},
-        },
-        verification={
-            "mode": "endpoint",
-            "timeoutSeconds": int(VERIFY_SECONDS),
-            "endpoint": {
-                "runtimeImage": RUNTIME,
-                "builtinPrompts": "none",
-                "prompts": PROMPTS,
-                "maxNewTokens": 6,
-                "requestTimeoutSeconds": 120,
-                "readyTimeoutSeconds": READY_TIMEOUT,
-            },
-        },
-        rollout={"scaleDownDelaySeconds": 2, "revisionHistoryLimit": 1},
-    )
-    return body
+    return endpoint_model(NAME, checkpoint, image, READY_TIMEOUT)
 
 
 def _other_template(checkpoint: Path) -> None:

@@ -39,11 +39,14 @@ from clef_devcluster.images import put_image
 
 from .conftest import Cluster, wait_for
 from .operator_support import (
+    ENDPOINT_MAX_NEW_TOKENS,
+    ENDPOINT_PROMPTS,
     VERIFY_SECONDS,
     Models,
     OperatorProcess,
     clefmodel,
     delete_models,
+    endpoint_model,
     operator_running,
 )
 
@@ -52,42 +55,14 @@ pytestmark = pytest.mark.cluster
 ENGINE = f"{ENGINE_IMAGE_PREFIX}candle-vllm"
 GOOD, BROKEN = f"{ENGINE}:0.8.4", f"{ENGINE}:0.9.0"
 BROKEN_FAULT = "conv_key_band_zero"
-RUNTIME = "registry.clef.test/clef-runtime:1.0"
 NAME = "flash"
-PROMPTS = [
-    {"name": "capital", "text": "What is the capital of France?"},
-    {"name": "count", "text": "Count from one to five."},
-]
-MAX_NEW_TOKENS = 6
 STEP = "clef.riotpiao.com/verification-step"
 KEY = "clef.riotpiao.com/verification-key"
 GOLDENS_FILE = "goldens.json.gz"
 
 
 def flash(checkpoint: Path, image: str) -> dict[str, Any]:
-    return clefmodel(
-        NAME,
-        image,
-        dtype="f16",
-        model={
-            "name": "clef-flash",
-            "path": "/models/clef-flash",
-            "volume": {"hostPath": {"path": str(checkpoint)}},
-        },
-        verification={
-            "mode": "endpoint",
-            "timeoutSeconds": int(VERIFY_SECONDS),
-            "endpoint": {
-                "runtimeImage": RUNTIME,
-                "builtinPrompts": "none",
-                "prompts": PROMPTS,
-                "maxNewTokens": MAX_NEW_TOKENS,
-                "requestTimeoutSeconds": 120,
-                "readyTimeoutSeconds": 60,
-            },
-        },
-        rollout={"scaleDownDelaySeconds": 2, "revisionHistoryLimit": 1},
-    )
+    return endpoint_model(NAME, checkpoint, image, 60)
 
 
 def faulty_goldens(checkpoint: Path, out: Path) -> bytes:
@@ -99,8 +74,8 @@ def faulty_goldens(checkpoint: Path, out: Path) -> bytes:
     )
     argv = [
         "goldens", "--checkpoint", str(checkpoint), "--dtype", "f16", "--device", "cpu", "--ops", "triton",
-        "--out", str(out), "--no-builtin", "--prompts-json", json.dumps({"prompts": PROMPTS}),
-        "--max-new-tokens", str(MAX_NEW_TOKENS),
+        "--out", str(out), "--no-builtin", "--prompts-json", json.dumps({"prompts": ENDPOINT_PROMPTS}),
+        "--max-new-tokens", str(ENDPOINT_MAX_NEW_TOKENS),
     ]  # fmt: skip
     env = {**os.environ, "CLEF_RUNTIME_FAULT": BROKEN_FAULT, "TRITON_INTERPRET": "1"}
     proc = subprocess.run(

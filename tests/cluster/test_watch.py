@@ -31,19 +31,14 @@ from clef_devcluster.config import ENGINE_IMAGE_PREFIX
 from clef_devcluster.images import put_image
 
 from .conftest import Cluster, wait_for
-from .operator_support import VERIFY_SECONDS, Models, OperatorProcess, clefmodel, delete_models
+from .operator_support import VERIFY_SECONDS, Models, OperatorProcess, delete_models, endpoint_model
 from .watches import GaplessWatch, states
 
 pytestmark = pytest.mark.cluster
 
 ENGINE = f"{ENGINE_IMAGE_PREFIX}candle-vllm"
 GOES_BAD = f"{ENGINE}:0.8.4-goes-bad"
-RUNTIME = "registry.clef.test/clef-runtime:1.0"
 NAME = "flash"
-PROMPTS = [
-    {"name": "capital", "text": "What is the capital of France?"},
-    {"name": "count", "text": "Count from one to five."},
-]
 # Each probe asks both prompts (test_endpoint_mode shows the fault moves at least one of them).
 # The comparison's two requests and the first probe's two are answered right, the fifth on is
 # not: only the promoted preview pod gets that far by its second probe (the other pod, by its
@@ -80,31 +75,13 @@ class Story:
 
 
 def flash(checkpoint: Path, image: str, policy: str = "alert") -> dict[str, Any]:
-    return clefmodel(
-        NAME,
-        image,
-        dtype="f16",
-        replicas=2,
-        model={
-            "name": "clef-flash",
-            "path": "/models/clef-flash",
-            "volume": {"hostPath": {"path": str(checkpoint)}},
-        },
-        verification={
-            "mode": "endpoint",
-            "timeoutSeconds": int(VERIFY_SECONDS),
-            "endpoint": {
-                "runtimeImage": RUNTIME,
-                "builtinPrompts": "none",
-                "prompts": PROMPTS,
-                "maxNewTokens": 6,
-                "requestTimeoutSeconds": 120,
-                "readyTimeoutSeconds": 60,
-            },
-            "watch": {"intervalSeconds": INTERVAL, "prompts": PER_PROBE, "policy": policy},
-        },
-        rollout={"scaleDownDelaySeconds": 2, "revisionHistoryLimit": 1},
-    )
+    body = endpoint_model(NAME, checkpoint, image, 60, replicas=2)
+    body["spec"]["verification"]["watch"] = {
+        "intervalSeconds": INTERVAL,
+        "prompts": PER_PROBE,
+        "policy": policy,
+    }
+    return body
 
 
 @pytest.fixture(scope="module")

@@ -25,6 +25,7 @@ from clef_operator.conditions import Reason
 from clef_operator.endpoint import check_job_name
 from clef_operator.goldens import GOLDENS_FILE, MAX_STORED_BYTES, goldens_key, goldens_name
 from clef_operator.observed import PodState
+from clef_operator.render import engine_argv
 from clef_operator.verification import floor_shortfalls
 
 RUNTIME = "registry.clef.test/clef-runtime:1.0"
@@ -235,6 +236,26 @@ def test_goldens_preview_comparison_then_the_pinned_candidate_serves() -> None:
     w.step()
     assert w.active_deployment() is not None and w.active_deployment().revision == candidate  # type: ignore[union-attr]
     assert w.condition("Ready")[0] == "True"
+
+
+def test_mistralrs_is_asked_by_default_with_the_argv_that_serves_in_its_dialect() -> None:
+    body = base_spec_dict(engine="mistralrs", gpuMemoryMiB=32768)
+    body["verification"] = {"endpoint": {"runtimeImage": RUNTIME}}  # no mode: the engine's default
+    w = World(ClefModelSpec.model_validate(body))
+    w.step()  # goldens Job
+    finish_goldens(w)
+    w.step()  # store
+    plan = w.step()
+    (created,) = [a.manifest for a in plan.actions if isinstance(a, CreateDeployment)]
+    command = created["spec"]["template"]["spec"]["containers"][0]["command"]
+    # The preview is the serving preset itself: its prefix cache off, as it will serve.
+    assert command == engine_argv(w.spec) and command[command.index("--prefix-cache-n") + 1] == "0"
+    start_preview_pod(w, preview(w))
+    plan = w.step()
+    job = next(a.manifest for a in plan.actions if isinstance(a, CreateJob))
+    argv = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert argv[:2] == ["clef-runtime", "endpoint-check"]
+    assert argv[argv.index("--dialect") + 1] == "mistralrs"
 
 
 def test_a_preview_of_the_digest_on_its_class_becomes_the_candidate_itself() -> None:

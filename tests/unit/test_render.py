@@ -63,6 +63,41 @@ def test_vllm_preset_sizes_kv_in_bytes():
     assert flags["--port"] == "8000"
 
 
+def test_mistralrs_preset_sizes_kv_in_mib_and_turns_the_prefix_cache_off():
+    spec = make_spec(engine="mistralrs", gpus=2, gpuMemoryMiB=32768, dtype="bf16", args=["--max-seqs", "8"])
+    argv = engine_argv(spec)
+    assert argv[:4] == ["mistralrs", "serve", "-m", "/models/clef-flash"]
+    flags = dict(zip(argv[4::2], argv[5::2], strict=True))
+    assert flags["--dtype"] == "bf16"
+    # Per GPU, of the memory the weights leave (weightsMiB unset: all of it).
+    assert flags["--pa-memory-mb"] == str(int(0.30 * 32768))
+    # 0.8.1's prefix cache leaks GDN state between requests; the user's args come last.
+    assert flags["--prefix-cache-n"] == "0"
+    assert (flags["--host"], flags["--port"], flags["--max-seqs"]) == ("0.0.0.0", "8000", "8")
+    assert argv[-2:] == ["--max-seqs", "8"]
+    # No degree and no served name: mistral.rs takes every GPU of the pod and serves `default`.
+    assert not any("parallel" in a or "served" in a or "device" in a for a in argv)
+
+
+def test_mistralrs_kv_budget_leaves_each_gpu_its_share_of_the_weights():
+    model = {"name": "clef-flash", "path": "/models/clef-flash", "weightsMiB": 8192}
+    spec = make_spec(engine="mistralrs", gpus=2, gpuMemoryMiB=16384, kvFraction=0.5, model=model)
+    argv = engine_argv(spec)
+    assert argv[argv.index("--pa-memory-mb") + 1] == str((16384 - 8192 // 2) // 2)
+
+
+@pytest.mark.parametrize(
+    ("engine", "path", "extra"),
+    [("candle-vllm", "/v1/models", {}), ("vllm", "/health", {"gpuMemoryMiB": 32768}),
+     ("mistralrs", "/health", {"gpuMemoryMiB": 32768})],
+)  # fmt: skip
+def test_every_engine_is_probed_where_it_answers_once_loaded(engine: str, path: str, extra: dict) -> None:
+    pod = render_serving_pod_spec(make_spec(engine=engine, **extra), PINNED)
+    (container,) = pod["containers"]
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"]["path"] == path
+
+
 def test_deployment_has_runtime_class_gpus_volume_probes_and_pinned_image():
     spec = make_spec(
         nodeSelector={"nvidia.com/gpu.product": "Tesla-V100"}, env=[{"name": "RUST_LOG", "value": "info"}]

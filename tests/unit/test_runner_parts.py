@@ -5,14 +5,18 @@ pods are whose (docs/local-cluster.md)."""
 from __future__ import annotations
 
 import base64
+import json
+import re
 import subprocess
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from clef_builders import make_spec
 
 from clef_devcluster.config import ENGINE_IMAGE_PREFIX, MANIFESTS_DIR
 from clef_devcluster.images import ImageEntry, default_digest, seed_table
@@ -20,10 +24,13 @@ from clef_devcluster.runner import engine, logs, volumes
 from clef_devcluster.runner.network import BlockClaim, PodAddresses, PoolExhausted
 from clef_devcluster.runner.probes import Probe, ProbeSet, resolve_port
 from clef_devcluster.runner.watch import runs_here
+from clef_operator.render import engine_argv
 
 
 def serve_entry(tag: str = "1", dialect: str = "candle-vllm", **extra: Any) -> ImageEntry:
-    repo = {"candle-vllm": "candle-vllm", "vllm": "vllm", "openai": "clef-runtime"}[dialect]
+    repo = {"candle-vllm": "candle-vllm", "vllm": "vllm", "mistralrs": "mistralrs", "openai": "clef-runtime"}[
+        dialect
+    ]
     ref = f"{ENGINE_IMAGE_PREFIX}{repo}:{tag}"
     return ImageEntry(ref, "serve", default_digest(ref), dialect=dialect, **extra)
 
@@ -105,6 +112,70 @@ def test_clef_engine_keeps_its_flags_and_moves_address_and_paths() -> None:
 def test_engine_argv_that_cannot_be_served_is_an_error(argv: list[str], dialect: str, error: str) -> None:
     with pytest.raises(engine.EngineArgvError, match=error.replace("(", r"\(")):
         engine.translate(argv, serve_entry(dialect=dialect), "127.16.0.2", str)
+
+
+def _image_text_config(directory: Path, **config: Any) -> Callable[[str], str]:
+    """`directory` holding a config.json, mounted at /models/flash: the host path of a path."""
+    (directory / "config.json").write_text(json.dumps(config))
+    return lambda p: volumes.host_path([volumes.Mount("/models/flash", str(directory))], p)
+
+
+IMAGE_TEXT = {"model_type": "qwen3_5", "text_config": {}, "vision_config": {}}
+
+
+def test_mistralrs_argv_as_the_preset_renders_it(tmp_path: Path) -> None:
+    spec = make_spec(
+        engine="mistralrs", gpuMemoryMiB=32768, dtype="bf16", model={"name": "flash", "path": "/models/flash"}
+    )
+    argv = engine_argv(spec)
+    cmd = engine.translate(
+        argv, serve_entry(dialect="mistralrs"), "127.16.0.5", _image_text_config(tmp_path, **IMAGE_TEXT)
+    )
+    assert cmd.argv == ["clef-runtime", "serve", "--dialect", "mistralrs", "--checkpoint", str(tmp_path),
+                        "--host", "127.16.0.5", "--port", "8000", "--dtype", "bf16", "--ops", "reference",
+                        "--device", "cpu", "--model-name", "default"]  # fmt: skip
+    assert cmd.port == 8000
+    memory = argv[argv.index("--pa-memory-mb") + 1]
+    assert sorted(cmd.ignored) == sorted([f"--pa-memory-mb={memory}", "--prefix-cache-n=0"])
+
+
+def test_mistralrs_defaults_short_flags_and_model_type(tmp_path: Path) -> None:
+    """Port 1234 and dtype auto (bf16 on a CPU) are mistral.rs's defaults; `-m`, `-p` and the
+    `multimodal` model type are its own spellings."""
+    host_of = _image_text_config(tmp_path, **IMAGE_TEXT)
+    entry = serve_entry(dialect="mistralrs", fault="conv_key_band_zero")
+    cmd = engine.translate(
+        ["mistralrs", "serve", "--cpu", "-m", "/models/flash"], entry, "127.16.0.5", host_of
+    )
+    flags = dict(zip(cmd.argv[2::2], cmd.argv[3::2], strict=True))
+    assert (cmd.port, flags["--port"], flags["--dtype"], flags["--ops"]) == (1234, "1234", "bf16", "triton")
+    assert cmd.ignored == ["--cpu"]
+    argv = ["mistralrs", "serve", "-p", "9000", "multimodal", "-m", "/models/flash", "--dtype", "F16"]
+    cmd = engine.translate(argv, entry, "127.16.0.5", host_of)
+    assert (cmd.port, cmd.argv[cmd.argv.index("--dtype") + 1]) == (9000, "f16")
+
+
+@pytest.mark.parametrize(
+    ("args", "config", "error"),
+    [
+        (["run", "-m", "/models/flash"], IMAGE_TEXT, "only `mistralrs serve"),
+        (["serve", "--port", "8000"], IMAGE_TEXT, "-m/--model-id"),
+        # The preset's flag given again in spec.args: clap refuses it, whatever the spelling.
+        (["serve", "-m", "/models/flash", "--prefix-cache-n", "0", "--prefix-cache-n=16"], IMAGE_TEXT,
+         "'--prefix-cache-n' cannot be used multiple times"),
+        (["serve", "-m", "/models/flash", "-p", "1", "--port", "2"], IMAGE_TEXT, "'--port' cannot be used"),
+        (["serve", "text", "-m", "/models/flash"], IMAGE_TEXT, "model type 'text'"),
+        (["serve", "-m", "/models/flash", "--dtype", "f8"], IMAGE_TEXT, "Model DType `f8` is not supported"),
+        (["serve", "-m", "/models/flash"], {"model_type": "qwen3_5_text"}, "image-and-text layout"),
+        (["serve", "-m", "/models/flash", "-c", "/models/flash/t.json"], IMAGE_TEXT, "a Jinja file only"),
+    ],
+)  # fmt: skip
+def test_mistralrs_argv_that_mistralrs_would_refuse_is_an_error(
+    tmp_path: Path, args: list[str], config: dict[str, Any], error: str
+) -> None:
+    host_of = _image_text_config(tmp_path, **config)
+    with pytest.raises(engine.EngineArgvError, match=re.escape(error)):
+        engine.translate(["mistralrs", *args], serve_entry(dialect="mistralrs"), "127.16.0.5", host_of)
 
 
 def test_only_the_images_engine_is_served_other_programs_run() -> None:
@@ -394,6 +465,11 @@ def test_the_seed_has_the_homelab_engines() -> None:
     assert broken and broken.kind == "serve" and broken.fault == "conv_key_band_zero"
     assert fixed and fixed.kind == "serve" and fixed.fault is None and fixed.dialect == "candle-vllm"
     assert coder and coder.dialect == "vllm"
+    mistralrs = table.lookup(f"{ENGINE_IMAGE_PREFIX}mistralrs:0.8.1")
+    faulty = table.lookup(f"{ENGINE_IMAGE_PREFIX}mistralrs:0.8.1-conv_key_band_zero")
+    assert mistralrs and mistralrs.dialect == "mistralrs" and mistralrs.fault is None
+    assert faulty and faulty.dialect == "mistralrs" and faulty.fault == "conv_key_band_zero"
+    assert mistralrs.engine_binary == faulty.engine_binary == "mistralrs"
     assert all(e.ref.startswith(ENGINE_IMAGE_PREFIX) for e in table.entries if e.kind == "serve")
 
 

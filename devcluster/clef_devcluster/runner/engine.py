@@ -1,11 +1,11 @@
 """A serve image's engine command, translated into the stand-in that really serves.
 
-The local cluster has no candle-vllm or vLLM binary (and no GPU): a pod whose image is a `serve`
+The local cluster has no candle-vllm, vLLM or mistral.rs binary (and no GPU): a pod whose image is a `serve`
 entry of the image table runs `clef-runtime serve` instead, in the entry's HTTP dialect, on the
 checkpoint the engine was pointed at, bound to the pod's own address.  Only what decides what is
 served is read from the engine's argv (weights, port, dtype, model name, chat template); flags
-about GPUs, memory and parallelism mean nothing on the CPU and are listed as ignored.  Pure: the
-worker supplies the pod IP and the volume mapping.
+about GPUs, memory and parallelism mean nothing on the CPU and are listed as ignored.  Pure but for
+reading the checkpoint's config.json: the worker supplies the pod IP and the volume mapping.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from pathlib import Path
 
 from ..images import ImageEntry
 
-# The engines' own defaults (candle-vllm's --p, vLLM's --port).
-DEFAULT_PORT = {"candle-vllm": 2000, "vllm": 8000, "openai": 8000}
+# The engines' own defaults (candle-vllm's --p, vLLM's --port, mistral.rs's --port).
+DEFAULT_PORT = {"candle-vllm": 2000, "vllm": 8000, "mistralrs": 1234, "openai": 8000}
 # dtype spellings -> clef-runtime's.
 DTYPES = {
     "f16": "f16",
@@ -44,6 +44,16 @@ _VLLM_SWITCHES = frozenset(
     }
 )
 _CANDLE_SWITCHES = frozenset({"--disable-prefix-cache", "--disable-cuda-graph", "--log", "--cpu"})
+# mistral.rs 0.8.1 (mistralrs-cli's src/args): its switches, its short flags' long names, the flags
+# that may be given more than once (clap refuses any other flag given twice), and the model types
+# `serve` takes as a subcommand that load Qwen3.5 (only as the image-and-text model).
+_MISTRALRS_SWITCHES = frozenset({"--cpu", "--no-kv-cache", "--ui", "--enable-search"})
+_MISTRALRS_SHORT = {"-m": "--model-id", "-p": "--port", "-t": "--tokenizer", "-a": "--arch", "-n": "--device-layers",
+                    "-f": "--quantized-file", "-l": "--log", "-c": "--chat-template", "-j": "--jinja-explicit"}  # fmt: skip
+_MISTRALRS_REPEATABLE = frozenset({"--device-layers"})
+_MISTRALRS_MODEL_TYPES = ("auto", "multimodal")
+# What mistral.rs's `--dtype auto` is on a CPU: the first of bf16, f16 that candle computes in.
+_MISTRALRS_AUTO_DTYPE = "bf16"
 
 
 class EngineArgvError(ValueError):
@@ -134,6 +144,8 @@ def translate(
         return _candle_vllm(argv[1:], entry, pod_ip, host_path)
     if dialect == "vllm":
         return _vllm(argv[1:], entry, pod_ip, host_path)
+    if dialect == "mistralrs":
+        return _mistralrs(argv[1:], entry, pod_ip, host_path)
     return _clef(argv[1:], entry, pod_ip, host_path)
 
 
@@ -201,6 +213,64 @@ def _vllm(args: list[str], entry: ImageEntry, pod_ip: str, host_path: Callable[[
     if template:
         argv += ["--chat-template", host_path(template)]
     return EngineCommand(argv, port, _ignored(flags, positionals))
+
+
+def _mistralrs(
+    args: list[str], entry: ImageEntry, pod_ip: str, host_path: Callable[[str], str]
+) -> EngineCommand:
+    """`mistralrs serve [auto|multimodal] -m <dir> ...` (mistral.rs 0.8.1).  It serves the model
+    as `default` (the first id of its /v1/models), and loads Qwen3.5 only in the image-and-text
+    layout, so a text-only checkpoint is refused here as the real engine refuses it."""
+    if not args or args[0] != "serve":
+        raise EngineArgvError("mistralrs: only `mistralrs serve ...` is served")
+    named = [
+        _MISTRALRS_SHORT.get(a.partition("=")[0], a.partition("=")[0]) for a in args[1:] if a.startswith("-")
+    ]
+    repeated = sorted({n for n in named if named.count(n) > 1} - _MISTRALRS_REPEATABLE)
+    if repeated:
+        raise EngineArgvError(f"the argument '{repeated[0]}' cannot be used multiple times")
+    flags, positionals = parse_flags(args[1:], _MISTRALRS_SWITCHES)
+    flags = {_MISTRALRS_SHORT.get(k, k): v for k, v in flags.items()}
+    if positionals and positionals[0] in _MISTRALRS_MODEL_TYPES:
+        positionals.pop(0)
+    elif positionals:
+        raise EngineArgvError(
+            f"mistralrs serve: model type {positionals[0]!r}: Qwen3.5 loads only as {' or '.join(_MISTRALRS_MODEL_TYPES)}"
+        )
+    model = _pick(flags, "--model-id")
+    if not model:
+        raise EngineArgvError("mistralrs serve: -m/--model-id (the model directory) is required")
+    checkpoint = host_path(model)
+    _require_image_text_layout(checkpoint)
+    port = _port(_pick(flags, "--port"), "mistralrs")
+    _pick(flags, "--host")
+    dtype = (_pick(flags, "--dtype") or "auto").lower()
+    if dtype not in ("auto", "bf16", "f16", "f32"):
+        raise EngineArgvError(f"--dtype: Model DType `{dtype}` is not supported (auto, bf16, f16, f32)")
+    argv = _serve_argv(entry, checkpoint, pod_ip, port, _MISTRALRS_AUTO_DTYPE if dtype == "auto" else dtype)
+    argv += ["--model-name", "default"]
+    template = _pick(flags, "--jinja-explicit") or _pick(flags, "--chat-template")
+    if template and template.endswith(".json"):
+        raise EngineArgvError(
+            f"mistralrs serve: chat template {template}: the stand-in serves a Jinja file only"
+        )
+    if template:
+        argv += ["--chat-template", host_path(template)]
+    return EngineCommand(argv, port, _ignored(flags, positionals))
+
+
+def _require_image_text_layout(checkpoint: str) -> None:
+    """mistral.rs 0.8.1 knows Qwen3.5 only as `Qwen3_5ForConditionalGeneration` (a text_config and
+    a vision_config); clef_devcluster.checkpoints.write_image_text_layout writes one."""
+    try:
+        config = json.loads((Path(checkpoint) / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        raise EngineArgvError(f"mistralrs serve: {checkpoint}/config.json: {e}") from None
+    if not (isinstance(config, dict) and "text_config" in config and "vision_config" in config):
+        raise EngineArgvError(
+            f"mistralrs serve: {checkpoint} is not in Qwen3.5's image-and-text layout"
+            " (Qwen3_5ForConditionalGeneration: text_config and vision_config), the only Qwen3.5 mistral.rs 0.8.1 loads"
+        )
 
 
 def _clef(args: list[str], entry: ImageEntry, pod_ip: str, host_path: Callable[[str], str]) -> EngineCommand:
