@@ -326,3 +326,34 @@ def test_a_reverify_starts_the_set_again_from_the_new_pass() -> None:
     [again] = [j for j in _driver_jobs(w) if j != job]
     assert w.jobs[again].key != w.jobs[job].key
     assert GOOD in w.jobs[again].annotations[labels.IMAGE]
+
+
+def _widened() -> World:
+    w = _deployed()
+    w.nodes.append(_node("worker-9", NEW))
+    w.step()
+    [job] = _driver_jobs(w)
+    w.finish_job(job)
+    w.set_job_pod(job, node_driver=NEW)
+    for _ in range(2):
+        w.step()
+        w.settle()
+    w.step()
+    w.step()
+    assert _affinity(w) == driver_terms((OLD, NEW))
+    return w
+
+
+def test_a_deleted_active_revision_is_recreated_with_the_drivers_it_was_pinned_to() -> None:
+    w = _widened()
+    active = w.active_deployment()
+    assert active is not None
+    w.spec = w.spec.model_copy(update={"image": "registry.clef.test/clef-runtime:1.0-conv_key_band_zero"})
+    w.step()
+    w.finish_job(w.current_job(), exit_code=1, message="")
+    w.step()
+    del w.deployments[active.name]
+    w.manifests.pop(active.name)
+    w.step()
+    assert "RevisionRecreated" in w.event_reasons()
+    assert _affinity(w, active.revision) == driver_terms((OLD, NEW)), "the same revision, as it was"
