@@ -48,8 +48,8 @@ selector patch) -> `move_towards_desired`; 5 (delay, history) -> `retire_old_rev
 (digests) -> `desired_revision`; 9 (nothing stuck silently) -> `derive_conditions`; 10 (a verdict
 speaks for what it checked) -> `verification.judge` and `verdicts` (scope, signatures), pinning
 serving pods to the GPU class that passed -> `desired_revision`, and to the driver versions a
-verdict covers, verifying a driver it does not cover first -> `plan_drivers`, reverting pod-template drift ->
-`children.revert_drift`; 11
+verdict covers, verifying a driver it does not cover first -> `plan_drivers`, reverting
+pod-template drift -> `children.revert_drift`; 11
 (status after the fact) -> `derive_conditions` and `build_status`; 13 (verified once is not
 verified forever: probes of the serving revision) -> `plan_watch.plan_probes`, and its policy
 rollback (a failure in service, then the newest kept revision verified on the GPU class) ->

@@ -276,6 +276,7 @@ def _by_name(obj: Any) -> cache.Key:
 
 
 def node_state(n: Any) -> NodeState:
+    """What placement reads of a node: labels, taints, cordon (`plan_drivers.eligible`)."""
     spec = n.spec
     taints = (
         tuple(Taint(t.key or "", t.value or "", t.effect or "") for t in (spec.taints or [])) if spec else ()
@@ -377,7 +378,7 @@ KINDS: dict[str, cache.Kind] = {
     "services": cache.Kind("services", _by_name, service_record, _service_wakes, packed=True),
     # A change of a node's labels, taints or cordon wakes every model (Kube.start_cache): its
     # driver may be one a model's verdict does not cover yet (plan_drivers).
-    "nodes": cache.Kind("nodes", _by_name, lambda n: node_state(n), _by_name, wake_on_change=True),
+    "nodes": cache.Kind("nodes", _by_name, node_state, _by_name, wake_on_change=True),
     # Goldens ConfigMaps only (GOLDENS_SELECTOR), with their signed goldens.
     "configmaps": cache.Kind(
         "configmaps",
