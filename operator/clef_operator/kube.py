@@ -107,8 +107,19 @@ class Kube:
                     self.cache.add(kind, namespaced, ns, woken)
             else:
                 self.cache.add(kind, everywhere, None, woken)
-        self.cache.add("nodes", self.core.list_node, None, wake)
+        self.cache.add("nodes", self.core.list_node, None, self._every_model(wake))
         self.cache.start()
+
+    def _every_model(self, wake: cache.Wake) -> cache.Wake:
+        """`wake` for every model, whatever the node an event is about: a node's labels, taints or
+        cordon changed (the cache wakes only then), and any model may have to verify its driver."""
+
+        def wake_all(_namespace: str, _node: str) -> None:
+            models: list[cache.Key] = self.cache["clefmodels"].keys()
+            for namespace, name in models:
+                wake(namespace, name)
+
+        return wake_all
 
     # -------------------------------------------------------------------------- the verdict key
     @property
@@ -194,6 +205,7 @@ class Kube:
             # Without the verdict key (never in a running operator: the plan needs it) there is
             # no ledger to read either.
             ledger=self.read_ledger(model) if self._verdict_key is not None else None,
+            nodes=tuple(self.cache["nodes"].values()),
         )
 
     def _on_node(self, pod: PodState) -> PodState:
@@ -204,7 +216,7 @@ class Kube:
         found = self.cache["nodes"].get(("", pod.node_name))
         if not found:
             return pod
-        node: Mapping[str, str] = found[0]
+        node: Mapping[str, str] = found[0].labels
         memory = node.get(labels.NODE_GPU_MEMORY, "")
         return replace(
             pod,

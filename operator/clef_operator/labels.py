@@ -52,6 +52,10 @@ PROBE_POD_IP = f"{PREFIX}/probe-pod-ip"
 PROBE_IMAGE_ID = f"{PREFIX}/probe-image-id"
 PROBE_ROUND = f"{PREFIX}/probe-round"
 
+# A verification of the digest that passed, pinned to nodes of one driver version the verdict has
+# not seen yet (plan_drivers): a kernels Job with the step label `driver`.
+STEP_DRIVER = "driver"
+
 # On the ClefModel: any new value asks for a fresh verification of the current spec.
 REVERIFY = f"{PREFIX}/reverify"
 

@@ -84,6 +84,28 @@ def node_versions(node_labels: Mapping[str, str]) -> tuple[str, str]:
 
 
 @dataclass(frozen=True)
+class Taint:
+    key: str
+    value: str = ""
+    effect: str = ""
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """A node as placement sees it: its labels, taints and whether it is cordoned."""
+
+    name: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    taints: tuple[Taint, ...] = ()
+    unschedulable: bool = False
+
+    @property
+    def driver(self) -> str:
+        """Its NVIDIA driver version (`node_versions`), "" when it reports none."""
+        return node_versions(self.labels)[0]
+
+
+@dataclass(frozen=True)
 class DeploymentState:
     name: str
     revision: str
@@ -265,6 +287,8 @@ class Observed:
     # The operator's ledger of the model (verdicts.py): the latest final record per verification
     # key, from the operator's namespace; None where none is kept (tests of single phases).
     ledger: Mapping[str, Any] | None = None
+    # Every node of the cluster (plan_drivers: which driver versions a model's pods could land on).
+    nodes: tuple[NodeState, ...] = ()
 
     def config_map(self, name: str) -> ConfigMapState | None:
         return next((c for c in self.config_maps if c.name == name), None)

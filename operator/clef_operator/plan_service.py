@@ -11,6 +11,7 @@ from clef_operator.actions import Action, CreateDeployment, CreateService, Patch
 from clef_operator.api import ClefModelSpec, ClefModelStatus
 from clef_operator.children import adoption_annotations, repair_ports, service_conflict, unnamed_port_conflict
 from clef_operator.observed import DeploymentState, ModelRef, Observed, ServiceState
+from clef_operator.plan_drivers import covered_drivers
 from clef_operator.plan_verification import Desired
 from clef_operator.render import (
     Owner,
@@ -114,8 +115,9 @@ def _served_spec(status: ClefModelStatus, active_rev: str, verdicts: Verdicts) -
         served = ClefModelSpec.model_validate(status.active_spec)
     except ValueError:
         return None
-    pin = verdicts.gpu_class(verification_key(served))
-    return served if serving_revision(served, status.active_image, pin) == active_rev else None
+    key = verification_key(served)
+    pin, drivers = verdicts.gpu_class(key), covered_drivers(served, key, verdicts)
+    return served if serving_revision(served, status.active_image, pin, drivers) == active_rev else None
 
 
 def _recreate_served(
@@ -128,11 +130,12 @@ def _recreate_served(
     image: str,
 ) -> tuple[Action, ...]:
     """The current spec cannot rebuild the active revision, the spec it was made from can."""
-    passed = verdicts.passed(verification_key(served))
+    key = verification_key(served)
+    passed = verdicts.passed(key)
     annotations = encode_verdict(served.image, image, verdicts.run, passed)
-    pin = verdicts.gpu_class(verification_key(served))
+    pin, drivers = verdicts.gpu_class(key), covered_drivers(served, key, verdicts)
     return (
-        CreateDeployment(render_deployment(owner, served, image, spec.replicas, annotations, pin)),
+        CreateDeployment(render_deployment(owner, served, image, spec.replicas, annotations, pin, drivers)),
         event(
             "RevisionRecreated",
             f"Deployment {deployment_name(model.name, rev)} of the serving revision was missing;"

@@ -232,8 +232,10 @@ def pass_message(spec: ClefModelSpec, record: VerificationRecord) -> str:
 def _cancel_obsolete_jobs(observed: Observed, current: set[str]) -> tuple[Action, ...]:
     actions: list[Action] = []
     for j in observed.jobs:
-        if j.step == labels.STEP_PROBE:
-            continue  # probes of the serving revision (plan_watch), not a verification of a spec
+        if j.step in (labels.STEP_PROBE, labels.STEP_DRIVER):
+            # Probes of the serving revision (plan_watch) and verifications of a driver
+            # (plan_drivers) are not a verification of a spec: their planners stop them.
+            continue
         if j.name not in current and not j.finished and not j.deleting:
             actions.append(DeleteJob(j.name))
             actions.append(
@@ -261,9 +263,15 @@ class Desired:
     failed: VerificationRecord | None = None
 
 
-def desired_revision(owner: Owner, spec: ClefModelSpec, verification: Verification, run: str) -> Desired:
-    """Rule 3: serve the digest that passed, on the GPU class it passed on (or the image as
-    written when no verification is required)."""
+def desired_revision(
+    owner: Owner,
+    spec: ClefModelSpec,
+    verification: Verification,
+    run: str,
+    drivers: tuple[str, ...] | None = None,
+) -> Desired:
+    """Rule 3: serve the digest that passed, on the GPU class it passed on and the driver versions
+    a verdict covers (`plan_drivers`; or the image as written when no verification is required)."""
     image: str | None = None
     passed = verification.passed
     if verification.state is VerificationState.NOT_REQUIRED:
@@ -274,5 +282,5 @@ def desired_revision(owner: Owner, spec: ClefModelSpec, verification: Verificati
         return Desired()
     annotations = encode_verdict(spec.image, image, run, passed)
     gpu_class = passed.gpu_class if passed is not None else None
-    manifest = render_deployment(owner, spec, image, spec.replicas, annotations, gpu_class)
+    manifest = render_deployment(owner, spec, image, spec.replicas, annotations, gpu_class, drivers)
     return Desired(manifest["metadata"]["labels"][labels.REVISION], image, manifest)

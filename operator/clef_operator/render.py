@@ -256,9 +256,39 @@ def gpu_pin(spec: ClefModelSpec, gpu_class: str | None) -> dict[str, str]:
     return selector
 
 
-def render_serving_pod_spec(spec: ClefModelSpec, image: str, gpu_class: str | None = None) -> dict[str, Any]:
+def driver_terms(drivers: tuple[str, ...]) -> list[dict[str, Any]]:
+    """Node selector terms (any of them) that admit exactly the nodes whose driver, as
+    `observed.node_versions` reads it, is one of `drivers`: the full label, or, on a node without
+    it, the three deprecated parts; "" is a node that reports neither (no full label and not all
+    three parts)."""
+    full, parts = labels.NODE_DRIVER_VERSION, labels.NODE_DRIVER_PARTS
+    no_full = {"key": full, "operator": "DoesNotExist"}
+    known = sorted({d for d in drivers if d})
+    terms: list[dict[str, Any]] = []
+    if known:
+        terms.append({"matchExpressions": [{"key": full, "operator": "In", "values": known}]})
+    for d in known:
+        split = d.split(".")
+        if len(split) == len(parts) and all(split):
+            by_part = [{"key": k, "operator": "In", "values": [v]} for k, v in zip(parts, split, strict=True)]
+            terms.append({"matchExpressions": [no_full, *by_part]})
+    if "" in drivers:
+        terms += [{"matchExpressions": [no_full, {"key": k, "operator": "DoesNotExist"}]} for k in parts]
+    return terms
+
+
+def driver_affinity(drivers: tuple[str, ...]) -> dict[str, Any]:
+    """Required node affinity to the nodes of `drivers` (`driver_terms`)."""
+    required = {"nodeSelectorTerms": driver_terms(drivers)}
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}}
+
+
+def render_serving_pod_spec(
+    spec: ClefModelSpec, image: str, gpu_class: str | None = None, drivers: tuple[str, ...] | None = None
+) -> dict[str, Any]:
     """The serving pod, running `image` (a pinned `repo@sha256:...` once verified) on nodes of
-    `gpu_class` (the class its verdict passed on; None: no verdict, spec.nodeSelector as written)."""
+    `gpu_class` (the class its verdict passed on; None: no verdict, spec.nodeSelector as written)
+    whose driver is one of `drivers` (those a verdict covers, `plan_drivers`; None: no pin)."""
     volumes, mounts = model_volume(spec)
     # Tensor-parallel ranks talk through shared memory; the default 64 MiB /dev/shm is too small.
     volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
@@ -286,6 +316,8 @@ def render_serving_pod_spec(spec: ClefModelSpec, image: str, gpu_class: str | No
     pinned = gpu_pin(spec, gpu_class)
     if pinned:
         placed["nodeSelector"] = pinned
+    if drivers is not None:
+        placed["affinity"] = driver_affinity(drivers)
     return {
         **placed,
         "terminationGracePeriodSeconds": 30,
@@ -295,8 +327,10 @@ def render_serving_pod_spec(spec: ClefModelSpec, image: str, gpu_class: str | No
     }
 
 
-def serving_revision(spec: ClefModelSpec, image: str, gpu_class: str | None = None) -> str:
-    return short_hash(render_serving_pod_spec(spec, image, gpu_class))
+def serving_revision(
+    spec: ClefModelSpec, image: str, gpu_class: str | None = None, drivers: tuple[str, ...] | None = None
+) -> str:
+    return short_hash(render_serving_pod_spec(spec, image, gpu_class, drivers))
 
 
 def verification_image(spec: ClefModelSpec) -> str:
@@ -383,12 +417,13 @@ def render_deployment(
     replicas: int,
     annotations: dict[str, str],
     gpu_class: str | None = None,
+    drivers: tuple[str, ...] | None = None,
 ) -> dict[str, Any]:
-    revision = serving_revision(spec, image, gpu_class)
+    revision = serving_revision(spec, image, gpu_class, drivers)
     deployment_labels = _labels(owner.name, revision, labels.COMPONENT_SERVING)
     template = {
         "metadata": {"labels": serving_pod_labels(deployment_labels)},
-        "spec": render_serving_pod_spec(spec, image, gpu_class),
+        "spec": render_serving_pod_spec(spec, image, gpu_class, drivers),
     }
     # The rendering travels with the Deployment, so its drift can be reverted whatever spec the
     # ClefModel holds now (`children.rendered_template` checks it against the revision).

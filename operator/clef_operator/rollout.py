@@ -47,8 +47,9 @@ selector patch) -> `move_towards_desired`; 5 (delay, history) -> `retire_old_rev
 (failure holds the candidate) -> `desired_revision`, its conditions -> `derive_conditions`; 8
 (digests) -> `desired_revision`; 9 (nothing stuck silently) -> `derive_conditions`; 10 (a verdict
 speaks for what it checked) -> `verification.judge` and `verdicts` (scope, signatures), pinning
-serving pods to the GPU class that passed -> `desired_revision`, reverting pod-template drift ->
-`children.revert_drift`; 11
+serving pods to the GPU class that passed -> `desired_revision`, and to the driver versions a
+verdict covers, verifying a driver it does not cover first -> `plan_drivers`, reverting
+pod-template drift -> `children.revert_drift`; 11
 (status after the fact) -> `derive_conditions` and `build_status`; 13 (verified once is not
 verified forever: probes of the serving revision) -> `plan_watch.plan_probes`, and its policy
 rollback (a failure in service, then the newest kept revision verified on the GPU class) ->
@@ -67,6 +68,7 @@ from clef_operator.api import ClefModelSpec, ClefModelStatus, VerificationRecord
 from clef_operator.children import label_verified_pods, revert_drift
 from clef_operator.conditions import SERVING, Stamp
 from clef_operator.observed import ModelRef, Observed
+from clef_operator.plan_drivers import plan_drivers
 from clef_operator.plan_revisions import move_towards_desired, retire_old_revisions, stop_stale_previews
 from clef_operator.plan_rollback import roll_back, served_verdict, with_failure
 from clef_operator.plan_service import active_revision
@@ -103,7 +105,8 @@ def plan_rollout(
         model, key, status, observed.deployments, verdict_key, observed.jobs, observed.ledger
     )
     verification = drive_verification(model, owner, spec, key, observed, verdicts, now, verdict_key)
-    desired = desired_revision(owner, spec, verification, verdicts.run)
+    drivers = plan_drivers(model, owner, spec, key, observed, verdicts, verification.passed, now, verdict_key)
+    desired = desired_revision(owner, spec, verification, verdicts.run, drivers.covered)
     desired = roll_back(spec, observed.deployments, verdicts, verification, desired)
     drift = revert_drift(observed, _known_templates(desired))
     active = active_revision(model, owner, spec, observed, status, verdicts, desired)
@@ -134,6 +137,7 @@ def plan_rollout(
     # Drift is reverted first: a revision is never scaled up or switched to with a foreign template.
     actions = (
         *verification.actions,
+        *drivers.actions,
         *drift.actions,
         # Before any switch: the Service selects a revision's pods by the serving label.
         *serving_labels,
@@ -144,14 +148,22 @@ def plan_rollout(
         *probes.actions,
     )
     # A switch made in this pass is reported by the next one, which comes at once.
-    waits = [w for w in (retired.requeue_after, verification.recheck, probes.requeue_after) if w is not None]
+    waits = [
+        w
+        for w in (retired.requeue_after, verification.recheck, drivers.recheck, probes.requeue_after)
+        if w is not None
+    ]
     requeue = 0.0 if move.switching else (min(waits) if waits else None)
     ledger = None
     if verdicts.ledger is not None:
         ledger = ledger_after(verdicts.ledger, verification.new_record)
+        ledger = ledger_after(ledger, drivers.new_record)
         if probes.failure is not None:
             ledger = ledger_after(ledger, probes.failure)
         ledger = None if ledger == observed.ledger else ledger
+    if drivers.new_record is not None:
+        records = [drivers.new_record, *new_status.verifications]
+        new_status = new_status.model_copy(update={"verifications": records[:MAX_RECORDS]})
     if probes.failure is not None:
         records = with_failure(verdict_key, model, new_status.verifications, probes.failure)
         new_status = new_status.model_copy(update={"verifications": records[:MAX_RECORDS]})

@@ -24,9 +24,11 @@ from clef_operator.observed import (
     ConfigMapState,
     DeploymentState,
     JobState,
+    NodeState,
     Packed,
     PodState,
     ServiceState,
+    Taint,
     node_versions,
 )
 from clef_operator.render import ENGINE_CONTAINER, VERIFY_CONTAINER
@@ -39,6 +41,7 @@ CONTAINER_OF = {
     Step.GOLDENS.value: GOLDENS_CONTAINER,
     Step.ENDPOINT.value: CHECK_CONTAINER,
     labels.STEP_PROBE: CHECK_CONTAINER,
+    labels.STEP_DRIVER: VERIFY_CONTAINER,
 }
 # The goldens ConfigMaps are the only ConfigMaps clef reads: its cache lists and watches just
 # these (by label), never every ConfigMap in the namespace.
@@ -272,6 +275,20 @@ def _by_name(obj: Any) -> cache.Key:
     return (meta.namespace or "", meta.name)
 
 
+def node_state(n: Any) -> NodeState:
+    """What placement reads of a node: labels, taints, cordon (`plan_drivers.eligible`)."""
+    spec = n.spec
+    taints = (
+        tuple(Taint(t.key or "", t.value or "", t.effect or "") for t in (spec.taints or [])) if spec else ()
+    )
+    return NodeState(
+        name=n.metadata.name,
+        labels=dict(n.metadata.labels or {}),
+        taints=taints,
+        unschedulable=bool(spec.unschedulable) if spec else False,
+    )
+
+
 def _service_wakes(s: Any) -> cache.Key | None:
     """The Service's own name: `ServiceReaders` turns it into the models whose spec names it (an
     event must wake them whatever the Service's annotations say: stripping them is an attack)."""
@@ -359,7 +376,9 @@ KINDS: dict[str, cache.Kind] = {
     # Node fields are filled in when observed (Kube._on_node), from the node cache.
     "pods": cache.Kind("pods", _by_model, lambda p: _pod(p, {}), _by_model, packed=True),
     "services": cache.Kind("services", _by_name, service_record, _service_wakes, packed=True),
-    "nodes": cache.Kind("nodes", _by_name, lambda n: dict(n.metadata.labels or {}), lambda n: None),
+    # A change of a node's labels, taints or cordon wakes every model (Kube.start_cache): its
+    # driver may be one a model's verdict does not cover yet (plan_drivers).
+    "nodes": cache.Kind("nodes", _by_name, node_state, _by_name, wake_on_change=True),
     # Goldens ConfigMaps only (GOLDENS_SELECTOR), with their signed goldens.
     "configmaps": cache.Kind(
         "configmaps",

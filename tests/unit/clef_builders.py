@@ -37,6 +37,7 @@ from clef_operator.observed import (
     DeploymentState,
     JobState,
     ModelRef,
+    NodeState,
     Observed,
     PodState,
     ServiceState,
@@ -136,6 +137,7 @@ class World:
     logs: dict[str, bytes] = field(default_factory=dict)
     # The operator's ledger (verdicts.py): None keeps none, as before it existed.
     ledger: dict[str, VerificationRecord] | None = field(default_factory=dict)
+    nodes: list[NodeState] = field(default_factory=list)
 
     def observed(self) -> Observed:
         return Observed(
@@ -146,6 +148,7 @@ class World:
             config_maps=tuple(self.config_maps.values()),
             logs=dict(self.logs),
             ledger=None if self.ledger is None else dict(self.ledger),
+            nodes=tuple(self.nodes),
         )
 
     def plan(self) -> Plan:

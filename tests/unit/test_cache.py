@@ -258,3 +258,32 @@ def test_an_event_on_a_service_wakes_the_models_that_name_it_whatever_its_annota
     assert woken == []
     wake("ns", "renamed")
     assert woken == [("ns", "a")]
+
+
+def node(name: str, rv: str, labels_: dict[str, str], unschedulable: bool = False) -> client.V1Node:
+    return client.V1Node(
+        metadata=client.V1ObjectMeta(name=name, uid=f"uid-{name}", resource_version=rv, labels=labels_),
+        spec=client.V1NodeSpec(unschedulable=unschedulable),
+    )
+
+
+def test_a_node_wakes_only_when_what_placement_reads_of_it_changes() -> None:
+    """A heartbeat (status only) wakes nothing; a new node, a label, a taint or a cordon does."""
+    woken: list[tuple[str, str]] = []
+    informer = cache.Informer(
+        table("nodes"), lambda *a, **kw: None, None, lambda ns, n: woken.append((ns, n))
+    )
+    driver = {labels.NODE_DRIVER_VERSION: "550.127.05"}
+    informer._handle({"type": "ADDED", "object": node("n1", "1", driver)})
+    assert woken == [("", "n1")], "a new node"
+    informer._handle({"type": "MODIFIED", "object": node("n1", "2", driver)})
+    assert woken == [("", "n1")], "a heartbeat changes nothing clef reads"
+    informer._handle(
+        {"type": "MODIFIED", "object": node("n1", "3", {labels.NODE_DRIVER_VERSION: "570.86.15"})}
+    )
+    informer._handle(
+        {"type": "MODIFIED", "object": node("n1", "4", {labels.NODE_DRIVER_VERSION: "570.86.15"}, True)}
+    )
+    assert woken == [("", "n1")] * 3
+    [held] = informer.table.get(("", "n1"))
+    assert held.driver == "570.86.15" and held.unschedulable

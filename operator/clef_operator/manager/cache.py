@@ -103,6 +103,8 @@ class Kind:
     # docs/performance.md, "Memory after deletion").  Unpickled on every read; only this
     # process's own snapshots are ever unpickled.
     packed: bool = False
+    # Wake only when an update changes the snapshot (nodes: a heartbeat changes nothing clef reads).
+    wake_on_change: bool = False
 
 
 @dataclass
@@ -138,6 +140,12 @@ class Table:
     def keys(self) -> list[Key]:
         with self.lock:
             return list(self.by_key)
+
+    def values(self) -> list[Any]:
+        """Every object held (a snapshot each)."""
+        with self.lock:
+            held = [v for by_uid in self.by_key.values() for v in by_uid.values()]
+        return [self._unpack(v) for v in held]
 
     def put(self, obj: Any, listed: bool = False) -> Key | None:
         """Store `obj` unless a newer version is held or it was deleted since (a late write
@@ -308,6 +316,10 @@ class Informer(threading.Thread):
         if kind == "BOOKMARK":
             return
         woken = self.table.kind.wakes(obj)
+        if woken is not None and kind == "MODIFIED" and self.table.kind.wake_on_change:
+            key = self.table.kind.key(obj)
+            if key is not None and self.table.get(key) == [self.table.kind.snapshot(obj)]:
+                woken = None
         if kind == "DELETED":
             self.table.delete(obj)
             memory.touched()  # the children of deleted models go after the models' loops ended

@@ -1,0 +1,264 @@
+"""Re-verify when the ground changes: the driver versions a verdict covers, and the verification of
+a driver it does not cover yet (docs/verification.md, "The verdict key and the ground").
+
+A verdict (kernels mode) passed on one node, which reported a driver version (`observed.
+node_versions`: GPU feature discovery's labels; "" for a node that reports none).  Its serving pods
+are pinned to the drivers it *covers* (`covered_drivers`: required node affinity,
+`render.driver_affinity`), so a pod never lands on a node whose driver no verification ran on.  A
+schedulable node of the verdict's GPU class with a driver not covered (a new node, a driver
+upgraded in place) gets a verification first (`plan_drivers`): the kernels Job of the same spec,
+running the digest that passed, pinned to that GPU class and that driver.  Its pass widens the set,
+which renders a new serving revision (the pin is part of the pod spec) that rolls out as any other.
+
+Each such verification has a key of its own (`driver_key`: the spec's key, the Job UID of the pass
+it extends, the driver), so a re-verify request (a new pass) starts the set again from the new
+pass's driver, and a failed driver stays failed until then: nodes of that driver never serve the
+model meanwhile.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from clef_operator import labels
+from clef_operator.actions import Action, CreateJob, DeleteJob, event
+from clef_operator.api import (
+    ClefModelSpec,
+    Toleration,
+    Verdict,
+    VerificationMode,
+    VerificationRecord,
+    effective_mode,
+)
+from clef_operator.observed import ModelRef, NodeState, Observed
+from clef_operator.plan_verification import POD_RECHECK_SECONDS
+from clef_operator.render import (
+    Owner,
+    driver_affinity,
+    gpu_pin,
+    job_manifest,
+    object_labels,
+    render_verification_pod_spec,
+    verifier_pull_policy,
+)
+from clef_operator.revision import job_name, short_hash
+from clef_operator.verdicts import Verdicts, sign
+from clef_operator.verification import Progress, judge
+
+UNKNOWN = ""
+
+
+def shown(driver: str) -> str:
+    return driver or "(not reported)"
+
+
+def driver_key(key: str, base: VerificationRecord, driver: str) -> str:
+    """The key of the verification of `driver` that extends the pass `base` of `key`."""
+    return short_hash({"key": key, "extends": base.job_uid, "digest": base.digest, "driver": driver})
+
+
+def pinned(spec: ClefModelSpec) -> bool:
+    """Whether serving pods of `spec` are pinned to covered drivers: kernels mode, verification
+    required.  (Endpoint mode promotes its preview, rendered before any node is known: not yet.)"""
+    return spec.verification.required and effective_mode(spec) is VerificationMode.KERNELS
+
+
+def base_pass(verdicts: Verdicts, key: str) -> VerificationRecord | None:
+    """The pass of `key` serving is pinned by: the newest final one (superseded or not, like
+    `Verdicts.gpu_class`: a revision that still serves stays where it was pinned)."""
+    return next(
+        (r for r in verdicts.known if r.key == key and r.verdict is Verdict.PASSED and r.final and r.digest),
+        None,
+    )
+
+
+def _extends(r: VerificationRecord, key: str, base: VerificationRecord) -> bool:
+    return (
+        r.verdict is Verdict.PASSED
+        and r.final
+        and r.digest == base.digest
+        and r.gpu_class == base.gpu_class
+        and r.key == driver_key(key, base, r.node_driver or UNKNOWN)
+    )
+
+
+def covered_drivers(
+    spec: ClefModelSpec, key: str, verdicts: Verdicts, base: VerificationRecord | None = None
+) -> tuple[str, ...] | None:
+    """The drivers serving pods of `spec` (verification key `key`) may run on: the driver of its
+    pass (`base`, else `base_pass`) and of each pass that extends it; None where nothing is
+    pinned (`pinned`, no pass)."""
+    if not pinned(spec):
+        return None
+    base = base or base_pass(verdicts, key)
+    if base is None:
+        return None
+    found = {base.node_driver or UNKNOWN}
+    found |= {r.node_driver or UNKNOWN for r in verdicts.known if _extends(r, key, base)}
+    return tuple(sorted(found))
+
+
+def tolerates(tolerations: Iterable[Toleration], taint: Any) -> bool:
+    """Kubernetes' rule: some toleration matches the taint's key (or has none, with Exists), its
+    value (Equal) and its effect (or has none)."""
+    for t in tolerations:
+        if t.effect and t.effect != taint.effect:
+            continue
+        if t.operator == "Exists" and (not t.key or t.key == taint.key):
+            return True
+        if t.operator == "Equal" and t.key == taint.key and (t.value or "") == taint.value:
+            return True
+    return False
+
+
+def eligible(spec: ClefModelSpec, gpu_class: str | None, node: NodeState) -> bool:
+    """A node the model's serving pods could be scheduled to, driver aside: not cordoned, of the
+    GPU class and spec.nodeSelector, every NoSchedule/NoExecute taint tolerated."""
+    if node.unschedulable:
+        return False
+    if any(node.labels.get(k) != v for k, v in gpu_pin(spec, gpu_class).items()):
+        return False
+    return all(tolerates(spec.tolerations, t) for t in node.taints if t.effect in ("NoSchedule", "NoExecute"))
+
+
+def uncovered(
+    spec: ClefModelSpec, gpu_class: str | None, nodes: Iterable[NodeState], covered: tuple[str, ...]
+) -> dict[str, list[str]]:
+    """Drivers of eligible nodes that no verdict covers, each with its nodes (sorted)."""
+    out: dict[str, list[str]] = {}
+    for n in sorted(nodes, key=lambda n: n.name):
+        if eligible(spec, gpu_class, n) and n.driver not in covered:
+            out.setdefault(n.driver, []).append(n.name)
+    return dict(sorted(out.items()))
+
+
+def render_driver_job(
+    owner: Owner, spec: ClefModelSpec, key: str, base: VerificationRecord, driver: str
+) -> dict[str, Any]:
+    """The kernels Job of `spec`, running the digest `base` passed with (clef's verifier runs in
+    the serving image) on its GPU class, pinned to nodes of `driver`."""
+    dkey = driver_key(key, base, driver)
+    pod = render_verification_pod_spec(spec)
+    container = pod["containers"][0]
+    if not spec.verification.image and base.digest:
+        container["image"] = base.digest
+        container["imagePullPolicy"] = verifier_pull_policy(base.digest)
+    pod["nodeSelector"] = gpu_pin(spec, base.gpu_class)
+    pod["affinity"] = driver_affinity((driver,))
+    job_labels = {
+        **object_labels(owner.name, labels.COMPONENT_VERIFICATION),
+        labels.REVISION: dkey,
+        labels.VERIFICATION_KEY: dkey,
+        labels.STEP: labels.STEP_DRIVER,
+    }
+    annotations = {labels.IMAGE: spec.image, labels.PINNED_IMAGE: base.digest or ""}
+    return job_manifest(owner, job_name(owner.name, dkey, ""), job_labels, annotations, spec, pod)
+
+
+@dataclass(frozen=True)
+class Drivers:
+    """What this pass does about drivers: the set serving is pinned to (None: no pin), a new
+    signed record of a driver verification, its actions."""
+
+    covered: tuple[str, ...] | None = None
+    new_record: VerificationRecord | None = None
+    actions: tuple[Action, ...] = ()
+    recheck: float | None = None
+
+
+def plan_drivers(
+    model: ModelRef,
+    owner: Owner,
+    spec: ClefModelSpec,
+    key: str,
+    observed: Observed,
+    verdicts: Verdicts,
+    current: VerificationRecord | None,
+    now: datetime,
+    secret: bytes,
+) -> Drivers:
+    """The drivers serving is pinned to, and, while `current` (the current key's verdict, maybe
+    reached on this pass) is a pass, the verification of the first uncovered driver of an
+    eligible node that has none concluded (one at a time)."""
+    base = current if current is not None and current.verdict is Verdict.PASSED else None
+    covered = covered_drivers(spec, key, verdicts, base)
+    wanted = ""
+    out = Drivers(covered)
+    if covered is not None and base is not None:
+        for driver, nodes in uncovered(spec, base.gpu_class, observed.nodes, covered).items():
+            dkey = driver_key(key, base, driver)
+            if any(r.key == dkey and r.final for r in verdicts.known):
+                continue  # concluded without covering it: until a new pass of `key`, not again
+            wanted = job_name(model.name, dkey, "")
+            out = _drive(model, owner, spec, base, driver, nodes, observed, now, secret, covered, key)
+            break
+    return Drivers(
+        out.covered, out.new_record, (*out.actions, *_cancel_others(observed, wanted)), out.recheck
+    )
+
+
+def _drive(
+    model: ModelRef,
+    owner: Owner,
+    spec: ClefModelSpec,
+    base: VerificationRecord,
+    driver: str,
+    nodes: list[str],
+    observed: Observed,
+    now: datetime,
+    secret: bytes,
+    covered: tuple[str, ...],
+    key: str,
+) -> Drivers:
+    manifest = render_driver_job(owner, spec, key, base, driver)
+    name = manifest["metadata"]["name"]
+    job = observed.job(name)
+    where = f"driver {shown(driver)} (node {', '.join(nodes)})"
+    if job is None:
+        said = event(
+            "DriverVerificationStarted",
+            f"{where} has no verdict for {base.digest} on {base.gpu_class}; verified drivers:"
+            f" {', '.join(shown(d) for d in covered)}; Job {name} verifies it before the model serves there",
+        )
+        return Drivers(covered, actions=(CreateJob(manifest), said))
+    if job.deleting:
+        return Drivers(covered)
+    pods = observed.pods_of_job(job)
+    judged = judge(spec, job, pods, now)
+    if isinstance(judged, Progress):
+        # As for the spec's own Job: a refused pod changes nothing that wakes the loop.
+        return Drivers(covered, recheck=None if pods else POD_RECHECK_SECONDS)
+    record = sign(secret, model, judged.record.model_copy(update={"run": "", "generation": model.generation}))
+    stop = (DeleteJob(name),) if judged.stop_job else ()
+    ran_on = shown(record.node_driver or UNKNOWN)
+    if record.verdict is Verdict.PASSED and ran_on == shown(driver):
+        said = event(
+            "DriverVerified", f"{base.digest} passed on {where}: {record.summary}; the model may serve there"
+        )
+    elif record.verdict is Verdict.PASSED:
+        said = event(
+            "DriverVerificationFailed",
+            f"{base.digest}: Job {name} was pinned to {where} but its node reported driver {ran_on} when it"
+            " finished (relabelled meanwhile); that driver stays unverified until a re-verification passes",
+            warning=True,
+        )
+    else:
+        said = event(
+            "DriverVerificationFailed",
+            f"{base.digest} on {where}: {record.reason}: {record.summary}; the model does not serve on that"
+            " driver until a re-verification passes",
+            warning=True,
+        )
+    return Drivers(covered, record, (*stop, said))
+
+
+def _cancel_others(observed: Observed, wanted: str) -> tuple[Action, ...]:
+    """Driver verifications no longer wanted (the pass they extend was superseded, the node went)."""
+    return tuple(
+        DeleteJob(j.name)
+        for j in observed.jobs
+        if j.step == labels.STEP_DRIVER and j.name != wanted and not j.finished and not j.deleting
+    )
