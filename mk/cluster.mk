@@ -29,8 +29,12 @@ cluster-env: $(STAMP)
 cluster-build-if-possible: $(STAMP)
 	@if [ -z "$${CLEF_KUBECONFIG:-}" ]; then $(CLUSTER) build --if-possible; fi
 
+# Two pytest workers, each with its own local control plane (tests/cluster/conftest.py: state_dir),
+# a test file to a worker; against one shared cluster (CLEF_KUBECONFIG) a single worker.
+CLUSTER_WORKERS ?= $(if $(CLEF_KUBECONFIG),1,2)
 test-cluster: cluster-build-if-possible
-	CLEF_CACHE=$(CLEF_CACHE) $(VPY) -m pytest tests/cluster -q --durations=25 --durations-min=10
+	CLEF_CACHE=$(CLEF_CACHE) $(VPY) -m pytest tests/cluster -q -n $(CLUSTER_WORKERS) --dist loadfile \
+	  --durations=25 --durations-min=10
 
 # Machines with Docker and kind only (untested on the Docker-less build machines): a kind cluster
 # with kwok's GPU nodes, the RuntimeClass, the image table and the runner added from this host.

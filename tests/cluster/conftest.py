@@ -110,7 +110,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 _MEMO: dict[str, int] = {}
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """On an xdist worker: hand the memo's counts and the skip to the controller's summary."""
+    out = getattr(session.config, "workeroutput", None)
+    if out is not None:
+        out["clef_cluster"] = {"memo": dict(_MEMO), "skipped": dict(_SKIPPED)}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """On the xdist controller: add up what each worker's session reported."""
+    report = getattr(node, "workeroutput", {}).get("clef_cluster", {})
+    for key, count in report.get("memo", {}).items():
+        _MEMO[key] = _MEMO.get(key, 0) + count
+    if report.get("skipped"):
+        _SKIPPED.update(report["skipped"])
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if getattr(terminalreporter.config, "workeroutput", None) is not None:
+        return
     if _MEMO:
         terminalreporter.write_line(
             f"verify memo: {_MEMO['hit']} replayed, {_MEMO['miss']} run for real"
@@ -158,6 +177,18 @@ def missing_prerequisite(reason: str) -> NoReturn:
     pytest.skip(f"cluster tier skipped: {reason}")
 
 
+def state_dir() -> Path:
+    """The local control plane's directory: `.cluster/`, or on each xdist worker its own
+    `.cluster-gw<N>/` (each worker runs its own control plane: its own ports, from free_port, and
+    its own 127.<b>/16 block of pod addresses, from the runner's lock)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    return (
+        DEFAULT_STATE_DIR
+        if worker is None
+        else DEFAULT_STATE_DIR.with_name(f"{DEFAULT_STATE_DIR.name}-{worker}")
+    )
+
+
 @pytest.fixture(scope="session")
 def cluster(pytestconfig: pytest.Config) -> Iterator[Cluster]:
     external = os.environ.get("CLEF_KUBECONFIG")
@@ -172,7 +203,7 @@ def cluster(pytestconfig: pytest.Config) -> Iterator[Cluster]:
     missing = missing_prerequisites()
     if missing:
         missing_prerequisite(missing)
-    local = LocalCluster(DEFAULT_STATE_DIR)
+    local = LocalCluster(state_dir())
     capture = pytestconfig.pluginmanager.getplugin("capturemanager")
     started_here = False
     # Build and start-up progress goes straight to the terminal: a first build takes a while.
