@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -51,6 +52,40 @@ def cached(script: str) -> Path:
     return where
 
 
+def _group_rss(pgid: int) -> int:
+    """Resident bytes of every process in process group `pgid` (the engine and its workers)."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid:
+                total += int((stat.parent / "statm").read_text().split()[1]) * page
+        except (OSError, ValueError, IndexError):
+            continue  # the process ended while it was read
+    return total
+
+
+class PeakRss:
+    """The highest sum of resident memory over an engine's process group, sampled every 0.5 s on
+    a thread until stopped (what the tier reports as the engine's memory)."""
+
+    def __init__(self, pgid: int) -> None:
+        self.pgid, self.peak = pgid, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.5):
+            self.peak = max(self.peak, _group_rss(self.pgid))
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return self.peak
+
+
 @contextmanager
 def engine(cmd: list[str], port: int, log: Path, *, env: dict[str, str] | None = None,
            start_timeout: float = 420) -> Iterator[str]:  # fmt: skip
@@ -63,6 +98,8 @@ def engine(cmd: list[str], port: int, log: Path, *, env: dict[str, str] | None =
         cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, start_new_session=True
     )
     url = f"http://127.0.0.1:{port}"
+    rss = PeakRss(proc.pid)
+    started = time.monotonic()
     try:
         deadline = time.monotonic() + start_timeout
         while True:
@@ -80,8 +117,14 @@ def engine(cmd: list[str], port: int, log: Path, *, env: dict[str, str] | None =
             # An HTTP server sends no event when it starts listening: ask every 2 s (a start takes
             # 45-125 s; the deadline above bounds it).
             time.sleep(2)
+        print(
+            f"\n{Path(cmd[0]).name} {' '.join(cmd[1:3])}: answering after {time.monotonic() - started:.0f}s"
+        )
         yield url
     finally:
+        print(
+            f"\n{Path(cmd[0]).name} {' '.join(cmd[1:3])}: peak resident memory {rss.stop() / 2**30:.2f} GiB"
+        )
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
             try:
