@@ -264,7 +264,7 @@ class Demo:
             }
         )
         if self.real_vllm:
-            patches += real_vllm_variant.coder_patches()
+            patches += real_vllm_variant.coder_patches(paths[CODER])
         kustomization = {
             "apiVersion": "kustomize.config.k8s.io/v1beta1",
             "kind": "Kustomization",
