@@ -126,3 +126,16 @@ def test_engine_is_for_serve_images_only_and_round_trips() -> None:
     # Its engine command is the image's engine (`vllm serve`), other programs run as in a good image.
     assert engine.is_engine_command(PRESET, entry)
     assert not engine.is_engine_command(["clef-runtime", "goldens"], entry)
+
+
+def test_without_the_venv_the_container_ends_with_a_message_naming_the_make_target(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from clef_devcluster.runner import worker
+
+    monkeypatch.setenv("CLEF_CACHE", str(tmp_path))
+    monkeypatch.setattr(worker, "_vllm_venv", None)
+    why = worker.real_vllm_venv()
+    assert isinstance(why, str), why
+    assert "real vLLM's CPU venv is not built" in why and "make engine-vllm" in why
+    assert str(tmp_path) in why, "names where it looked"
