@@ -5,10 +5,16 @@
 
 DEMO := CLEF_CACHE=$(CLEF_CACHE) $(VPY) -m clef_devcluster.demo
 
-.PHONY: demo demo-down
+.PHONY: demo demo-vllm demo-down
 
 demo: $(STAMP)
 	@$(DEMO)
+
+# The same story with the coder on real vLLM (its CPU build, installed first by `make engine-vllm`,
+# mk/engines.mk) and the decisive checkpoint (trained on first use); `make demo-down` stops it too.
+# Opt-in: vLLM takes ~4 GB of RAM and 3-6 min to start on a 2-core machine.
+demo-vllm: $(STAMP) engine-vllm
+	@$(DEMO) --real-vllm
 
 demo-down: $(STAMP)
 	@$(DEMO) down

@@ -7,7 +7,9 @@
 #                         CPU patch (22.5 min on 2 idle cores; 71 min niced on a
 #                         shared 2-core machine), both niced
 #   make decisive         the decisive verification checkpoint (trained on the CPU, a few minutes)
-#   make test-engines     all of the above, then tests/engines with CLEF_ENGINES=1
+#   make test-engines     all of the above, then tests/engines with CLEF_ENGINES=1 (its
+#                         test_devcluster_vllm.py starts the local cluster, whose runner runs
+#                         real vLLM in a preview pod)
 
 .PHONY: engines engine-vllm engine-mistralrs decisive test-engines
 

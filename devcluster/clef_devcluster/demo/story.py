@@ -17,6 +17,8 @@ from ..config import REPO_ROOT, default_binaries, missing_prerequisites
 from ..host_operator import OPERATOR_NAMESPACE, OPERATOR_SA, service_account_kubeconfig, spawn_operator
 from ..kustomize import DEMO, HOMELAB, find, kustomize_build
 from ..procs import ProcessRecord, is_alive, record, stop
+from ..runner import real_engine
+from . import real_vllm as real_vllm_variant
 from .narration import Narrator, detail, heading, rel, say, short
 from .snapshot import GROUP, PLURAL, VERSION, Snapshot, read_snapshot
 
@@ -51,9 +53,11 @@ class DemoFailed(Exception):
 
 
 class Demo:
-    def __init__(self, state_dir: Path, step_timeout: float = STEP_TIMEOUT) -> None:
+    def __init__(self, state_dir: Path, step_timeout: float = STEP_TIMEOUT, real_vllm: bool = False) -> None:
         self.state_dir = state_dir.resolve()
-        self.step_timeout = step_timeout
+        # `make demo-vllm`: the coder on real vLLM (demo/real_vllm.py), which takes minutes to start.
+        self.real_vllm = real_vllm
+        self.step_timeout = max(step_timeout, real_vllm_variant.STEP1_TIMEOUT) if real_vllm else step_timeout
         self.cluster = LocalCluster(self.state_dir, log=say)
         self.kubectl = str(self.cluster.bin.kubectl)
         self.operator_log = self.cluster.logs / f"{OPERATOR}.log"
@@ -167,6 +171,14 @@ class Demo:
         if missing and default_binaries().missing():
             print(f"demo: cannot run here: {missing}", file=sys.stderr)
             return 3
+        if self.real_vllm:
+            print(
+                f"variant: the coder on real vLLM ({real_vllm_variant.IMAGE}: vLLM's CPU build), not the stand-in"
+            )
+            no_vllm = real_vllm_variant.missing()
+            if no_vllm:
+                print(f"demo: cannot run the real-vLLM variant here: {no_vllm}", file=sys.stderr)
+                return 3
         try:
             build(log=say)
             self.start_cluster()
@@ -227,6 +239,9 @@ class Demo:
             if not (paths[name] / "model.safetensors").exists():
                 write_chat_checkpoint(paths[name], seed=seed)
         say(f"checkpoints: {', '.join(rel(p) for p in paths.values())} (a real tokenizer, tiny weights)")
+        if self.real_vllm:
+            paths[CODER] = real_vllm_variant.write_checkpoint(models / f"{CODER}-decisive")
+            say(f"checkpoint for real vLLM: {rel(paths[CODER])} (the decisive checkpoint, bf16)")
         overlay = self.state_dir / "overlay"
         overlay.mkdir(parents=True, exist_ok=True)
         patches = [
@@ -248,6 +263,8 @@ class Demo:
                 "patch": json.dumps(allowed),
             }
         )
+        if self.real_vllm:
+            patches += real_vllm_variant.coder_patches(paths[CODER])
         kustomization = {
             "apiVersion": "kustomize.config.k8s.io/v1beta1",
             "kind": "Kustomization",
@@ -310,6 +327,8 @@ class Demo:
         )
         self.show_service(SERVICE)
         self.tell_verdict(coder)
+        if self.real_vllm:
+            self.tell_real_vllm(coder)
         self.show_service(CODER_SERVICE, note="adopted: ClusterIP and ports 80, 8080 kept")
         self.passed(1, f"clef-flash verified by endpoint and serving revision {active} behind clef-serve")
         return flash
@@ -345,6 +364,25 @@ class Demo:
         final = (status.get("verifications") or [{}])[0]
         detail(f"{name + ':':<11} verified by endpoint: {short(str(final.get('summary', '')), 160)}")
         detail(f"            digest {final.get('digest')} on {final.get('gpuClass')}")
+
+    def tell_real_vllm(self, coder: Snapshot) -> None:
+        """The coder's serving pod (its preview, promoted in place) runs real vLLM: the runner
+        says so in its log for that pod."""
+        active = str(coder.status.get("activeRevision", ""))
+        self.expect(
+            str(coder.status.get("activeImage")) == real_vllm_variant.pinned_image(),
+            f"coder serves the real-vLLM image {real_vllm_variant.pinned_image()}: {coder.status.get('activeImage')}",
+        )
+        pods = self.serving_pods(active)
+        self.expect(len(pods) == 1, f"one serving pod of coder: {[p.metadata.name for p in pods]}")
+        name = pods[0].metadata.name
+        runner_log = (self.cluster.logs / "runner.log").read_text(errors="replace").splitlines()
+        ran = [line for line in runner_log if name in line and "run by the real engine" in line]
+        self.expect(
+            bool(ran) and real_engine.API_SERVER in ran[-1],
+            f"the runner started real vLLM for {name} (runner.log)",
+        )
+        detail(f"            {name} runs real vLLM: {short(ran[-1].split(' as ', 1)[-1], 200)}")
 
     def step2(self, step1: Snapshot) -> Snapshot:
         heading("step 2: upgrade to candle-vllm 0.9.0, whose engine zeroes the key channel band")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..images import ImageEntry
@@ -65,6 +65,8 @@ class EngineCommand:
     argv: list[str]
     port: int
     ignored: list[str]
+    # What the engine needs in its environment (a real engine's; the stand-in needs nothing).
+    env: dict[str, str] = field(default_factory=dict)
 
 
 def parse_flags(args: list[str], switches: frozenset[str] = frozenset()) -> tuple[dict[str, str], list[str]]:

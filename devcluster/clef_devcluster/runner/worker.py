@@ -20,8 +20,9 @@ from typing import Any, Protocol
 from clef_contract.command import TERMINATION_LOG_ENV
 
 from .. import images
+from ..config import REPO_ROOT, cache_root
 from ..rest import ApiError, Rest
-from . import engine, memo, volumes
+from . import engine, memo, real_engine, volumes
 from .container import ContainerState, kill_group, now, read_termination_message
 from .env import ContainerEnv, expand, process_env
 from .logs import LogIndex, OutputCapture
@@ -436,20 +437,12 @@ class PodWorker:
         if not argv:
             return NotStarted(128, "StartError", "no command specified")
         is_engine = engine.is_engine_command(argv, entry)
+        served: engine.EngineCommand | None = None
         if is_engine:
-            try:
-                served = engine.translate(
-                    argv, entry, self.pod_ip or "", lambda p: volumes.host_path(mounts, p)
-                )
-            except engine.EngineArgvError as e:
-                # What an engine does with flags it cannot use: says so and exits 2.
-                return NotStarted(
-                    2,
-                    "Error",
-                    f"{argv[0]}: {e} (clef local cluster: see docs/local-cluster.md, Serve images)",
-                )
-            log.info("%s/%s/%s: engine %s served as %s (ignored: %s)", self.namespace, self.name,
-                     spec["name"], argv, served.argv, served.ignored)  # fmt: skip
+            served_or_not = self._engine(spec, entry, argv, mounts)
+            if isinstance(served_or_not, NotStarted):
+                return served_or_not
+            served = served_or_not
             argv = engine.failing_argv(entry, served) if entry.failure else served.argv
         else:
             argv = [volumes.rewrite(a, mounts) for a in argv]
@@ -459,7 +452,38 @@ class PodWorker:
         termlog.write_bytes(b"")
         # A serve image's fault is in its engine's kernels: other programs of the image are sound.
         fault = str(entry.fault) if entry.fault and (entry.kind == "fault" or is_engine) else None
-        return argv, process_env(self.name, env, termlog, fault), run_dir
+        proc_env = process_env(self.name, env, termlog, fault)
+        if served is not None and entry.engine:
+            proc_env = real_engine.environment(proc_env, served)
+        return argv, proc_env, run_dir
+
+    def _engine(
+        self, spec: Obj, entry: images.ImageEntry, argv: list[str], mounts: list[volumes.Mount]
+    ) -> engine.EngineCommand | NotStarted:
+        """A serve image's engine command as it runs here: the stand-in's, or the real engine's
+        (`engine: real-vllm`); or how the container ends when it cannot be served."""
+        where = self.pod_ip or ""
+
+        def host_path(p: str) -> str:
+            return volumes.host_path(mounts, p)
+
+        try:
+            if entry.engine:
+                venv = real_vllm_venv()
+                if isinstance(venv, str):
+                    return NotStarted(2, "Error", f"{argv[0]}: {venv}")
+                served = real_engine.translate(argv, entry, where, host_path, venv)
+            else:
+                served = engine.translate(argv, entry, where, host_path)
+        except engine.EngineArgvError as e:
+            # What an engine does with flags it cannot use: says so and exits 2.
+            return NotStarted(
+                2, "Error", f"{argv[0]}: {e} (clef local cluster: see docs/local-cluster.md, Serve images)"
+            )
+        log.info("%s/%s/%s: engine %s %s as %s (ignored: %s)", self.namespace, self.name, spec["name"],
+                 argv, "run by the real engine" if entry.engine else "served", served.argv,
+                 served.ignored)  # fmt: skip
+        return served
 
     def _mounts(self, spec: Obj, state: ContainerState) -> list[volumes.Mount] | None:
         """The container's volumes; a volume that cannot be set up is retried (the kubelet's
@@ -512,6 +536,31 @@ class PodWorker:
             os.killpg(proc.pid, signal.SIGKILL)
         # A signal death is reported as the shell (and the kubelet) does: 128 + signal.
         return (128 - rc if rc < 0 else rc), not killed and rc >= 0
+
+
+# The script that builds real vLLM's CPU venv, and says where it is (exit 0 once built).
+VLLM_VENV_SCRIPT = REPO_ROOT / "hack" / "engines" / "vllm-cpu-venv.sh"
+_vllm_venv: Path | None = None
+
+
+def real_vllm_venv() -> Path | str:
+    """Real vLLM's CPU venv (kept once found), or why there is none: the message the pod ends with."""
+    global _vllm_venv
+    if _vllm_venv is None:
+        proc = subprocess.run(
+            ["bash", str(VLLM_VENV_SCRIPT), "--print-dir"],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "CLEF_CACHE": str(cache_root())},
+        )
+        where = proc.stdout.strip()
+        if proc.returncode != 0 or not where:
+            return (
+                f"real vLLM's CPU venv is not built ({where or proc.stderr.strip()[-300:]}): run `make"
+                " engine-vllm` (clef local cluster: image kind serve, engine real-vllm; docs/local-cluster.md)"
+            )
+        _vllm_venv = Path(where)
+    return _vllm_venv
 
 
 def _executable(program: str, path: str) -> str | None:
