@@ -447,6 +447,18 @@ def _comparison_step(ctx: Ctx, observed: Observed, check: str, goldens: Trusted,
     judged = judge_run(COMPARISON(ctx.spec), job, observed.pods_of_job(job), timeout)
     asked = _asked(ctx, observed, dict(job.annotations), job.command)
     stop = _stop(dep, ctx.key)
+    if isinstance(asked, str) and isinstance(judged, Judged) and judged.reason == Reason.ENGINE_ERROR:
+        # The engine failed a prompt and its pod did not outlive it (a crash takes the server
+        # down): the comparison's own report says which prompt and what the engine said.
+        return ctx.failed(
+            Step.ENDPOINT,
+            check,
+            judged.reason,
+            f"{judged.summary}; {asked}",
+            DeleteJob(check),
+            *stop,
+            job_uid=job.uid,
+        )
     if isinstance(asked, str):
         # The verdict would speak for a pod that is not the one serving would start from.
         return ctx.failed(

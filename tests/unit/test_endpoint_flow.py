@@ -368,6 +368,28 @@ def test_an_engine_that_fails_a_prompt_is_an_engine_error_naming_prompt_and_mess
     assert w.service is None
 
 
+def test_an_engine_that_dies_of_the_prompt_it_failed_is_an_engine_error_not_a_lost_preview() -> None:
+    """Real vLLM's one-token crash: its engine core dies, the API server exits, and the preview
+    pod is gone by the time the operator reads the comparison.  The report names the prompt and
+    the engine's message, which `PreviewLost` would hide."""
+    w = World(endpoint_spec())
+    rev = to_comparison(w)
+    said = {
+        "prompt": "tokens-1",
+        "message": "POST /v1/completions: HTTP 500: EngineCore encountered an issue",
+    }
+    message = endpoint_message(
+        "error", error="the engine failed prompt tokens-1: HTTP 500", engine_error=said
+    )
+    w.finish_job(check_job(w), exit_code=3, message=message, image=RUNTIME)
+    del w.pods[f"preview-{rev}"]
+    w.step()
+    status, reason, text = w.condition("Verified")
+    assert (status, reason) == ("False", Reason.ENGINE_ERROR)
+    assert "prompt tokens-1" in text and "EngineCore" in text and "gone" in text, text
+    assert w.deployments[f"clef-flash-{rev}"].replicas == 0
+
+
 def test_a_passing_report_with_a_failing_exit_code_is_not_a_pass() -> None:
     w = World(endpoint_spec())
     to_comparison(w)
