@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import REGISTRY
 from test_plan_watch import INTERVAL, answer, probe_of, probes, serving, wrong_answer
 
-from clef_operator.manager import probe_metrics
+from clef_operator.manager import metrics, probe_metrics
 from clef_operator.manager.probe_metrics import LastPass, ProbeDone, ProbeFacts, Seen, derive_probes, job_id
 from clef_operator.observed import JobState, PodState
 from clef_operator.plan_watch import ENGINE_ERROR, ERROR, MISMATCH, PASSED, Finding, ProbeReport
@@ -211,7 +211,7 @@ def sample(name: str, **labels: str) -> float | None:
     return REGISTRY.get_sample_value(name, labels)
 
 
-def test_record_sets_and_removes_series_and_forget_drops_the_model() -> None:
+def test_record_sets_and_removes_series_and_a_deleted_model_leaves_none() -> None:
     ns, model = "probe-metrics-test", "m"
     a = replace(pod("a"), uid="uid-reg-a")
     before_count = sample("clef_probe_duration_seconds_count", found=MISMATCH) or 0.0
@@ -230,7 +230,7 @@ def test_record_sets_and_removes_series_and_forget_drops_the_model() -> None:
     probe_metrics.record(ns, model, ProbeReport((bad,), ()))
     assert sample("clef_probe_last_pass_timestamp_seconds", **series) is None, "no longer serving"
     probe_metrics.record(ns, model, ProbeReport((ok,), (a,)))
-    probe_metrics.forget(ns, model)
+    metrics.record_model(ns, model, None)  # what the workers call once the model is gone
     assert sample("clef_probe_last_pass_timestamp_seconds", **series) is None
     assert sample("clef_probe_failures_total", **failures) is None, "a deleted model keeps no series"
     # Seen again after a forget: a first pass, which counts nothing it finds finished.

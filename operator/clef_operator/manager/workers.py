@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from clef_operator.manager import leader, memory, metrics, probe_metrics
+from clef_operator.manager import leader, memory, metrics
 from clef_operator.manager.workqueue import Key, SharedQueue
 
 if TYPE_CHECKING:
@@ -120,7 +120,6 @@ class Workers:
         if not self.kube.has_model(*key):
             self.queue.forget(key)
             metrics.record_model(*key, None)
-            probe_metrics.forget(*key)
             memory.touched(collect=True)
         elif went_through:  # else the queue's backoff says when to look again
             self.queue.add_after(key, _next_look(requeue, self.resync))
