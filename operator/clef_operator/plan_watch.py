@@ -263,7 +263,10 @@ def plan_probes(
         serving = rollback.condition(at, active_revision, serving)
         failure = _failure(at, model, rollback, active_revision, pods, secret)
     said = _said(serving, previous)
-    serves = [] if not active_revision else _eligible(observed, model, active_revision)
+    # The pods that serve, probed or not (no probe now, e.g. goldens gone, leaves their last pass).
+    serves = (
+        eligible if not why_not else _eligible(observed, model, active_revision) if active_revision else []
+    )
     return Probes(
         actions=(*actions, *said),
         withheld=withheld,

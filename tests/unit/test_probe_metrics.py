@@ -11,6 +11,7 @@ import pytest
 from prometheus_client import REGISTRY
 from test_plan_watch import INTERVAL, answer, probe_of, probes, serving, wrong_answer
 
+from clef_operator.api import ClefModelSpec
 from clef_operator.manager import metrics, probe_metrics
 from clef_operator.manager.probe_metrics import LastPass, ProbeDone, ProbeFacts, Seen, derive_probes, job_id
 from clef_operator.observed import JobState, PodState
@@ -202,6 +203,28 @@ def test_over_passes_a_cordoned_pod_loses_its_series_and_a_deleted_one_too() -> 
     m.step()
     assert ("serving-1", node) in m.removed and m.last_pass == {}
     assert not any(j for j in probes(w) if not w.jobs[j].finished), "nothing left to probe"
+
+
+def test_over_passes_pods_that_serve_unprobed_keep_their_last_pass_and_a_watch_removed_drops_all() -> None:
+    m = Metered()
+    w = m.w
+    for job in list(probes(w)):
+        answer(w, job)
+    m.step()
+    passed = dict(m.last_pass)
+    assert len(passed) == 2
+    body = w.spec.model_dump(by_alias=True, mode="json", exclude_none=True)
+    body["kvFraction"] = 0.25  # a new revision, being verified: the serving one is probed no more
+    w.spec = ClefModelSpec.model_validate(body)
+    for _ in range(3):
+        w.advance(INTERVAL)
+        m.step()
+    assert w.condition("Serving")[:2] == ("Unknown", "NotProbed")
+    assert m.last_pass == passed and m.removed == [], "still serving: the time ages, for an alert to see"
+    del body["verification"]["watch"]
+    w.spec = ClefModelSpec.model_validate(body)
+    m.step()
+    assert m.last_pass == {} and sorted(p for p, _ in m.removed) == sorted(passed)
 
 
 # ------------------------------------------------------------------------------ the registry
