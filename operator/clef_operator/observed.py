@@ -149,6 +149,8 @@ class JobState:
     failed_reason: str = ""
     failed_message: str = ""
     created_at: datetime | None = None
+    # When it finished, by the Job controller: completionTime, or its Failed condition's time.
+    finished_at: datetime | None = None
     deleting: bool = False
     # The Job controller's newest FailedCreate message while the Job has no pod: the API server
     # refuses its pods (an admission plugin: a RuntimeClass that does not exist, a quota, a

@@ -77,6 +77,16 @@ class Finding:
 
 
 @dataclass(frozen=True)
+class ProbeReport:
+    """What the probe metrics read of a pass (manager/probe_metrics.py): the newest finished probe
+    of each probed pod, and the pods that serve now (Ready pods of the active revision, less the
+    cordoned ones) whether probed or not."""
+
+    findings: tuple[Finding, ...] = ()
+    serving: tuple[PodState, ...] = ()
+
+
+@dataclass(frozen=True)
 class Probes:
     actions: tuple[Action, ...] = ()
     # Pods kept from the serving label (cordon-pod), by name: why, in words.
@@ -85,6 +95,7 @@ class Probes:
     requeue_after: float | None = None
     # Policy rollback: the signed record that fails the active revision's pass in service.
     failure: VerificationRecord | None = None
+    report: ProbeReport = field(default_factory=ProbeReport)
 
 
 def probe_jobs(observed: Observed) -> list[JobState]:
@@ -252,12 +263,20 @@ def plan_probes(
         serving = rollback.condition(at, active_revision, serving)
         failure = _failure(at, model, rollback, active_revision, pods, secret)
     said = _said(serving, previous)
+    # The pods that serve, probed or not (no probe now, e.g. goldens gone, leaves their last pass).
+    serves = (
+        eligible if not why_not else _eligible(observed, model, active_revision) if active_revision else []
+    )
     return Probes(
         actions=(*actions, *said),
         withheld=withheld,
         serving=serving,
         requeue_after=0.0 if failure is not None else (min(waits) if waits else None),
         failure=failure,
+        report=ProbeReport(
+            tuple(p.finding for p in pods.values() if p.finding is not None),
+            tuple(p for p in serves if p.name not in withheld),
+        ),
     )
 
 

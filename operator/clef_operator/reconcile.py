@@ -26,7 +26,7 @@ from clef_operator.actions import Action, Event
 from clef_operator.api import ClefModelSpec, ClefModelStatus
 from clef_operator.conditions import Stamp, carried_rejection, child_rejected, invalid_spec
 from clef_operator.kube import Kube
-from clef_operator.manager import metrics
+from clef_operator.manager import metrics, probe_metrics
 from clef_operator.observed import ModelRef, Observed
 from clef_operator.rollout import Plan, plan_rollout
 
@@ -127,6 +127,7 @@ def _carry_out(
         metrics.derive_pass(status, after, plan.actions, observed, datetime.now(UTC), bool(refused))
     )
     metrics.record_model(model.namespace, model.name, after)
+    probe_metrics.record(model.namespace, model.name, plan.probes)
     if refused:
         return min(plan.requeue_after or REFUSED_RETRY_SECONDS, REFUSED_RETRY_SECONDS)
     return plan.requeue_after

@@ -59,7 +59,7 @@ rollback (a failure in service, then the newest kept revision verified on the GP
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -74,7 +74,7 @@ from clef_operator.plan_rollback import roll_back, served_verdict, with_failure
 from clef_operator.plan_service import active_revision
 from clef_operator.plan_status import MAX_RECORDS, build_status, derive_conditions
 from clef_operator.plan_verification import Desired, desired_revision, drive_verification
-from clef_operator.plan_watch import Rollback, plan_probes
+from clef_operator.plan_watch import ProbeReport, Rollback, plan_probes
 from clef_operator.render import Owner, verification_key
 from clef_operator.verdicts import collect_verdicts, ledger_after
 
@@ -86,6 +86,8 @@ class Plan:
     requeue_after: float | None = None
     # The model's ledger to write before status, when it changed (verdicts.py, "the ledger").
     ledger: dict[str, VerificationRecord] | None = None
+    # What the probes of the serving revision found, for their metrics (manager/probe_metrics.py).
+    probes: ProbeReport = field(default_factory=ProbeReport)
 
 
 def plan_rollout(
@@ -167,7 +169,7 @@ def plan_rollout(
     if probes.failure is not None:
         records = with_failure(verdict_key, model, new_status.verifications, probes.failure)
         new_status = new_status.model_copy(update={"verifications": records[:MAX_RECORDS]})
-    return Plan(actions, new_status, requeue, ledger)
+    return Plan(actions, new_status, requeue, ledger, probes.report)
 
 
 def _known_templates(desired: Desired) -> dict[str, Mapping[str, Any]]:

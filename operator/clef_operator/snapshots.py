@@ -109,12 +109,21 @@ def _job(j: Any) -> JobState:
         failed_reason=(failed.reason or "") if failed is not None and failed.status == "True" else "",
         failed_message=(failed.message or "") if failed is not None and failed.status == "True" else "",
         created_at=j.metadata.creation_timestamp,
+        finished_at=_finished_at(j.status, failed),
         deleting=j.metadata.deletion_timestamp is not None,
         component=(j.metadata.labels or {}).get(labels.COMPONENT, ""),
         step=(j.metadata.labels or {}).get(labels.STEP, ""),
         annotations=dict(j.metadata.annotations or {}),
         command=tuple(containers[0].command or ()) if containers else (),
     )
+
+
+def _finished_at(status: Any, failed: Any) -> datetime | None:
+    if status is not None and status.completion_time is not None:
+        return status.completion_time
+    if failed is not None and failed.status == "True":
+        return failed.last_transition_time
+    return None
 
 
 def pod_refusal(events: Iterable[Any]) -> str:

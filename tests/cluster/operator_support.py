@@ -104,26 +104,14 @@ class ElectedOperator:
             self.proc = spawn_operator(argv, kubeconfig, out, uid)
 
     def get(self, path: str) -> str | None:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as r:
-                return str(r.read().decode())
-        except OSError:
-            return None
+        return http_get(self.port, path)
 
     def healthy(self) -> bool:
         return self.get("/healthz") is not None
 
     def metrics(self) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
         """Every sample of /metrics, keyed by name and labels."""
-        from prometheus_client.parser import text_string_to_metric_families
-
-        text = self.get("/metrics")
-        assert text is not None, f"no /metrics from the operator:\n{self.tail()}"
-        return {
-            (s.name, frozenset(s.labels.items())): s.value
-            for family in text_string_to_metric_families(text)
-            for s in family.samples
-        }
+        return scrape(self.port, self.tail)
 
     def signal(self, sig: int) -> None:
         os.killpg(self.proc.pid, sig)
@@ -136,6 +124,27 @@ class ElectedOperator:
 
     def tail(self, lines: int = 30) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+
+def http_get(port: int, path: str) -> str | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+            return str(r.read().decode())
+    except OSError:
+        return None
+
+
+def scrape(port: int, tail: Callable[[], str]) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """Every sample of an operator's /metrics on this host, keyed by name and labels."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = http_get(port, "/metrics")
+    assert text is not None, f"no /metrics from the operator:\n{tail()}"
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def metric(samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str) -> float:

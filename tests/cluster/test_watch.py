@@ -10,7 +10,9 @@ it (the pod keeps the serving label, watched without gaps); switched to cordon-p
 pod leaves the serving label's selector and the other keeps serving; no probe went through a
 Service: every probe Job asked one pod at its own address, and each pod's engine counted exactly
 the requests of its own probes (runner pods have loopback IPs, so the selector is watched rather
-than EndpointSlices).
+than EndpointSlices).  The operator's /metrics agree with the probe Jobs at each step: a last-pass
+series per serving pod at its newest passed probe's completion time (none for the cordoned pod),
+each finished probe timed once, each failed one counted once.
 """
 
 from __future__ import annotations
@@ -29,9 +31,18 @@ from kubernetes import client
 from clef_devcluster.checkpoints import write_chat_checkpoint
 from clef_devcluster.config import ENGINE_IMAGE_PREFIX
 from clef_devcluster.images import put_image
+from clef_devcluster.procs import free_port
 
 from .conftest import Cluster, wait_for
-from .operator_support import VERIFY_SECONDS, Models, OperatorProcess, delete_models, endpoint_model
+from .operator_support import (
+    VERIFY_SECONDS,
+    Models,
+    OperatorProcess,
+    delete_models,
+    endpoint_model,
+    metric,
+    scrape,
+)
 from .watches import GaplessWatch, states
 
 pytestmark = pytest.mark.cluster
@@ -62,6 +73,7 @@ class Story:
     selected: GaplessWatch
     # Every probe Job, also those the operator deleted once a newer probe finished.
     probes: GaplessWatch
+    metrics_port: int
 
     def serving_pods(self) -> list[client.V1Pod]:
         return list(
@@ -91,7 +103,10 @@ def story(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     checkpoint = write_chat_checkpoint(root / "clef-flash")
     namespace = f"t-watch-{uuid.uuid4().hex[:6]}"
     cluster.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
-    operator = OperatorProcess(cluster.kubeconfig, namespace, root / "operator.log")
+    port = free_port()
+    operator = OperatorProcess(
+        cluster.kubeconfig, namespace, root / "operator.log", [f"--metrics-bind-address=127.0.0.1:{port}"]
+    )
     models = Models(cluster, namespace, operator)
     selected = GaplessWatch(
         cluster.core.list_namespaced_pod, namespace, label_selector=f"{SERVING_LABEL}={NAME}"
@@ -100,7 +115,7 @@ def story(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     operator.start()
     try:
         with selected, probes:
-            yield Story(cluster, namespace, models, operator, checkpoint, selected, probes)
+            yield Story(cluster, namespace, models, operator, checkpoint, selected, probes, port)
     finally:
         delete_models(cluster, namespace)
         operator.stop()
@@ -119,6 +134,48 @@ def _probe_counts(story: Story) -> dict[str, int]:
     for uid in done.values():
         counts[uid] = counts.get(uid, 0) + 1
     return counts
+
+
+def _probe_metrics(story: Story, serving: set[str]) -> None:
+    """The operator's probe metrics agree with every probe Job the namespace had (the operator
+    ran from before the first probe, so it counted each): waited for, as a pass records them just
+    after the probe Job's watch event.  `serving`: the pods that should have a last-pass series."""
+    jobs: dict[str, Any] = {}
+    names = {p.metadata.uid: p.metadata.name for p in story.serving_pods()}
+
+    def expected() -> dict[str, Any]:
+        jobs.clear()
+        for change in story.probes.snapshot():
+            jobs[change.obj.metadata.name] = change.obj
+        done = {"Complete": 0, "Failed": 0}
+        last: dict[str, float] = {}
+        for job in jobs.values():
+            conditions = {c.type: c.status for c in (job.status.conditions or [])} if job.status else {}
+            for kind in done:
+                done[kind] += conditions.get(kind) == "True"
+            pod = names.get(job.metadata.annotations[POD_UID], "")
+            if conditions.get("Complete") == "True" and pod in serving:
+                last[pod] = max(last.get(pod, 0.0), job.status.completion_time.timestamp())
+        return {"timed": done["Complete"] + done["Failed"], "failed": done["Failed"], "last pass": last}
+
+    def scraped() -> dict[str, Any]:
+        samples = scrape(story.metrics_port, story.operator.tail)
+        mine = {"namespace": story.namespace, "model": NAME}
+        return {
+            "timed": metric(samples, "clef_probe_duration_seconds_count"),
+            "failed": metric(samples, "clef_probe_failures_total", **mine),
+            "last pass": {
+                dict(ls)["pod"]: v
+                for (n, ls), v in samples.items()
+                if n == "clef_probe_last_pass_timestamp_seconds" and set(mine.items()) <= ls
+            },
+        }
+
+    wait_for(lambda: expected() == scraped(), 30, "/metrics to agree with the probe Jobs",
+             lambda: f"Jobs say {expected()}, /metrics say {scraped()}")  # fmt: skip
+    agreed = expected()
+    print(f"probe metrics agree with the Jobs: {agreed}")
+    assert set(agreed["last pass"]) == serving, "every serving pod passed a probe"
 
 
 def test_a_pod_that_goes_bad_is_caught_within_one_interval_and_alert_only_reports(story: Story) -> None:
@@ -146,6 +203,8 @@ def test_a_pod_that_goes_bad_is_caught_within_one_interval_and_alert_only_report
     assert all({bad, good} <= s for s in story.selected_states()[-1:]), "both pods still selected"
     first = next(i for i, s in enumerate(story.selected_states()) if {bad, good} <= s)
     assert all({bad, good} <= s for s in story.selected_states()[first:]), "alert never removed a pod"
+    # Both still serve: the bad pod's series stays at its last passed probe.
+    _probe_metrics(story, {bad, good})
 
 
 def test_cordon_pod_removes_exactly_the_bad_pod_from_the_selector(story: Story) -> None:
@@ -168,6 +227,7 @@ def test_cordon_pod_removes_exactly_the_bad_pod_from_the_selector(story: Story) 
     assert still.status.phase == "Running" and SERVING_LABEL not in (still.metadata.labels or {}), (
         "cordoned, not deleted: it is there to be looked at"
     )
+    _probe_metrics(story, {good})
 
 
 def test_no_probe_goes_through_a_service(story: Story) -> None:

@@ -352,7 +352,7 @@ class World:
             node_gpu_product=gpu_product,
             node_gpu_memory_mib=16384,
         )
-        j = self.jobs[job]
+        j = replace(self.jobs[job], finished_at=self.now)
         if exit_code == 0:
             self.jobs[job] = replace(j, complete=True)
         else:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from kubernetes import client
 
@@ -124,6 +124,31 @@ def test_job_conditions():
     assert (
         state.failed and not state.complete and state.failed_reason == "DeadlineExceeded" and state.key == "k"
     )
+
+
+def test_a_jobs_finish_time_is_its_completion_or_its_failed_condition():
+    t0 = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)
+    done = client.V1Job(
+        metadata=meta("ok"),
+        status=client.V1JobStatus(
+            completion_time=t0 + timedelta(seconds=9),
+            conditions=[client.V1JobCondition(type="Complete", status="True")],
+        ),
+    )
+    assert _job(done).finished_at == t0 + timedelta(seconds=9)
+    failed = client.V1Job(
+        metadata=meta("bad"),
+        status=client.V1JobStatus(
+            conditions=[
+                client.V1JobCondition(
+                    type="Failed", status="True", reason="BackoffLimitExceeded", last_transition_time=t0
+                )
+            ]
+        ),
+    )
+    assert _job(failed).finished_at == t0
+    running = client.V1Job(metadata=meta("run"), status=client.V1JobStatus(active=1))
+    assert _job(running).finished_at is None
 
 
 def test_deployment_availability_needs_the_current_generation():

@@ -22,6 +22,7 @@ from clef_operator import labels
 from clef_operator.actions import Action, CreateService, PatchServiceSelector
 from clef_operator.api import ClefModelStatus, Condition, VerificationRecord
 from clef_operator.conditions import PROGRESSING, SERVING, VERIFIED, Why
+from clef_operator.manager import probe_metrics
 from clef_operator.observed import Observed
 
 ROLLOUTS_STARTED = Counter(
@@ -240,7 +241,10 @@ def _turned(status: ClefModelStatus, type_: str, value: str) -> float | None:
 
 def record_model(namespace: str, name: str, status: ClefModelStatus | None) -> None:
     """The model's progressing-since series: set while it progresses, removed otherwise (and when
-    the model is gone: `status` None), so nothing is kept for a model that no longer exists."""
+    the model is gone: `status` None, with its probe series), so nothing is kept for a model that
+    no longer exists."""
+    if status is None:
+        probe_metrics.forget(namespace, name)
     for gauge, since in (
         (PROGRESSING_SINCE, progressing_since(status) if status is not None else None),
         (SERVING_FAILED_SINCE, serving_failed_since(status) if status is not None else None),
