@@ -352,12 +352,6 @@ def _upstream(kubeconfig: Path) -> tuple[str, int]:
     return url.hostname, url.port
 
 
-@pytest.mark.xfail(
-    reason="known defect, open: the fence policy reads the Lease from the API server's cache, and a held"
-    " write of the old leader was admitted 83 ms after the takeover (2026-12-04, 3 of 3 .ci/run runs;"
-    " docs/operations.md, 'Running two replicas')",
-    strict=False,
-)
 def test_a_write_in_flight_when_the_lease_changes_hands_is_refused(
     cluster: Cluster, namespace: str, rbac: Rbac, tmp_path: Path
 ) -> None:
