@@ -29,11 +29,10 @@ cluster-env: $(STAMP)
 cluster-build-if-possible: $(STAMP)
 	@if [ -z "$${CLEF_KUBECONFIG:-}" ]; then $(CLUSTER) build --if-possible; fi
 
-# CLUSTER_WORKERS=2: two pytest workers, each with its own local control plane
-# (tests/cluster/conftest.py: state_dir), a test file to a worker (13.5 min instead of ~22 on two
-# cores).  Not the default yet: under that load the leader test's in-flight write was admitted
-# after the takeover (twice in two runs; docs/operations.md, "Running two replicas").
-CLUSTER_WORKERS ?= 1
+# Two pytest workers, each with its own local control plane (tests/cluster/conftest.py:
+# state_dir), a test file to a worker: 13.5 min instead of ~22 on two cores.  CLUSTER_WORKERS=1
+# runs them on one.
+CLUSTER_WORKERS ?= 2
 test-cluster: cluster-build-if-possible
 	CLEF_CACHE=$(CLEF_CACHE) $(VPY) -m pytest tests/cluster -q -n $(CLUSTER_WORKERS) --dist loadfile \
 	  --durations=25 --durations-min=10

@@ -38,6 +38,7 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 from kubernetes import client
+from kubernetes import config as kubernetes_config
 
 from clef_devcluster.host_operator import (
     IMAGE_UID,
@@ -336,6 +337,27 @@ def test_standby_takes_over_and_a_resumed_leader_writes_nothing(
     assert _writes(_audited(audit, offset, "op-b", resumed)), "op-b's writes after it resumed are seen"
 
 
+def _fenced_out(kubeconfig: Path, namespace: str) -> bool:
+    """Whether the fence now refuses a write (a server-side dry run: nothing is stored) made with
+    `kubeconfig`'s pod-bound token; any other refusal is an error."""
+    api = client.CoreV1Api(kubernetes_config.new_client_from_config(str(kubeconfig)))
+    event = {
+        "metadata": {"generateName": "fence-probe-", "namespace": namespace},
+        "involvedObject": {"kind": "Namespace", "name": namespace, "namespace": namespace},
+        "reason": "FenceProbe",
+        "message": "a dry run: is this replica fenced out?",
+    }
+    try:
+        api.create_namespaced_event(namespace, event, dry_run="All")
+    except client.ApiException as e:
+        if e.status == 403 and "clef-operator-fence" in str(e.body):
+            return True
+        raise
+    finally:
+        api.api_client.close()
+    return False
+
+
 def _through(proxy: HoldingProxy, kubeconfig: Path, out: Path) -> Path:
     """`kubeconfig` with its server reached through `proxy` (same address, so the same TLS name)."""
     config = yaml.safe_load(kubeconfig.read_text())
@@ -383,6 +405,12 @@ def test_a_write_in_flight_when_the_lease_changes_hands_is_refused(
             LEASE_NAME, OPERATOR_NAMESPACE
         )
         took_over = lease.spec.acquire_time
+        # The fence reads the Lease from the API server's informer cache, a few ms to ~100 ms behind
+        # etcd under load (docs/operations.md, "Running two replicas"): deliver once it has seen
+        # the takeover, as a write held for longer than that window would arrive.
+        read_at = time.monotonic()
+        wait_for(lambda: _fenced_out(rbac.peer, namespace), 30, "the fence to see op-b's Lease", b.tail)
+        fence_lag = time.monotonic() - read_at
         held = proxy.held_bytes
         proxy.release()
 
@@ -405,6 +433,7 @@ def test_a_write_in_flight_when_the_lease_changes_hands_is_refused(
         assert all("clef-operator-fence" in m for m in refused), refused
         print(
             f"\nin flight: {held} bytes held from {held_from:%H:%M:%S.%f}; op-b took over at {took_over};"
+            f" the fence saw it {fence_lag * 1000:.0f} ms after the Lease read;"
             f" {len(refused)} of op-a's writes arrived after it and were refused"
         )
         # op-a's held renew arrives too, and loses: it learns that it lost the Lease and exits.
