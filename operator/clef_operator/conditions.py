@@ -147,6 +147,12 @@ class Stamp:
         )
 
 
+def clause(text: str) -> str:
+    """`text` without its closing period, for a message that goes on after it (an engine's or a
+    check's own message often ends in one: "... root cause." + ". Re-verify" reads "cause..")."""
+    return text.rstrip().rstrip(".")
+
+
 def merge_conditions(old: list[Condition], new: list[Condition]) -> list[Condition]:
     """`new`, keeping each condition's lastTransitionTime when its status did not change."""
     before = {c.type: c for c in old}

@@ -36,7 +36,7 @@ from clef_operator.actions import (
     ScaleDeployment,
 )
 from clef_operator.api import ClefModelSpec, Step, Verdict, VerificationRecord
-from clef_operator.conditions import Reason, Why
+from clef_operator.conditions import Reason, Why, clause
 from clef_operator.endpoint import (
     JobKind,
     Judged,
@@ -212,7 +212,7 @@ def _stored_goldens(
         Step.GOLDENS,
         name,
         checked.reason,
-        f"{checked.message}. Deleted it; re-verify to have new goldens made",
+        f"{clause(checked.message)}. Deleted it; re-verify to have new goldens made",
         DeleteConfigMap(name),
         *stop,
         said,

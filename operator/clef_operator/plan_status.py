@@ -24,6 +24,7 @@ from clef_operator.conditions import (
     Reason,
     Stamp,
     Why,
+    clause,
     merge_conditions,
 )
 from clef_operator.kvcache import estimate_kv_cache_tokens
@@ -137,7 +138,10 @@ def _verified(at: Stamp, spec: ClefModelSpec, verification: Verification, advice
         and (record.reason == Reason.GPU_CLASS_UNKNOWN)
     ):
         return at.condition(
-            VERIFIED, ConditionStatus.FALSE, record.reason, f"{record.image}: {record.summary}. {advice}"
+            VERIFIED,
+            ConditionStatus.FALSE,
+            record.reason,
+            f"{record.image}: {clause(record.summary)}. {advice}",
         )
     if verification.state is VerificationState.FAILED and record is not None and record.step is Step.PROBE:
         return at.condition(
@@ -145,7 +149,7 @@ def _verified(at: Stamp, spec: ClefModelSpec, verification: Verification, advice
             ConditionStatus.FALSE,
             record.reason,
             f"{record.image} ({record.digest}) failed in service ({record.reason}, probe Job {record.job}):"
-            f" {record.summary}. Watch policy rollback: see the Serving condition for what serves. Fix the node"
+            f" {clause(record.summary)}. Watch policy rollback: see the Serving condition for what serves. Fix the node"
             f" or the image, then re-verify or change spec.image",
         )
     if verification.state is VerificationState.FAILED and record is not None:
@@ -153,7 +157,7 @@ def _verified(at: Stamp, spec: ClefModelSpec, verification: Verification, advice
             VERIFIED,
             ConditionStatus.FALSE,
             record.reason,
-            f"{record.image} failed verification ({record.reason}, Job {record.job}): {record.summary}. {advice}",
+            f"{record.image} failed verification ({record.reason}, Job {record.job}): {clause(record.summary)}. {advice}",
         )
     assert verification.progress is not None
     return at.condition(

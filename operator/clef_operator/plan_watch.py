@@ -37,7 +37,7 @@ from datetime import timedelta
 from clef_operator import labels
 from clef_operator.actions import Action, CreateJob, DeleteJob, event
 from clef_operator.api import ClefModelSpec, Condition, ConditionStatus, VerificationRecord, WatchPolicy
-from clef_operator.conditions import SERVING, Reason, Stamp, Why
+from clef_operator.conditions import SERVING, Reason, Stamp, Why, clause
 from clef_operator.endpoint import Judged, goldens_read, judge_run, render_probe_job
 from clef_operator.endpoint_flow import COMPARISON
 from clef_operator.goldens import Trusted, check_signature, goldens_key, goldens_name
@@ -295,7 +295,7 @@ class Rollback:
         f = self.failed
         if f is None or (self.target and self.target == active_revision):
             return probed
-        failed = f"verification key {f.key} ({f.digest or f.image}) failed in service: {f.summary}"
+        failed = f"verification key {f.key} ({f.digest or f.image}) failed in service: {clause(f.summary)}"
         if self.target:
             return at.condition(
                 SERVING,

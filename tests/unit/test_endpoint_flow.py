@@ -354,7 +354,10 @@ def test_an_engine_that_fails_a_prompt_is_an_engine_error_naming_prompt_and_mess
     neither a numeric mismatch nor a check that could not run."""
     w = World(endpoint_spec())
     rev = to_comparison(w)
-    said = {"prompt": "tokens-1", "message": "POST /v1/completions: HTTP 500: expect x to be transposed"}
+    said = {
+        "prompt": "tokens-1",
+        "message": "POST /v1/completions: HTTP 500: expect x to be transposed. See the root cause.",
+    }
     message = endpoint_message(
         "error", error="the engine failed prompt tokens-1: HTTP 500", engine_error=said
     )
@@ -363,6 +366,7 @@ def test_an_engine_that_fails_a_prompt_is_an_engine_error_naming_prompt_and_mess
     status, reason, text = w.condition("Verified")
     assert (status, reason) == ("False", Reason.ENGINE_ERROR)
     assert "prompt tokens-1" in text and "expect x to be transposed" in text, text
+    assert ".." not in text, f"the engine's closing period and the operator's make two: {text}"
     assert w.condition("Degraded")[:2] == ("True", Reason.ENGINE_ERROR)
     assert w.deployments[f"clef-flash-{rev}"].replicas == 0
     assert w.service is None
