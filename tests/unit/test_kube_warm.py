@@ -1,5 +1,5 @@
 """What a burst of passes would make once and keep is made before it, and what it opened is closed
-when work goes quiet (docs/performance.md, "Memory after deletion"): against a local HTTP server
+when work goes quiet (docs/performance.md, "Where the memory is"): against a local HTTP server
 that counts the requests and connections it sees."""
 
 from __future__ import annotations
