@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from clef_runtime.bench import add_bench_parser, run_bench_command
-from clef_runtime.bench.command import CPU_REFUSAL, Env, Options, bench_row
+from clef_runtime.bench.command import CPU_REFUSAL, Options
 from clef_runtime.bench.fla_peer import FlaPeer
 from clef_runtime.bench.floors import (
     CHUNK,
@@ -30,6 +30,7 @@ from clef_runtime.bench.floors import (
     projection_params,
     recurrent_floor,
 )
+from clef_runtime.bench.measure import Env, bench_row
 from clef_runtime.bench.report import ImplResult, RowResult, fmt_time, number_notes, table_lines
 from clef_runtime.bench.rows import ROWS, Context, Impl, Row, Setup, Tensors, rotation_sets, select_rows
 from clef_runtime.bench.timing import Budget, Stats, paired_ratios, time_rounds
