@@ -61,6 +61,24 @@ def _divides_heads(spec: dict[str, Any], *heads: str) -> bool:
 _TP = "(has(self.tensorParallel) ? self.tensorParallel : self.gpus)"
 
 
+# Engines whose tensor-parallel degree is always every GPU of the pod, and why.
+_TP_IS_GPUS = {
+    "candle-vllm": "candle-vllm shards only by tensor parallelism",
+    "mistralrs": "mistralrs takes every GPU of the pod (tensor parallel over all of them, or its layers"
+    " mapped across them) and has no flag for a degree",
+}
+
+
+def _tp_is_gpus(engine: str, why: str) -> Check:
+    """spec.tensorParallel, when set, must equal spec.gpus for `engine`."""
+    return Check(
+        f"self.engine != '{engine}' || !has(self.tensorParallel) || self.tensorParallel == self.gpus",
+        f"spec.tensorParallel: {why}, so tensorParallel must equal spec.gpus (or be left out)",
+        lambda s: s["engine"] != engine or _tp(s) == s["gpus"],
+        field_path=".tensorParallel",
+    )
+
+
 def _default_mode_cel() -> str:
     """CEL: the engine's default mode (DEFAULT_MODE), for a spec that sets none."""
     out = f"'{VerificationMode.KERNELS.value}'"
@@ -151,21 +169,7 @@ class ClefModelSpec(ApiModel):
             lambda s: _divides_heads(s, "linearNumKeyHeads", "linearNumValueHeads"),
             field_path=".tensorParallel",
         ),
-        Check(
-            "self.engine != 'candle-vllm' || !has(self.tensorParallel) || self.tensorParallel == self.gpus",
-            "spec.tensorParallel: candle-vllm shards only by tensor parallelism, so tensorParallel must equal"
-            " spec.gpus (or be left out)",
-            lambda s: s["engine"] != "candle-vllm" or _tp(s) == s["gpus"],
-            field_path=".tensorParallel",
-        ),
-        Check(
-            "self.engine != 'mistralrs' || !has(self.tensorParallel) || self.tensorParallel == self.gpus",
-            "spec.tensorParallel: mistralrs takes every GPU of the pod (tensor parallel over all of them, or"
-            " its layers mapped across them) and has no flag for a degree, so tensorParallel must equal"
-            " spec.gpus (or be left out)",
-            lambda s: s["engine"] != "mistralrs" or _tp(s) == s["gpus"],
-            field_path=".tensorParallel",
-        ),
+        *(_tp_is_gpus(engine, why) for engine, why in _TP_IS_GPUS.items()),
         Check(
             "self.engine != 'mistralrs' || has(self.gpuMemoryMiB)",
             "spec.gpuMemoryMiB: required for engine mistralrs (its KV cache is sized in MiB per GPU,"
