@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from clef_devcluster.gpunode import kwok_gpu_node
 from clef_devcluster.rest import Rest, object_path
 
 from .conftest import Cluster, wait_for
@@ -47,32 +48,17 @@ class Setup:
 
 
 def _node(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    node = {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {
-            "name": name,
-            "annotations": {"kwok.x-k8s.io/node": "fake"},
-            "labels": {
-                "kubernetes.io/hostname": name,
-                "type": "kwok",
-                "nvidia.com/gpu.present": "true",
-                "nvidia.com/gpu.product": PRODUCT,
-                "nvidia.com/gpu.memory": "16384",
-                FULL: OLD,
-                "nvidia.com/cuda.runtime-version.full": "12.4",
-            },
-        },
-        "spec": {"taints": [{"key": TAINT, "value": "true", "effect": "NoSchedule"}]},
-    }
     # Three GPUs: the first revision's pod, the driver verification, the next revision's pod.
-    room = {"cpu": "32", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": "3"}
-    status = {
-        "capacity": room,
-        "allocatable": room,
-        "addresses": [{"type": "InternalIP", "address": "10.10.0.37"}, {"type": "Hostname", "address": name}],
-    }
-    return node, status
+    return kwok_gpu_node(
+        name,
+        product=PRODUCT,
+        taint=TAINT,
+        gpus=3,
+        memory_mib=16384,
+        room={"cpu": "32", "memory": "256Gi", "pods": "110"},
+        labels={FULL: OLD, "nvidia.com/cuda.runtime-version.full": "12.4"},
+        addresses=[{"type": "InternalIP", "address": "10.10.0.37"}],
+    )
 
 
 @pytest.fixture(scope="module")

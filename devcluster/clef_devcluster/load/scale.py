@@ -30,6 +30,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from ..gpunode import kwok_gpu_node
 from ..host_operator import (
     OPERATOR_NAMESPACE,
     OPERATOR_SA,
@@ -56,25 +57,14 @@ PAGE = 500
 def gpu_node(name: str, gpus: int) -> tuple[dict[str, Any], dict[str, Any]]:
     """A kwok node with `gpus` GPUs and room for twice as many pods, tainted so that only the
     scale test's pods (which tolerate it) land there.  Returns (node, its status)."""
-    node = {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {
-            "name": name,
-            "annotations": {"kwok.x-k8s.io/node": "fake"},
-            "labels": {
-                "kubernetes.io/hostname": name,
-                "type": "kwok",
-                "nvidia.com/gpu.present": "true",
-                "nvidia.com/gpu.product": SCALE_PRODUCT,
-                "nvidia.com/gpu.memory": "81920",
-            },
-        },
-        "spec": {"taints": [{"key": SCALE_TAINT, "value": "true", "effect": "NoSchedule"}]},
-    }
-    room = {"cpu": "4096", "memory": "64Ti", "pods": str(2 * gpus + 10), "nvidia.com/gpu": str(gpus)}
-    status = {"capacity": room, "allocatable": room, "addresses": [{"type": "Hostname", "address": name}]}
-    return node, status
+    return kwok_gpu_node(
+        name,
+        product=SCALE_PRODUCT,
+        taint=SCALE_TAINT,
+        gpus=gpus,
+        memory_mib=81920,
+        room={"cpu": "4096", "memory": "64Ti", "pods": str(2 * gpus + 10)},
+    )
 
 
 def add_gpu_node(kubeconfig: Path, name: str, gpus: int) -> None:
