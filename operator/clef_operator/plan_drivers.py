@@ -34,7 +34,7 @@ from clef_operator.api import (
     effective_mode,
 )
 from clef_operator.observed import ModelRef, NodeState, Observed
-from clef_operator.plan_verification import POD_RECHECK_SECONDS
+from clef_operator.plan_verification import judge_job
 from clef_operator.render import (
     Owner,
     driver_affinity,
@@ -46,7 +46,7 @@ from clef_operator.render import (
 )
 from clef_operator.revision import job_name, short_hash
 from clef_operator.verdicts import Verdicts, sign
-from clef_operator.verification import Progress, judge
+from clef_operator.verification import Progress
 
 UNKNOWN = ""
 
@@ -226,11 +226,9 @@ def _drive(
         return Drivers(covered, actions=(CreateJob(manifest), said))
     if job.deleting:
         return Drivers(covered)
-    pods = observed.pods_of_job(job)
-    judged = judge(spec, job, pods, now)
+    judged, recheck = judge_job(spec, observed, job, now)
     if isinstance(judged, Progress):
-        # As for the spec's own Job: a refused pod changes nothing that wakes the loop.
-        return Drivers(covered, recheck=None if pods else POD_RECHECK_SECONDS)
+        return Drivers(covered, recheck=recheck)
     record = sign(secret, model, judged.record.model_copy(update={"run": "", "generation": model.generation}))
     stop = (DeleteJob(name),) if judged.stop_job else ()
     ran_on = shown(record.node_driver or UNKNOWN)

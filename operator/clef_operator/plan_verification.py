@@ -22,7 +22,7 @@ from clef_operator.api import (
 )
 from clef_operator.conditions import Reason
 from clef_operator.endpoint_flow import drive_endpoint
-from clef_operator.observed import ModelRef, Observed
+from clef_operator.observed import JobState, ModelRef, Observed
 from clef_operator.render import Owner, render_deployment, render_job, verify_argv
 from clef_operator.revision import job_name
 from clef_operator.verdicts import Verdicts, encode_verdict, sign
@@ -182,13 +182,21 @@ def _run_job(
         return Verification(
             running, name, progress=Progress(Reason.PENDING, f"waiting for Job {name} to be deleted")
         )
+    judged, recheck = judge_job(spec, observed, job, now)
+    if isinstance(judged, Progress):
+        return Verification(running, name, progress=judged, recheck=recheck)
+    return _concluded(spec, name, judged)
+
+
+def judge_job(
+    spec: ClefModelSpec, observed: Observed, job: JobState, now: datetime
+) -> tuple[Outcome | Progress, float | None]:
+    """A verification Job of `spec` judged by its pods: its outcome, or its progress and how soon
+    to look again.  Nothing wakes the loop when the Job controller is refused the pod (an event,
+    not a change to the Job): a Job with no pod is looked at again soon, not at the next resync."""
     pods = observed.pods_of_job(job)
     judged = judge(spec, job, pods, now)
-    if isinstance(judged, Progress):
-        # Nothing wakes the loop when the Job controller is refused the pod (an event, not a
-        # change to the Job): look again soon rather than at the next resync.
-        return Verification(running, name, progress=judged, recheck=None if pods else POD_RECHECK_SECONDS)
-    return _concluded(spec, name, judged)
+    return judged, None if pods or not isinstance(judged, Progress) else POD_RECHECK_SECONDS
 
 
 def _concluded(spec: ClefModelSpec, name: str, outcome: Outcome) -> Verification:
