@@ -9,6 +9,7 @@ import itertools
 from dataclasses import replace
 from typing import Any
 
+import pytest
 from clef_builders import GOOD, World, digest_for, make_spec, passed_record
 
 from clef_operator import labels
@@ -237,35 +238,34 @@ def test_a_new_driver_is_verified_before_a_revision_may_run_there_and_its_pass_w
     assert _driver_jobs(w) == [job], "no second verification of a covered driver"
 
 
-def test_a_driver_that_fails_stays_unverified_and_is_not_tried_again() -> None:
+def _new_driver_verified(exit_code: int = 0, ran_on: str = NEW) -> tuple[World, str]:
+    """A model served on OLD, a node of NEW added, and its driver Job finished (`exit_code`) on a
+    node that reported `ran_on` at the end: (the world, the Job)."""
     w = _deployed()
     w.nodes.append(_node("worker-9", NEW))
     w.step()
     [job] = _driver_jobs(w)
-    w.finish_job(job, exit_code=1, message="")
-    w.set_job_pod(job, node_driver=NEW)
+    w.finish_job(job, exit_code=exit_code, message="" if exit_code else None)
+    w.set_job_pod(job, node_driver=ran_on)
+    return w, job
+
+
+@pytest.mark.parametrize(
+    ("exit_code", "ran_on"),
+    [(1, NEW), (0, "535.1")],
+    ids=["the-verification-failed", "it-passed-on-a-node-relabelled-meanwhile"],
+)
+def test_a_driver_not_verified_stays_unverified_and_is_not_tried_again(exit_code: int, ran_on: str) -> None:
+    """A failed run, or a pass on a node whose driver changed before it finished (it covers only
+    what it ran on), leaves NEW unverified: judged once, never re-run, serving still pinned to OLD."""
+    w, job = _new_driver_verified(exit_code, ran_on)
     w.step()
     assert "DriverVerificationFailed" in w.event_reasons()
     for _ in range(3):
         w.step()
-    assert _driver_jobs(w) == [job]
-    assert w.event_reasons().count("DriverVerificationFailed") == 1, "judged once, never re-run"
-    assert _affinity(w) == driver_terms((OLD,))
-
-
-def test_a_pass_on_a_node_relabelled_meanwhile_covers_only_what_it_ran_on() -> None:
-    w = _deployed()
-    w.nodes.append(_node("worker-9", NEW))
-    w.step()
-    [job] = _driver_jobs(w)
-    w.finish_job(job)
-    w.set_job_pod(job, node_driver="535.1")
-    w.step()
-    assert "DriverVerificationFailed" in w.event_reasons()
-    w.step()
-    assert _affinity(w) == driver_terms((OLD,))
     assert _driver_jobs(w) == [job], "not tried again"
-    assert w.event_reasons().count("DriverVerificationFailed") == 1
+    assert w.event_reasons().count("DriverVerificationFailed") == 1, "judged once"
+    assert _affinity(w) == driver_terms((OLD,))
 
 
 def test_an_unlabelled_node_is_one_unknown_driver_and_gets_its_own_verification() -> None:
@@ -308,12 +308,7 @@ def test_one_driver_at_a_time_and_a_verification_no_longer_wanted_is_stopped() -
 
 
 def test_a_reverify_starts_the_set_again_from_the_new_pass() -> None:
-    w = _deployed()
-    w.nodes.append(_node("worker-9", NEW))
-    w.step()
-    [job] = _driver_jobs(w)
-    w.finish_job(job)
-    w.set_job_pod(job, node_driver=NEW)
+    w, job = _new_driver_verified()
     w.step()
     w.model = replace(w.model, annotations={labels.REVERIFY: "1"})
     w.step()
@@ -329,12 +324,7 @@ def test_a_reverify_starts_the_set_again_from_the_new_pass() -> None:
 
 
 def _widened() -> World:
-    w = _deployed()
-    w.nodes.append(_node("worker-9", NEW))
-    w.step()
-    [job] = _driver_jobs(w)
-    w.finish_job(job)
-    w.set_job_pod(job, node_driver=NEW)
+    w, _job = _new_driver_verified()
     for _ in range(2):
         w.step()
         w.settle()
