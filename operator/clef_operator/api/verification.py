@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import Field
 
@@ -12,6 +12,15 @@ from clef_operator.api.enums import BuiltinPrompts, Suite, VerificationMode, Wat
 from clef_operator.checks import Check, in_range, matching
 
 _PROMPT_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+_RUNTIME_EXAMPLE = "registry.example/clef-runtime:1.0"
+# The two optional images of clef's runtime: the endpoint mode's and the kernels verifier's.
+RuntimeImage = Annotated[str, *image_reference("spec.verification.endpoint.runtimeImage", _RUNTIME_EXAMPLE)]
+VerifierImage = Annotated[str, *image_reference("spec.verification.image", _RUNTIME_EXAMPLE)]
+
+
+def _optional_image(description: str) -> Any:
+    """The Field of an optional image reference (at most 512 characters)."""
+    return Field(default=None, max_length=512, description=description)
 
 
 class EndpointPrompt(ApiModel):
@@ -48,17 +57,9 @@ class EndpointSpec(ApiModel):
         ),
     )
 
-    runtime_image: (
-        Annotated[
-            str,
-            *image_reference("spec.verification.endpoint.runtimeImage", "registry.example/clef-runtime:1.0"),
-        ]
-        | None
-    ) = Field(
-        default=None,
-        max_length=512,
-        description="The clef runtime image that makes the goldens (on a GPU) and runs the comparison (on a CPU):"
-        " a foreign engine's image does not bundle clef-runtime.  Required for modes endpoint and both.",
+    runtime_image: RuntimeImage | None = _optional_image(
+        "The clef runtime image that makes the goldens (on a GPU) and runs the comparison (on a CPU):"
+        " a foreign engine's image does not bundle clef-runtime.  Required for modes endpoint and both."
     )
     builtin_prompts: BuiltinPrompts = Field(
         default=BuiltinPrompts.ALL,
@@ -153,17 +154,9 @@ class VerificationSpec(ApiModel):
             description="Multiplies every check's tolerance (`verify --tolerance-scale`); unset: the runtime's own.",
         )
     )
-    image: (
-        Annotated[
-            str,
-            *image_reference("spec.verification.image", "registry.example/clef-runtime:1.0"),
-        ]
-        | None
-    ) = Field(
-        default=None,
-        max_length=512,
-        description="Run verification in this image instead of spec.image (serving is then pinned to spec.image as"
-        " written, not to a verified digest).",
+    image: VerifierImage | None = _optional_image(
+        "Run verification in this image instead of spec.image (serving is then pinned to spec.image as"
+        " written, not to a verified digest)."
     )
     command: list[Annotated[str, Field(max_length=1024), no_nul("spec.verification.command[]")]] = Field(
         default_factory=list,
