@@ -66,7 +66,7 @@ def test_a_replayed_verify_gives_the_operator_the_real_runs_verdict(
         )
     memo_dir = cluster.local.dir / MEMO_DIR
     if not memo_dir.is_dir():
-        missing_prerequisite("the verify memo is off in this session (CLEF_VERIFY_MEMO=0)")
+        missing_prerequisite("the verify memo is off in this session (CLEF_VERIFY_MEMO=0): unset it")
     # An env value of this test's own makes keys no other run of the session has: the first run
     # of each is real, the second (same spec, another ClefModel) is replayed.
     env = [{"name": "MEMO_TEST_RUN", "value": uuid.uuid4().hex}]

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import torch
+from devices import tier_device
 
 from clef_runtime.dtypes import NAMES, torch_dtype
 from clef_runtime.interpreter import interpreting, round_bf16_like_gpus
@@ -63,9 +64,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 @pytest.fixture(scope="session")
 def device() -> torch.device:
     """Where the CPU-tier tests run: CUDA when kernels are compiled for it, else the CPU."""
-    if torch.cuda.is_available() and not interpreting():
-        return torch.device("cuda")
-    return torch.device("cpu")
+    return tier_device()
 
 
 @pytest.fixture(scope="session")

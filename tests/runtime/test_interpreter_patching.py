@@ -16,7 +16,9 @@ import triton.language as tl
 from clef_runtime.interpreter import interpreting, patch_language_once_per_launch
 
 pytestmark = pytest.mark.skipif(
-    not interpreting(), reason="skip: checks Triton's CPU interpreter; TRITON_INTERPRET is not set"
+    not interpreting(),
+    reason="skip: checks Triton's CPU interpreter, which this process did not choose: rerun with "
+    "TRITON_INTERPRET=1 (make test-runtime sets it)",
 )
 
 ROWS, STEPS, BLOCK = 3, 5, 16

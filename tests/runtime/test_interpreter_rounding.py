@@ -15,7 +15,9 @@ import torch
 from clef_runtime.interpreter import interpreting
 
 pytestmark = pytest.mark.skipif(
-    not interpreting(), reason="skip: checks Triton's CPU interpreter; TRITON_INTERPRET is not set"
+    not interpreting(),
+    reason="skip: checks Triton's CPU interpreter, which this process did not choose: rerun with "
+    "TRITON_INTERPRET=1 (make test-runtime sets it)",
 )
 
 

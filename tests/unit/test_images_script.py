@@ -10,8 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from kubectl_gate import require_kubectl
 
-from clef_devcluster.kustomize import find, find_kubectl, kustomize_build
+from clef_devcluster.kustomize import find, kustomize_build
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "hack" / "images.py"
@@ -79,9 +80,7 @@ def _pin(tmp_path: Path, digests: dict[str, object]) -> subprocess.CompletedProc
 
 
 def test_pinned_overlay_points_the_base_at_the_built_digest(tmp_path: Path) -> None:
-    kubectl = find_kubectl()
-    if kubectl is None:
-        pytest.skip("no kubectl to render kustomize with (make cluster-build provides one)")
+    kubectl = require_kubectl()
     ref = "registry.homelab.lan/clef/clef-operator:0.1.0"
     result = _pin(tmp_path, {"clef-operator": {"ref": ref, "digest": DIGEST, "commit": "c0ffee"}})
     assert result.returncode == 0, result.stderr

@@ -13,46 +13,33 @@ from urllib.parse import urlsplit
 
 import pytest
 import yaml
+from kubectl_gate import require_kubectl
 
 from clef_devcluster.host_operator import OPERATOR_NAMESPACE, OPERATOR_SA
 from clef_devcluster.images import seed_table
-from clef_devcluster.kustomize import BASE, DEMO, HOMELAB, find, find_kubectl, kustomize_build
+from clef_devcluster.kustomize import BASE, DEMO, HOMELAB, find, kustomize_build
 from clef_devcluster.rbac_audit import granted_to, rule_permissions
 from clef_operator.api import ClefModelSpec
 from clef_operator.cli import build_parser
 from clef_operator.crdgen import render_crd_yaml
 from clef_operator.kvcache import estimate_kv_cache_tokens
 
-KUBECTL = find_kubectl()
 Objects = list[dict[str, Any]]
-
-
-def _kubectl() -> str:
-    if KUBECTL is None:
-        reason = (
-            "no kubectl to render kustomize with: the local cluster's build provides one "
-            "(make cluster-build), or put kubectl >= 1.27 on PATH"
-        )
-        # CI must render the trees: there a missing kubectl is a failure, not a skip.
-        if os.environ.get("CLEF_REQUIRE_CLUSTER", "") not in ("", "0"):
-            pytest.fail(reason, pytrace=False)
-        pytest.skip(reason)
-    return KUBECTL
 
 
 @pytest.fixture(scope="module")
 def base() -> Objects:
-    return kustomize_build(_kubectl(), BASE)
+    return kustomize_build(require_kubectl(), BASE)
 
 
 @pytest.fixture(scope="module")
 def homelab() -> Objects:
-    return kustomize_build(_kubectl(), HOMELAB)
+    return kustomize_build(require_kubectl(), HOMELAB)
 
 
 @pytest.fixture(scope="module")
 def demo() -> Objects:
-    return kustomize_build(_kubectl(), DEMO)
+    return kustomize_build(require_kubectl(), DEMO)
 
 
 def kinds(objects: Objects) -> list[tuple[str, str]]:
@@ -186,7 +173,7 @@ def _with_component(tmp_path: Path, component: str) -> Objects:
     (here / "kustomization.yaml").write_text(
         f"resources: [{rel}/base]\ncomponents: [{rel}/components/{component}]\n"
     )
-    return kustomize_build(_kubectl(), here)
+    return kustomize_build(require_kubectl(), here)
 
 
 def test_servicemonitor_component_scrapes_the_metrics_port(base: Objects, tmp_path: Path) -> None:

@@ -125,7 +125,10 @@ def test_the_operator_runs_without_glibcs_thread_caches_unless_told_otherwise() 
     import sys
 
     if memory._LIBC is None or not hasattr(memory._LIBC, "gnu_get_libc_version"):
-        pytest.skip("not glibc: there is no per-thread cache to switch off")
+        pytest.skip(
+            "skip: this Python does not run on glibc, so there is no per-thread cache to switch off; "
+            "run it on a glibc Linux (the operator's image is one)"
+        )
     probe = (
         "import os; print(os.getpid(), os.environ.get('GLIBC_TUNABLES'), flush=True); "
         "from clef_operator.manager import memory; memory.without_thread_caches(); print('after')"
