@@ -104,6 +104,9 @@ class Why:
     UNSCHEDULABLE = "Unschedulable"
     IMAGE_PULL = "ImagePullFailed"
     CONTAINER_ERROR = "ContainerError"
+    # A serving pod's node reports a driver its revision was not verified on (it changed under the
+    # running pod): the pod lost the serving label (`plan_drivers.off_their_drivers`).
+    UNVERIFIED_DRIVER = "UnverifiedDriver"
     AS_EXPECTED = "AsExpected"
     # Set by the pass (`reconcile`), not the planner: the stored spec does not validate.
     INVALID_SPEC = "InvalidSpec"

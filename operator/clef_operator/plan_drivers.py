@@ -18,7 +18,7 @@ model meanwhile.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -133,6 +133,58 @@ def uncovered(
         if eligible(spec, gpu_class, n) and n.driver not in covered:
             out.setdefault(n.driver, []).append(n.name)
     return dict(sorted(out.items()))
+
+
+def satisfies(node_labels: Mapping[str, str], terms: Iterable[Mapping[str, Any]]) -> bool:
+    """Kubernetes' rule for required node affinity: some term whose every expression holds (the
+    operators clef renders, In and DoesNotExist, and their opposites NotIn and Exists)."""
+
+    def holds(e: Mapping[str, Any]) -> bool:
+        value, op = node_labels.get(e["key"]), e["operator"]
+        if op in ("In", "NotIn"):
+            return (value in e.get("values", ())) == (op == "In")
+        if op in ("Exists", "DoesNotExist"):
+            return (value is not None) == (op == "Exists")
+        return False  # Gt/Lt: never rendered by clef; a pod pinned so is not vouched for
+
+    return any(all(holds(e) for e in t.get("matchExpressions", ())) for t in terms)
+
+
+def _required_terms(template: Mapping[str, Any] | None) -> list[Mapping[str, Any]] | None:
+    affinity = ((template or {}).get("spec") or {}).get("affinity") or {}
+    required = (affinity.get("nodeAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution")
+    return None if required is None else list(required.get("nodeSelectorTerms") or ())
+
+
+def off_their_drivers(observed: Observed) -> dict[str, str]:
+    """Serving pods whose node no longer satisfies the driver pin of their revision's pod template
+    (the scheduler checks required node affinity only when it places a pod: a driver upgraded under
+    a running pod, whose engine restarts on it, is never seen): pod name -> why.  They lose the
+    serving label (`children.label_verified_pods`), and get it back when their node reports a
+    driver their revision covers again; a node of the GPU class with an uncovered driver gets its
+    verification (`plan_drivers`), whose pass widens the pin into a new revision that replaces them."""
+    nodes = {n.name: n for n in observed.nodes}
+    templates = {d.revision: d.template for d in observed.deployments}
+    pins: dict[str, list[Mapping[str, Any]] | None] = {}
+    out: dict[str, str] = {}
+    for p in observed.pods:
+        node = nodes.get(p.node_name)
+        if (
+            p.component != labels.COMPONENT_SERVING
+            or p.deleting
+            or node is None
+            or p.revision not in templates
+        ):
+            continue
+        if p.revision not in pins:
+            pins[p.revision] = _required_terms(templates[p.revision])
+        terms = pins[p.revision]
+        if terms is not None and not satisfies(node.labels, terms):
+            out[p.name] = (
+                f"node {node.name} now reports driver {shown(node.driver)}, which no verification of"
+                f" revision {p.revision} ran on; the driver is verified before it serves there again"
+            )
+    return out
 
 
 def render_driver_job(

@@ -3,7 +3,7 @@ did, and the status it writes (what happened, after it happened)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from clef_operator import labels
@@ -62,10 +62,12 @@ def derive_conditions(
     move: Move,
     retired: Retirement,
     drift: Drift | None = None,
+    off_driver: Mapping[str, str] | None = None,
 ) -> Conditions:
     """Rule 7: Verified says what the verdict is; Ready what serves (only what the Service
     selects); Progressing where the rollout stands; Degraded what needs a human, in the words of
-    the scheduler, the container or the verification."""
+    the scheduler, the container or the verification.  `off_driver`: serving pods withheld from
+    the Service because their node's driver changed under them (`plan_drivers.off_their_drivers`)."""
     active_problems = (
         pod_problems(observed.pods_of_revision(move.active_revision)) if move.active_revision else []
     )
@@ -83,10 +85,17 @@ def derive_conditions(
             verification,
             active,
             verified,
-            candidate_problems + active_problems,
+            candidate_problems + active_problems + _unverified_drivers(off_driver or {}),
             _refused_pods(observed, move),
         ),
     )
+
+
+def _unverified_drivers(off_driver: Mapping[str, str]) -> list[PodProblem]:
+    return [
+        PodProblem(Why.UNVERIFIED_DRIVER, f"pod {name} no longer serves: {why}")
+        for name, why in sorted(off_driver.items())
+    ]
 
 
 def _refused_pods(observed: Observed, move: Move) -> str:

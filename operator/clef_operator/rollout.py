@@ -68,7 +68,7 @@ from clef_operator.api import ClefModelSpec, ClefModelStatus, VerificationRecord
 from clef_operator.children import label_verified_pods, revert_drift
 from clef_operator.conditions import SERVING, Stamp
 from clef_operator.observed import ModelRef, Observed
-from clef_operator.plan_drivers import plan_drivers
+from clef_operator.plan_drivers import off_their_drivers, plan_drivers
 from clef_operator.plan_revisions import move_towards_desired, retire_old_revisions, stop_stale_previews
 from clef_operator.plan_rollback import roll_back, served_verdict, with_failure
 from clef_operator.plan_service import active_revision
@@ -126,11 +126,16 @@ def plan_rollout(
     probes = plan_probes(
         stamp, model, owner, spec, observed, probed, move.active_revision, previous, verdict_key, rollback
     )
-    serving_labels = label_verified_pods(model, spec, observed, verdict_key, probes.withheld)
+    off_driver = off_their_drivers(observed)
+    serving_labels = label_verified_pods(
+        model, spec, observed, verdict_key, {**off_driver, **probes.withheld}
+    )
     previews = stop_stale_previews(observed, {verification.preview, desired.revision, move.active_revision})
     retired = retire_old_revisions(spec, observed, move, now, {verification.preview, *previews.stopped})
     conditions = replace(
-        derive_conditions(stamp, model, spec, observed, verification, active, move, retired, drift),
+        derive_conditions(
+            stamp, model, spec, observed, verification, active, move, retired, drift, off_driver
+        ),
         serving=probes.serving,
     )
     new_status = build_status(

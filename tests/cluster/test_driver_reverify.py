@@ -4,7 +4,8 @@ re-verification before a new pod of the model lands there.
 A kwok node of a GPU class of this test's own (tainted, so that no other test's pods land on it)
 reports driver OLD.  `drv` (kernels mode) is verified there and served, its pods pinned to OLD.
 Then the node's driver label becomes NEW, as a driver upgrade in place leaves it.  The serving pod
-already there keeps running (the pin is required at scheduling, ignored during execution); the
+already there keeps running (the pin is required at scheduling, ignored during execution) but
+loses the serving label before anything is verified on NEW (`plan_drivers.off_their_drivers`); the
 operator runs a kernels Job of the digest that passed, pinned to NEW, and only after it passed does
 a revision pinned to {OLD, NEW} roll out, whose pod lands on the node.  The order is read from one
 gap-free watch of the namespace's pods (watches.py), not sampled.
@@ -38,6 +39,7 @@ OLD, NEW = "550.127.05", "570.86.15"
 STEP = "clef.riotpiao.com/verification-step"
 REVISION_OF = "clef.riotpiao.com/revision-of"
 REVISION = "clef.riotpiao.com/revision"
+SERVING_LABEL = "clef.riotpiao.com/model"
 
 
 @dataclass
@@ -154,6 +156,13 @@ def test_a_node_whose_driver_changes_is_verified_before_a_new_pod_of_the_model_l
     assert driver_pods, "no driver verification pod was seen"
     assert {c.obj.spec.node_name for c in driver_pods if c.obj.spec.node_name} == {node}
     succeeded = next(c.resource_version for c in driver_pods if c.obj.status.phase == "Succeeded")
+    # The pod that was serving when the driver changed under it left the Service first.
+    [serving] = [
+        p.metadata.name for p in pods.initial if (p.metadata.labels or {}).get(SERVING_LABEL) == NAME
+    ]
+    left = [c.resource_version for c in changes if c.name == serving and SERVING_LABEL not in labels_of(c)]
+    assert left and min(left) < succeeded, f"{serving} kept serving on an unverified driver: {left}"
+    assert "PodCordoned" in m.event_reasons(NAME)
     # Every serving pod that got a node after the label changed: only the new revision's, only
     # after the driver verification succeeded.
     bound = [

@@ -13,13 +13,15 @@ import pytest
 from clef_builders import GOOD, World, digest_for, make_spec, passed_record
 
 from clef_operator import labels
+from clef_operator.actions import LabelPod
 from clef_operator.api import ClefModelStatus, Toleration, Verdict
-from clef_operator.observed import ModelRef, NodeState, Taint, node_versions
+from clef_operator.observed import ModelRef, NodeState, PodState, Taint, node_versions
 from clef_operator.plan_drivers import (
     covered_drivers,
     driver_key,
     eligible,
     pinned,
+    satisfies,
     tolerates,
     uncovered,
 )
@@ -70,6 +72,22 @@ def test_the_terms_admit_exactly_the_nodes_whose_driver_is_covered() -> None:
             for node in NODE_LABELS:
                 expected = node_versions(node)[0] in drivers
                 assert _matches(terms, node) == expected, (drivers, node)
+
+
+def test_the_operators_rule_for_required_affinity_is_kubernetes_rule() -> None:
+    """`satisfies` (what a running pod's node is held to) agrees with the reference above on every
+    pin clef renders, and follows Kubernetes for NotIn and Exists, which it does not render."""
+    values = [OLD, NEW, "", "535.1"]
+    for n in range(1, len(values) + 1):
+        for drivers in itertools.combinations(values, n):
+            terms = driver_terms(drivers)
+            for node in NODE_LABELS:
+                assert satisfies(node, terms) == _matches(terms, node), (drivers, node)
+    not_in = [{"matchExpressions": [{"key": FULL, "operator": "NotIn", "values": [OLD]}]}]
+    exists = [{"matchExpressions": [{"key": FULL, "operator": "Exists"}]}]
+    assert satisfies({FULL: NEW}, not_in) and not satisfies({FULL: OLD}, not_in) and satisfies({}, not_in)
+    assert satisfies({FULL: OLD}, exists) and not satisfies({}, exists)
+    assert not satisfies({FULL: OLD}, []), "no term: no node"
 
 
 def test_a_version_that_is_not_three_parts_is_matched_by_the_full_label_only() -> None:
@@ -347,3 +365,67 @@ def test_a_deleted_active_revision_is_recreated_with_the_drivers_it_was_pinned_t
     w.step()
     assert "RevisionRecreated" in w.event_reasons()
     assert _affinity(w, active.revision) == driver_terms((OLD, NEW)), "the same revision, as it was"
+
+
+# ------------------------------------------------------------------------ a driver changed under a pod
+
+
+def _serving_on(w: World, node: str = "worker-1") -> str:
+    """A Ready pod of the active revision on `node`, labelled by clef; its name."""
+    active = w.active_deployment()
+    assert active is not None
+    name = f"{active.name}-abc12"
+    w.pods[name] = PodState(
+        name=name, component=labels.COMPONENT_SERVING, revision=active.revision, phase="Running",
+        ready=True, uid="uid-serving", ip="10.0.0.9", node_name=node, revision_of=w.model.name,
+    )  # fmt: skip
+    w.step()
+    assert w.pods[name].serving_label == w.model.name
+    return name
+
+
+def _relabel(w: World, node: str, driver: str) -> None:
+    w.nodes = [_node(node, driver) if n.name == node else n for n in w.nodes]
+
+
+def test_a_pod_whose_node_driver_changes_under_it_leaves_the_service_until_the_driver_is_verified() -> None:
+    w = _deployed()
+    pod = _serving_on(w)
+    _relabel(w, "worker-1", NEW)
+    plan = w.step()
+    assert LabelPod(pod, {labels.MODEL: None}) in plan.actions
+    assert w.pods[pod].serving_label == ""
+    assert "PodCordoned" in w.event_reasons()
+    status, reason, message = w.condition("Degraded")
+    assert (status, reason) == ("True", "UnverifiedDriver")
+    assert pod in message and "worker-1" in message and NEW in message, message
+    [job] = _driver_jobs(w)
+    assert w.manifests[job]["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"] == driver_terms((NEW,)), "its driver is verified"
+    for _ in range(2):
+        w.step()
+    assert w.pods[pod].serving_label == "", "never given back while the driver is not covered"
+    assert w.event_reasons().count("PodCordoned") == 1
+    # The node goes back to the driver the revision was verified on: the pod serves again.
+    _relabel(w, "worker-1", OLD)
+    w.step()
+    assert w.pods[pod].serving_label == w.model.name
+    assert w.condition("Degraded")[:2] == ("False", "AsExpected")
+
+
+def test_pods_on_nodes_of_covered_drivers_and_unpinned_models_keep_serving() -> None:
+    w = _deployed()
+    pod = _serving_on(w)
+    w.nodes.append(_node("worker-9", NEW))  # another node's driver: verified, but nobody moves
+    w.step()
+    assert w.pods[pod].serving_label == w.model.name
+    assert w.condition("Degraded")[0] == "False"
+    unpinned = World(make_spec(verification={"required": False}), nodes=[_node("worker-1", OLD)])
+    unpinned.step()
+    unpinned.settle()
+    unpinned.step()
+    free = _serving_on(unpinned)
+    _relabel(unpinned, "worker-1", NEW)
+    unpinned.step()
+    assert unpinned.pods[free].serving_label == unpinned.model.name, "no pin: no driver to hold it to"
