@@ -22,7 +22,7 @@ from typing import Any
 
 from clef_operator import labels
 from clef_operator.actions import Action, Event, LabelPod, PatchServicePorts, ReplaceTemplate
-from clef_operator.api import ClefModelSpec, Verdict
+from clef_operator.api import ServiceSpec, Verdict
 from clef_operator.drift import as_dict, template_drift
 from clef_operator.observed import DeploymentState, ModelRef, Observed, ServiceState
 from clef_operator.render import SERVICE_PORT_NAME, service_port
@@ -140,9 +140,9 @@ def _port_matches(observed: Mapping[str, Any], wanted: Mapping[str, Any]) -> boo
     )
 
 
-def wanted_ports(svc: ServiceState, spec: ClefModelSpec) -> tuple[Mapping[str, Any], ...] | None:
-    """The Service's ports with clef's `http` port as the spec says; None when they already are."""
-    wanted = service_port(spec)
+def wanted_ports(svc: ServiceState, service: ServiceSpec) -> tuple[Mapping[str, Any], ...] | None:
+    """The Service's ports with clef's `http` port as spec.service says; None when they already are."""
+    wanted = service_port(service)
     ours = [p for p in svc.ports if p.get("name") == SERVICE_PORT_NAME]
     others = [p for p in svc.ports if p.get("name") != SERVICE_PORT_NAME]
     if len(ours) == 1 and _port_matches(ours[0], wanted):
@@ -155,29 +155,29 @@ def wanted_ports(svc: ServiceState, spec: ClefModelSpec) -> tuple[Mapping[str, A
     return (wanted | node_port, *kept)
 
 
-def unnamed_port_conflict(svc: ServiceState | None, spec: ClefModelSpec) -> str:
+def unnamed_port_conflict(svc: ServiceState | None, service: ServiceSpec) -> str:
     """Why clef cannot put its `http` port on an adopted Service ("" when it can): the API server
     requires a name on every port of a Service with more than one, and clef never renames a port
     it does not own.  Said once, as a conflict, instead of a patch refused on every pass."""
     if svc is None or svc.owned:
         return ""
-    ports = wanted_ports(svc, spec)
+    ports = wanted_ports(svc, service)
     unnamed = [p for p in ports or () if not p.get("name")]
     if not unnamed or len(ports or ()) < 2:
         return ""
     shown = ", ".join(f"{p.get('port')}->{p.get('targetPort', p.get('port'))}" for p in unnamed)
     return (
         f"Service {svc.name} has a port without a name ({shown}), and a Service with two ports needs a name"
-        f" on each: clef cannot add its `http` port ({spec.service.port}->{spec.service.container_port})"
+        f" on each: clef cannot add its `http` port ({service.port}->{service.container_port})"
         " beside it. Name that port, or set spec.service.port and containerPort to that port's numbers"
         " so that clef uses it as it is"
     )
 
 
-def repair_ports(svc: ServiceState | None, spec: ClefModelSpec) -> tuple[Action, ...]:
+def repair_ports(svc: ServiceState | None, service: ServiceSpec) -> tuple[Action, ...]:
     if svc is None:
         return ()
-    ports = wanted_ports(svc, spec)
+    ports = wanted_ports(svc, service)
     if ports is None:
         return ()
     was = ", ".join(f"{p.get('name', '')}:{p.get('port')}->{p.get('targetPort')}" for p in svc.ports)
@@ -186,7 +186,7 @@ def repair_ports(svc: ServiceState | None, spec: ClefModelSpec) -> tuple[Action,
         Event(
             "Normal",
             "ServiceRepaired",
-            f"Service {svc.name} port http set to {spec.service.port}->{spec.service.container_port}"
+            f"Service {svc.name} port http set to {service.port}->{service.container_port}"
             f" (was: {was or 'none'})",
         ),
     )
@@ -245,7 +245,7 @@ def verified_revisions(model: ModelRef, observed: Observed, verdict_key: bytes) 
 
 def label_verified_pods(
     model: ModelRef,
-    spec: ClefModelSpec,
+    required: bool,
     observed: Observed,
     verdict_key: bytes,
     withheld: Mapping[str, str] | None = None,
@@ -255,11 +255,12 @@ def label_verified_pods(
     preview that carries it (someone put it there: clef never does).  Serving pods are created
     without it (`render.serving_pod_labels`), so a preview, which has no verdict yet, is selected by
     no Service that selects on it (docs/operations.md, "Selecting serving pods").  A model that
-    does not require verification serves its revisions without a verdict: every one but a preview.
+    does not require verification (not `required`: spec.verification.required) serves its
+    revisions without a verdict: every one but a preview.
     A pod in `withheld` (cordoned by a failed probe, `plan_watch`: name -> why) never has it: it
     is taken off, with a `PodCordoned` event."""
     withheld = withheld or {}
-    if spec.verification.required:
+    if required:
         verified = verified_revisions(model, observed, verdict_key)
     else:
         verified = {

@@ -25,7 +25,7 @@ from clef_contract.endpoint import parse_endpoint_report
 from clef_contract.goldens import parse_goldens_report
 from clef_contract.report import ReportInvalid, ReportMissing
 from clef_operator import labels
-from clef_operator.api import ENGINE_DIALECT, ClefModelSpec, FailingCheck, Step
+from clef_operator.api import ENGINE_DIALECT, ClefModelSpec, Engine, FailingCheck, Step
 from clef_operator.conditions import Reason, Why
 from clef_operator.goldens import GOLDENS_FILE, Trusted, endpoint_of
 from clef_operator.observed import JobState, PodState
@@ -38,7 +38,6 @@ from clef_operator.render import (
     job_manifest,
     object_labels,
     placement,
-    render_deployment,
 )
 from clef_operator.revision import REVERIFY_SUFFIX_LENGTH
 from clef_operator.verification import Progress, pick_pod
@@ -48,8 +47,9 @@ GOLDENS_MOUNT = "/goldens"
 MAX_FAILING = 5
 
 
-def dialect_of(spec: ClefModelSpec) -> str:
-    return ENGINE_DIALECT[spec.engine.value]
+def dialect_of(engine: Engine) -> str:
+    """The API dialect of `engine` (spec.engine)."""
+    return ENGINE_DIALECT[engine.value]
 
 
 def check_job_name(model: str, key: str, run: str) -> str:
@@ -58,17 +58,10 @@ def check_job_name(model: str, key: str, run: str) -> str:
     return name + ("-" + run[:REVERIFY_SUFFIX_LENGTH] if run else "")
 
 
-def render_preview(
-    owner: Owner, spec: ClefModelSpec, key: str, image: str, gpu_class: str | None, since: datetime
-) -> dict[str, Any]:
-    """The candidate Deployment at one replica: the revision that would serve `image` on
-    `gpu_class`, marked as the preview of `key` and when it started."""
-    annotations = {
-        labels.IMAGE: spec.image,
-        labels.PREVIEW_FOR: key,
-        labels.PREVIEW_SINCE: since.isoformat(),
-    }
-    return render_deployment(owner, spec, image, 1, annotations, gpu_class)
+def preview_annotations(tag: str, key: str, since: datetime) -> dict[str, str]:
+    """A preview: the candidate Deployment at one replica (the revision that would serve), marked
+    as the preview of verification key `key` of spec.image `tag`, and when it started."""
+    return {labels.IMAGE: tag, labels.PREVIEW_FOR: key, labels.PREVIEW_SINCE: since.isoformat()}
 
 
 def preview_url(spec: ClefModelSpec, pod: PodState) -> str:
@@ -87,7 +80,7 @@ def comparison_argv(spec: ClefModelSpec, pod: PodState, goldens_sha256: str) -> 
         "--goldens-sha256",
         goldens_sha256,
         "--dialect",
-        dialect_of(spec),
+        dialect_of(spec.engine),
         "--timeout",
         str(endpoint.request_timeout_seconds),
     ]

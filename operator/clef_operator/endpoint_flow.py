@@ -44,23 +44,23 @@ from clef_operator.endpoint import (
     dialect_of,
     goldens_read,
     judge_run,
+    preview_annotations,
     read_comparison,
     read_goldens,
     render_comparison_job,
-    render_preview,
 )
 from clef_operator.goldens import (
     Trusted,
     Unusable,
     check_stored,
     goldens_argv,
-    goldens_key,
     goldens_name,
     render_goldens_job,
     stored_goldens,
 )
 from clef_operator.observed import ConfigMapState, DeploymentState, JobState, ModelRef, Observed, PodState
-from clef_operator.render import Owner
+from clef_operator.render import Owner, render_deployment
+from clef_operator.renderings import Renderings
 from clef_operator.revision import pinned_reference
 from clef_operator.verdicts import sign
 from clef_operator.verification import Progress, Verification, VerificationState
@@ -76,12 +76,19 @@ class Ctx:
     """What every record of this verification shares."""
 
     model: ModelRef
-    owner: Owner
+    rendered: Renderings
     spec: ClefModelSpec
-    key: str
     run: str
     now: datetime
     secret: bytes
+
+    @property
+    def owner(self) -> Owner:
+        return self.rendered.owner
+
+    @property
+    def key(self) -> str:
+        return self.rendered.key
 
     def record(
         self,
@@ -126,9 +133,8 @@ def _running(job: str, reason: str, message: str, *actions: Action, **fields: An
 
 def drive_endpoint(
     model: ModelRef,
-    owner: Owner,
+    rendered: Renderings,
     spec: ClefModelSpec,
-    key: str,
     run: str,
     observed: Observed,
     now: datetime,
@@ -137,9 +143,9 @@ def drive_endpoint(
 ) -> Verification:
     """The next step of the endpoint verification of `key` (after `kernels`, the signed pass of
     the kernels suite in mode both)."""
-    ctx = Ctx(model, owner, spec, key, run, now, secret)
-    check = check_job_name(model.name, key, run)
-    gname = goldens_name(model.name, goldens_key(spec))
+    ctx = Ctx(model, rendered, spec, run, now, secret)
+    check = check_job_name(model.name, rendered.key, run)
+    gname = goldens_name(model.name, rendered.goldens)
     found = _steps(ctx, observed, check, kernels)
     return replace(found, job=check, jobs=(gname, check))
 
@@ -166,7 +172,7 @@ GOLDENS = JobKind("goldens", read_goldens, Reason.GOLDENS_FAILED, Reason.GOLDENS
 
 def _goldens_step(ctx: Ctx, observed: Observed, check: str) -> Trusted | Verification:
     model, spec = ctx.model, ctx.spec
-    gkey = goldens_key(spec)
+    gkey = ctx.rendered.goldens
     name = goldens_name(model.name, gkey)
     cm = observed.config_map(name)
     if cm is not None and cm.deleting:
@@ -183,7 +189,7 @@ def _goldens_step(ctx: Ctx, observed: Observed, check: str) -> Trusted | Verific
             check,
             Reason.PENDING,
             f"making goldens: Job {name} created",
-            CreateJob(render_goldens_job(ctx.owner, spec)),
+            CreateJob(render_goldens_job(ctx.owner, spec, gkey)),
             started,
         )
     if job.deleting:
@@ -259,7 +265,9 @@ def _preview(ctx: Ctx, kernels: VerificationRecord | None) -> dict[str, Any]:
     schedules it; since `now` (used only when it is created or scaled up)."""
     image = kernels.digest if kernels is not None and kernels.digest else ctx.spec.image
     gpu_class = kernels.gpu_class if kernels is not None else None
-    return render_preview(ctx.owner, ctx.spec, ctx.key, image, gpu_class, ctx.now)
+    pod = ctx.rendered.serving_pod(image, gpu_class)
+    annotations = preview_annotations(ctx.spec.image, ctx.key, ctx.now)
+    return render_deployment(ctx.owner, ctx.spec, image, 1, annotations, gpu_class, pod=pod)
 
 
 def _stop(dep: DeploymentState | None, key: str) -> tuple[Action, ...]:
@@ -388,7 +396,7 @@ def _start_comparison(
         "Normal",
         "ComparisonStarted",
         f"Job {check} asks the preview pod {pod.name} ({pod.ip}, {digest}) the prompts of {goldens.describe()}"
-        f" in the {dialect_of(ctx.spec)} dialect",
+        f" in the {dialect_of(ctx.spec.engine)} dialect",
     )
     job = render_comparison_job(ctx.owner, ctx.spec, ctx.key, ctx.run, pod, goldens)
     return _running(
@@ -492,7 +500,7 @@ def _comparison_step(ctx: Ctx, observed: Observed, check: str, goldens: Trusted,
 
 
 def COMPARISON(spec: ClefModelSpec) -> JobKind:
-    dialect = dialect_of(spec)
+    dialect = dialect_of(spec.engine)
     return JobKind(
         "comparison",
         lambda m: read_comparison(m, dialect),
@@ -530,7 +538,7 @@ def _concluded(
     said = Event(
         "Normal",
         "VerificationPassed",
-        f"{ctx.spec.image} ({digest}) answered the goldens through its own engine ({dialect_of(ctx.spec)}"
+        f"{ctx.spec.image} ({digest}) answered the goldens through its own engine ({dialect_of(ctx.spec.engine)}"
         f" dialect) on {pod.node_gpu_product or 'an unlabelled node'}: {judged.summary}",
     )
     return Verification(VerificationState.PASSED, check, record=passed, new_record=passed, actions=(said,))

@@ -105,9 +105,9 @@ def goldens_argv(spec: ClefModelSpec) -> list[str]:
     return argv
 
 
-def render_goldens_job(owner: Owner, spec: ClefModelSpec) -> dict[str, Any]:
-    """One GPU, the runtime image, the checkpoint mounted read-only, as the spec schedules its pods."""
-    key = goldens_key(spec)
+def render_goldens_job(owner: Owner, spec: ClefModelSpec, key: str) -> dict[str, Any]:
+    """The goldens Job of goldens key `key` (`goldens_key`): one GPU, the runtime image, the
+    checkpoint mounted read-only, as the spec schedules its pods."""
     volumes, mounts = model_volume(spec, VERIFIER_MODEL_PATH)
     volumes.append(dict(TMP_VOLUME))
     mounts.append(dict(TMP_MOUNT))

@@ -18,6 +18,7 @@ model meanwhile.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -36,14 +37,13 @@ from clef_operator.api import (
 from clef_operator.observed import ModelRef, NodeState, Observed
 from clef_operator.plan_verification import judge_job
 from clef_operator.render import (
-    Owner,
     driver_affinity,
     gpu_pin,
     job_manifest,
     object_labels,
-    render_verification_pod_spec,
     verifier_pull_policy,
 )
+from clef_operator.renderings import Renderings
 from clef_operator.revision import job_name, short_hash
 from clef_operator.verdicts import Verdicts, sign
 from clef_operator.verification import Progress
@@ -60,10 +60,11 @@ def driver_key(key: str, base: VerificationRecord, driver: str) -> str:
     return short_hash({"key": key, "extends": base.job_uid, "digest": base.digest, "driver": driver})
 
 
-def pinned(spec: ClefModelSpec) -> bool:
-    """Whether serving pods of `spec` are pinned to covered drivers: kernels mode, verification
-    required.  (Endpoint mode promotes its preview, rendered before any node is known: not yet.)"""
-    return spec.verification.required and effective_mode(spec) is VerificationMode.KERNELS
+def pinned(spec: ClefModelSpec, mode: VerificationMode | None = None) -> bool:
+    """Whether serving pods of `spec` (of verification mode `mode`, where the pass has it) are
+    pinned to covered drivers: kernels mode, verification required.  (Endpoint mode promotes its
+    preview, rendered before any node is known: not yet.)"""
+    return spec.verification.required and (mode or effective_mode(spec)) is VerificationMode.KERNELS
 
 
 def base_pass(verdicts: Verdicts, key: str) -> VerificationRecord | None:
@@ -86,12 +87,16 @@ def _extends(r: VerificationRecord, key: str, base: VerificationRecord) -> bool:
 
 
 def covered_drivers(
-    spec: ClefModelSpec, key: str, verdicts: Verdicts, base: VerificationRecord | None = None
+    spec: ClefModelSpec,
+    key: str,
+    verdicts: Verdicts,
+    base: VerificationRecord | None = None,
+    mode: VerificationMode | None = None,
 ) -> tuple[str, ...] | None:
     """The drivers serving pods of `spec` (verification key `key`) may run on: the driver of its
     pass (`base`, else `base_pass`) and of each pass that extends it; None where nothing is
     pinned (`pinned`, no pass)."""
-    if not pinned(spec):
+    if not pinned(spec, mode):
         return None
     base = base or base_pass(verdicts, key)
     if base is None:
@@ -188,12 +193,14 @@ def off_their_drivers(observed: Observed) -> dict[str, str]:
 
 
 def render_driver_job(
-    owner: Owner, spec: ClefModelSpec, key: str, base: VerificationRecord, driver: str
+    rendered: Renderings, spec: ClefModelSpec, base: VerificationRecord, driver: str
 ) -> dict[str, Any]:
-    """The kernels Job of `spec`, running the digest `base` passed with (clef's verifier runs in
-    the serving image) on its GPU class, pinned to nodes of `driver`."""
-    dkey = driver_key(key, base, driver)
-    pod = render_verification_pod_spec(spec)
+    """The kernels Job of `spec` (its verification pod as the pass rendered it), running the
+    digest `base` passed with (clef's verifier runs in the serving image) on its GPU class, pinned
+    to nodes of `driver`."""
+    owner = rendered.owner
+    dkey = driver_key(rendered.key, base, driver)
+    pod = copy.deepcopy(rendered.verification_pod)
     container = pod["containers"][0]
     if not spec.verification.image and base.digest:
         container["image"] = base.digest
@@ -223,9 +230,8 @@ class Drivers:
 
 def plan_drivers(
     model: ModelRef,
-    owner: Owner,
+    rendered: Renderings,
     spec: ClefModelSpec,
-    key: str,
     observed: Observed,
     verdicts: Verdicts,
     current: VerificationRecord | None,
@@ -236,7 +242,8 @@ def plan_drivers(
     reached on this pass) is a pass, the verification of the first uncovered driver of an
     eligible node that has none concluded (one at a time)."""
     base = current if current is not None and current.verdict is Verdict.PASSED else None
-    covered = covered_drivers(spec, key, verdicts, base)
+    key = rendered.key
+    covered = covered_drivers(spec, key, verdicts, base, rendered.mode)
     wanted = ""
     out = Drivers(covered)
     if covered is not None and base is not None:
@@ -245,7 +252,7 @@ def plan_drivers(
             if any(r.key == dkey and r.final for r in verdicts.known):
                 continue  # concluded without covering it: until a new pass of `key`, not again
             wanted = job_name(model.name, dkey, "")
-            out = _drive(model, owner, spec, base, driver, nodes, observed, now, secret, covered, key)
+            out = _drive(model, rendered, spec, base, driver, nodes, observed, now, secret, covered)
             break
     return Drivers(
         out.covered, out.new_record, (*out.actions, *_cancel_others(observed, wanted)), out.recheck
@@ -254,7 +261,7 @@ def plan_drivers(
 
 def _drive(
     model: ModelRef,
-    owner: Owner,
+    rendered: Renderings,
     spec: ClefModelSpec,
     base: VerificationRecord,
     driver: str,
@@ -263,9 +270,8 @@ def _drive(
     now: datetime,
     secret: bytes,
     covered: tuple[str, ...],
-    key: str,
 ) -> Drivers:
-    manifest = render_driver_job(owner, spec, key, base, driver)
+    manifest = render_driver_job(rendered, spec, base, driver)
     name = manifest["metadata"]["name"]
     job = observed.job(name)
     where = f"driver {shown(driver)} (node {', '.join(nodes)})"

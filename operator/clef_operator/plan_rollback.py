@@ -24,7 +24,7 @@ from datetime import datetime
 from typing import Any
 
 from clef_operator import labels
-from clef_operator.api import ClefModelSpec, Step, Verdict, VerificationRecord, WatchPolicy
+from clef_operator.api import Step, Verdict, VerificationRecord, WatchPolicy, WatchSpec
 from clef_operator.children import rendered_template
 from clef_operator.observed import DeploymentState, ModelRef
 from clef_operator.plan_verification import Desired
@@ -130,15 +130,15 @@ def with_failure(
 
 
 def roll_back(
-    spec: ClefModelSpec,
+    watch: WatchSpec | None,
     deployments: Iterable[DeploymentState],
     verdicts: Verdicts,
     verification: Verification,
     desired: Desired,
 ) -> Desired:
     """Under policy rollback, a current key failed in service gives the rollback target as the
-    desired revision (none kept: no revision, as for any failure), and says why (`failed`)."""
-    watch = spec.verification.watch
+    desired revision (none kept: no revision, as for any failure), and says why (`failed`).
+    `watch`: spec.verification.watch."""
     failed = failed_in_service(verification.record)
     if failed is None or watch is None or watch.policy is not WatchPolicy.ROLLBACK:
         return desired

@@ -19,8 +19,8 @@ from clef_operator.render import (
     render_service,
     service_annotations,
     serving_revision,
-    verification_key,
 )
+from clef_operator.renderings import verification_key
 from clef_operator.revision import deployment_name
 from clef_operator.verdicts import Verdicts, encode_verdict
 
@@ -55,12 +55,13 @@ def active_revision(
     Service this model may not drive (`children.service_conflict`) is left untouched."""
     svc = observed.service
     conflict_message = service_conflict(svc, model.name, spec.service.adopt) or unnamed_port_conflict(
-        svc, spec
+        svc, spec.service
     )
     conflict = bool(conflict_message)
     rev = "" if svc is None or conflict else _selected_revision(model, svc, observed)
     dep = observed.deployment(rev) if rev else None
-    served = _served_spec(status, rev, verdicts)
+    # The spec that made the active revision matters only while it is not the desired one.
+    served = _served_spec(status, rev, verdicts) if rev != desired.revision else None
     actions: tuple[Action, ...] = ()
     if dep is None and rev and rev != desired.revision:
         if served is not None and status.active_image:
@@ -72,7 +73,7 @@ def active_revision(
         restore = _restore_selector(model, svc, rev)
     actions += restore
     if not conflict:
-        actions += repair_ports(svc, spec)
+        actions += repair_ports(svc, spec.service)
     tampered = "" if conflict else _tampered(model, svc, status, rev, bool(restore))
     return Active(rev, dep, svc, conflict, served, actions, conflict_message, tampered)
 

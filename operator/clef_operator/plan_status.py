@@ -31,7 +31,7 @@ from clef_operator.kvcache import estimate_kv_cache_tokens
 from clef_operator.observed import ModelRef, Observed, PodProblem, PodState
 from clef_operator.plan_revisions import Move, Retirement
 from clef_operator.plan_service import Active
-from clef_operator.plan_verification import Desired, pass_message
+from clef_operator.plan_verification import Desired
 from clef_operator.verdicts import Verdicts
 from clef_operator.verification import Verification, VerificationState
 
@@ -140,7 +140,7 @@ def _verified(at: Stamp, spec: ClefModelSpec, verification: Verification, advice
             f"spec.verification.required is false: {spec.image} is rolled out without verification",
         )
     if verification.state is VerificationState.PASSED and record is not None:
-        return at.condition(VERIFIED, ConditionStatus.TRUE, record.reason, pass_message(spec, record))
+        return at.condition(VERIFIED, ConditionStatus.TRUE, record.reason, verification.message)
     if (
         verification.state is VerificationState.FAILED
         and record is not None

@@ -12,18 +12,19 @@ from typing import Any
 from clef_operator import labels
 from clef_operator.actions import Action, CreateJob, DeleteJob, event
 from clef_operator.api import (
+    BuiltinPrompts,
     ClefModelSpec,
     Step,
     Verdict,
     VerificationMode,
     VerificationRecord,
     Verifier,
-    effective_mode,
 )
 from clef_operator.conditions import Reason
 from clef_operator.endpoint_flow import drive_endpoint
 from clef_operator.observed import JobState, ModelRef, Observed
-from clef_operator.render import Owner, render_deployment, render_job, verify_argv
+from clef_operator.render import render_deployment, render_job, verify_argv
+from clef_operator.renderings import Renderings
 from clef_operator.revision import job_name
 from clef_operator.verdicts import Verdicts, encode_verdict, sign
 from clef_operator.verification import (
@@ -31,7 +32,6 @@ from clef_operator.verification import (
     Progress,
     Verification,
     VerificationState,
-    floor_shortfalls,
     judge,
 )
 
@@ -41,9 +41,8 @@ POD_RECHECK_SECONDS = 5.0
 
 def drive_verification(
     model: ModelRef,
-    owner: Owner,
+    rendered: Renderings,
     spec: ClefModelSpec,
-    key: str,
     observed: Observed,
     verdicts: Verdicts,
     now: datetime,
@@ -52,7 +51,7 @@ def drive_verification(
     """Rule 2: reuse the verdict that counts, else create or judge the current key's Job of the
     current re-verify run; stop Jobs of other keys and runs, so they free their GPUs.  A new
     verdict is signed with `secret` before it is recorded anywhere."""
-    job = job_name(model.name, key, verdicts.run)
+    job = job_name(model.name, rendered.key, verdicts.run)
     if not spec.verification.required:
         found = Verification(VerificationState.NOT_REQUIRED, job)
     elif verdicts.current is not None:
@@ -62,10 +61,12 @@ def drive_verification(
             else VerificationState.FAILED
         )
         found = Verification(state, job, record=verdicts.current)
-    elif effective_mode(spec) is VerificationMode.KERNELS:
-        found = _signed(secret, model, _run_job(owner, spec, observed, job, verdicts.run, now), verdicts.run)
+    elif rendered.mode is VerificationMode.KERNELS:
+        found = _signed(
+            secret, model, _run_job(rendered, spec, observed, job, verdicts.run, now), verdicts.run
+        )
     else:
-        found = _engine_asked(model, owner, spec, key, observed, verdicts, now, secret)
+        found = _engine_asked(model, rendered, spec, observed, verdicts, now, secret)
     found = _unpinnable(spec, found)
     requested: tuple[Action, ...] = ()
     if verdicts.reverify_requested:
@@ -96,7 +97,9 @@ def drive_verification(
     )
     current = {found.job, job, *found.jobs}
     return replace(
-        found, actions=(*untrusted, *requested, *found.actions, *_cancel_obsolete_jobs(observed, current))
+        found,
+        actions=(*untrusted, *requested, *found.actions, *_cancel_obsolete_jobs(observed, current)),
+        message=pass_message(spec, found.passed) if found.passed is not None else "",
     )
 
 
@@ -111,9 +114,8 @@ def _signed(secret: bytes, model: ModelRef, found: Verification, run: str) -> Ve
 
 def _engine_asked(
     model: ModelRef,
-    owner: Owner,
+    rendered: Renderings,
     spec: ClefModelSpec,
-    key: str,
     observed: Observed,
     verdicts: Verdicts,
     now: datetime,
@@ -121,12 +123,12 @@ def _engine_asked(
 ) -> Verification:
     """Modes endpoint and both: in mode both the kernels suite first (its pass does not conclude:
     it gives the digest and GPU class the preview runs), then goldens, preview, comparison."""
-    run = verdicts.run
+    run, key = verdicts.run, rendered.key
     kernels = None
-    if effective_mode(spec) is VerificationMode.BOTH:
+    if rendered.mode is VerificationMode.BOTH:
         kernels = verdicts.step_passed(key, Step.KERNELS)
         if kernels is None:
-            found = _run_job(owner, spec, observed, job_name(model.name, key, run), run, now)
+            found = _run_job(rendered, spec, observed, job_name(model.name, key, run), run, now)
             if found.new_record is not None and found.new_record.verdict is Verdict.PASSED:
                 found = replace(found, new_record=found.new_record.model_copy(update={"final": False}))
             found = _signed(secret, model, found, run)
@@ -143,7 +145,7 @@ def _engine_asked(
                 step_records=(found.new_record,) if found.new_record else (),
                 recheck=0.0,
             )
-    return drive_endpoint(model, owner, spec, key, run, observed, now, secret, kernels)
+    return drive_endpoint(model, rendered, spec, run, observed, now, secret, kernels)
 
 
 def _unpinnable(spec: ClefModelSpec, found: Verification) -> Verification:
@@ -164,7 +166,7 @@ def _unpinnable(spec: ClefModelSpec, found: Verification) -> Verification:
 
 
 def _run_job(
-    owner: Owner, spec: ClefModelSpec, observed: Observed, name: str, run: str, now: datetime
+    rendered: Renderings, spec: ClefModelSpec, observed: Observed, name: str, run: str, now: datetime
 ) -> Verification:
     running = VerificationState.RUNNING
     job = observed.job(name)
@@ -176,7 +178,7 @@ def _run_job(
         )
         progress = Progress(Reason.PENDING, f"Job {name} created")
         return Verification(
-            running, name, progress=progress, actions=(CreateJob(render_job(owner, spec, run)), started)
+            running, name, progress=progress, actions=(CreateJob(_job(rendered, spec, run)), started)
         )
     if job.deleting:
         return Verification(
@@ -197,6 +199,10 @@ def judge_job(
     pods = observed.pods_of_job(job)
     judged = judge(spec, job, pods, now)
     return judged, None if pods or not isinstance(judged, Progress) else POD_RECHECK_SECONDS
+
+
+def _job(rendered: Renderings, spec: ClefModelSpec, run: str) -> dict[str, Any]:
+    return render_job(rendered.owner, spec, rendered.key, rendered.verification_pod, run)
 
 
 def _concluded(spec: ClefModelSpec, name: str, outcome: Outcome) -> Verification:
@@ -237,6 +243,30 @@ def pass_message(spec: ClefModelSpec, record: VerificationRecord) -> str:
     return f"{image} passed the {record.suite.value} suite at {record.dtype.value}{where}: {record.summary}"
 
 
+# The delta rule's chunk length (the runtime's BT): a prompt no longer than this is one chunk,
+# so the state carried from chunk to chunk, where long-context faults live, is never checked.
+DELTA_RULE_CHUNK = 64
+
+
+def floor_shortfalls(spec: ClefModelSpec) -> list[str]:
+    """How an endpoint verification falls short of clef's floor (docs/verification.md, "The
+    verification floor"); none for clef's built-in prompts, which include prompts of 65, 1001 and
+    8197 tokens.  Admission already refuses fewer than 2 new tokens (no decode step).  A user's
+    prompt of B bytes of UTF-8 is at most B tokens of text under a byte-level tokenizer, so one
+    that short cannot be shown to cross a chunk."""
+    endpoint = spec.verification.endpoint
+    if endpoint is None or endpoint.builtin_prompts is not BuiltinPrompts.NONE:
+        return []
+    longest = max((len(p.text.encode()) for p in endpoint.prompts), default=0)
+    if longest > DELTA_RULE_CHUNK:
+        return []
+    return [
+        f"no prompt is sure to be longer than one {DELTA_RULE_CHUNK}-token chunk of the delta rule (the longest"
+        f" is {longest} bytes), so the state carried between chunks may never have been checked: add a longer"
+        " prompt, or builtinPrompts short"
+    ]
+
+
 def _cancel_obsolete_jobs(observed: Observed, current: set[str]) -> tuple[Action, ...]:
     actions: list[Action] = []
     for j in observed.jobs:
@@ -272,7 +302,7 @@ class Desired:
 
 
 def desired_revision(
-    owner: Owner,
+    rendered: Renderings,
     spec: ClefModelSpec,
     verification: Verification,
     run: str,
@@ -290,5 +320,8 @@ def desired_revision(
         return Desired()
     annotations = encode_verdict(spec.image, image, run, passed)
     gpu_class = passed.gpu_class if passed is not None else None
-    manifest = render_deployment(owner, spec, image, spec.replicas, annotations, gpu_class, drivers)
+    pod = rendered.serving_pod(image, gpu_class, drivers)
+    manifest = render_deployment(
+        rendered.owner, spec, image, spec.replicas, annotations, gpu_class, drivers, pod
+    )
     return Desired(manifest["metadata"]["labels"][labels.REVISION], image, manifest)

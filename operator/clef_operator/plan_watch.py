@@ -40,10 +40,10 @@ from clef_operator.api import ClefModelSpec, Condition, ConditionStatus, Verific
 from clef_operator.conditions import SERVING, Reason, Stamp, Why, clause
 from clef_operator.endpoint import Judged, goldens_read, judge_run, render_probe_job
 from clef_operator.endpoint_flow import COMPARISON
-from clef_operator.goldens import Trusted, check_signature, goldens_key, goldens_name
+from clef_operator.goldens import Trusted, check_signature, goldens_name
 from clef_operator.observed import JobState, ModelRef, Observed, PodState
 from clef_operator.plan_rollback import failure_record
-from clef_operator.render import Owner
+from clef_operator.renderings import Renderings
 from clef_operator.verification import Progress
 
 # What a finished probe found.
@@ -200,7 +200,7 @@ def _eligible(observed: Observed, model: ModelRef, revision: str) -> list[PodSta
 def plan_probes(
     at: Stamp,
     model: ModelRef,
-    owner: Owner,
+    rendered: Renderings,
     spec: ClefModelSpec,
     observed: Observed,
     probed_revision: str,
@@ -231,10 +231,11 @@ def plan_probes(
         actions += [DeleteJob(j.name) for j in p.jobs if j.name not in keep]
 
     why_not = _why_not_probed(spec, probed_revision, active_revision)
-    goldens = _goldens(model, observed, goldens_name(model.name, goldens_key(spec)), secret)
+    gname = goldens_name(model.name, rendered.goldens)
+    goldens = _goldens(model, observed, gname, secret)
     if not why_not and goldens is None:
         why_not = (
-            f"the goldens of the current spec ({goldens_name(model.name, goldens_key(spec))}) are not stored"
+            f"the goldens of the current spec ({gname}) are not stored"
             " and signed: re-verify to have them made"
         )
     waits: list[float] = []
@@ -256,7 +257,7 @@ def plan_probes(
             continue
         assert goldens is not None
         round_ = _round(newest) + 1 if newest is not None else 0
-        actions.append(CreateJob(render_probe_job(owner, spec, pod, goldens, round_)))
+        actions.append(CreateJob(render_probe_job(rendered.owner, spec, pod, goldens, round_)))
     serving = _condition(at, model, spec, observed, active_revision, pods, eligible, withheld, why_not)
     failure = None
     if rollback is not None:

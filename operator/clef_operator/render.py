@@ -19,9 +19,8 @@ from clef_operator.api import (
     ClefModelSpec,
     Dtype,
     Engine,
+    ServiceSpec,
     Suite,
-    VerificationMode,
-    effective_mode,
 )
 from clef_operator.kvcache import MIB, kv_budget_bytes_per_gpu
 from clef_operator.revision import deployment_name, job_name, short_hash
@@ -372,30 +371,6 @@ def render_verification_pod_spec(spec: ClefModelSpec) -> dict[str, Any]:
     }
 
 
-def verification_key(spec: ClefModelSpec) -> str:
-    """The scope a verdict speaks for: the verification pod (image, verifier, suite, dtype, shape,
-    scheduling, env) and the serving image, which the pod does not hold when a separate
-    spec.verification.image runs: a new spec.image always needs a verdict of its own."""
-    kernels = {"verification": render_verification_pod_spec(spec), "serving": spec.image}
-    mode = effective_mode(spec)
-    if mode is VerificationMode.KERNELS or not spec.verification.required:
-        return short_hash(kernels)
-    # The engine is asked: the verdict speaks for the serving pod as rendered (engine argv, env,
-    # dtype, kvFraction, scheduling) and for the question (runtime image, prompts, tokens).
-    endpoint = spec.verification.endpoint
-    timeouts = {"request_timeout_seconds", "ready_timeout_seconds"}
-    question = endpoint.model_dump(mode="json", exclude=timeouts) if endpoint is not None else None
-    return short_hash(
-        {
-            "mode": mode.value,
-            "serving": spec.image,
-            "servingPod": render_serving_pod_spec(spec, spec.image),
-            "endpoint": question,
-            "kernels": kernels if mode is VerificationMode.BOTH else None,
-        }
-    )
-
-
 def object_labels(model: str, component: str) -> dict[str, str]:
     """The labels of a child that belongs to no revision (goldens, comparison)."""
     return {labels.MODEL: model, labels.COMPONENT: component, labels.MANAGED_BY: labels.MANAGED_BY_VALUE}
@@ -418,13 +393,15 @@ def render_deployment(
     annotations: dict[str, str],
     gpu_class: str | None = None,
     drivers: tuple[str, ...] | None = None,
+    pod: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    revision = serving_revision(spec, image, gpu_class, drivers)
+    """The Deployment of one revision: the serving pod (`pod` where the pass rendered it already)
+    and its hash, the revision."""
+    if pod is None:
+        pod = render_serving_pod_spec(spec, image, gpu_class, drivers)
+    revision = short_hash(pod)
     deployment_labels = _labels(owner.name, revision, labels.COMPONENT_SERVING)
-    template = {
-        "metadata": {"labels": serving_pod_labels(deployment_labels)},
-        "spec": render_serving_pod_spec(spec, image, gpu_class, drivers),
-    }
+    template = {"metadata": {"labels": serving_pod_labels(deployment_labels)}, "spec": pod}
     # The rendering travels with the Deployment, so its drift can be reverted whatever spec the
     # ClefModel holds now (`children.rendered_template` checks it against the revision).
     annotations = {**annotations, labels.POD_TEMPLATE: json.dumps(template, sort_keys=True)}
@@ -451,14 +428,14 @@ def render_deployment(
     }
 
 
-def render_job(owner: Owner, spec: ClefModelSpec, run: str) -> dict[str, Any]:
-    """The verification Job of the current spec in re-verify `run` (verdicts.run_id)."""
-    key = verification_key(spec)
+def render_job(owner: Owner, spec: ClefModelSpec, key: str, pod: dict[str, Any], run: str) -> dict[str, Any]:
+    """The verification Job of the current spec, of verification key `key` and verification pod
+    `pod` (`renderings`), in re-verify `run` (verdicts.run_id)."""
     job_labels = {**_labels(owner.name, key, labels.COMPONENT_VERIFICATION), labels.VERIFICATION_KEY: key}
     annotations = {labels.IMAGE: spec.image}
     if run:
         annotations[labels.REVERIFY_RUN] = run
-    pod = render_verification_pod_spec(spec)
+    pod = copy.deepcopy(pod)
     return job_manifest(owner, job_name(owner.name, key, run), job_labels, annotations, spec, pod)
 
 
@@ -514,13 +491,13 @@ def service_annotations(model: str, revision: str) -> dict[str, str]:
 SERVICE_PORT_NAME = "http"
 
 
-def service_port(spec: ClefModelSpec) -> dict[str, Any]:
-    """The one Service port clef owns (by its name, `http`): on a Service clef created and on an
-    adopted one alike; other ports of an adopted Service are left as they are."""
+def service_port(service: ServiceSpec) -> dict[str, Any]:
+    """The one Service port clef owns (by its name, `http`), of spec.service: on a Service clef
+    created and on an adopted one alike; other ports of an adopted Service are left as they are."""
     return {
         "name": SERVICE_PORT_NAME,
-        "port": spec.service.port,
-        "targetPort": spec.service.container_port,
+        "port": service.port,
+        "targetPort": service.container_port,
         "protocol": "TCP",
     }
 
@@ -542,6 +519,6 @@ def render_service(owner: Owner, spec: ClefModelSpec, revision: str) -> dict[str
         "spec": {
             "type": "ClusterIP",
             "selector": labels.selector(owner.name, revision),
-            "ports": [service_port(spec)],
+            "ports": [service_port(spec.service)],
         },
     }

@@ -4,8 +4,10 @@
 
 It decides from observed state only (the children, the Service, and the verdicts recorded in
 status and on Deployments), never from memory of what it did before, so an operator restarted at
-any moment computes the same next step.  Each phase is a pure function that returns a frozen
-value; `plan_rollout` runs them in order and joins their actions.  The phases live beside it:
+any moment computes the same next step.  A pass first renders what the spec alone gives, once
+(`renderings`: the verification pod and key, the tag's serving pod, the goldens key), and hands
+that to the phases, which render none of it again.  Each phase is a pure function that returns a
+frozen value; `plan_rollout` runs them in order and joins their actions.  The phases live beside it:
 `plan_verification` (2, 3), `plan_service` (4, and the Service switch of 5), `plan_revisions`
 (5, 6), `plan_status` (7, 8).  The rules, and the one function that keeps each
 (docs/architecture.md, "The planner"):
@@ -75,7 +77,8 @@ from clef_operator.plan_service import active_revision
 from clef_operator.plan_status import MAX_RECORDS, build_status, derive_conditions
 from clef_operator.plan_verification import Desired, desired_revision, drive_verification
 from clef_operator.plan_watch import ProbeReport, Rollback, plan_probes
-from clef_operator.render import Owner, verification_key
+from clef_operator.render import Owner
+from clef_operator.renderings import renderings
 from clef_operator.verdicts import collect_verdicts, ledger_after
 
 
@@ -102,17 +105,20 @@ def plan_rollout(
     pass (`reconcile`) writes it before applying any action).  `verdict_key` is the operator's HMAC key:
     verdicts it did not sign never count (verdicts.py)."""
     owner = Owner(model.name, model.namespace, model.uid)
-    key = verification_key(spec)
+    rendered = renderings(owner, spec)
+    key = rendered.key
     verdicts = collect_verdicts(
         model, key, status, observed.deployments, verdict_key, observed.jobs, observed.ledger
     )
-    verification = drive_verification(model, owner, spec, key, observed, verdicts, now, verdict_key)
-    drivers = plan_drivers(model, owner, spec, key, observed, verdicts, verification.passed, now, verdict_key)
-    desired = desired_revision(owner, spec, verification, verdicts.run, drivers.covered)
-    desired = roll_back(spec, observed.deployments, verdicts, verification, desired)
+    verification = drive_verification(model, rendered, spec, observed, verdicts, now, verdict_key)
+    drivers = plan_drivers(model, rendered, spec, observed, verdicts, verification.passed, now, verdict_key)
+    desired = desired_revision(rendered, spec, verification, verdicts.run, drivers.covered)
+    desired = roll_back(spec.verification.watch, observed.deployments, verdicts, verification, desired)
     drift = revert_drift(observed, _known_templates(desired))
     active = active_revision(model, owner, spec, observed, status, verdicts, desired)
     move = move_towards_desired(model, owner, spec, observed, desired, active)
+    previews = stop_stale_previews(observed, {verification.preview, desired.revision, move.active_revision})
+    retired = retire_old_revisions(spec, observed, move, now, {verification.preview, *previews.stopped})
     stamp = Stamp(now, model.generation)
     previous = next((c for c in status.conditions if c.type == SERVING), None)
     watch = spec.verification.watch
@@ -124,14 +130,12 @@ def plan_rollout(
     # With nothing to roll back to, the revision that failed in service is still probed.
     probed = desired.revision or (move.active_revision if desired.failed is not None else "")
     probes = plan_probes(
-        stamp, model, owner, spec, observed, probed, move.active_revision, previous, verdict_key, rollback
+        stamp, model, rendered, spec, observed, probed, move.active_revision, previous, verdict_key, rollback
     )
     off_driver = off_their_drivers(observed)
     serving_labels = label_verified_pods(
-        model, spec, observed, verdict_key, {**off_driver, **probes.withheld}
+        model, spec.verification.required, observed, verdict_key, {**off_driver, **probes.withheld}
     )
-    previews = stop_stale_previews(observed, {verification.preview, desired.revision, move.active_revision})
-    retired = retire_old_revisions(spec, observed, move, now, {verification.preview, *previews.stopped})
     conditions = replace(
         derive_conditions(
             stamp, model, spec, observed, verification, active, move, retired, drift, off_driver

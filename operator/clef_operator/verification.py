@@ -15,7 +15,6 @@ from enum import Enum
 from clef_contract.report import CompactReport, FailingEntry, ReportInvalid, ReportMissing, parse_report
 from clef_operator.actions import Action
 from clef_operator.api import (
-    BuiltinPrompts,
     ClefModelSpec,
     FailingCheck,
     Verdict,
@@ -75,6 +74,8 @@ class Verification:
     jobs: tuple[str, ...] = ()
     # Look again this soon (a preview's deadline, a step just taken); None: on the next event.
     recheck: float | None = None
+    # The words of a pass, for the Verified condition (`plan_verification.pass_message`).
+    message: str = ""
 
     @property
     def passed(self) -> VerificationRecord | None:
@@ -305,27 +306,3 @@ def _progress(
         )
     detail = f" ({pod.waiting_reason})" if pod.waiting_reason else ""
     return Progress(Reason.PENDING, f"verification pod {pod.name} is starting{detail}")
-
-
-# The delta rule's chunk length (the runtime's BT): a prompt no longer than this is one chunk,
-# so the state carried from chunk to chunk, where long-context faults live, is never checked.
-DELTA_RULE_CHUNK = 64
-
-
-def floor_shortfalls(spec: ClefModelSpec) -> list[str]:
-    """How an endpoint verification falls short of clef's floor (docs/verification.md, "The
-    verification floor"); none for clef's built-in prompts, which include prompts of 65, 1001 and
-    8197 tokens.  Admission already refuses fewer than 2 new tokens (no decode step).  A user's
-    prompt of B bytes of UTF-8 is at most B tokens of text under a byte-level tokenizer, so one
-    that short cannot be shown to cross a chunk."""
-    endpoint = spec.verification.endpoint
-    if endpoint is None or endpoint.builtin_prompts is not BuiltinPrompts.NONE:
-        return []
-    longest = max((len(p.text.encode()) for p in endpoint.prompts), default=0)
-    if longest > DELTA_RULE_CHUNK:
-        return []
-    return [
-        f"no prompt is sure to be longer than one {DELTA_RULE_CHUNK}-token chunk of the delta rule (the longest"
-        f" is {longest} bytes), so the state carried between chunks may never have been checked: add a longer"
-        " prompt, or builtinPrompts short"
-    ]

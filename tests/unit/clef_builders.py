@@ -42,6 +42,8 @@ from clef_operator.observed import (
     PodState,
     ServiceState,
 )
+from clef_operator.render import Owner, render_job
+from clef_operator.renderings import renderings
 from clef_operator.rollout import Plan, plan_rollout
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
@@ -83,6 +85,12 @@ def base_spec_dict(**overrides: Any) -> dict[str, Any]:
 
 def make_spec(**overrides: Any) -> ClefModelSpec:
     return ClefModelSpec.model_validate(base_spec_dict(**overrides))
+
+
+def verification_job(owner: Owner, spec: ClefModelSpec, run: str = "") -> dict[str, Any]:
+    """The verification Job a pass renders for `spec` in re-verify `run`."""
+    rendered = renderings(owner, spec)
+    return render_job(owner, spec, rendered.key, rendered.verification_pod, run)
 
 
 def report(

@@ -244,16 +244,18 @@ def test_ports_follow_the_spec_and_other_ports_stay():
     spec = make_spec(service={"name": "clef-serve", "port": 9000, "containerPort": 9001})
     metrics = {"name": "metrics", "port": 9100, "targetPort": 9100, "protocol": "TCP"}
     old = {"name": "http", "port": 8000, "targetPort": 8000, "protocol": "TCP", "nodePort": 30080}
-    assert wanted_ports(svc(ports=(old, metrics)), spec) == (
-        {**service_port(spec), "nodePort": 30080},
+    assert wanted_ports(svc(ports=(old, metrics)), spec.service) == (
+        {**service_port(spec.service), "nodePort": 30080},
         metrics,
     )
-    assert wanted_ports(svc(ports=(service_port(spec), metrics)), spec) is None
+    assert wanted_ports(svc(ports=(service_port(spec.service), metrics)), spec.service) is None
     unnamed = {"port": 9000, "targetPort": 9001}
-    assert wanted_ports(svc(ports=(unnamed,)), spec) is None, "one unnamed port that says the same"
+    assert wanted_ports(svc(ports=(unnamed,)), spec.service) is None, "one unnamed port that says the same"
     clash = {"name": "web", "port": 9000, "targetPort": 80}
-    assert wanted_ports(svc(ports=(clash,)), spec) == (service_port(spec),)
-    assert wanted_ports(svc(ports=({**service_port(spec), "targetPort": "9001"},)), spec) is None
+    assert wanted_ports(svc(ports=(clash,)), spec.service) == (service_port(spec.service),)
+    assert (
+        wanted_ports(svc(ports=({**service_port(spec.service), "targetPort": "9001"},)), spec.service) is None
+    )
 
 
 def test_a_changed_port_is_repaired_with_an_event():
@@ -367,21 +369,25 @@ def test_only_pods_of_a_revision_with_a_signed_passed_verdict_get_the_serving_la
         PodState(name="job-pod", component=labels.COMPONENT_VERIFICATION, revision=dep.revision),
     )
     observed = Observed((dep, forged, preview), pods=pods)
-    assert label_verified_pods(w.model, w.spec, observed, VERDICT_KEY) == (
+    assert label_verified_pods(w.model, w.spec.verification.required, observed, VERDICT_KEY) == (
         LabelPod("a", {labels.MODEL: "clef-flash"}),
     )
     # A preview's pod that someone gave the serving label loses it, with a warning; one made by a
     # clef that created pods with it (no revision-of: its selector needs the label) keeps it.
     handed = _serving_pod("handed", preview.revision, serving_label="clef-flash", revision_of="clef-flash")
     legacy = _serving_pod("legacy", preview.revision, serving_label="clef-flash")
-    actions = label_verified_pods(w.model, w.spec, replace(observed, pods=(handed, legacy)), VERDICT_KEY)
+    actions = label_verified_pods(
+        w.model, w.spec.verification.required, replace(observed, pods=(handed, legacy)), VERDICT_KEY
+    )
     assert actions[0] == LabelPod("handed", {labels.MODEL: None})
     assert isinstance(actions[1], Event) and actions[1].reason == "ServingLabelRemoved" and len(actions) == 2
     # A model that does not require verification serves every revision but a preview.
     unverified = w.spec.model_copy(
         update={"verification": w.spec.verification.model_copy(update={"required": False})}
     )
-    assert {a.name for a in label_verified_pods(w.model, unverified, observed, VERDICT_KEY)} == {"a", "f"}  # type: ignore[attr-defined]
+    assert {
+        a.name for a in label_verified_pods(w.model, unverified.verification.required, observed, VERDICT_KEY)
+    } == {"a", "f"}  # type: ignore[attr-defined]
 
 
 def test_a_deployment_made_with_the_serving_label_in_its_template_is_not_drift():

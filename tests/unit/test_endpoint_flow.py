@@ -25,8 +25,8 @@ from clef_operator.conditions import Reason
 from clef_operator.endpoint import check_job_name
 from clef_operator.goldens import GOLDENS_FILE, MAX_STORED_BYTES, goldens_key, goldens_name
 from clef_operator.observed import PodState
+from clef_operator.plan_verification import floor_shortfalls
 from clef_operator.render import engine_argv
-from clef_operator.verification import floor_shortfalls
 
 RUNTIME = "registry.clef.test/clef-runtime:1.0"
 V100 = "Tesla-V100-SXM2-16GB"

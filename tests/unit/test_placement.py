@@ -11,14 +11,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from clef_builders import make_spec
+from clef_builders import make_spec, verification_job
 
 from clef_operator import labels
 from clef_operator.api import ClefModelSpec
-from clef_operator.endpoint import render_comparison_job, render_preview
-from clef_operator.goldens import Trusted, render_goldens_job
+from clef_operator.endpoint import preview_annotations, render_comparison_job
+from clef_operator.goldens import Trusted, goldens_key, render_goldens_job
 from clef_operator.observed import PodState
-from clef_operator.render import Owner, render_deployment, render_job
+from clef_operator.render import Owner, render_deployment
 
 OWNER = Owner("clef-flash", "homelab", "uid-1")
 PINNED = "registry.clef.test/engines/candle-vllm@sha256:" + "a" * 64
@@ -49,10 +49,12 @@ def pods_of(spec: ClefModelSpec, model_suite: ClefModelSpec) -> dict[str, dict[s
     pod = lambda m: m["spec"]["template"]["spec"]  # noqa: E731
     return {
         "serving": pod(render_deployment(OWNER, spec, PINNED, 2, {}, GPU_CLASS)),
-        "preview": pod(render_preview(OWNER, spec, "k", PINNED, None, since)),
-        "verify-kernels": pod(render_job(OWNER, spec, "")),
-        "verify-model": pod(render_job(OWNER, model_suite, "")),
-        "goldens": pod(render_goldens_job(OWNER, spec)),
+        "preview": pod(
+            render_deployment(OWNER, spec, PINNED, 1, preview_annotations(spec.image, "k", since))
+        ),
+        "verify-kernels": pod(verification_job(OWNER, spec, "")),
+        "verify-model": pod(verification_job(OWNER, model_suite, "")),
+        "goldens": pod(render_goldens_job(OWNER, spec, goldens_key(spec))),
         "comparison": pod(render_comparison_job(OWNER, spec, "k", "", preview_pod, goldens)),
     }
 

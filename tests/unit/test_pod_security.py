@@ -15,13 +15,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from clef_builders import base_spec_dict, make_spec
+from clef_builders import base_spec_dict, make_spec, verification_job
 
 from clef_contract.command import RUNTIME_UID
 from clef_operator.endpoint import render_comparison_job
-from clef_operator.goldens import Trusted, render_goldens_job
+from clef_operator.goldens import Trusted, goldens_key, render_goldens_job
 from clef_operator.observed import PodState
-from clef_operator.render import Owner, render_deployment, render_job
+from clef_operator.render import Owner, render_deployment
 
 OWNER = Owner("clef-flash", "homelab", "uid-1")
 PINNED = "registry.clef.test/clef-runtime@sha256:" + "a" * 64
@@ -90,11 +90,11 @@ def verifier_pods() -> dict[str, dict[str, Any]]:
     goldens = Trusted("flash-goldens", {"sha256": "c" * 64})
     pod = lambda m: m["spec"]["template"]["spec"]  # noqa: E731
     return {
-        "verify-kernels": pod(render_job(OWNER, make_spec(), "")),
+        "verify-kernels": pod(verification_job(OWNER, make_spec(), "")),
         "verify-model": pod(
-            render_job(OWNER, make_spec(model=PVC_MODEL, verification={"suite": "model"}), "")
+            verification_job(OWNER, make_spec(model=PVC_MODEL, verification={"suite": "model"}), "")
         ),
-        "goldens": pod(render_goldens_job(OWNER, endpoint)),
+        "goldens": pod(render_goldens_job(OWNER, endpoint, goldens_key(endpoint))),
         "comparison": pod(render_comparison_job(OWNER, endpoint, "k", "", preview, goldens)),
     }
 
@@ -168,7 +168,7 @@ def pods() -> dict[str, dict[str, Any]]:
     spec = make_spec(args=HOSTILE, verification={"command": ["/opt/clef/bin/clef-runtime", "verify"]})
     return {
         "serving": render_deployment(OWNER, spec, PINNED, 1, {})["spec"]["template"]["spec"],
-        "verification": render_job(OWNER, spec, "")["spec"]["template"]["spec"],
+        "verification": verification_job(OWNER, spec, "")["spec"]["template"]["spec"],
     }
 
 
@@ -211,7 +211,6 @@ def test_no_pod_is_created_with_the_serving_label() -> None:
     serving pods (a preview is one) under `revision-of`: the operator adds the serving label only
     to pods of a verified revision (`children.label_verified_pods`)."""
     from clef_operator import labels
-    from clef_operator.goldens import render_goldens_job
 
     endpoint = make_spec(
         verification={"mode": "endpoint", "endpoint": {"runtimeImage": "registry.clef.test/clef-runtime:1.0"}}
@@ -219,7 +218,10 @@ def test_no_pod_is_created_with_the_serving_label() -> None:
     serving = render_deployment(OWNER, make_spec(), PINNED, 1, {})["spec"]["template"]["metadata"]["labels"]
     assert labels.MODEL not in serving and labels.VERIFIES not in serving
     assert serving[labels.REVISION_OF] == "clef-flash"
-    for job in (render_job(OWNER, make_spec(), ""), render_goldens_job(OWNER, endpoint)):
+    for job in (
+        verification_job(OWNER, make_spec(), ""),
+        render_goldens_job(OWNER, endpoint, goldens_key(endpoint)),
+    ):
         pod_labels = job["spec"]["template"]["metadata"]["labels"]
         assert labels.MODEL not in pod_labels, pod_labels
         assert pod_labels[labels.VERIFIES] == "clef-flash"

@@ -3,21 +3,20 @@
 from __future__ import annotations
 
 import pytest
-from clef_builders import GOOD, GOOD2, make_spec
+from clef_builders import GOOD, GOOD2, make_spec, verification_job
 
 from clef_operator import labels
 from clef_operator.render import (
     Owner,
     engine_argv,
     render_deployment,
-    render_job,
     render_service,
     render_serving_pod_spec,
     render_verification_pod_spec,
     serving_revision,
-    verification_key,
     verify_argv,
 )
+from clef_operator.renderings import verification_key
 from clef_operator.revision import digest_of, job_name, pinned_reference, repository
 
 OWNER = Owner("clef-flash", "homelab", "uid-1")
@@ -142,13 +141,15 @@ def test_verifier_pulls_a_tag_every_time_and_a_digest_once(image: str, override:
     """A tag moves (the verdict must be for what the registry serves now); a digest does not, and
     a node that has it needs no registry (the real-node tier has none)."""
     verification = {"image": override} if override else {}
-    c = render_job(OWNER, make_spec(image=image, verification=verification), "")["spec"]["template"]["spec"]
+    c = verification_job(OWNER, make_spec(image=image, verification=verification), "")["spec"]["template"][
+        "spec"
+    ]
     assert c["containers"][0]["imagePullPolicy"] == policy
 
 
 def test_job_contract():
     spec = make_spec(verification={"suite": "model", "timeoutSeconds": 900, "toleranceScale": 2})
-    j = render_job(OWNER, spec, "")
+    j = verification_job(OWNER, spec, "")
     key = verification_key(spec)
     assert j["metadata"]["name"] == f"clef-flash-verify-{key}"
     assert j["metadata"]["labels"][labels.COMPONENT] == "verification"
@@ -279,7 +280,7 @@ def test_manifests_are_valid_kubernetes_objects():
         make_spec(),
         make_spec(engine="vllm", gpuMemoryMiB=32768, gpus=2, verification={"suite": "full"}),
     ):
-        TypeAdapter(client.V1Job).validate_python(render_job(OWNER, spec, "token"))
+        TypeAdapter(client.V1Job).validate_python(verification_job(OWNER, spec, "token"))
         TypeAdapter(client.V1Deployment).validate_python(
             render_deployment(OWNER, spec, PINNED, 2, {"a": "b"})
         )

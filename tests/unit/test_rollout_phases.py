@@ -26,7 +26,8 @@ from clef_operator.plan_revisions import Move, move_towards_desired, retire_old_
 from clef_operator.plan_service import Active, active_revision
 from clef_operator.plan_status import MAX_RECORDS, Conditions, build_status, derive_conditions
 from clef_operator.plan_verification import Desired, desired_revision, drive_verification
-from clef_operator.render import Owner, service_port, serving_revision, verification_key
+from clef_operator.render import Owner, service_port, serving_revision
+from clef_operator.renderings import renderings, verification_key
 from clef_operator.revision import job_name
 from clef_operator.verdicts import Verdicts, collect_verdicts, encode_verdict, sign
 from clef_operator.verification import Progress, Verification, VerificationState
@@ -82,7 +83,7 @@ def service(rev: str, **changes: object) -> ServiceState:
         selector=labels.selector("clef-flash", rev),
         annotations={labels.SERVICE_MODEL: "clef-flash", labels.SERVICE_ACTIVE_REVISION: rev},
         owned=True,
-        ports=(service_port(make_spec()),),
+        ports=(service_port(make_spec().service),),
     )
     return ServiceState(**{**vars(base), **changes})  # type: ignore[arg-type]
 
@@ -93,9 +94,14 @@ def service(rev: str, **changes: object) -> ServiceState:
 def verify(
     spec: ClefModelSpec, observed: Observed | None = None, verdicts: Verdicts | None = None
 ) -> Verification:
-    key = verification_key(spec)
     return drive_verification(
-        MODEL, OWNER, spec, key, observed or Observed(), verdicts or no_verdicts(), T0, VERDICT_KEY
+        MODEL,
+        renderings(OWNER, spec),
+        spec,
+        observed or Observed(),
+        verdicts or no_verdicts(),
+        T0,
+        VERDICT_KEY,
     )
 
 
@@ -152,7 +158,9 @@ def test_a_judged_job_gives_a_new_record():
 def test_the_desired_revision_is_the_pass_pinned_to_its_digest_rendered_once():
     spec = make_spec()
     passed = record(spec)
-    d = desired_revision(OWNER, spec, Verification(VerificationState.PASSED, "j", record=passed), "")
+    d = desired_revision(
+        renderings(OWNER, spec), spec, Verification(VerificationState.PASSED, "j", record=passed), ""
+    )
     assert d.image == PINNED
     assert d.revision == serving_revision(spec, PINNED)
     assert d.manifest is not None
@@ -163,7 +171,10 @@ def test_the_desired_revision_is_the_pass_pinned_to_its_digest_rendered_once():
 
 @pytest.mark.parametrize("state", [VerificationState.RUNNING, VerificationState.FAILED])
 def test_nothing_is_desired_without_a_pass(state):
-    assert desired_revision(OWNER, make_spec(), Verification(state, "j"), "") == Desired()
+    assert (
+        desired_revision(renderings(OWNER, make_spec()), make_spec(), Verification(state, "j"), "")
+        == Desired()
+    )
 
 
 def active_of(observed: Observed) -> Active:
@@ -195,7 +206,9 @@ def test_a_deleted_active_deployment_without_its_spec_is_forgotten():
 
 def candidate(spec: ClefModelSpec) -> Desired:
     passed = record(spec)
-    return desired_revision(OWNER, spec, Verification(VerificationState.PASSED, "j", record=passed), "")
+    return desired_revision(
+        renderings(OWNER, spec), spec, Verification(VerificationState.PASSED, "j", record=passed), ""
+    )
 
 
 def test_recreate_stops_the_active_revision_first():

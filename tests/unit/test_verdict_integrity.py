@@ -14,7 +14,8 @@ from clef_operator.api import ClefModelStatus, Dtype, Suite, Verdict, Verificati
 from clef_operator.apiclient import operator_namespace
 from clef_operator.conditions import Reason
 from clef_operator.observed import JobState, ModelRef, Observed, PodState
-from clef_operator.render import gpu_pin, render_serving_pod_spec, serving_revision, verification_key
+from clef_operator.render import gpu_pin, render_serving_pod_spec, serving_revision
+from clef_operator.renderings import verification_key
 from clef_operator.revision import job_name
 from clef_operator.verdicts import (
     MAX_MARKER,

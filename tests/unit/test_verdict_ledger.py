@@ -14,7 +14,7 @@ from clef_operator.actions import CreateJob, Event
 from clef_operator.api import ClefModelStatus, Verdict
 from clef_operator.conditions import Reason
 from clef_operator.observed import ModelRef
-from clef_operator.render import verification_key
+from clef_operator.renderings import verification_key
 from clef_operator.verdicts import (
     collect_verdicts,
     decode_ledger,
