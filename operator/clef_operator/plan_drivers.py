@@ -119,12 +119,13 @@ def tolerates(tolerations: Iterable[Toleration], taint: Any) -> bool:
     return False
 
 
-def eligible(spec: ClefModelSpec, gpu_class: str | None, node: NodeState) -> bool:
-    """A node the model's serving pods could be scheduled to, driver aside: not cordoned, of the
-    GPU class and spec.nodeSelector, every NoSchedule/NoExecute taint tolerated."""
+def eligible(spec: ClefModelSpec, selector: Mapping[str, str], node: NodeState) -> bool:
+    """A node the model's serving pods could be scheduled to, driver aside: not cordoned, of
+    `selector` (spec.nodeSelector and the GPU class, `render.gpu_pin`), every NoSchedule/NoExecute
+    taint tolerated."""
     if node.unschedulable:
         return False
-    if any(node.labels.get(k) != v for k, v in gpu_pin(spec, gpu_class).items()):
+    if any(node.labels.get(k) != v for k, v in selector.items()):
         return False
     return all(tolerates(spec.tolerations, t) for t in node.taints if t.effect in ("NoSchedule", "NoExecute"))
 
@@ -132,10 +133,12 @@ def eligible(spec: ClefModelSpec, gpu_class: str | None, node: NodeState) -> boo
 def uncovered(
     spec: ClefModelSpec, gpu_class: str | None, nodes: Iterable[NodeState], covered: tuple[str, ...]
 ) -> dict[str, list[str]]:
-    """Drivers of eligible nodes that no verdict covers, each with its nodes (sorted)."""
+    """Drivers of eligible nodes (of `gpu_class`) that no verdict covers, each with its nodes
+    (sorted)."""
+    selector = gpu_pin(spec, gpu_class)
     out: dict[str, list[str]] = {}
     for n in sorted(nodes, key=lambda n: n.name):
-        if eligible(spec, gpu_class, n) and n.driver not in covered:
+        if eligible(spec, selector, n) and n.driver not in covered:
             out.setdefault(n.driver, []).append(n.name)
     return dict(sorted(out.items()))
 
@@ -193,13 +196,12 @@ def off_their_drivers(observed: Observed) -> dict[str, str]:
 
 
 def render_driver_job(
-    rendered: Renderings, spec: ClefModelSpec, base: VerificationRecord, driver: str
+    rendered: Renderings, spec: ClefModelSpec, base: VerificationRecord, driver: str, dkey: str
 ) -> dict[str, Any]:
-    """The kernels Job of `spec` (its verification pod as the pass rendered it), running the
-    digest `base` passed with (clef's verifier runs in the serving image) on its GPU class, pinned
-    to nodes of `driver`."""
+    """The kernels Job of `spec` (its verification pod as the pass rendered it) of key `dkey`
+    (`driver_key`), running the digest `base` passed with (clef's verifier runs in the serving
+    image) on its GPU class, pinned to nodes of `driver`."""
     owner = rendered.owner
-    dkey = driver_key(rendered.key, base, driver)
     pod = copy.deepcopy(rendered.verification_pod)
     container = pod["containers"][0]
     if not spec.verification.image and base.digest:
@@ -252,7 +254,7 @@ def plan_drivers(
             if any(r.key == dkey and r.final for r in verdicts.known):
                 continue  # concluded without covering it: until a new pass of `key`, not again
             wanted = job_name(model.name, dkey, "")
-            out = _drive(model, rendered, spec, base, driver, nodes, observed, now, secret, covered)
+            out = _drive(model, rendered, spec, base, (driver, dkey), nodes, observed, now, secret, covered)
             break
     return Drivers(
         out.covered, out.new_record, (*out.actions, *_cancel_others(observed, wanted)), out.recheck
@@ -264,14 +266,15 @@ def _drive(
     rendered: Renderings,
     spec: ClefModelSpec,
     base: VerificationRecord,
-    driver: str,
+    target: tuple[str, str],
     nodes: list[str],
     observed: Observed,
     now: datetime,
     secret: bytes,
     covered: tuple[str, ...],
 ) -> Drivers:
-    manifest = render_driver_job(rendered, spec, base, driver)
+    driver, dkey = target
+    manifest = render_driver_job(rendered, spec, base, driver, dkey)
     name = manifest["metadata"]["name"]
     job = observed.job(name)
     where = f"driver {shown(driver)} (node {', '.join(nodes)})"

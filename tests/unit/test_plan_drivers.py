@@ -25,7 +25,7 @@ from clef_operator.plan_drivers import (
     tolerates,
     uncovered,
 )
-from clef_operator.render import driver_terms
+from clef_operator.render import driver_terms, gpu_pin
 from clef_operator.verdicts import collect_verdicts, sign
 
 FULL = labels.NODE_DRIVER_VERSION
@@ -124,15 +124,19 @@ def test_tolerations_follow_kubernetes_matching() -> None:
 def test_only_schedulable_nodes_of_the_class_and_selector_that_the_model_tolerates_are_eligible() -> None:
     spec = make_spec(nodeSelector={"pool": "a"})
     good = _node("n", labels={labels.NODE_GPU_PRODUCT: V100, "pool": "a", FULL: NEW})
-    assert eligible(spec, V100, good)
-    assert not eligible(spec, "NVIDIA-L4", good), "another GPU class"
-    assert not eligible(spec, V100, replace(good, labels={labels.NODE_GPU_PRODUCT: V100})), "no pool label"
-    assert not eligible(spec, V100, replace(good, unschedulable=True)), "cordoned"
+    assert eligible(spec, gpu_pin(spec, V100), good)
+    assert not eligible(spec, gpu_pin(spec, "NVIDIA-L4"), good), "another GPU class"
+    assert not eligible(spec, gpu_pin(spec, V100), replace(good, labels={labels.NODE_GPU_PRODUCT: V100})), (
+        "no pool label"
+    )
+    assert not eligible(spec, gpu_pin(spec, V100), replace(good, unschedulable=True)), "cordoned"
     tainted = replace(good, taints=(Taint("pool", "gpu", "NoSchedule"),))
-    assert not eligible(spec, V100, tainted)
-    assert eligible(spec, V100, replace(tainted, taints=(Taint("pool", "gpu", "PreferNoSchedule"),)))
+    assert not eligible(spec, gpu_pin(spec, V100), tainted)
+    assert eligible(
+        spec, gpu_pin(spec, V100), replace(tainted, taints=(Taint("pool", "gpu", "PreferNoSchedule"),))
+    )
     tolerant = make_spec(nodeSelector={"pool": "a"}, tolerations=[{"key": "pool", "operator": "Exists"}])
-    assert eligible(tolerant, V100, tainted)
+    assert eligible(tolerant, gpu_pin(tolerant, V100), tainted)
 
 
 def test_uncovered_drivers_name_their_nodes() -> None:
