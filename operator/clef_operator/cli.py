@@ -101,6 +101,11 @@ def _elect(args: argparse.Namespace) -> Any:
         args.timing,
         name=args.leader_elect_lease_name,
         on_change=lambda leading: metrics.LEADER.set(1 if leading else 0),
+        # A namespace it may write Events in: one it serves (or its own, serving all of them).
+        check_fence=leader.fence_probe(
+            api_client(fenced=False), (args.namespace or [operator_namespace()])[0]
+        ),
+        on_fence=lambda in_force: metrics.FENCE_IN_FORCE.set(1 if in_force else 0),
     )
     args.elector = elector
     elector.start()
@@ -127,6 +132,7 @@ def _setup(args: argparse.Namespace) -> str:
         return refused
     leader.set_identity(args.leader_elect_identity or leader.default_identity())
     metrics.LEADER.set(0 if args.leader_elect else 1)
+    metrics.FENCE_IN_FORCE.set(-1)
     args.elector = None
     if address is not None:
         metrics.serve(address, lambda: args.elector is None or args.elector.healthy())

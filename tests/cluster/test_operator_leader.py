@@ -208,6 +208,13 @@ def _elected_pair(
         wait_for(lambda: lease_holder(cluster) == "op-a", 60, "op-a to take the Lease", a.tail)
         b = start("op-b", rbac.operator)
         wait_for(b.healthy, 60, "op-b's /healthz", b.tail)
+        # The standby's own check: the API server refuses its (dry-run) writes while op-a leads.
+        wait_for(
+            lambda: metric(b.metrics(), "clef_fence_in_force") == 1,
+            3 * LEASE_SECONDS,
+            "op-b to find the fence in force (clef_fence_in_force 1)",
+            b.tail,
+        )
         yield a, b
     finally:
         _apply(cluster, [rbac.peer_lease_binding], tmp_path / "binding.json")
@@ -409,7 +416,13 @@ def test_a_write_in_flight_when_the_lease_changes_hands_is_refused(
         # etcd under load (docs/operations.md, "Running two replicas"): deliver once it has seen
         # the takeover, as a write held for longer than that window would arrive.
         read_at = time.monotonic()
-        wait_for(lambda: _fenced_out(rbac.peer, namespace), 30, "the fence to see op-b's Lease", b.tail)
+        wait_for(
+            lambda: _fenced_out(rbac.peer, namespace),
+            30,
+            "the fence to see op-b's Lease (never: its Lease informer is frozen, as after a deleted"
+            " binding, kubernetes/kubernetes#130887)",
+            b.tail,
+        )
         fence_lag = time.monotonic() - read_at
         held = proxy.held_bytes
         proxy.release()

@@ -223,3 +223,44 @@ def test_an_identity_the_fence_policy_would_refuse_stops_the_operator(
     assert bool(why) == refused
     if refused:
         assert why.startswith("--leader-elect-identity: ") and "clef-operator-7d9f-x2_" in why
+
+
+def _refusal(status: int, body: str) -> ApiException:
+    e = ApiException(status=status, reason="Forbidden")
+    e.body = body
+    return e
+
+
+def test_a_standbys_dry_run_says_whether_the_fence_is_in_force():
+    fenced = '{"message": "ValidatingAdmissionPolicy \'clef-operator-fence\' ... denied request"}'
+    assert leader.fence_refused(_refusal(403, fenced)) is True
+    assert leader.fence_refused(None) is False, "admitted: the fence does not cover this replica"
+    assert leader.fence_refused(_refusal(403, '{"message": "cannot create events (RBAC)"}')) is None
+    assert leader.fence_refused(_refusal(500, fenced)) is None
+
+
+def test_a_standby_checks_the_fence_once_a_lease_duration_and_only_while_another_holds_it(
+    caplog: pytest.LogCaptureFixture,
+):
+    answers = [False, True, False]
+    said: list[bool] = []
+    e = leader.Elector(
+        client.ApiClient(), "clef-system", "op-b", LeaseTiming(15, 10, 2), fence=Fence(),
+        check_fence=lambda: answers.pop(0), on_fence=said.append,
+    )  # fmt: skip
+    e._standby_check()
+    assert said == [], "nobody holds the Lease: nothing to be fenced from"
+    e._holder = "op-b"
+    e._standby_check()
+    assert said == [], "we hold it"
+    e._holder = "op-a"
+    with caplog.at_level("INFO", logger="clef.leader"):
+        e._standby_check()
+        e._standby_check()
+        assert said == [False], "once a lease duration"
+        assert "does not cover this replica" in caplog.text and "130887" in caplog.text
+        for expected in ([False, True], [False, True, False]):
+            e._fence_checked -= 15
+            e._standby_check()
+            assert said == expected
+    assert caplog.text.count("does not cover this replica") == 2, "said when it changes, not every time"

@@ -246,6 +246,44 @@ def _exit_lost(reason: str) -> None:
     os._exit(EXIT_LOST_LEASE)
 
 
+FENCE_POLICY = "clef-operator-fence"
+
+
+def fence_refused(error: ApiException | None) -> bool | None:
+    """What a standby's dry-run write says of the fence: refused by it (True), admitted (False: the
+    policy is not installed, this replica's token names no pod, or the API server's Lease informer
+    is frozen, as after its binding was deleted: kubernetes/kubernetes#130887), or neither (None:
+    refused for another reason, or no answer)."""
+    if error is None:
+        return False
+    if error.status == 403 and FENCE_POLICY in str(error.body or ""):
+        return True
+    return None
+
+
+def fence_probe(api: client.ApiClient, namespace: str) -> Callable[[], bool | None]:
+    """A dry-run Event (nothing is stored) written to `namespace` as this replica, judged by
+    `fence_refused`."""
+    core = client.CoreV1Api(api)
+    body: Any = {
+        "metadata": {"generateName": "clef-fence-check-", "namespace": namespace},
+        "involvedObject": {"kind": "Namespace", "name": namespace, "namespace": namespace},
+        "reason": "FenceCheck",
+        "message": "a standby's dry run: the API server must refuse it (clef-operator-fence)",
+    }
+
+    def probe() -> bool | None:
+        try:
+            core.create_namespaced_event(namespace, body, dry_run="All", _request_timeout=10)
+        except ApiException as e:
+            return fence_refused(e)
+        except Exception:  # the API server unreachable: nothing learnt
+            return None
+        return fence_refused(None)
+
+    return probe
+
+
 class Elector:
     """Campaigns for the Lease, then renews it, on a thread of its own (so a busy event loop never
     delays a renew).  Talks to the API server with an unfenced client: renewing is what reopens
@@ -261,10 +299,17 @@ class Elector:
         fence: Fence = FENCE,
         on_lost: Callable[[str], None] = _exit_lost,
         on_change: Callable[[bool], None] = lambda leading: None,
+        check_fence: Callable[[], bool | None] | None = None,
+        on_fence: Callable[[bool], None] = lambda in_force: None,
     ) -> None:
         self.leases = client.CoordinationV1Api(api)
         self.namespace, self.name, self.identity, self.timing = namespace, name, identity, timing
         self.fence, self.on_lost, self.on_change = fence, on_lost, on_change
+        # A standby checks, once a lease duration, that the API server refuses its writes.
+        self.check_fence, self.on_fence = check_fence, on_fence
+        self._fence_checked = -math.inf
+        self._fence_said: bool | None = None
+        self._holder = ""
         # A request that hangs must not hold up the next round (the fence closes meanwhile).
         self._timeout = max(timing.retry_period, timing.renew_deadline / 2)
         self.leading = threading.Event()
@@ -289,6 +334,7 @@ class Elector:
             self.timing.renew_deadline, self.timing.retry_period,
         )  # fmt: skip
         while not self.stopping.is_set() and not self._attempt():
+            self._standby_check()
             self.stopping.wait(self.timing.retry_period)
         if self.stopping.is_set():
             return
@@ -303,6 +349,29 @@ class Elector:
             elif not renewed and not fenced and not self.fence.may_write() and not self.stopping.is_set():
                 log.warning("could not renew the Lease before the deadline: every write is refused")
             fenced = not renewed and not self.fence.may_write()
+
+    def _standby_check(self) -> None:
+        """While another replica holds the Lease: does the API server refuse this one's writes?"""
+        now = time.monotonic()
+        due = now - self._fence_checked >= self.timing.duration
+        if self.check_fence is None or not self._holder or self._holder == self.identity or not due:
+            return
+        self._fence_checked = now
+        in_force = self.check_fence()
+        if in_force is None:
+            return
+        self.on_fence(in_force)
+        if not in_force and self._fence_said is not False:
+            log.error(
+                "the API server admitted a dry-run write of this standby while %s holds the Lease:"
+                " the fence (%s) does not cover this replica. Not installed, a token bound to no pod,"
+                " or its Lease informer frozen (a deleted binding, kubernetes/kubernetes#130887:"
+                " restart kube-apiserver)",
+                self._holder, FENCE_POLICY,
+            )  # fmt: skip
+        elif in_force and self._fence_said is False:
+            log.info("the API server refuses this standby's writes again (%s)", FENCE_POLICY)
+        self._fence_said = in_force
 
     def _attempt(self) -> bool:
         """One acquire-or-renew; True when we hold the Lease afterwards."""
@@ -321,6 +390,7 @@ class Elector:
             log.warning("reading Lease %s/%s: %s", self.namespace, self.name, e)
             return False
         now = time.monotonic()
+        self._holder = record.holder if record is not None else ""
         if record is not None and record.resource_version != self._seen[0]:
             self._seen = (record.resource_version, now)
         if self.leading.is_set() and (record is None or record.holder != self.identity):

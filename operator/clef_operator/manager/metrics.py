@@ -87,6 +87,12 @@ LEADER = Gauge(
     "clef_operator_leader",
     "1 while this replica holds the Lease (or runs without leader election), else 0.",
 )
+FENCE_IN_FORCE = Gauge(
+    "clef_fence_in_force",
+    "A standby's check of the API server's fence (clef-operator-fence): 1 when the API server refused"
+    " its last dry-run write while another replica held the Lease, 0 when it admitted it (the fence"
+    " does not cover this replica); -1 before its first check (and without leader election).",
+)
 
 
 # ------------------------------------------------------------------------------ the pure part
