@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from typing import Any
 
 import aiohttp
 import pytest
@@ -264,3 +265,37 @@ def test_a_standby_checks_the_fence_once_a_lease_duration_and_only_while_another
             e._standby_check()
             assert said == expected
     assert caplog.text.count("does not cover this replica") == 2, "said when it changes, not every time"
+
+
+class _Leases:
+    """A Lease store that answers as the API server does: a replace must carry the stored
+    resourceVersion (else 409); `renew_between` simulates the election thread's renew landing
+    between the hand-back's read and its write, once."""
+
+    def __init__(self, holder: str, renew_between: bool) -> None:
+        self.holder, self.version, self.renew_between = holder, 1, renew_between
+
+    def read_namespaced_lease(self, name: str, namespace: str, **_: Any) -> Any:
+        spec = client.V1LeaseSpec(holder_identity=self.holder, lease_duration_seconds=15)
+        return client.V1Lease(
+            metadata=client.V1ObjectMeta(name=name, resource_version=str(self.version)), spec=spec
+        )
+
+    def replace_namespaced_lease(self, name: str, namespace: str, body: dict[str, Any], **_: Any) -> Any:
+        if self.renew_between:
+            self.renew_between = False
+            self.version += 1
+        if body["metadata"]["resourceVersion"] != str(self.version):
+            raise ApiException(status=409, reason="Conflict")
+        self.holder, self.version = body["spec"]["holderIdentity"] or "", self.version + 1
+        return body
+
+
+@pytest.mark.parametrize("renew_between", [False, True], ids=["quiet", "a-renew-lands-in-between"])
+def test_a_clean_stop_hands_the_lease_back_even_when_a_renew_lands_meanwhile(renew_between: bool):
+    e = leader.Elector(client.ApiClient(), "clef-system", "op-a", LeaseTiming(15, 10, 2), fence=Fence())
+    leases = _Leases("op-a", renew_between)
+    e.leases = leases  # type: ignore[assignment]
+    e.leading.set()
+    e.release()
+    assert leases.holder == "", "handed back: a standby takes it at its next look"

@@ -439,21 +439,38 @@ class Elector:
             return
         self.leading.clear()
         self.on_change(False)
-        try:
-            lease: Any = self.leases.read_namespaced_lease(
-                self.name, self.namespace, _request_timeout=self._timeout
-            )
-            record = _record(lease)
-            if record.holder != self.identity:
+        # A renew in flight would change the Lease under the hand-back (a 409): let it land first.
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(self._timeout + 1)
+        self.fence.close()
+        for _ in range(3):
+            try:
+                if self._hand_back():
+                    log.info("released Lease %s/%s", self.namespace, self.name)
                 return
-            body = lease_body(
-                self.name, self.namespace, self.identity, self.timing, record, datetime.now(UTC)
-            )
-            # No holder: a standby may take it at its next poll (`may_acquire`).
-            body["spec"].update(holderIdentity=None, leaseDurationSeconds=1)
-            self.leases.replace_namespaced_lease(
-                self.name, self.namespace, _as_lease(body), _request_timeout=self._timeout
-            )
-            log.info("released Lease %s/%s", self.namespace, self.name)
-        except Exception as e:  # the standby then waits a lease duration instead
-            log.warning("could not release Lease %s/%s: %s", self.namespace, self.name, e)
+            except ApiException as e:
+                if e.status != 409:  # a conflict: read it again
+                    log.warning(
+                        "could not release Lease %s/%s: %s %s", self.namespace, self.name, e.status, e.reason
+                    )
+                    return
+            except Exception as e:  # the standby then waits a lease duration instead
+                log.warning("could not release Lease %s/%s: %s", self.namespace, self.name, e)
+                return
+        log.warning("could not release Lease %s/%s: it kept changing", self.namespace, self.name)
+
+    def _hand_back(self) -> bool:
+        """The Lease with no holder, if this replica holds it (True when written)."""
+        lease: Any = self.leases.read_namespaced_lease(
+            self.name, self.namespace, _request_timeout=self._timeout
+        )
+        record = _record(lease)
+        if record.holder != self.identity:
+            return False
+        body = lease_body(self.name, self.namespace, self.identity, self.timing, record, datetime.now(UTC))
+        # No holder: a standby may take it at its next poll (`may_acquire`).
+        body["spec"].update(holderIdentity=None, leaseDurationSeconds=1)
+        self.leases.replace_namespaced_lease(
+            self.name, self.namespace, _as_lease(body), _request_timeout=self._timeout
+        )
+        return True
