@@ -449,7 +449,8 @@ class Elector:
                     log.info("released Lease %s/%s", self.namespace, self.name)
                 return
             except ApiException as e:
-                if e.status != 409:  # a conflict: read it again
+                # A conflict (409): read the Lease again and retry; anything else: give up.
+                if e.status != 409:
                     log.warning(
                         "could not release Lease %s/%s: %s %s", self.namespace, self.name, e.status, e.reason
                     )
