@@ -257,8 +257,9 @@ def label_verified_pods(
     no Service that selects on it (docs/operations.md, "Selecting serving pods").  A model that
     does not require verification (not `required`: spec.verification.required) serves its
     revisions without a verdict: every one but a preview.
-    A pod in `withheld` (cordoned by a failed probe, `plan_watch`: name -> why) never has it: it
-    is taken off, with a `PodCordoned` event."""
+    A pod in `withheld` (cordoned by a failed probe, `plan_watch`; on a driver no verification
+    covers, `plan_drivers`, `plan_endpoint_drivers`: name -> why) never has it: it is taken off,
+    with a `PodCordoned` event."""
     withheld = withheld or {}
     if required:
         verified = verified_revisions(model, observed, verdict_key)
@@ -308,5 +309,5 @@ def _cordoned(model: ModelRef, observed: Observed, name: str, why: str) -> Event
     return Event(
         "Warning",
         "PodCordoned",
-        f"removed the serving label {labels.MODEL} from pod {name}, whose probe failed: {why}. {serves}",
+        f"removed the serving label {labels.MODEL} from pod {name}: {why}. {serves}",
     )

@@ -144,6 +144,33 @@ def render_probe_job(
     return job
 
 
+def render_driver_check_job(
+    owner: Owner, spec: ClefModelSpec, dkey: str, digest: str, pod: PodState, goldens: Trusted
+) -> dict[str, Any]:
+    """The in-place verification of a serving pod's driver (`plan_endpoint_drivers`; modes
+    endpoint and both): the comparison Job asking `pod`, which runs `digest`, at its own address
+    every prompt of the goldens, as the endpoint comparison asked the preview.  Key `dkey`
+    (`plan_drivers.driver_key`), step `driver`."""
+    job_labels = {
+        **object_labels(owner.name, labels.COMPONENT_VERIFICATION),
+        labels.STEP: labels.STEP_DRIVER,
+        labels.VERIFICATION_KEY: dkey,
+    }
+    annotations = {
+        labels.IMAGE: spec.image,
+        labels.PINNED_IMAGE: digest,
+        labels.PROBE_POD_UID: pod.uid,
+        labels.PROBE_POD_IP: pod.ip,
+        labels.PROBE_IMAGE_ID: pod.image_id,
+        labels.GOLDENS_CONFIGMAP: goldens.name,
+        labels.GOLDENS_SHA256: goldens.sha256,
+    }
+    argv = comparison_argv(spec, pod, goldens.sha256)
+    return _check_job(
+        owner, spec, check_job_name(owner.name, dkey, ""), job_labels, annotations, argv, goldens
+    )
+
+
 def _check_job(
     owner: Owner,
     spec: ClefModelSpec,

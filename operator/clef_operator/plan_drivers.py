@@ -101,8 +101,13 @@ def covered_drivers(
     base = base or base_pass(verdicts, key)
     if base is None:
         return None
+    return covered_by(key, base, verdicts.known)
+
+
+def covered_by(key: str, base: VerificationRecord, records: Iterable[VerificationRecord]) -> tuple[str, ...]:
+    """The driver of the pass `base` of `key` and of each of `records` that extends it, sorted."""
     found = {base.node_driver or UNKNOWN}
-    found |= {r.node_driver or UNKNOWN for r in verdicts.known if _extends(r, key, base)}
+    found |= {r.node_driver or UNKNOWN for r in records if _extends(r, key, base)}
     return tuple(sorted(found))
 
 
@@ -228,6 +233,9 @@ class Drivers:
     new_record: VerificationRecord | None = None
     actions: tuple[Action, ...] = ()
     recheck: float | None = None
+    # Modes endpoint and both (`plan_endpoint_drivers`): the drivers the current pass covers, this
+    # pass's record included; serving pods are held to them by the serving label, not pinned.
+    in_place: tuple[str, ...] | None = None
 
 
 def plan_drivers(
@@ -256,9 +264,7 @@ def plan_drivers(
             wanted = job_name(model.name, dkey, "")
             out = _drive(model, rendered, spec, base, (driver, dkey), nodes, observed, now, secret, covered)
             break
-    return Drivers(
-        out.covered, out.new_record, (*out.actions, *_cancel_others(observed, wanted)), out.recheck
-    )
+    return Drivers(out.covered, out.new_record, (*out.actions, *cancel_others(observed, wanted)), out.recheck)
 
 
 def _drive(
@@ -314,7 +320,7 @@ def _drive(
     return Drivers(covered, record, (*stop, said))
 
 
-def _cancel_others(observed: Observed, wanted: str) -> tuple[Action, ...]:
+def cancel_others(observed: Observed, wanted: str) -> tuple[Action, ...]:
     """Driver verifications no longer wanted (the pass they extend was superseded, the node went)."""
     return tuple(
         DeleteJob(j.name)

@@ -85,17 +85,44 @@ def derive_conditions(
             verification,
             active,
             verified,
-            candidate_problems + active_problems + _unverified_drivers(off_driver or {}),
+            _with_drivers(
+                candidate_problems + active_problems,
+                _unverified_drivers(model, observed, move.active_revision, off_driver or {}),
+            ),
             _refused_pods(observed, move),
         ),
     )
 
 
-def _unverified_drivers(off_driver: Mapping[str, str]) -> list[PodProblem]:
-    return [
-        PodProblem(Why.UNVERIFIED_DRIVER, f"pod {name} no longer serves: {why}")
+def _unverified_drivers(
+    model: ModelRef, observed: Observed, active_rev: str, off_driver: Mapping[str, str]
+) -> list[PodProblem]:
+    """Serving pods kept out of the Service for their driver; first, when no Ready pod of the
+    active revision is left to serve, that nothing serves (never 0 endpoints unsaid)."""
+    problems = [
+        PodProblem(Why.UNVERIFIED_DRIVER, f"pod {name} is kept out of serving: {why}")
         for name, why in sorted(off_driver.items())
     ]
+    left = [
+        p
+        for p in observed.pods_of_revision(active_rev)
+        if p.ready and not p.deleting and p.name not in off_driver
+    ]
+    if problems and active_rev and not left:
+        nothing = PodProblem(
+            Why.UNVERIFIED_DRIVER,
+            f"no pod of {model.name} serves now: every Ready pod of revision {active_rev} is on a driver no"
+            " verification covers (fail closed: no answer rather than one nothing vouches for)",
+        )
+        problems.insert(0, nothing)
+    return problems
+
+
+def _with_drivers(pods: list[PodProblem], drivers: list[PodProblem]) -> list[PodProblem]:
+    """Stuck pods, then pods kept out for their driver; that nothing serves goes first."""
+    if drivers and drivers[0].message.startswith("no pod of "):
+        return drivers + pods
+    return pods + drivers
 
 
 def _refused_pods(observed: Observed, move: Move) -> str:

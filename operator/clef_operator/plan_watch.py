@@ -107,15 +107,17 @@ def _round(job: JobState) -> int:
     return int(text) if text.isdigit() else -1
 
 
-def _probed_pod(job: JobState, observed: Observed) -> PodState | None:
-    """The serving pod a probe Job asked, if it is still that pod at that address."""
+def asked_pod(job: JobState, observed: Observed) -> PodState | None:
+    """The serving pod a probe (or an in-place driver verification, `plan_endpoint_drivers`) Job
+    asked, if it is still that pod at that address."""
     pod = observed.pod(job.annotations.get(labels.PROBE_POD_UID, ""))
     if pod is None or pod.deleting or pod.component != labels.COMPONENT_SERVING:
         return None
     return pod if pod.ip and job.annotations.get(labels.PROBE_POD_IP) == pod.ip else None
 
 
-def _goldens(model: ModelRef, observed: Observed, name: str, secret: bytes) -> Trusted | None:
+def signed_goldens(model: ModelRef, observed: Observed, name: str, secret: bytes) -> Trusted | None:
+    """The goldens ConfigMap `name` if it is there and signed by the operator, else None."""
     cm = observed.config_map(name)
     if cm is None or cm.deleting:
         return None
@@ -127,14 +129,9 @@ def read_probe(
     model: ModelRef, spec: ClefModelSpec, observed: Observed, job: JobState, pod: PodState, secret: bytes
 ) -> Finding | None:
     """A finished probe, fail closed (None while it runs): a pass only with the signed goldens."""
-    judged = judge_run(COMPARISON(spec), job, observed.pods_of_job(job), job_deadline(spec))
+    judged = judge_check(model, spec, observed, job, job_deadline(spec), secret)
     if isinstance(judged, Progress):
         return None
-    goldens = _goldens(model, observed, job.annotations.get(labels.GOLDENS_CONFIGMAP, ""), secret)
-    if goldens is None:
-        judged = Judged(False, Reason.GOLDENS_UNTRUSTED, "the goldens it was given are gone or not signed")
-    else:
-        judged = goldens_read(judged, job.command, goldens)
     if judged.passed:
         found = PASSED
     elif judged.reason == Reason.ENDPOINT_MISMATCH:
@@ -145,6 +142,21 @@ def read_probe(
         found = ERROR
     summary = judged.summary if found != ERROR else f"{judged.reason}: {judged.summary}"
     return Finding(pod, job, found, summary)
+
+
+def judge_check(
+    model: ModelRef, spec: ClefModelSpec, observed: Observed, job: JobState, timeout: int, secret: bytes
+) -> Progress | Judged:
+    """A comparison Job that asked a serving pod (a probe, an in-place driver verification), read
+    like the comparison and fail closed: a pass only with the signed goldens whose digest it was
+    given and read."""
+    judged = judge_run(COMPARISON(spec), job, observed.pods_of_job(job), timeout)
+    if isinstance(judged, Progress):
+        return judged
+    goldens = signed_goldens(model, observed, job.annotations.get(labels.GOLDENS_CONFIGMAP, ""), secret)
+    if goldens is None:
+        return Judged(False, Reason.GOLDENS_UNTRUSTED, "the goldens it was given are gone or not signed")
+    return goldens_read(judged, job.command, goldens)
 
 
 def job_deadline(spec: ClefModelSpec) -> int:
@@ -171,7 +183,7 @@ def _pods(
     for job in probe_jobs(observed):
         if job.deleting:
             continue
-        pod = _probed_pod(job, observed)
+        pod = asked_pod(job, observed)
         if pod is None:
             orphans.append(job)
         else:
@@ -222,7 +234,7 @@ def plan_probes(
     for p in pods.values():
         f = p.finding
         if watch.policy in CORDONING and f is not None and f.found in WRONG:
-            withheld[p.pod.name] = f.describe()
+            withheld[p.pod.name] = f"its probe failed: {f.describe()}"
     # Older finished probes go once a newer one has finished; a cordoned pod keeps only its record.
     for p in pods.values():
         keep = {p.finding.job.name} if p.finding else set()
@@ -232,7 +244,7 @@ def plan_probes(
 
     why_not = _why_not_probed(spec, probed_revision, active_revision)
     gname = goldens_name(model.name, rendered.goldens)
-    goldens = _goldens(model, observed, gname, secret)
+    goldens = signed_goldens(model, observed, gname, secret)
     if not why_not and goldens is None:
         why_not = (
             f"the goldens of the current spec ({gname}) are not stored"

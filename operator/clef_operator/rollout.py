@@ -66,11 +66,18 @@ from datetime import datetime
 from typing import Any
 
 from clef_operator.actions import Action
-from clef_operator.api import ClefModelSpec, ClefModelStatus, VerificationRecord, WatchPolicy
+from clef_operator.api import (
+    ClefModelSpec,
+    ClefModelStatus,
+    VerificationMode,
+    VerificationRecord,
+    WatchPolicy,
+)
 from clef_operator.children import label_verified_pods, revert_drift
 from clef_operator.conditions import SERVING, Stamp
 from clef_operator.observed import ModelRef, Observed
 from clef_operator.plan_drivers import off_their_drivers, plan_drivers
+from clef_operator.plan_endpoint_drivers import plan_endpoint_drivers, withheld_pods
 from clef_operator.plan_revisions import move_towards_desired, retire_old_revisions, stop_stale_previews
 from clef_operator.plan_rollback import roll_back, served_verdict, with_failure
 from clef_operator.plan_service import active_revision
@@ -111,7 +118,9 @@ def plan_rollout(
         model, key, status, observed.deployments, verdict_key, observed.jobs, observed.ledger
     )
     verification = drive_verification(model, rendered, spec, observed, verdicts, now, verdict_key)
-    drivers = plan_drivers(model, rendered, spec, observed, verdicts, verification.passed, now, verdict_key)
+    # Kernels mode pins serving pods to covered drivers; endpoint and both verify a driver in place.
+    driven = plan_drivers if rendered.mode is VerificationMode.KERNELS else plan_endpoint_drivers
+    drivers = driven(model, rendered, spec, observed, verdicts, verification.passed, now, verdict_key)
     desired = desired_revision(rendered, spec, verification, verdicts.run, drivers.covered)
     desired = roll_back(spec.verification.watch, observed.deployments, verdicts, verification, desired)
     drift = revert_drift(observed, _known_templates(desired))
@@ -132,9 +141,16 @@ def plan_rollout(
     probes = plan_probes(
         stamp, model, rendered, spec, observed, probed, move.active_revision, previous, verdict_key, rollback
     )
-    off_driver = off_their_drivers(observed)
+    known = (*verdicts.known, *((drivers.new_record,) if drivers.new_record is not None else ()))
+    required = spec.verification.required
+    held = withheld_pods(model, required, observed, known, verification.passed, verdict_key, drivers.in_place)
+    off_driver = {**off_their_drivers(observed), **held.unverified}
     serving_labels = label_verified_pods(
-        model, spec.verification.required, observed, verdict_key, {**off_driver, **probes.withheld}
+        model,
+        spec.verification.required,
+        observed,
+        verdict_key,
+        {**held.every(), **off_driver, **probes.withheld},
     )
     conditions = replace(
         derive_conditions(
