@@ -145,12 +145,13 @@ def render_probe_job(
 
 
 def render_driver_check_job(
-    owner: Owner, spec: ClefModelSpec, dkey: str, digest: str, pod: PodState, goldens: Trusted
+    owner: Owner, spec: ClefModelSpec, target: tuple[str, str], digest: str, pod: PodState, goldens: Trusted
 ) -> dict[str, Any]:
     """The in-place verification of a serving pod's driver (`plan_endpoint_drivers`; modes
     endpoint and both): the comparison Job asking `pod`, which runs `digest`, at its own address
-    every prompt of the goldens, as the endpoint comparison asked the preview.  Key `dkey`
-    (`plan_drivers.driver_key`), step `driver`."""
+    every prompt of the goldens, as the endpoint comparison asked the preview.  `target`: the
+    driver it verifies and its key (`plan_drivers.driver_key`); step `driver`."""
+    driver, dkey = target
     job_labels = {
         **object_labels(owner.name, labels.COMPONENT_VERIFICATION),
         labels.STEP: labels.STEP_DRIVER,
@@ -159,6 +160,7 @@ def render_driver_check_job(
     annotations = {
         labels.IMAGE: spec.image,
         labels.PINNED_IMAGE: digest,
+        labels.DRIVER: driver,
         labels.PROBE_POD_UID: pod.uid,
         labels.PROBE_POD_IP: pod.ip,
         labels.PROBE_IMAGE_ID: pod.image_id,

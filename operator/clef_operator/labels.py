@@ -53,8 +53,11 @@ PROBE_IMAGE_ID = f"{PREFIX}/probe-image-id"
 PROBE_ROUND = f"{PREFIX}/probe-round"
 
 # A verification of the digest that passed, pinned to nodes of one driver version the verdict has
-# not seen yet (plan_drivers): a kernels Job with the step label `driver`.
+# not seen yet (plan_drivers): a kernels Job with the step label `driver`.  In modes endpoint and
+# both (plan_endpoint_drivers) a comparison Job asking a serving pod on that driver in place (the
+# probe annotations name the pod), the driver it verifies annotated.
 STEP_DRIVER = "driver"
+DRIVER = f"{PREFIX}/driver"
 
 # On the ClefModel: any new value asks for a fresh verification of the current spec.
 REVERIFY = f"{PREFIX}/reverify"

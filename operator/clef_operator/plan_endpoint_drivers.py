@@ -38,7 +38,15 @@ from clef_operator.api import ClefModelSpec, Step, Verdict, VerificationRecord
 from clef_operator.conditions import clause
 from clef_operator.endpoint import Judged, check_job_name, render_driver_check_job
 from clef_operator.goldens import goldens_name
-from clef_operator.observed import DeploymentState, ModelRef, NodeState, Observed, PodState, node_versions
+from clef_operator.observed import (
+    DeploymentState,
+    JobState,
+    ModelRef,
+    NodeState,
+    Observed,
+    PodState,
+    node_versions,
+)
 from clef_operator.plan_drivers import UNKNOWN, Drivers, cancel_others, covered_by, driver_key, shown
 from clef_operator.plan_watch import asked_pod, judge_check, signed_goldens
 from clef_operator.renderings import Renderings
@@ -197,24 +205,41 @@ def plan_endpoint_drivers(
     signed; driver Jobs no longer wanted are stopped.  Serving is pinned to nothing (`covered`
     None): what holds a pod is its serving label (`withheld_pods`)."""
     base = endpoint_base(spec.verification.required, current)
-    known = verdicts.known
     wanted = ""
     out = Drivers()
     if base is not None:
-        covered = covered_by(base.key, base, known)
+        covered = covered_by(base.key, base, verdicts.known)
         out = Drivers(in_place=covered)
-        for driver, pods in _targets(model, observed, base, covered, secret).items():
+        targets = _targets(model, observed, base, covered, secret)
+        jobs = _driver_jobs(observed)
+        # A finished Job is judged first (it costs nothing), then drivers in version order.
+        finished = sorted(d for d, j in jobs.items() if j.finished)
+        for driver in dict.fromkeys([*finished, *targets]):
             dkey = driver_key(base.key, base, driver)
-            if any(r.key == dkey and r.final for r in known):
+            if any(r.key == dkey and r.final for r in verdicts.known):
                 continue  # concluded without covering it: until a new pass of the key, not again
+            if driver not in targets and jobs[driver].key != dkey:
+                continue  # a finished Job of another pass's
             wanted = check_job_name(model.name, dkey, "")
-            out = _drive(_Ctx(model, rendered, spec, observed, now, secret), base, driver, pods)
+            out = _drive(
+                _Ctx(model, rendered, spec, observed, now, secret), base, driver, targets.get(driver, [])
+            )
             if _covers(out.new_record, base, driver):
                 covered = tuple(sorted({*covered, driver}))
             break
     return replace(
         out, actions=(*out.actions, *cancel_others(observed, wanted)), in_place=covered if base else None
     )
+
+
+def _driver_jobs(observed: Observed) -> dict[str, JobState]:
+    """The in-place driver verifications there are, by the driver each verifies (a kernels-mode
+    driver Job names none)."""
+    return {
+        j.annotations[labels.DRIVER]: j
+        for j in observed.jobs
+        if j.step == labels.STEP_DRIVER and not j.deleting and labels.DRIVER in j.annotations
+    }
 
 
 def _covers(record: VerificationRecord | None, base: VerificationRecord, driver: str) -> bool:
@@ -245,7 +270,7 @@ def _drive(ctx: _Ctx, base: VerificationRecord, driver: str, pods: list[PodState
     name = check_job_name(ctx.model.name, dkey, "")
     job = ctx.observed.job(name)
     if job is None:
-        return _start(ctx, base, driver, dkey, pods[0])
+        return _start(ctx, base, driver, dkey, pods[0]) if pods else Drivers()
     if job.deleting:
         return Drivers()
     asked = asked_pod(job, ctx.observed)
@@ -267,7 +292,9 @@ def _start(ctx: _Ctx, base: VerificationRecord, driver: str, dkey: str, pod: Pod
     if goldens is None:
         return Drivers()  # the goldens are gone: nothing to ask with (the pods stay withheld)
     assert base.digest is not None
-    manifest = render_driver_check_job(ctx.rendered.owner, ctx.spec, dkey, base.digest, pod, goldens)
+    manifest = render_driver_check_job(
+        ctx.rendered.owner, ctx.spec, (driver, dkey), base.digest, pod, goldens
+    )
     said = event(
         "DriverVerificationStarted",
         f"pod {pod.name} runs on node {pod.node_name}, driver {shown(driver)}, on which {base.digest} was never"
