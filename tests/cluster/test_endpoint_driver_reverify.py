@@ -135,19 +135,20 @@ def test_a_new_pod_on_a_new_driver_serves_only_after_it_was_verified_in_place(se
         m.patch(NAME, {"spec": {"replicas": 2}})
         scaled = time.monotonic()
 
-        def on_new_node() -> str | None:
+        def verified_and_serving() -> tuple[str, dict[str, Any]] | None:
+            """The pod on the new node carrying the serving label, once a record names NEW."""
+            status = m.get(NAME).get("status", {})
+            record = next((r for r in status.get("verifications", []) if r.get("nodeDriver") == NEW), None)
             for p in cluster.core.list_namespaced_pod(m.ns, label_selector=f"{REVISION_OF}={NAME}").items:
-                if (
-                    p.spec.node_name == setup.nodes[1]
-                    and (p.metadata.labels or {}).get(SERVING_LABEL) == NAME
-                ):
-                    return str(p.metadata.name)
+                on_new = p.spec.node_name == setup.nodes[1]
+                if record is not None and on_new and (p.metadata.labels or {}).get(SERVING_LABEL) == NAME:
+                    return str(p.metadata.name), record
             return None
 
-        newpod = wait_for(
-            on_new_node,
+        newpod, record = wait_for(
+            verified_and_serving,
             VERIFY_SECONDS + 120,
-            "the pod on the new driver's node to carry the serving label",
+            "a verification of driver NEW and the pod on its node carrying the serving label",
             lambda: m.describe(NAME),
         )
         took = time.monotonic() - scaled
@@ -157,7 +158,6 @@ def test_a_new_pod_on_a_new_driver_serves_only_after_it_was_verified_in_place(se
         pods.stop()
 
     status = m.get(NAME)["status"]
-    record = next(r for r in status["verifications"] if r.get("nodeDriver") == NEW)
     assert (record["verdict"], record["digest"], record["step"]) == ("Passed", passed["digest"], "endpoint")
     assert record["key"] != passed["key"], "a key of its own (driver_key), extending the pass"
     assert status["activeRevision"] == first["activeRevision"], "no re-render: the same revision serves"
