@@ -207,9 +207,9 @@ def plan_endpoint_drivers(
     base = endpoint_base(spec.verification.required, current)
     wanted = ""
     out = Drivers()
+    covered: tuple[str, ...] | None = None
     if base is not None:
         covered = covered_by(base.key, base, verdicts.known)
-        out = Drivers(in_place=covered)
         targets = _targets(model, observed, base, covered, secret)
         jobs = _driver_jobs(observed)
         # A finished Job is judged first (it costs nothing), then drivers in version order.
@@ -227,9 +227,7 @@ def plan_endpoint_drivers(
             if _covers(out.new_record, base, driver):
                 covered = tuple(sorted({*covered, driver}))
             break
-    return replace(
-        out, actions=(*out.actions, *cancel_others(observed, wanted)), in_place=covered if base else None
-    )
+    return replace(out, actions=(*out.actions, *cancel_others(observed, wanted)), in_place=covered)
 
 
 def _driver_jobs(observed: Observed) -> dict[str, JobState]:
