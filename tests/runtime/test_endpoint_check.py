@@ -502,3 +502,25 @@ def test_a_sample_rotates_through_every_prompt(made: tuple[Path, Path], tmp_path
     assert all(len(a) == min(2, len(names)) for a in asked)
     assert {n for a in asked for n in a} == set(names), "every prompt asked in turn"
     assert asked[0] == names[:2] and asked[1] == [names[(2 + i) % len(names)] for i in range(2)]
+
+
+@pytest.mark.parametrize("dialect", CHAT_ONLY)
+def test_a_chat_only_engines_sample_draws_only_prompts_it_can_be_asked(
+    made: tuple[Path, Path], tmp_path: Path, dialect: str
+) -> None:
+    """A probe of a chat-only engine (candle-vllm, mistral.rs) never draws a round of token-id
+    prompts only: that round would compare nothing and fail as an error.  The goldens here start
+    with a token-id prompt (`tokens-1`); every round asks one chat prompt, in turn."""
+    ckpt, goldens = made
+    prompts = json.loads(goldens.read_text())["prompts"]
+    chat = [p["name"] for p in prompts if p["kind"] == "chat"]
+    assert prompts[0]["name"] == "tokens-1" and len(chat) == 2, [p["name"] for p in prompts]
+    asked = []
+    with served(ckpt, tmp_path, "--dialect", SERVER_DIALECT[dialect]) as (url, _):
+        for round_ in range(3):
+            code, full, _compact, err = endpoint_check(
+                goldens, url, dialect, tmp_path, "--sample", "1", "--sample-round", str(round_)
+            )
+            assert code == 0, f"round {round_}: {full['summary']}\n{err[-2000:]}"
+            asked.append([(p["name"], p["status"]) for p in full["prompts"]])
+    assert asked == [[(chat[0], "match")], [(chat[1], "match")], [(chat[0], "match")]], asked

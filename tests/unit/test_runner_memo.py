@@ -193,3 +193,42 @@ def test_a_second_store_of_one_key_keeps_the_first_and_a_gone_memo_keeps_nothing
     store.root.rmdir()  # the session ended while a run was finishing
     store.store("k", first)
     assert not store.root.exists()
+
+
+CHECK = ["clef-runtime", "endpoint-check", "--url", "http://127.16.0.4:2000", "--goldens", "/g/goldens.json.gz",
+         "--goldens-sha256", "sha256:" + "a" * 64, "--dialect", "candle-vllm", "--timeout", "120"]  # fmt: skip
+PROBE = [*CHECK, "--sample", "1", "--sample-round", "0"]
+GOLDENS = ["clef-runtime", "goldens", "--checkpoint", "/models/clef-flash", "--dtype", "f16", "--out", "-"]
+
+
+@pytest.mark.parametrize("argv", [CHECK, PROBE, GOLDENS], ids=["comparison", "probe", "goldens"])
+def test_goldens_and_endpoint_checks_are_memoised_in_load_mode_only(argv: list[str]) -> None:
+    assert not memo.eligible(argv, {})
+    assert memo.eligible(argv, {}, load=True)
+    assert not memo.eligible([*argv, "--report", "/r.json"], {}, load=True)
+    assert not memo.eligible(argv, {"readinessProbe": {"exec": {}}}, load=True)
+
+
+def with_value(argv: list[str], flag: str, value: str) -> list[str]:
+    i = argv.index(flag)
+    return [*argv[: i + 1], value, *argv[i + 2 :]]
+
+
+def test_a_load_mode_key_leaves_out_the_engines_address_and_the_probes_round_only() -> None:
+    other = with_value(with_value(PROBE, "--url", "http://10.244.3.9:2000"), "--sample-round", "7")
+    assert key(argv=PROBE, load=True) == key(argv=other, load=True)
+    assert key(argv=PROBE) != key(argv=other), "outside load mode both count"
+    for flag, value in (("--dialect", "vllm"), ("--goldens-sha256", "sha256:" + "b" * 64), ("--sample", "2"),
+                        ("--url", "http://127.16.0.4:2001/v1")):  # fmt: skip
+        assert key(argv=PROBE, load=True) != key(argv=with_value(PROBE, flag, value), load=True), flag
+    assert key(argv=CHECK, load=True) != key(argv=PROBE, load=True), "a probe is not the comparison"
+    assert memo.load_normalise(PROBE[:3]) == PROBE[:3]
+
+
+def test_load_mode_is_a_file_in_the_memo_directory(tmp_path: Path) -> None:
+    (tmp_path / memo.MEMO_DIR).mkdir(parents=True)
+    found = memo.Memo.of(tmp_path)
+    assert found is not None and not found.load
+    (tmp_path / memo.MEMO_DIR / memo.LOAD_MARKER).touch()
+    found = memo.Memo.of(tmp_path)
+    assert found is not None and found.load

@@ -11,7 +11,9 @@ plane of its own.  docs/performance.md ("Operator at scale") has the numbers and
    aside), its CPU, its RSS; the events it posted;
 5. every model deleted: RSS again, and what the operator still holds (its `clef-state` probe).
 
-Prints a table and writes JSON (`--json`).
+`--verified N` instead measures N models whose verification Jobs really run (verified.py);
+`--probes N` N endpoint-mode models whose serving pods are probed (probes.py).  Prints a table and
+writes JSON (`--json`).
 """
 
 from __future__ import annotations
@@ -32,9 +34,9 @@ from clef_operator.manager import memory
 from ..cluster import LocalCluster, build
 from ..config import REPO_ROOT, missing_prerequisites
 from ..kustomize import find_kubectl
-from . import scale, verified
+from . import probes, scale, verified
 
-FLOOR_NS, MODELS_NS, VERIFIED_NS = "scale-floor", "scale-models", "scale-verified"
+FLOOR_NS, MODELS_NS, VERIFIED_NS, PROBED_NS = "scale-floor", "scale-models", "scale-verified", "scale-probed"
 
 
 def _stamp(text: str) -> float:
@@ -135,7 +137,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     print(f"load: control plane up in {cluster.up():.1f}s ({cluster.dir})", flush=True)
     result: dict[str, Any] = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "models": args.verified or args.models,
+        "models": args.verified or args.probes or args.models,
         "cpus": os.cpu_count(),
         "loadavg_start": os.getloadavg(),
         "cycles": [],
@@ -144,10 +146,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
         api.configuration.connection_pool_maxsize = 32
-        scale.kubectl_objects(cluster.kubeconfig, kubectl, "apply", scale.operator_identity(kubectl))
-        gpus = args.verify_gpus if args.verified else args.models + 10
+        identity = scale.operator_identity(kubectl)
+        if args.probes:
+            identity = probes.allow_checkpoint(identity, cluster.dir)
+        scale.kubectl_objects(cluster.kubeconfig, kubectl, "apply", identity)
+        gpus = args.verify_gpus if args.verified else (args.probes or args.models) + 10
         scale.add_gpu_node(cluster.kubeconfig, "scale-1", gpus)
-        if not args.no_floor and not args.verified:
+        if not args.no_floor and not args.verified and not args.probes:
             result["floor"] = floor(api, args.models, args.timeout)
             print(f"load: floor {result['floor']}", flush=True)
         operator = scale.Operator(cluster.kubeconfig, cluster.dir / "load", args.operator_arg or ())
@@ -162,7 +167,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             result["verified"] = verified.run_verified(api, args.verified, args.timeout, VERIFIED_NS)
             result["verify_gpus"] = gpus
             print(f"load: verified {result['verified']}", flush=True)
-        for cycle in range(0 if args.verified else args.cycles):
+        if args.probes:
+            opts = {"models": args.probes, "interval": args.probe_interval, "settle": args.settle,
+                    "window": args.probe_window or args.probe_interval, "timeout": args.timeout}  # fmt: skip
+            result["probes"] = probes.run_probes(
+                api, cluster.dir, operator, cluster.audit_log, PROBED_NS, opts
+            )
+        for cycle in range(0 if args.verified or args.probes else args.cycles):
             result["cycles"].append(one_cycle(api, operator, cluster.audit_log, args, cycle))
         result["loadavg_end"] = os.getloadavg()
     except BaseException:
@@ -250,6 +261,8 @@ def table(r: dict[str, Any]) -> str:
             ("verified: the Jobs' own span, s", v["jobs_span_seconds"]),
         ]
         rows += [(f"verified: {k} p50/p99/max, s", _pct(s)) for k, s in v["latency_seconds"].items()]
+    if "probes" in r:
+        rows += _probe_rows(r["probes"])
     for i, c in enumerate(r["cycles"]):
         rows += [
             (f"[{i}] load average at start", c["loadavg_start"]),
@@ -264,6 +277,23 @@ def table(r: dict[str, Any]) -> str:
         ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _probe_rows(p: dict[str, Any]) -> list[tuple[str, Any]]:
+    w = p["window"]
+    return [
+        ("probes: interval, s", p["interval_seconds"]),
+        ("probes: the real model's first probe passed after, s", p["seed_probed_seconds"]),
+        ("probes: the other models all Ready, s", p["ready"]["ready_seconds"]),
+        ("probes: window, s", w["window_seconds"]),
+        ("probes: probe Jobs created in the window", w["probe_jobs_created"]),
+        ("probes: API requests/s (watches aside)", w["requests_per_second"]),
+        ("probes: requests by kind", w["requests_by_kind"]),
+        ("probes: CPU, % of a core", w["cpu_percent_of_a_core"]),
+        ("probes: RSS max / at the end, MiB", f"{w['rss_mib_max']} / {w['rss_mib_end']}"),
+        ("probes: models by Serving status/reason", w["serving"]),
+        ("probes: memo: the real runs / replays", f"{p['seed_runs']} / {p['replays']}"),
+    ]
 
 
 def _pct(s: dict[str, float]) -> str:
@@ -292,6 +322,22 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--verify-gpus", type=int, default=2, help="with --verified: the node's GPUs, so Jobs at once"
+    )
+    parser.add_argument(
+        "--probes",
+        type=int,
+        default=0,
+        metavar="N",
+        help="instead: N endpoint-mode models whose serving pods are probed (one real, the rest replayed)",
+    )
+    parser.add_argument(
+        "--probe-interval", type=int, default=600, help="with --probes: watch.intervalSeconds"
+    )
+    parser.add_argument(
+        "--probe-window",
+        type=float,
+        default=0,
+        help="with --probes: the measured window, s (default: one interval)",
     )
     parser.add_argument("--no-floor", action="store_true", help="skip the plain-Deployment floor")
     parser.add_argument("--keep-cluster", action="store_true")

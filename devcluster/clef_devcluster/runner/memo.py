@@ -20,7 +20,16 @@ new pod's on replay, so a replay prints what a real run in that pod would have p
 installed packages (torch, Triton) are not in the key: they do not change within a session.
 
 Only `clef-runtime verify` without --report and --termination-log (whose output would go to a
-file the memo does not keep), in a container without probes, is memoised.  The memo lives only
+file the memo does not keep), in a container without probes, is memoised.
+
+**Load mode** (a file `load` in the memo directory; only the load test's probe phase,
+`python -m clef_devcluster.load --probes N`, makes it): `clef-runtime goldens` and
+`clef-runtime endpoint-check` are memoised too, and an endpoint check's key leaves out the
+engine's address and the probe's round (`load_normalise`).  That is the load test's model of
+the data plane: one real model's goldens, comparison and probe run for real, and every other
+model's (whose engines are kwok pods that answer nothing) replay them, so that the operator and
+the control plane carry 1,000 models' verification and probe traffic on two cores.  Never in a
+test that judges an engine: a replayed check says nothing about the engine it names.  The memo lives only
 while a test session wants it: the directory `<state>/run/verify-memo` (MEMO_DIR), which the
 session creates at its start and removes at its end.  Each lookup is noted in its ledger (`hit
 KEY` / `miss KEY`), which the session sums up.
@@ -34,6 +43,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
@@ -47,6 +57,13 @@ log = logging.getLogger("clef.runner")
 # Under the runner's state directory; the test session creates and removes it.
 MEMO_DIR = Path("run") / "verify-memo"
 LEDGER = "ledger"
+# Its presence in MEMO_DIR switches load mode on (see above).
+LOAD_MARKER = "load"
+# The runs memoised in load mode besides `verify`.
+LOAD_SUBCOMMANDS = ("goldens", "endpoint-check")
+# What an endpoint check's engine address and probe round become in a load-mode key.
+ENGINE_TOKEN, ROUND_TOKEN = "@clef-memo:engine@", "@clef-memo:round@"
+_ENGINE_URL = re.compile(r"^https?://[^/]+")
 # The packages whose code a verify run executes.
 SOURCE_PACKAGES = ("clef_runtime", "clef_contract")
 # Flags whose value is a path the run reads.
@@ -103,16 +120,31 @@ def _has_flag(argv: Sequence[str], flags: Iterable[str]) -> bool:
     return any(arg.partition("=")[0] in wanted for arg in argv)
 
 
-def eligible(argv: Sequence[str], container: Mapping[str, object]) -> bool:
-    """Whether this run may be memoised: `clef-runtime verify` writing only its termination log
-    and stdout/stderr, in a container without probes."""
+def eligible(argv: Sequence[str], container: Mapping[str, object], load: bool = False) -> bool:
+    """Whether this run may be memoised: `clef-runtime verify` (in load mode also `goldens` and
+    `endpoint-check`) writing only its termination log and stdout/stderr, in a container
+    without probes."""
+    subcommands = ("verify", *LOAD_SUBCOMMANDS) if load else ("verify",)
     return (
         len(argv) >= 2
         and Path(argv[0]).name == "clef-runtime"
-        and argv[1] == "verify"
+        and argv[1] in subcommands
         and not _has_flag(argv, OUTPUT_FLAGS)
         and not any(container.get(p) for p in PROBES)
     )
+
+
+def load_normalise(argv: Sequence[str]) -> list[str]:
+    """An endpoint check's argv as a load-mode key sees it: `--url`'s scheme and address and
+    `--sample-round`'s value as placeholders (every engine of the load test is taken to answer as
+    the one that really ran, in every round); anything else as it is."""
+    out = list(argv)
+    for i, arg in enumerate(out[:-1]):
+        if arg == "--url":
+            out[i + 1] = _ENGINE_URL.sub(ENGINE_TOKEN, out[i + 1])
+        elif arg == "--sample-round":
+            out[i + 1] = ROUND_TOKEN
+    return out
 
 
 def input_paths(argv: Sequence[str]) -> list[str]:
@@ -161,8 +193,12 @@ def memo_key(
     pod: PodPaths,
     sources: str,
     inputs: str,
+    load: bool = False,
 ) -> str:
-    """The run's key (pure): a change to any component is a different key."""
+    """The run's key (pure): a change to any component is a different key (in load mode, an
+    endpoint check's engine address and probe round aside: `load_normalise`)."""
+    if load:
+        argv = load_normalise(argv)
     norm_env = {
         k: POD_TOKEN if k == "HOSTNAME" and v == pod.pod_name else normalise(v, pod) for k, v in env.items()
     }
@@ -192,6 +228,7 @@ class Memo:
 
     def __init__(self, root: Path) -> None:
         self.root = root
+        self.load = (root / LOAD_MARKER).exists()
 
     @classmethod
     def of(cls, state_dir: Path) -> Memo | None:

@@ -314,14 +314,12 @@ class PodWorker:
         self, spec: Obj, entry: images.ImageEntry, argv: list[str], env: dict[str, str], run_dir: Path
     ) -> memo.MemoRun | None:
         """The test session's memo for this run (memo.py), if there is one and the run may use it."""
-        if not memo.eligible(argv, spec):
-            return None
         store = memo.Memo.of(self.runner.state_dir)
-        if store is None:
+        if store is None or not memo.eligible(argv, spec, store.load):
             return None
         pod = memo.PodPaths(str(run_dir), str(self.runner.volume_dir(self.namespace, self.name)), self.name)
         inputs = memo.tree_digest(Path(p) for p in memo.input_paths(argv))
-        key = memo.memo_key(argv, env, entry.kind, entry.fault, pod, memo.source_digest(), inputs)
+        key = memo.memo_key(argv, env, entry.kind, entry.fault, pod, memo.source_digest(), inputs, store.load)
         return memo.MemoRun(store, key, pod)
 
     def _replay(

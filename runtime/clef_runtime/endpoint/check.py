@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -77,24 +78,33 @@ def _thresholds(args: CheckArgs) -> Thresholds:
 
 
 def _selected(
-    goldens: Goldens, only: tuple[str, ...], sample: int | None = None, sample_round: int = 0
+    goldens: Goldens,
+    only: tuple[str, ...],
+    sample: int | None = None,
+    sample_round: int = 0,
+    askable: Callable[[GoldenPrompt], bool] = lambda _: True,
 ) -> list[GoldenPrompt]:
-    """The prompts asked: those named (all without `only`); with `sample`, `sample` of them
-    starting at prompt `sample_round * sample` (in file order, wrapping), so that successive
-    rounds ask every prompt in turn."""
+    """The prompts asked: those named (all without `only`); with `sample`, `sample` of the ones
+    the dialect can ask (`askable`) starting at the `sample_round * sample`-th (in file order,
+    wrapping), so that successive rounds ask every prompt the engine takes in turn and no round
+    draws only prompts it would skip.  A sample with nothing askable is the whole choice: the
+    run then says that nothing could be asked."""
     names = {p.name for p in goldens.prompts}
     unknown = sorted(set(only) - names)
     if unknown:
         raise GoldensError(f"no golden prompt named {', '.join(unknown)}")
     chosen = [p for p in goldens.prompts if not only or p.name in only]
-    if sample is None or not chosen:
+    if sample is None:
         return chosen
     if sample < 1 or sample_round < 0:
         raise GoldensError(
             f"--sample {sample} must be at least 1 and --sample-round {sample_round} not negative"
         )
+    pool = [p for p in chosen if askable(p)]
+    if not pool:
+        return chosen
     start = sample_round * sample
-    return [chosen[(start + i) % len(chosen)] for i in range(min(sample, len(chosen)))]
+    return [pool[(start + i) % len(pool)] for i in range(min(sample, len(pool)))]
 
 
 def load_goldens(path: str, expected: str | None) -> tuple[Goldens, str]:
@@ -176,7 +186,7 @@ def _check(args: CheckArgs, run: EndpointRun) -> None:
         "cacheKey": goldens.cache_key,
         **goldens.provenance,
     }
-    prompts = _selected(goldens, args.only, args.sample, args.sample_round)
+    prompts = _selected(goldens, args.only, args.sample, args.sample_round, engine.supports)
     run.max_near_ties = args.max_near_ties if args.max_near_ties is not None else max(1, len(prompts) // 4)
     timeout = httpx.Timeout(args.timeout, connect=min(args.timeout, 30.0))
     with httpx.Client(base_url=args.url.rstrip("/"), timeout=timeout) as client:

@@ -132,7 +132,8 @@ def _check_parser(sub: argparse._SubParsersAction) -> None:
         "--sample-round",
         type=int,
         default=0,
-        help="with --sample: which group of prompts, in file order and wrapping (default 0)",
+        help="with --sample: which group of the prompts the dialect can ask, in file order and wrapping"
+        " (default 0)",
     )
     p.add_argument("--report", help="write the full JSON report here instead of stdout")
     p.add_argument(
