@@ -85,6 +85,8 @@ GPU_CLASS = f"{PREFIX}/gpu-class"
 REVERIFY_RUN = f"{PREFIX}/reverify-run"
 VERIFIED_AT = f"{PREFIX}/verified-at"
 VERIFIED_GENERATION = f"{PREFIX}/verified-generation"
+# The driver of the node the verdict ran on (signed): what a revision's serving pods are held to.
+VERIFIED_NODE_DRIVER = f"{PREFIX}/verified-node-driver"
 VERIFICATION_JOB = f"{PREFIX}/verification-job"
 VERIFICATION_JOB_UID = f"{PREFIX}/verification-job-uid"
 VERIFIER = f"{PREFIX}/verifier"

@@ -132,6 +132,9 @@ def signing_payload(model: ModelRef, record: VerificationRecord) -> bytes:
         fields["generation"] = record.generation
     if not record.final:
         fields["final"] = False
+    # What a pass covers (plan_drivers, plan_endpoint_drivers): a driver edited in would serve.
+    if record.node_driver:
+        fields["nodeDriver"] = record.node_driver
     return json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
 
 
@@ -187,6 +190,8 @@ def encode_verdict(
         out[labels.GPU_CLASS] = passed.gpu_class
     if passed.generation is not None:
         out[labels.VERIFIED_GENERATION] = str(passed.generation)
+    if passed.node_driver:
+        out[labels.VERIFIED_NODE_DRIVER] = passed.node_driver
     return out
 
 
@@ -216,6 +221,7 @@ def decode_verdict(annotations: Mapping[str, str]) -> VerificationRecord | None:
             signature=a.get(labels.VERDICT_SIGNATURE, ""),
             step=Step(a.get(labels.VERIFICATION_STEP, Step.KERNELS.value)),
             generation=int(a[labels.VERIFIED_GENERATION]) if labels.VERIFIED_GENERATION in a else None,
+            node_driver=a.get(labels.VERIFIED_NODE_DRIVER) or None,
         )
     except (KeyError, ValueError):
         return None

@@ -64,12 +64,20 @@ def test_a_signed_record_verifies_and_an_unsigned_one_does_not():
         {"finished_at": "2030-01-01T00:00:00+00:00"},
         {"run": "abc"},
         {"superseded": True},
+        {"node_driver": "570.86.15"},
     ],
     ids=lambda c: next(iter(c)),
 )
 def test_editing_any_field_a_verdict_speaks_for_voids_its_signature(change):
     signed = sign(VERDICT_KEY, MODEL, record())
     assert not is_trusted(VERDICT_KEY, MODEL, signed.model_copy(update=change))
+
+
+def test_the_driver_a_pass_ran_on_is_signed_since_it_decides_where_pods_serve():
+    signed = sign(VERDICT_KEY, MODEL, record(node_driver="550.127.05"))
+    assert is_trusted(VERDICT_KEY, MODEL, signed)
+    for edited in ("570.86.15", None):
+        assert not is_trusted(VERDICT_KEY, MODEL, signed.model_copy(update={"node_driver": edited}))
 
 
 def test_a_signature_is_for_one_model_and_one_key():

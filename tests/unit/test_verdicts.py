@@ -48,6 +48,15 @@ def test_a_passing_verdict_round_trips_through_annotations(gpu_class):
     assert decode_verdict(annotations) == record
 
 
+def test_the_driver_of_the_pass_round_trips_through_annotations():
+    record = passed(node_driver="550.127.05")
+    annotations = encode_verdict(GOOD, PINNED, "run", record)
+    assert annotations[labels.VERIFIED_NODE_DRIVER] == "550.127.05"
+    decoded = decode_verdict(annotations)
+    assert decoded is not None and decoded.node_driver == "550.127.05"
+    assert is_trusted(VERDICT_KEY, MODEL, decoded), "still verifies after the round trip"
+
+
 def test_the_summary_is_cut_to_fit_an_annotation():
     annotations = encode_verdict(GOOD, PINNED, "", passed(summary="x" * 1000))
     decoded = decode_verdict(annotations)
