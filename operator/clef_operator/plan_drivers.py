@@ -236,6 +236,8 @@ class Drivers:
     # Modes endpoint and both (`plan_endpoint_drivers`): the drivers the current pass covers, this
     # pass's record included; serving pods are held to them by the serving label, not pinned.
     in_place: tuple[str, ...] | None = None
+    # Why a withheld pod of the current pass cannot be asked in place now ("" it can).
+    unasked: str = ""
 
 
 def plan_drivers(

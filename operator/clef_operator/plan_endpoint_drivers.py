@@ -48,13 +48,17 @@ from clef_operator.observed import (
     node_versions,
 )
 from clef_operator.plan_drivers import UNKNOWN, Drivers, cancel_others, covered_by, driver_key, shown
-from clef_operator.plan_watch import asked_pod, judge_check, signed_goldens
+from clef_operator.plan_watch import asked_pod, judge_check, signed_goldens, unstored
 from clef_operator.renderings import Renderings
 from clef_operator.verdicts import Verdicts, decode_verdict, is_trusted, sign
 from clef_operator.verification import Progress
 
 TERMINAL = ("Succeeded", "Failed")
 UNPLACED = "it has no node yet: it serves once its node's driver is known and verified"
+NOT_ASKED = (
+    "it is not asked in place: its revision is not the one the current spec's pass promoted"
+    " (it serves again only on a covered driver, or is replaced)"
+)
 
 
 @dataclass(frozen=True)
@@ -120,11 +124,12 @@ def withheld_pods(
     current: VerificationRecord | None,
     secret: bytes,
     in_place: tuple[str, ...] | None = None,
+    unasked: str = "",
 ) -> Withheld:
     """The serving pods of endpoint-verified revisions that may not carry the serving label:
     `records` are the signed verdicts known (this pass's new one included), `current` the current
-    key's verdict, `in_place` what it covers when known (`Drivers.in_place`).  Nothing is withheld
-    where verification is not `required`."""
+    key's verdict, `in_place` what it covers when known and `unasked` why its pods cannot be asked
+    now (`Drivers`).  Nothing is withheld where verification is not `required`."""
     if not required:
         return Withheld()
     records = tuple(records)
@@ -144,23 +149,29 @@ def withheld_pods(
             covered[ours] = covered_by(held_by.key, held_by, records)
         driver = driver_of(pod, nodes)
         if driver not in covered[ours]:
-            unverified[pod.name] = _why(pod, driver, held_by, covered[ours], records)
+            said = _unverified(pod, driver, held_by, covered[ours])
+            if held_by is not base:
+                unverified[pod.name] = f"{said}; {NOT_ASKED}"
+            else:
+                unverified[pod.name] = _why(said, driver, held_by, records, unasked)
     return Withheld(unverified, tuple(sorted(unplaced)))
 
 
-def _why(
-    pod: PodState,
-    driver: str,
-    base: VerificationRecord,
-    covered: tuple[str, ...],
-    records: tuple[VerificationRecord, ...],
-) -> str:
-    said = (
-        f"node {pod.node_name} reports driver {shown(driver)}, on which {base.digest} was never verified"
+def _unverified(pod: PodState, driver: str, held_by: VerificationRecord, covered: tuple[str, ...]) -> str:
+    return (
+        f"node {pod.node_name} reports driver {shown(driver)}, on which {held_by.digest} was never verified"
         f" (verified: {', '.join(shown(d) for d in covered)})"
     )
+
+
+def _why(
+    said: str, driver: str, base: VerificationRecord, records: tuple[VerificationRecord, ...], unasked: str
+) -> str:
+    """What happens next to a withheld pod of the current pass (`said`: why it is withheld)."""
     dkey = driver_key(base.key, base, driver)
     done = next((r for r in records if r.key == dkey and r.final), None)
+    if done is None and unasked:
+        return f"{said}; it cannot be asked in place: {unasked}"
     if done is None:
         return f"{said}; a comparison Job asks it the goldens in place before it serves"
     if done.verdict is Verdict.PASSED:
@@ -288,7 +299,7 @@ def _start(ctx: _Ctx, base: VerificationRecord, driver: str, dkey: str, pod: Pod
     gname = goldens_name(ctx.model.name, ctx.rendered.goldens)
     goldens = signed_goldens(ctx.model, ctx.observed, gname, ctx.secret)
     if goldens is None:
-        return Drivers()  # the goldens are gone: nothing to ask with (the pods stay withheld)
+        return Drivers(unasked=unstored(gname))  # nothing to ask with: the pods stay withheld
     assert base.digest is not None
     manifest = render_driver_check_job(
         ctx.rendered.owner, ctx.spec, (driver, dkey), base.digest, pod, goldens

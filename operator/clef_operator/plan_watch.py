@@ -125,6 +125,11 @@ def signed_goldens(model: ModelRef, observed: Observed, name: str, secret: bytes
     return signed if isinstance(signed, Trusted) else None
 
 
+def unstored(gname: str) -> str:
+    """Why nothing can be asked with the current spec's goldens `gname` (not `signed_goldens`)."""
+    return f"the goldens of the current spec ({gname}) are not stored and signed: re-verify to have them made"
+
+
 def read_probe(
     model: ModelRef, spec: ClefModelSpec, observed: Observed, job: JobState, pod: PodState, secret: bytes
 ) -> Finding | None:
@@ -246,10 +251,7 @@ def plan_probes(
     gname = goldens_name(model.name, rendered.goldens)
     goldens = signed_goldens(model, observed, gname, secret)
     if not why_not and goldens is None:
-        why_not = (
-            f"the goldens of the current spec ({gname}) are not stored"
-            " and signed: re-verify to have them made"
-        )
+        why_not = unstored(gname)
     waits: list[float] = []
     eligible = [] if why_not else _eligible(observed, model, active_revision)
     for pod in eligible:

@@ -143,7 +143,9 @@ def plan_rollout(
     )
     known = (*verdicts.known, *((drivers.new_record,) if drivers.new_record is not None else ()))
     required = spec.verification.required
-    held = withheld_pods(model, required, observed, known, verification.passed, verdict_key, drivers.in_place)
+    held = withheld_pods(
+        model, required, observed, known, verification.passed, verdict_key, drivers.in_place, drivers.unasked
+    )
     off_driver = {**off_their_drivers(observed), **held.unverified}
     serving_labels = label_verified_pods(
         model,

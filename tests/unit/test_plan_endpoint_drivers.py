@@ -270,3 +270,33 @@ def test_mode_both_is_held_alike() -> None:
     w.finish_job(job, message=endpoint_message(), image=RUNTIME)
     w.step()
     assert w.pods[pod].serving_label == w.model.name
+
+
+def test_goldens_gone_the_pod_stays_withheld_and_the_condition_says_it_cannot_be_asked() -> None:
+    w, rev = _served()
+    [goldens] = [n for n, cm in w.config_maps.items() if labels.GOLDENS_KEY in cm.labels]
+    del w.config_maps[goldens]
+    pod = _land(w, rev, "serving-1", "worker-2", NEW)
+    for _ in range(2):
+        w.step()
+    assert _driver_jobs(w) == [], "nothing to ask with"
+    assert w.pods[pod].serving_label == ""
+    status, reason, message = w.condition("Degraded")
+    assert (status, reason) == ("True", "UnverifiedDriver")
+    assert f"cannot be asked in place: the goldens of the current spec ({goldens}) are not stored" in message
+    assert "a comparison Job asks it" not in message, message
+
+
+def test_a_pod_of_a_revision_the_current_pass_did_not_promote_is_withheld_and_not_asked() -> None:
+    w, rev = _served()
+    changed = w.spec.model_dump(by_alias=True, exclude_none=True)
+    changed["dtype"] = "bf16" if w.spec.dtype != "bf16" else "f16"
+    w.spec = ClefModelSpec.model_validate(changed)  # a new key: its verification starts
+    pod = _land(w, rev, "serving-1", "worker-2", NEW)
+    w.step()
+    assert _driver_jobs(w) == [], "only the current pass's pods are asked"
+    assert w.pods[pod].serving_label == ""
+    status, reason, message = w.condition("Degraded")
+    assert (status, reason) == ("True", "UnverifiedDriver")
+    assert "not asked in place: its revision is not the one the current spec's pass promoted" in message
+    assert w.pods[f"preview-{rev}"].serving_label == w.model.name, "the verified pod keeps serving"
