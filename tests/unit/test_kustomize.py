@@ -55,6 +55,22 @@ def operator_container(objects: Objects) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------ base
 
 
+def test_the_fence_lease_is_installed_with_no_holder(base: Objects) -> None:
+    """The fence policy's parameter is always there (no direct read by the API server on a cache
+    miss), and admits everything until a replica takes it."""
+    [lease] = [o for o in base if o["kind"] == "Lease"]
+    fence = next(
+        o
+        for o in base
+        if o["kind"] == "ValidatingAdmissionPolicyBinding" and o["metadata"]["name"] == "clef-operator-fence"
+    )
+    assert (lease["metadata"]["name"], lease["metadata"]["namespace"]) == (
+        fence["spec"]["paramRef"]["name"],
+        fence["spec"]["paramRef"]["namespace"],
+    )
+    assert not lease.get("spec", {}).get("holderIdentity")
+
+
 def test_base_holds_exactly_the_operator_install(base: Objects) -> None:
     assert kinds(base) == [
         ("ClusterRole", "clef-operator"),
@@ -63,6 +79,7 @@ def test_base_holds_exactly_the_operator_install(base: Objects) -> None:
         ("ClusterRoleBinding", "clef-operator-nodes"),
         ("CustomResourceDefinition", "clefmodels.clef.riotpiao.com"),
         ("Deployment", "clef-operator"),
+        ("Lease", "clef-operator"),
         ("Namespace", "clef-system"),
         ("Role", "clef-operator-lease"),
         ("Role", "clef-verdict-key"),
