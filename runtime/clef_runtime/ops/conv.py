@@ -21,9 +21,10 @@ and ``y`` in DRAM with few registers per element:
   kernel is also right for zero-length sequences, which no tile sees.
 
 Decode reads ``conv_state`` by slot, computes the new tokens' outputs and shifts the state in
-place.  A program issues every load of its row first (the window ``[state | new tokens]`` and the
-new state, as two tiles: all of the row's DRAM reads in flight at once), and a CTA barrier
-separates the reads from the in-place writes, so the shift cannot race.
+place.  Each thread owns eight consecutive channels of one row (fewer where ``D`` is not a
+multiple of eight), so its part of the slot is one contiguous run that it loads and stores as
+16-byte vectors; taps and the shifted state are picks among its own registers, and since a thread
+stores only state it loaded itself, the in-place shift cannot race.
 """
 
 from __future__ import annotations
