@@ -151,7 +151,7 @@ def with_config(cfg: conv.UpdateConfig) -> Callable[..., torch.Tensor]:
 
 def variants() -> dict[str, Callable[..., torch.Tensor]]:
     out = {"tree default": conv.causal_conv1d_update}
-    for cpt, warps in ((8, 2), (8, 4), (4, 1), (4, 4)):
+    for cpt, warps in ((8, 1), (8, 4), (4, 2), (4, 8), (2, 4), (2, 8)):
         out[f"cpt{cpt} w{warps}"] = with_config(conv.UpdateConfig(cpt, 32 * warps, warps))
     old = old_update()
     if old is not None:
