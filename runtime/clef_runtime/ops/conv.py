@@ -21,9 +21,9 @@ and ``y`` in DRAM with few registers per element:
   kernel is also right for zero-length sequences, which no tile sees.
 
 Decode reads ``conv_state`` by slot, computes the new tokens' outputs and shifts the state in
-place.  Each thread owns eight consecutive channels of one row (fewer where ``D`` is not a
-multiple of eight), so its part of the slot is one contiguous run that it loads and stores as
-16-byte vectors; taps and the shifted state are picks among its own registers, and since a thread
+place.  Each thread owns four consecutive channels of one row (fewer where ``D`` is not a
+multiple of four), so its part of the slot is one contiguous run that it loads and stores as
+vectors (8 bytes in bf16); taps and the shifted state are picks among its own registers, and since a thread
 stores only state it loaded itself, the in-place shift cannot race.
 """
 
@@ -441,7 +441,7 @@ def _conv_update_kernel(
 ):
     """One batch row x ``THREADS * CPT`` channels; each thread owns ``CPT`` consecutive channels
     (``D % CPT == 0``), so its part of the slot is one contiguous run of ``CPT * (W - 1)`` state
-    elements: loaded and stored as ``W - 1`` vectors of ``CPT`` (16 bytes at 8 channels of 2
+    elements: loaded and stored as ``W - 1`` vectors of ``CPT`` (8 bytes at 4 channels of 2
     bytes), with x, y, the weights and the bias as vectors too.  The window's taps and the
     shifted state are register picks inside the thread (`_pick`), and every state element a
     thread stores is one it loaded itself, so the in-place update needs no barrier.  The tiles are
@@ -667,7 +667,7 @@ def _update_config(D: int) -> UpdateConfig:
     """Four channels per thread where ``D`` allows (8-byte accesses in bf16; else the largest
     power of two dividing ``D``) and four warps per program: 512 channels of one row.  Measured on
     the H200 at B256, D = 8192, bf16 (docs/performance.md, "Conv kernels"): within 3% of a copy
-    kernel moving the same bytes, ahead of eight channels a thread on one, two or four warps.  The
+    kernel moving the same bytes, ahead of eight channels a thread on one warp (11.96 µs).  The
     interpreter takes four threads a program, so the CPU tests' 48 channels span several programs."""
     cpt = 4
     while D % cpt:
