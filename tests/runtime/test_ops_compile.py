@@ -68,7 +68,7 @@ def variants(dt, full):
                stride_xb="i32", stride_xt="i32")
     edges = dict(x_ptr=p, w_ptr=p, bias_ptr=p, init_ptr=p, cu_ptr="*i32", y_ptr=p, fin_ptr=p, T="i32", D="i32",
                  stride_xb="i32", stride_xt="i32", stride_init_n="i32")
-    upd = dict(x_ptr=p, state_ptr=p, w_ptr=p, bias_ptr=p, idx_ptr="*i32", y_ptr=p, B="i32", D="i32", pool="i32",
+    upd = dict(x_ptr=p, state_ptr=p, w_ptr=p, bias_ptr=p, idx_ptr="*i32", y_ptr=p, D="i32", pool="i32",
                stride_xb="i32", stride_xt="i32", stride_pool="i32")
     gate = dict(a_ptr=p, b_ptr=p, A_log_ptr="*fp32", dt_bias_ptr="*fp32", g_ptr="*fp32", beta_ptr="*fp32",
                 M="i32", HV="i32")
@@ -84,8 +84,7 @@ def variants(dt, full):
         ("causal_conv1d edges", conv._conv_edges_kernel, edges,
          dict(conv_flags, BLOCK_D=256, BLOCK_K=4, HAS_INIT=True, WRITE_FINAL=True), 4),
         ("causal_conv1d_update", conv._conv_update_kernel, upd,
-         dict(T_NEW=1, W=4, ROWS=1, BLOCK_D=128, WIN=4, SP=4, HAS_BIAS=True, HAS_INDICES=True,
-              ACT_SILU=True), 1),
+         dict(T_NEW=1, W=4, CPT=8, THREADS=32, SV=4, WV=4, HAS_BIAS=True, HAS_INDICES=True, ACT_SILU=True), 1),
         ("gdn_gating", gating._gdn_gating_kernel, gate, dict(BLOCK_M=128, BLOCK_H=32), 4),
         ("l2norm", gating._l2norm_kernel, l2, dict(BLOCK_M=32, BLOCK_K=128), 4),
         ("gated_rmsnorm", norm._gated_rmsnorm_kernel, gn, dict(BLOCK_M=32, BLOCK_V=128, FAULT_NO_GATE=False), 4),
@@ -99,11 +98,11 @@ def variants(dt, full):
              dict(conv_flags, IS_VARLEN=False, SEARCH_STEPS=4, CHUNK_T=32, BLOCK_D=512, SKIP_HEAD=False), 4),
             ("causal_conv1d edges, dense", conv._conv_edges_kernel, edges,
              dict(conv_flags, IS_VARLEN=False, BLOCK_D=256, BLOCK_K=4, HAS_INIT=True, WRITE_FINAL=False), 4),
-            ("causal_conv1d_update T_new=3", conv._conv_update_kernel, upd,
-             dict(T_NEW=3, W=4, ROWS=1, BLOCK_D=128, WIN=8, SP=4, HAS_BIAS=False, HAS_INDICES=False,
+            ("causal_conv1d_update T_new=5", conv._conv_update_kernel, upd,
+             dict(T_NEW=5, W=4, CPT=8, THREADS=32, SV=4, WV=4, HAS_BIAS=False, HAS_INDICES=False,
                   ACT_SILU=False), 1),
-            ("causal_conv1d_update two rows", conv._conv_update_kernel, upd,
-             dict(T_NEW=1, W=4, ROWS=2, BLOCK_D=128, WIN=4, SP=4, HAS_BIAS=True, HAS_INDICES=True, ACT_SILU=True), 2),
+            ("causal_conv1d_update two channels a thread", conv._conv_update_kernel, upd,
+             dict(T_NEW=1, W=4, CPT=2, THREADS=64, SV=4, WV=4, HAS_BIAS=True, HAS_INDICES=True, ACT_SILU=True), 2),
             ("gated_rmsnorm gated_norm_no_gate", norm._gated_rmsnorm_kernel, gn,
              dict(BLOCK_M=32, BLOCK_V=128, FAULT_NO_GATE=True), 4),
         ]

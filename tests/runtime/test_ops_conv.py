@@ -210,6 +210,23 @@ def test_update_several_new_tokens(t_new: int, randn) -> None:
     assert torch.equal(pool, pool_ref)
 
 
+@pytest.mark.parametrize(("D", "t_new", "width"), [(50, 1, W), (45, 6, W), (44, 3, 2), (40, 2, 8)])
+def test_update_other_channel_counts_and_widths(D: int, t_new: int, width: int, randn, device) -> None:
+    """Channel counts that are not a multiple of eight (two, one and four channels a thread) and
+    other widths, through a permuted pool with a padding row, with a bias, and with more new
+    tokens than the state holds (6 > W - 1: outputs from the token loop)."""
+    pool = randn(6, D, width - 1)
+    idx = torch.tensor([4, -1, 1], dtype=torch.int32, device=device)
+    x = randn(3, t_new, D)
+    weight, bias = _params(randn, D, width, torch.float32)
+    pool_ref = pool.clone()
+    y = causal_conv1d_update(x, pool, weight, bias, state_indices=idx)
+    y_ref = ref.causal_conv1d_update(x, pool_ref, weight, bias, state_indices=idx)
+    _close(y, y_ref, "causal_conv1d_update", "f32", f"D={D} T_new={t_new} W={width}")
+    assert torch.equal(y[1], torch.zeros_like(y[1])), "padding row must output zeros"
+    assert torch.equal(pool, pool_ref), "state pool differs from the reference after the update"
+
+
 def test_update_shifts_state_in_place(randn, device) -> None:
     pool = randn(3, 48, W - 1, dtype=torch.float16)
     storage, before = pool.data_ptr(), pool.clone()

@@ -5,7 +5,7 @@ without anyone editing the suite.
 Each enumeration maps the sizes an op can be called with (token counts, decode batch rows, rows
 of a row-wise op) through the kernel's chooser and keeps the smallest size per distinct choice.
 The chunked delta rule's tiles depend on head dims, dtype and the device only (one choice per
-run); the decode delta rule's on V only.
+run); the decode delta rule's on V only, and the conv decode's on the channel count only.
 """
 
 from __future__ import annotations
@@ -15,10 +15,9 @@ from collections.abc import Callable, Hashable, Iterable
 from clef_runtime.ops import conv
 from clef_runtime.ops._common import row_tile
 
-# The largest sizes enumerated: tokens in one prefill call, rows of one decode batch, rows of a
-# row-wise op.  Beyond them no chooser changes its answer (they saturate far below).
+# The largest sizes enumerated: tokens in one prefill call, rows of a row-wise op.  Beyond them no
+# chooser changes its answer (they saturate far below).
 MAX_TOKENS = 1 << 16
-MAX_DECODE_ROWS = 1024
 
 
 def _powers(limit: int) -> list[int]:
@@ -42,13 +41,6 @@ def conv_prefill_tokens(conv_dim: int, covered: Iterable[int]) -> dict[str, int]
     done = {conv._prefill_config(t, conv_dim) for t in covered}
     picks = smallest_per_choice(lambda t: conv._prefill_config(t, conv_dim), _powers(MAX_TOKENS))
     return {_label("CHUNK_T,BLOCK_D,warps", c): t for c, t in picks.items() if c not in done}
-
-
-def conv_decode_rows(conv_dim: int, covered: Iterable[int]) -> dict[str, int]:
-    """Decode batch sizes, one per `causal_conv1d_update` tile choice not chosen at `covered`."""
-    done = {conv._update_config(b, conv_dim) for b in covered}
-    picks = smallest_per_choice(lambda b: conv._update_config(b, conv_dim), _powers(MAX_DECODE_ROWS))
-    return {_label("ROWS,BLOCK_D,warps", c): b for c, b in picks.items() if c not in done}
 
 
 def row_tile_rows(width: int, covered: Iterable[int]) -> dict[str, int]:

@@ -228,14 +228,12 @@ def case_conv_configs(run: Run, shape: GdnShape, sizes: Sizes, inp: Inputs) -> l
 
 def case_conv_decode(run: Run, shape: GdnShape, sizes: Sizes, inp: Inputs) -> list[Check]:
     """Decode calls of 1, 2 and 4 tokens per row on a state pool with a permuted slot map and a
-    padding row, and one call at every batch size that selects another tile choice; the state
-    each call leaves behind is what the next reads, so a state that is not advanced shows up."""
+    padding row; the state each call leaves behind is what the next reads, so a state that is not
+    advanced shows up.  The kernel's launch shape depends on the channel count only: this case and
+    the large-batch one run it."""
     c = run.case("causal_conv1d_update", "decode")
     D, W = shape.conv_dim, shape.conv_width
-    # (rows, tokens per call): the decode batch, then one batch size per other tile choice (the
-    # part labels name the batch size, which names the choice)
-    plan = [(sizes.batch, sizes.decode_tokens)]
-    plan += [(B, (1,)) for B in configs.conv_decode_rows(D, [sizes.batch]).values()]
+    plan = [(sizes.batch, sizes.decode_tokens)]  # (rows, tokens per call)
     regroup, name = _conv_groups(shape)
     ys, pads, pools = [], [], []
     for B, calls in plan:
