@@ -188,11 +188,11 @@ for arch, dtype, tc in ((90, torch.bfloat16, True), (90, torch.float16, True), (
     launches = [
         ("prepare", dp._chunk_prepare_kernel,
          dict(q=p, k=p, v=p, g="*fp32", beta="*fp32", w=p, u=p, aqk=p, gc="*fp32", kf="*fp32", qf="*fp32",
-              lb="*fp32", bt="*fp32", cu_seqlens="*i32", scale="fp32", cw="*i32", warmup_log_bound="fp32"),
+              lb="*fp32", cu_seqlens="*i32", scale="fp32", cw="*i32", warmup_log_bound="fp32"),
          dict(common, L2NORM=True, CHUNK_BOUND=tc, BVF=cfg.BVF, KS=cfg.KS, VS=cfg.VS, BC=dp.BC, LOG_BC=dp.BC.bit_length() - 1,
               SOLVE_BY_DOUBLING=cfg.solve_by_doubling, CHUNK_DT=pol.chunk_dtype,
               SOLVE_PRECISION=pol.solve_precision, DOUBLING_PRECISION=dp.doubling_precision(pol),
-              T_OUT=False, SOLVE_DT=cfg.solve_dt, BETA_ROWS=False, WARMUP_PLAN=False, WB=ds.WARMUP_BLOCK),
+              T_OUT=False, SOLVE_DT=cfg.solve_dt, WARMUP_PLAN=False, WB=ds.WARMUP_BLOCK),
          cfg.warps1, 3, cfg.regs1),
         ("recurrence", dc._chunk_recurrence_kernel,
          dict(k=p, w=p, u=p, gc="*fp32", kf="*fp32", hs=sp, vn=sp, h0="*fp32", ht="*fp32", cu_seqlens="*i32"),
@@ -204,14 +204,14 @@ for arch, dtype, tc in ((90, torch.bfloat16, True), (90, torch.float16, True), (
          dict(common, BV=cfg.BVO, STATE_DT=pol.state_dtype, STATE_PRECISION=pol.state_precision),
          cfg.warps3, 3, None),
     ]
-    if dtype == torch.bfloat16:  # the split design's launch 1 (T stored), β by chunk slot (TMA walks)
+    if dtype == torch.bfloat16:  # the split design's launch 1 (T diag(β) stored)
         launch, kernel, types, consts, warps, stages, regs = launches[0]
         launches.append(("prepare T out", kernel, dict(types, u="*fp32"),
-                         dict(consts, T_OUT=True, BETA_ROWS=True), warps, stages, cfg.regs1_t))
+                         dict(consts, T_OUT=True), warps, stages, cfg.regs1_t))
         # the default for B1 prompts: normalised keys, its first programs finding the segments'
         # warm-up starts (one dense sequence, as B1 prompts take it)
         launches.append(("prepare T out warm-up plan", kernel, dict(types, u="*fp32"),
-                         dict(consts, IS_VARLEN=False, T_OUT=True, BETA_ROWS=True, CHUNK_BOUND=False,
+                         dict(consts, IS_VARLEN=False, T_OUT=True, CHUNK_BOUND=False,
                               WARMUP_PLAN=True),
                          warps, stages, cfg.regs1_t))
     for launch, kernel, types, consts, warps, stages, regs in launches:
@@ -271,16 +271,16 @@ pol = dot_policy(torch.bfloat16, dp._chunk_prepare_kernel, True)
 p = "*bf16"
 consts = dict(H=16, HV=32, K=128, V=128, BK=128, BT=dc.BT, IS_VARLEN=True,
               HAS_H0=True, STORE_FINAL=True, STATE_DT=pol.state_dtype, STATE_PRECISION=pol.state_precision,
-              ROUND_BF16=False, INTERPRETED=False, CHUNK_DT=pol.chunk_dtype, TMA=False, TMA_FACTORS=0)
+              ROUND_BF16=False, INTERPRETED=False, CHUNK_DT=pol.chunk_dtype, TMA=False)
 f32 = "*fp32"
-types = dict(q=p, k=p, v=p, beta=f32, bt=f32, tinv=p, wf=f32, gc=f32, kf=f32, qf=f32, aqk=p, o=p,
+types = dict(q=p, k=p, v=p, tinv=p, wf=f32, gc=f32, kf=f32, qf=f32, aqk=p, o=p,
              cw="*i32", h0=f32, ht=f32, cu_seqlens="*i32")
 # the walk by TMA (sm_90) and by masked loads (rows not 16-byte aligned, or no TMA), at the shapes
 # and stages the op picks
 tma_cfg, masked_cfg = WalkConfig(tma=True), WalkConfig(tma=False)
 def walk(cfg, bv, **c):
     tma = c.get("TMA", False)
-    c = dict(consts, BV=bv, TMA_FACTORS=ds.factor_descriptors(cfg, tma, bv), **c)
+    c = dict(consts, BV=bv, **c)
     warps = cfg.wide_warps if bv == cfg.wide_bv else cfg.fold_warps
     return c, warps, ds.pipeline_stages(cfg, tma, bv, pol.state_dtype)
 launches = [

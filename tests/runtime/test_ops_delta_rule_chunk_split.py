@@ -26,7 +26,6 @@ from clef_runtime.ops.delta_rule_chunk_split import (
     WARMUP_LOG_BOUND,
     chunk_gated_delta_rule_split,
     default_segments,
-    factor_descriptors,
     pipeline_stages,
     takes_default_path,
     tma_eligible,
@@ -252,25 +251,13 @@ def test_tma_tiles_give_the_masked_loads_results(
 
 
 @pytest.mark.parametrize("layout", ["varlen", "dense"])
-def test_wide_walk_factors_by_tma_give_the_masked_loads_results(
+def test_wide_walk_by_tma_gives_the_masked_loads_results(
     layout: str, rng: torch.Generator, device: torch.device
 ) -> None:
-    """The whole-V walk takes β (launch 1's by chunk slot) by TMA too (`factor_descriptors` = 2):
-    the same outputs and final states, to the bit, as the masked loads.  Here the test's V block
-    stands for the whole-V one."""
-    assert factor_descriptors(WalkConfig(tma=True, wide_bv=32), True, 32) == 2
+    """The whole-V walk (three pipeline stages with TMA) gives the masked loads' outputs and final
+    states, to the bit.  Here the test's V block stands for the whole-V one."""
     (o1, h1), (o0, h0) = tma_and_masked(rng, device, layout, wide_bv=32, H=1, HV=2, K=32, V=64)
     assert torch.equal(o1, o0) and torch.equal(h1, h0)
-
-
-def test_factor_descriptors() -> None:
-    """Which per-token factors the walk takes by TMA: none without TMA tiles, two for the 64-wide
-    walk (two programs per SM leave no shared memory for more), three for the whole-V walk (β,
-    which launch 1 stores by chunk slot wherever the tiles come by TMA)."""
-    cfg = WalkConfig(tma=True)
-    assert factor_descriptors(cfg, False, cfg.wide_bv) == 0
-    assert factor_descriptors(cfg, True, cfg.fold_bv) == 1
-    assert factor_descriptors(cfg, True, cfg.wide_bv) == 2
 
 
 def test_tma_needs_aligned_rows(rng: torch.Generator, device: torch.device) -> None:

@@ -3,11 +3,12 @@ across programs ("split" design; the default path for bf16 with many chains or l
 `delta_rule_chunk_split.takes_default_path`, docs/performance.md).
 
 Launch 1 is the three-launch design's `_chunk_prepare_kernel` storing each chunk's
-``T = (I + A)⁻¹`` and the factors ``β e^{G} / |k|`` in place of w and u
+``T diag(β)`` (with ``T = (I + A)⁻¹``) and the factors ``e^{G} / |k|`` in place of w and u
 (`clef_runtime.ops.delta_rule_chunk` has the algebra).  What differs is the rest: the chunk
 states are never stored.  A program walks its chunks with the float32 state in registers, takes
-``v_new = u - w S = T (β v - (β e^{G} k̂) S)`` (w and u are never formed: a quarter of their
-bytes, one 64 × 64 × V dot more a step) and writes each chunk's output as it goes
+``v_new = u - w S = T diag(β) (v - (e^{G} k̂) S)`` (w and u are never formed: a quarter of their
+bytes, one 64 × 64 × V dot more a step; β rides in T, so the step loads none) and writes each
+chunk's output as it goes
 (``o = qf ⊙ (q S_c) + Aqk v_new``), so the 537 MB of chunk states and the v_new round trip of the
 three-launch design (B1 T32768 bf16) are gone.
 
@@ -133,17 +134,6 @@ def tma_eligible(cfg: WalkConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     )
 
 
-def factor_descriptors(cfg: WalkConfig, tma: bool, block_v: int) -> int:
-    """Which of the walk's per-token factors come by TMA: 0 (none: the tiles come by per-thread
-    copies), 1 (k's and β e^{G} / |k|), 2 (also β, for the whole-V walk: the 64-wide one would
-    need 344 bytes more shared memory than two programs per SM have).  q's factor never does: it
-    scales a dot's result rather than feeding an operand, so its copy is not pipelined (measured
-    4-10% slower)."""
-    if not tma:
-        return 0
-    return 2 if block_v == cfg.wide_bv else 1
-
-
 @functools.lru_cache(maxsize=16)
 def _sm_count(device: torch.device) -> int:
     """The device's SM count (1 off a CUDA device: the interpreter runs one program at a time)."""
@@ -183,7 +173,6 @@ def _walk_step(
     sqt,
     v_p,
     svt,
-    b_p,
     k_d,
     q_d,
     v_d,
@@ -203,25 +192,23 @@ def _walk_step(
     ROUND_BF16: tl.constexpr,
     CHUNK_DT: tl.constexpr,
     TMA: tl.constexpr,
-    TMA_FACTORS: tl.constexpr,
 ):
     """One chunk from its start state, held transposed (``St = Sᵀ``, V block × K); with OUTPUT,
     the chunk's output rows for these columns are stored if the chunk starts at or after t_out (a
     warm-up chunk's output is computed and dropped: one loop keeps the walk's registers as they
     were).  Returns the state at the chunk end.
 
-    ``t_p`` holds launch 1's T, ``wf_p`` the factors β e^{G} / |k|, ``v_p`` v and ``b_p`` β
-    (launch 1's by chunk slot with TMA, a descriptor where TMA_FACTORS > 1; else the input's,
-    stride HV); the factor pointers kf_p, wf_p, qf_p are offset so that chunk t0's factors are at
-    ``+ t0``, descriptors load at the chunk's row.  Every product is written as
+    ``t_p`` holds launch 1's ``T diag(β)``, ``wf_p`` the factors e^{G} / |k| and ``v_p`` v (β is
+    in T: the step loads none); the factor pointers kf_p, wf_p, qf_p are offset so that chunk
+    t0's factors are at ``+ t0``, descriptors load at the chunk's row.  Every product is written as
     ``(computed tile) · (loaded tile)ᵀ``: on Hopper a wgmma takes its left operand from registers
     and its right one from shared memory, where the pipelined loads already put the tiles, so no
     computed tile (S, y, v_new) goes through shared memory on the step's dependent chain.  The
     factors scale the columns of ``Sᵀ k̂ᵀ`` after the dot instead of k's rows before it (float32
-    instead of a bf16 rounding of the scaled keys).  With TMA the tiles of k, q, v, T and Aqk come
-    by the sequence's tensor descriptors `*_d` (rows counted from ``bos``; rows past the sequence
-    end read as zeros, as the masked loads give them) and the output leaves by ``o_d`` (rows past
-    the end dropped)."""
+    instead of a bf16 rounding of the scaled keys).  With TMA the tiles of k, q, v, T and Aqk and
+    the factors of k and w come by the sequence's tensor descriptors `*_d`, `kf_p`, `wf_p` (rows
+    counted from ``bos``; rows past the sequence end read as zeros, as the masked loads give them)
+    and the output leaves by ``o_d`` (rows past the end dropped)."""
     n_live = eos - t0
     r = tl.arange(0, BT)
     live = r < n_live
@@ -231,7 +218,7 @@ def _walk_step(
     vmask_t = (rv < ncols)[:, None] & live[None, :]  # [BV, BT]
     gl = tl.load(gc_p + t0 + tl.minimum(n_live, BT) - 1)  # decay to the chunk end
     row = (t0 - bos).to(tl.int32)  # the chunk's first row in the descriptors
-    if TMA_FACTORS > 0:  # noqa: SIM108 (kf_p and wf_p: descriptors over the sequence's factors)
+    if TMA:  # noqa: SIM108 (kf_p and wf_p: descriptors over the sequence's factors)
         kfac = kf_p.load([row])
     else:
         kfac = tl.load(kf_p + t0 + r, mask=live, other=0.0)
@@ -246,25 +233,21 @@ def _walk_step(
     Sd = St.to(STATE_DT)
     if ROUND_BF16:
         Sd = rne_bf16(Sd)
-    # yᵀ = (β v - β e^{G} k̂ S)ᵀ, then v_newᵀ = yᵀ Tᵀ
-    if TMA_FACTORS > 0:  # noqa: SIM108
-        bfac = wf_p.load([row])
+    # yᵀ = (v - e^{G} k̂ S)ᵀ, then v_newᵀ = yᵀ (T diag(β))ᵀ
+    if TMA:  # noqa: SIM108
+        ffac = wf_p.load([row])
     else:
-        bfac = tl.load(wf_p + t0 + r, mask=live, other=0.0)
-    if TMA_FACTORS > 1:  # β by chunk slot, by a descriptor
-        bvv = b_p.load([row])
-    elif TMA:  # β by chunk slot, contiguous
-        bvv = tl.load(b_p + t0 + r, mask=live, other=0.0)
-    else:  # the input's β, stride HV
-        bvv = tl.load(b_p + (t0 + r) * HV, mask=live, other=0.0)
+        ffac = tl.load(wf_p + t0 + r, mask=live, other=0.0)
     if OUTPUT:
-        qfac = tl.load(qf_p + t0 + r, mask=live, other=0.0)
+        # unmasked: a column past the sequence end only scales an output column that is never
+        # stored, and every chunk slot holds 64 factors
+        qfac = tl.load(qf_p + t0 + r)
     if TMA:
         v_t = tl.trans(v_d.load([row, 0]))
     else:
         v_t = tl.load(v_p + (t0 + r)[None, :] * svt + rv[:, None], mask=vmask_t, other=0.0)
     ks = tl.dot(Sd, tl.trans(kc), input_precision=STATE_PRECISION)
-    y = v_t.to(tl.float32) * bvv[None, :] - ks * bfac[None, :]
+    y = v_t.to(tl.float32) - ks * ffac[None, :]
     y = y.to(CHUNK_DT)
     if ROUND_BF16:
         y = rne_bf16(y)
@@ -306,10 +289,10 @@ def _walk_step(
 @triton.jit
 def _walk_span(
     S, t_lo, t_out, t_hi, eos, k_p, t_p, wf_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, skt, sqt,
-    v_p, svt, b_p, k_d, q_d, v_d, t_d, a_d, o_d, bos,
+    v_p, svt, k_d, q_d, v_d, t_d, a_d, o_d, bos,
     HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
     OUTPUT: tl.constexpr, STATE_DT: tl.constexpr, STATE_PRECISION: tl.constexpr, ROUND_BF16: tl.constexpr,
-    INTERPRETED: tl.constexpr, CHUNK_DT: tl.constexpr, TMA: tl.constexpr, TMA_FACTORS: tl.constexpr,
+    INTERPRETED: tl.constexpr, CHUNK_DT: tl.constexpr, TMA: tl.constexpr,
 ):
     """`_walk_step` over the chunks of tokens [t_lo, t_hi) from state S, outputs from t_out on;
     returns the state at t_hi."""
@@ -318,8 +301,8 @@ def _walk_span(
         while t0 < t_hi:
             S = _walk_step(
                 S, t0, t_out, eos, k_p, t_p, wf_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, skt, sqt,
-                v_p, svt, b_p, k_d, q_d, v_d, t_d, a_d, o_d, bos,
-                HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16, CHUNK_DT, TMA, TMA_FACTORS,
+                v_p, svt, k_d, q_d, v_d, t_d, a_d, o_d, bos,
+                HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16, CHUNK_DT, TMA,
             )
             t0 += BT
     else:
@@ -327,8 +310,8 @@ def _walk_span(
         for c in range(0, tl.cdiv(t_hi - t_lo, BT)):
             S = _walk_step(
                 S, t_lo + c * BT, t_out, eos, k_p, t_p, wf_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols,
-                skt, sqt, v_p, svt, b_p, k_d, q_d, v_d, t_d, a_d, o_d, bos,
-                HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16, CHUNK_DT, TMA, TMA_FACTORS,
+                skt, sqt, v_p, svt, k_d, q_d, v_d, t_d, a_d, o_d, bos,
+                HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16, CHUNK_DT, TMA,
             )
     return S
 
@@ -336,10 +319,10 @@ def _walk_span(
 @triton.jit
 def _walk(
     S, t_lo, t_out, t_hi, eos, k_p, t_p, wf_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, skt, sqt,
-    v_p, svt, b_p, k_d, q_d, v_d, t_d, a_d, o_d, bos,
+    v_p, svt, k_d, q_d, v_d, t_d, a_d, o_d, bos,
     HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
     OUTPUT: tl.constexpr, STATE_DT: tl.constexpr, STATE_PRECISION: tl.constexpr, ROUND_BF16: tl.constexpr,
-    INTERPRETED: tl.constexpr, CHUNK_DT: tl.constexpr, TMA: tl.constexpr, TMA_FACTORS: tl.constexpr,
+    INTERPRETED: tl.constexpr, CHUNK_DT: tl.constexpr, TMA: tl.constexpr,
 ):
     """`_walk_span` over the chunks of tokens [t_lo, t_hi) from state S, outputs from t_out on;
     returns the state at t_hi.  Both launches walk through here (inlined on a GPU).  A TMA store
@@ -348,14 +331,14 @@ def _walk(
     if TMA:
         S = _walk_span(
             S, t_lo, t_out, t_out, eos, k_p, t_p, wf_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, skt, sqt,
-            v_p, svt, b_p, k_d, q_d, v_d, t_d, a_d, o_d, bos,
-            HV, K, V, BK, BV, BT, False, STATE_DT, STATE_PRECISION, ROUND_BF16, INTERPRETED, CHUNK_DT, TMA, TMA_FACTORS,
+            v_p, svt, k_d, q_d, v_d, t_d, a_d, o_d, bos,
+            HV, K, V, BK, BV, BT, False, STATE_DT, STATE_PRECISION, ROUND_BF16, INTERPRETED, CHUNK_DT, TMA,
         )
         t_first = t_out
     return _walk_span(
         S, t_first, t_out, t_hi, eos, k_p, t_p, wf_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, skt, sqt,
-        v_p, svt, b_p, k_d, q_d, v_d, t_d, a_d, o_d, bos,
-        HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16, INTERPRETED, CHUNK_DT, TMA, TMA_FACTORS,
+        v_p, svt, k_d, q_d, v_d, t_d, a_d, o_d, bos,
+        HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16, INTERPRETED, CHUNK_DT, TMA,
     )
 # fmt: on
 
@@ -398,8 +381,6 @@ def _segment_output_kernel(
     q,
     k,
     v,
-    beta,
-    bt,
     tinv,
     wf,
     gc,
@@ -437,13 +418,12 @@ def _segment_output_kernel(
     INTERPRETED: tl.constexpr,
     CHUNK_DT: tl.constexpr,
     TMA: tl.constexpr,
-    TMA_FACTORS: tl.constexpr,
 ):
     """Segment s of one sequence, value head and V block: its start state from a warm-up walk
     over the chunks before it, then its chunks with the output fused.  ``tinv`` holds launch 1's
-    T per chunk and ``wf`` the factors of k̂'s rows, from which each step forms w and u.  With TMA
-    the walk moves its tiles by tensor descriptors of this sequence's rows (`tma_eligible`) and
-    TMA_FACTORS of its per-token factors too (`factor_descriptors`)."""
+    ``T diag(β)`` per chunk and ``wf`` the factors e^{G} / |k| of k's rows, from which each step
+    forms w and u.  With TMA the walk moves its tiles and two of its per-token factors by tensor
+    descriptors of this sequence's rows (`tma_eligible`)."""
     i_nh = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1)
     s = tl.program_id(2).to(tl.int64)
@@ -508,21 +488,20 @@ def _segment_output_kernel(
         o_d = k_p
     kf_h = kf + fd - bos
     qf_h = qf + fd - bos
-    b_h = bt + fd - bos if TMA else beta + tok  # β by chunk slot (launch 1's `bt`) with TMA
-    if TMA_FACTORS > 0:
-        # the per-token factors by TMA too, through 1-D descriptors over the sequence's
+    if TMA:
+        # k's and w's per-token factors by TMA too, through 1-D descriptors over the sequence's
         # [eos - bos) (each chunk's 64 start 256-byte aligned, launch 1's slots); past the end
-        # they read zeros, as the masked loads give them
+        # they read zeros, as the masked loads give them.  q's factor never does: it scales a
+        # dot's result rather than feeding an operand, so its copy is not pipelined (measured
+        # 4-10% slower).
         nfac = (eos - bos).to(tl.int32)
         kf_h = tl.make_tensor_descriptor(kf + fd, [nfac], [1], [BT])
         wf_p = tl.make_tensor_descriptor(wf + fd, [nfac], [1], [BT])
-        if TMA_FACTORS > 1:  # also β (`factor_descriptors`)
-            b_h = tl.make_tensor_descriptor(bt + fd, [nfac], [1], [BT])
     # the warm-up chunks [t_w, t_lo) (their outputs dropped), then the segment's own
     S = _walk(
         S, t_w, t_lo, t_hi, eos, k_p, t_p, wf_p, gc + hd, kf_h, q_p, qf_h, aqk_p, o_p,
-        ncols, skt, sqt, v_p, svt, b_h, k_d, q_d, v_d, t_d, a_d, o_d, bos,
-        HV, K, V, BK, BV, BT, True, STATE_DT, STATE_PRECISION, ROUND_BF16, INTERPRETED, CHUNK_DT, TMA, TMA_FACTORS,
+        ncols, skt, sqt, v_p, svt, k_d, q_d, v_d, t_d, a_d, o_d, bos,
+        HV, K, V, BK, BV, BT, True, STATE_DT, STATE_PRECISION, ROUND_BF16, INTERPRETED, CHUNK_DT, TMA,
     )  # fmt: skip
     if STORE_FINAL:
         tl.store(ht + s_off, S, mask=s_mask & (s == P - 1))
@@ -592,9 +571,6 @@ def run_split(
         raise ValueError(f"{OP}: segments must be ≥ 1, got {P}")
     wcfg = walk_config(q.device) if config is None else config
     tma = T > 0 and tma_eligible(wcfg, q, k, v)
-    # β by chunk slot only with TMA: the walk by per-thread copies keeps the input's β (with β by
-    # slot its 64-wide form spills 16 bytes more on sm_90, and it was not measured so)
-    beta_rows = tma
     # launch 1 stores the chunk bounds only for keys it does not normalise (with normalised keys
     # the gates give them: `chunk_bounds`); they cost it 14% at B1 T32768 on the H200.  With
     # normalised keys launch 1 also finds the segments' warm-up starts (its first N·HV·P
@@ -604,7 +580,7 @@ def run_split(
     P_warm = P > 1
     p = prepare(
         q, k, v, g, beta, N, scale, cu_seqlens, use_qk_l2norm, output_final_state, True,
-        P_warm and not use_qk_l2norm, True, beta_rows,
+        P_warm and not use_qk_l2norm, True,
         extra=(((N * HV * P,), torch.int32) if P_warm else None,), rec=rec,
         warmup_plan=(P, WARMUP_LOG_BOUND, WARMUP_BLOCK) if use_qk_l2norm and P_warm else None,
     )  # fmt: skip
@@ -629,7 +605,7 @@ def run_split(
     plain_launch(
         rec, _segment_output_kernel, (N * HV, cdiv(V, BV), P),
         (
-            q, k, v, beta, p.bt if p.bt is not None else p.gc, p.w, p.u, p.gc, p.kf, p.qf, p.aqk, p.o, cw,
+            q, k, v, p.w, p.u, p.gc, p.kf, p.qf, p.aqk, p.o, cw,
             initial_state if initial_state is not None else p.gc,
             p.final if p.final is not None else p.gc,
             p.cu, T, P, p.NS, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
@@ -639,7 +615,7 @@ def run_split(
             HAS_H0=initial_state is not None, STORE_FINAL=p.final is not None,
             STATE_DT=policy.state_dtype, STATE_PRECISION=policy.state_precision, WARMUP=P_warm,
             ROUND_BF16=policy.round_bf16, INTERPRETED=interpreted(_segment_output_kernel),
-            CHUNK_DT=policy.chunk_dtype, TMA=tma, TMA_FACTORS=factor_descriptors(wcfg, tma, BV),
+            CHUNK_DT=policy.chunk_dtype, TMA=tma,
             num_warps=warps or walk_warps, num_stages=stages or walk_stages,
         ),
         scratch=q.device if tma else None,

@@ -83,7 +83,6 @@ def _chunk_prepare_kernel(
     kf,
     qf,
     lb,
-    bt,
     cu_seqlens,
     scale,
     T,
@@ -120,7 +119,6 @@ def _chunk_prepare_kernel(
     ROUND_BF16: tl.constexpr,
     T_OUT: tl.constexpr = False,
     SOLVE_DT: tl.constexpr = tl.float32,
-    BETA_ROWS: tl.constexpr = False,
     WARMUP_PLAN: tl.constexpr = False,
     WB: tl.constexpr = 64,
 ):
@@ -218,15 +216,14 @@ def _chunk_prepare_kernel(
     # ≤ 0) or from the chunk start (q, with the scale)
     tl.store(kf + r, rk * tl.exp(gl - G), mask=live)
     tl.store(qf + r, (scale * rq) * tl.exp(G), mask=live)
-    # w's row factors, β e^{G} / |k| (e^{G} ≤ 1: the decay from the chunk start)
-    wf = bv * tl.exp(G) * rk
     if T_OUT:
-        # the split design's walk forms w and u itself from T, k, v and factors: w's row factors
-        # in u's place and, with BETA_ROWS, β, both by chunk slot as kf (stored here, before the
-        # solve, so that their addresses take no registers through it)
-        tl.store(u - tok0 * V + fd0 + r, wf, mask=live)
-        if BETA_ROWS:  # β by chunk slot too: the walk reads it contiguous (or by TMA), not strided
-            tl.store(bt + fd0 + r, bv, mask=live)
+        # the split design's walk forms w and u itself from T diag(β), k, v and factors: w's row
+        # factors without β, e^{G} / |k| (e^{G} ≤ 1: the decay from the chunk start), in u's
+        # place by chunk slot as kf (stored here, before the solve, so that their addresses take
+        # no registers through it)
+        tl.store(u - tok0 * V + fd0 + r, tl.exp(G) * rk, mask=live)
+    else:
+        wf = bv * tl.exp(G) * rk  # w's row factors, β e^{G} / |k|
     if CHUNK_BOUND:
         # log of a bound on the norm of the chunk's state map, for the split design's warm-up
         # walks: each token maps S to e^{g} (I - β k̂ k̂ᵀ) S, whose spectral norm is
@@ -246,9 +243,16 @@ def _chunk_prepare_kernel(
         a_qk = rne_bf16(a_qk)
     tl.store(aqk + r[:, None] * (HV * BT) + r[None, :], a_qk.to(aqk.dtype.element_ty), mask=live[:, None])
 
-    # A = β k̂ k̂ᵀ ⊙ decay, strictly lower, float32
+    # A = β k̂ k̂ᵀ ⊙ decay, strictly lower, float32: A = diag(β) Λ
     strict = r[:, None] > r[None, :]
-    A = tl.where(strict, KK * (bv * rk)[:, None] * rk[None, :] * decay, 0.0)
+    if T_OUT:
+        # the split design's walk takes T diag(β), so that its step loads no β.  Here `A` holds Λ
+        # and β enters twice below: in the diagonal blocks N (by rows) and in D⁻¹ diag(β).
+        A = tl.where(strict, KK * rk[:, None] * rk[None, :] * decay, 0.0)
+        N_src = A * bv[:, None]
+    else:
+        A = tl.where(strict, KK * (bv * rk)[:, None] * rk[None, :] * decay, 0.0)
+        N_src = A
 
     # T = (I + A)⁻¹.  Split A = N + L into its 16×16 diagonal blocks N and the strictly
     # block-lower rest L, D = I + N.  The four D_bb are inverted by blocked forward substitution
@@ -261,7 +265,7 @@ def _chunk_prepare_kernel(
     NB: tl.constexpr = BT // BC
     blk = r // BC
     same_blk = blk[:, None] == blk[None, :]
-    Nd = tl.sum(tl.reshape(tl.where(same_blk, A, 0.0), [NB, BC, NB, BC]), 2)  # [NB, BC, BC]
+    Nd = tl.sum(tl.reshape(tl.where(same_blk, N_src, 0.0), [NB, BC, NB, BC]), 2)  # [NB, BC, BC]
     ri = tl.arange(0, BC)
     eye_c = (ri[:, None] == ri[None, :]).to(tl.float32)
     if SOLVE_BY_DOUBLING:
@@ -297,6 +301,13 @@ def _chunk_prepare_kernel(
                 (ri == i)[None, :, None], eye_c[None, :, :] - tl.dot(Nd, X, input_precision="ieee"), X
             )
     rb = tl.arange(0, NB)
+    if T_OUT:
+        # T diag(β) = (I + M)⁻¹ D⁻¹ diag(β), and M = D⁻¹ L = (D⁻¹ diag(β)) Λ off the diagonal
+        # blocks: both from D⁻¹ diag(β), the blocks' columns scaled (β loaded again in their
+        # layout, an L1 hit: β held from above, or T's 64 columns scaled at the end, spilled
+        # 56-256 bytes more at launch 1's register cap on sm_90)
+        tok = rb[:, None, None] * BC + ri[None, None, :]
+        X = X * tl.load(beta + tok * HV, mask=tok < n_live, other=0.0)
     eye_b = (rb[:, None] == rb[None, :]).to(tl.float32)
     Dinv = tl.reshape(X[:, :, None, :] * eye_b[:, None, :, None], [BT, BT])
     Ds = Dinv.to(SOLVE_DT)
@@ -382,7 +393,6 @@ class Prepared:
     kf: torch.Tensor
     qf: torch.Tensor
     lb: torch.Tensor | None  # per chunk slot and value head: log of a bound on the chunk's state map
-    bt: torch.Tensor | None  # with ``beta_rows``: β by chunk slot, as kf
     cu: torch.Tensor  # cu_seqlens, or an unused pointer when not varlen
     NT: int
     slots: int
@@ -414,18 +424,16 @@ def prepare(
     tc: bool,
     chunk_bound: bool = False,
     t_out: bool = False,
-    beta_rows: bool = False,
     extra: tuple[Spec | None, ...] = (),
     rec: Recorder | None = None,
     warmup_plan: tuple[int, float, int] | None = None,
 ) -> Prepared:
     """Allocate the outputs and launch 1's intermediates, and run launch 1 (shared with
     `clef_runtime.ops.delta_rule_chunk_split`; ``chunk_bound``: also the per-chunk log bounds
-    `Prepared.lb` its warm-up walks read; ``t_out``: `Prepared.w` holds each chunk's T
-    ``[B, T, HV, BT]`` and `Prepared.u` the float32 factors ``β e^{G} / |k|`` by chunk slot
-    (as kf), from which that walk forms w and u; with ``beta_rows`` also β by chunk slot,
-    `Prepared.bt`; with ``warmup_plan`` = (P, log bound, chunks a step back) its first N·HV·P programs also store each
-    segment's warm-up start into the caller's first `extra` tensor, int32 [N·HV·P]: the split
+    `Prepared.lb` its warm-up walks read; ``t_out``: `Prepared.w` holds each chunk's
+    ``T diag(β)`` ``[B, T, HV, BT]`` and `Prepared.u` the float32 factors ``e^{G} / |k|`` by chunk
+    slot (as kf), from which that walk forms w and u; with ``warmup_plan`` = (P, log bound, chunks
+    a step back) its first N·HV·P programs also store each segment's warm-up start into the caller's first `extra` tensor, int32 [N·HV·P]: the split
     design's segments, their bounds from the gates, so only for L2-normalised keys)."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
@@ -448,12 +456,11 @@ def prepare(
         ((B, HV, T), f32),  # gc
         (factor_rows, f32),  # kf
         (factor_rows, f32),  # qf
-        (factor_rows, f32) if t_out and beta_rows else None,  # bt
         ((slots, HV), f32) if chunk_bound else None,  # lb
         *extra,
     )
     views = carve(specs, device, rec)
-    w, u, aqk, gc, kf, qf, bt, lb = views[:8]
+    w, u, aqk, gc, kf, qf, lb = views[:7]
     assert w is not None and u is not None and aqk is not None and gc is not None
     assert kf is not None and qf is not None
     cu = cu_seqlens if cu_seqlens is not None else gc  # an unused pointer when not varlen
@@ -461,15 +468,14 @@ def prepare(
     cfg = launch_config(K, V, q.dtype, tc)
     P, log_bound, wb = warmup_plan if warmup_plan is not None else (1, 0.0, 64)
     NW = N * HV * P if warmup_plan is not None else 0  # the warm-up programs ahead of the chunks'
-    cw = views[8] if NW else gc
+    cw = views[7] if NW else gc
     assert cw is not None
     if T > 0:
         # the first long kernel goes into the queue before the outputs are allocated
         plain_launch(
             rec, _chunk_prepare_kernel, (slots * HV + NW,),
             (
-                q, k, v, g, beta, w, u, aqk, gc, kf, qf, lb if lb is not None else gc,
-                bt if bt is not None else gc, cu,
+                q, k, v, g, beta, w, u, aqk, gc, kf, qf, lb if lb is not None else gc, cu,
                 scale, T, NT, N,
                 q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                 cw, log_bound, NW, P,
@@ -481,7 +487,7 @@ def prepare(
                 CHUNK_DT=policy.chunk_dtype, SOLVE_PRECISION=policy.solve_precision,
                 DOUBLING_PRECISION=doubling_precision(policy), SOLVE_DT=cfg.solve_dt,
                 ROUND_BF16=policy.round_bf16, T_OUT=t_out,
-                BETA_ROWS=bt is not None, WARMUP_PLAN=warmup_plan is not None, WB=wb,
+                WARMUP_PLAN=warmup_plan is not None, WB=wb,
                 num_warps=cfg.warps1,
                 maxnreg=cfg.regs1_t if t_out else cfg.regs1,
             ),
@@ -490,4 +496,4 @@ def prepare(
     final = torch.empty(N, HV, K, V, dtype=torch.float32, device=device) if output_final_state else None
     if rec is not None:
         rec.outputs(o, final)
-    return Prepared(o, final, w, u, aqk, gc, kf, qf, lb, bt, cu, NT, slots, NS, policy, cfg, tuple(views[8:]))
+    return Prepared(o, final, w, u, aqk, gc, kf, qf, lb, cu, NT, slots, NS, policy, cfg, tuple(views[7:]))
