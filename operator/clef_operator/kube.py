@@ -11,7 +11,9 @@ from __future__ import annotations
 import base64
 import logging
 import secrets
-from collections.abc import Callable, Mapping
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -19,7 +21,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from clef_operator import actions as act
-from clef_operator import labels
+from clef_operator import anchor, labels
 from clef_operator.api import GROUP, PLURAL, VERSION, ClefModelStatus, Step
 from clef_operator.apiclient import build_validators, close_idle_connections
 from clef_operator.goldens import GOLDENS_CONTAINER, MAX_GOLDENS_BYTES
@@ -35,7 +37,7 @@ from clef_operator.observed import (
     node_versions,
 )
 from clef_operator.snapshots import KINDS, ServiceReaders, pod_refusal, version_number
-from clef_operator.writes import Writer
+from clef_operator.writes import REFUSALS, Writer, refusal
 
 log = logging.getLogger("clef.kube")
 
@@ -46,6 +48,10 @@ VERDICT_KEY_FIELD = "key"
 VERDICT_KEY_BYTES = 32
 GPU_CLASS_COMPONENTS = (labels.COMPONENT_VERIFICATION, labels.COMPONENT_SERVING)
 LOG_SLACK_BYTES = 64 * 1024
+# After anchoring a namespace, how long to wait at most for the API server's admission to see the
+# anchor (its view of ClefModels is a watch, a moment behind the patch), and the first pause.
+ANCHOR_ADMISSION_SECONDS = 10.0
+ANCHOR_RETRY_SECONDS = 0.05
 
 
 class Kube:
@@ -64,6 +70,10 @@ class Kube:
         self.service_readers = ServiceReaders()
         self.writer = Writer((self.core, self.apps, self.batch, self.custom), self.cache)
         self.ledgers = Ledgers(self.core, lambda: self.verdict_key)
+        # The namespace anchor (anchor.py): one decision at a time in this process, and the
+        # namespaces whose new anchor the API server's admission may not see yet.
+        self._anchoring = threading.Lock()
+        self._confirming: set[str] = set()
 
     def warm_up(self) -> None:
         """Make before the first burst of passes what a pass would otherwise make once, mid-burst,
@@ -266,6 +276,89 @@ class Kube:
         selector = f"involvedObject.uid={job.uid},reason=FailedCreate"
         events: list[Any] = self.core.list_namespaced_event(ns, field_selector=selector).items
         return replace(job, pods_refused=pod_refusal(events))
+
+    # -------------------------------------------------------------------------- the namespace anchor
+    def anchors(self, namespace: str) -> list[anchor.Member]:
+        """The ClefModels of `namespace` that carry the anchor, from the cache's index of them."""
+        return [anchor.member(m["metadata"]) for m in self.cache["clefmodels"].tagged(namespace)]
+
+    def members(self, namespace: str, but: str = "") -> Iterator[anchor.Member]:
+        """The ClefModels of `namespace` in the cache, but `but`, in `anchor.successors` order,
+        each read only when the walk reaches it (a hand-over stops at the first live one)."""
+        models: list[cache.Key] = self.cache["clefmodels"].keys()
+        for name in anchor.successors(name for ns, name in models if ns == namespace and name != but):
+            found = self.read_model(namespace, name)
+            if found is not None:
+                yield anchor.member(found["metadata"])
+
+    def anchor_namespace(
+        self, namespace: str, candidates: Callable[[], Iterable[anchor.Member]], confirm: bool = True
+    ) -> str | None:
+        """Make sure a live ClefModel of `namespace` carries the anchor before clef writes there
+        (anchor.py).  With one in the cache that admission already sees: nothing, no request.
+        Else label the model `anchor.to_anchor` picks from `candidates()` (the next one when the
+        patch finds it gone or being deleted) and, with `confirm`, wait until the API server
+        admits a managed write there (at most ANCHOR_ADMISSION_SECONDS: a write refused after
+        that is retried as any refused write is).  One decision at a time, so two passes never
+        anchor two models for want of seeing each other's.  The model labelled, if any."""
+        if anchor.anchored(self.anchors(namespace)) and namespace not in self._confirming:
+            return None
+        with self._anchoring:
+            walk = iter(candidates())
+            # Before the patch: a pass that sees the new anchor in the cache waits for this.
+            self._confirming.add(namespace)
+            try:
+                while (chosen := anchor.to_anchor(self.anchors(namespace), walk)) is not None:
+                    written = self._label(namespace, chosen)
+                    if written is not None and anchor.member(written["metadata"]).live_anchor:
+                        break
+                if chosen is None:
+                    return None
+                log.info(
+                    "%s/%s: labelled %s (the namespace's anchor)", namespace, chosen, labels.NAMESPACE_ANCHOR
+                )
+                if confirm:
+                    self._await_admission(namespace)
+            finally:
+                self._confirming.discard(namespace)
+            return chosen
+
+    def _label(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """Put the anchor on a model: the model as written, None when it is gone or the API server
+        refused the patch (then a write the namespace's policy refuses says why, in Degraded)."""
+        try:
+            return self.writer.merge_patch_model(namespace, name, anchor.label_patch())
+        except ApiException as e:
+            if e.status not in REFUSALS:
+                raise
+            log.warning(
+                "%s/%s: could not label it as the namespace's anchor: %s", namespace, name, refusal(e)
+            )
+            return None
+
+    def _await_admission(self, namespace: str) -> None:
+        """Until the API server admits a ConfigMap as clef labels its children in `namespace` (a
+        server-side dry run: nothing is stored), while it refuses one for want of an anchor."""
+        deadline = time.monotonic() + ANCHOR_ADMISSION_SECONDS
+        pause = ANCHOR_RETRY_SECONDS
+        while True:
+            try:
+                probe: Any = anchor.admission_probe()  # the client accepts plain dicts
+                self.core.create_namespaced_config_map(namespace, probe, dry_run="All")
+                return
+            except ApiException as e:
+                if not anchor.refused_for_want_of_anchor(e.status, str(e.body or "")):
+                    log.info("%s: no check that admission sees the anchor: %s", namespace, refusal(e))
+                    return
+            if time.monotonic() + pause > deadline:
+                log.warning(
+                    "%s: the API server's admission did not see the namespace anchor within %.0fs",
+                    namespace,
+                    ANCHOR_ADMISSION_SECONDS,
+                )
+                return
+            time.sleep(pause)
+            pause = min(pause * 2, 1.0)
 
     # -------------------------------------------------------------------------- the ledger
     def read_ledger(self, model: ModelRef) -> dict[str, Any]:

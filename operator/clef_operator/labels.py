@@ -61,6 +61,11 @@ DRIVER = f"{PREFIX}/driver"
 
 # On the ClefModel: any new value asks for a fresh verification of the current spec.
 REVERIFY = f"{PREFIX}/reverify"
+# On at least one ClefModel of each namespace clef writes children in, set by the operator
+# (`anchor`): the admission policy clef-operator-model-namespaces admits clef's children only
+# where a ClefModel carries it (kustomize/base/admission.yaml).
+NAMESPACE_ANCHOR = f"{PREFIX}/namespace-anchor"
+NAMESPACE_ANCHOR_VALUE = "true"
 
 # On the Service: which model drives it and which revision it is meant to select.  Written in the
 # same patch as the selector, so a selector that disagrees with it was edited by someone else.

@@ -1,6 +1,9 @@
 """One reconcile pass over one ClefModel: read it and its children from the cache, ask the planner,
 write what it decided (ledger, status) and apply its actions through the API server.
 
+* **The namespace anchor.**  Before a pass writes, its namespace holds a ClefModel labelled as
+  the anchor that admission asks for (`anchor`): this one, when none does.  A model that anchors its
+  namespace hands the label on to another before its finalizer goes.
 * **Deletion.**  Every ClefModel carries clef's finalizer (`finalizer`, the name kopf used for clef
   before): a pass adds it; once the model is deleted a pass hands back a Service it adopted
   (`Kube.release_service`) and then removes it, so a failed release keeps the model (and is
@@ -21,7 +24,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from clef_operator import finalizer
+from clef_operator import anchor, finalizer
 from clef_operator.actions import Action, Event
 from clef_operator.api import ClefModelSpec, ClefModelStatus
 from clef_operator.conditions import Stamp, carried_rejection, child_rejected, invalid_spec
@@ -55,6 +58,8 @@ def reconcile(kube: Kube, namespace: str, name: str, now: datetime | None = None
         namespace, name, finalizer.add_patch(obj["metadata"])
     ):
         return None  # deleted since the cache saw it
+    # Before any child is written: the namespace's anchor, this model when there is none.
+    kube.anchor_namespace(namespace, lambda: [anchor.member(obj["metadata"])])
     return _reconcile(kube, namespace, name, obj, now or datetime.now(UTC))
 
 
@@ -63,6 +68,10 @@ def _finalize(kube: Kube, namespace: str, name: str, obj: Mapping[str, Any]) -> 
     (in the operator's namespace, where no owner reference reaches; its Deployments and Jobs go
     with it, by their owner references), then remove clef's finalizer.  A failed release or delete
     raises before the finalizer is removed: the model stays, and the pass is retried."""
+    if anchor.member(obj["metadata"]).anchored:
+        # It anchors its namespace until it is gone: another live model takes over first (no wait
+        # for admission to see it: it does before it sees this one go, as etcd ordered them).
+        kube.anchor_namespace(namespace, lambda: kube.members(namespace, but=name), confirm=False)
     service = finalizer.released_service(obj)
     if service and kube.release_service(namespace, name, service):
         log.info("%s/%s: released Service %s", namespace, name, service)

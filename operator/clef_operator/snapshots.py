@@ -15,7 +15,7 @@ from typing import Any
 
 from kubernetes import client
 
-from clef_operator import labels
+from clef_operator import anchor, labels
 from clef_operator.api import Step
 from clef_operator.endpoint import CHECK_CONTAINER
 from clef_operator.goldens import GOLDENS_CONTAINER
@@ -364,10 +364,19 @@ MODEL_METADATA = (
 def _model_body(obj: Mapping[str, Any]) -> Packed:
     """A ClefModel as the cache keeps it: spec, status and the metadata a pass reads, as compact
     JSON (~5 KB; ~15 KB as dicts); not managedFields (which grow with every writer and field,
-    ~21 KB of a model's 37), labels, finalizers or owner references, which nothing here reads."""
+    ~21 KB of a model's 37), owner references or labels, which nothing here reads, but the
+    namespace anchor (`anchor`)."""
     meta = obj.get("metadata", {})
     kept = {k: obj[k] for k in ("spec", "status") if k in obj}
-    return Packed({"metadata": {k: meta[k] for k in MODEL_METADATA if k in meta}, **kept})
+    body = {k: meta[k] for k in MODEL_METADATA if k in meta}
+    if _anchored(obj):
+        body["labels"] = dict(anchor.LABELS)
+    return Packed({"metadata": body, **kept})
+
+
+def _anchored(obj: Mapping[str, Any]) -> bool:
+    """Whether a ClefModel (a wire dict: the custom-objects client's) carries the namespace anchor."""
+    return anchor.member(obj.get("metadata", {})).anchored
 
 
 def version_number(version: str) -> int:
@@ -376,7 +385,8 @@ def version_number(version: str) -> int:
 
 # Every kind clef plans from: its key in the cache, its snapshot, whom a change to it wakes.
 KINDS: dict[str, cache.Kind] = {
-    "clefmodels": cache.Kind("clefmodels", _by_name, _model_body, _by_name),
+    # The anchored ones also by namespace (`Table.tagged`: `Kube.anchor_namespace`).
+    "clefmodels": cache.Kind("clefmodels", _by_name, _model_body, _by_name, tag=_anchored),
     # The snapshots of every model's children are held pickled (cache.Kind.packed).
     "deployments": cache.Kind(
         "deployments", _by_model, lambda d: (_owners(d), _deployment(d)), _by_model, packed=True

@@ -236,6 +236,21 @@ class Writer:
         self._remember("clefmodels", written)
         return True
 
+    def merge_patch_model(self, namespace: str, name: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
+        """A merge patch of the ClefModel's metadata (the namespace anchor: `anchor.label_patch`,
+        which adds one label and can overwrite nothing else, so it needs no resourceVersion
+        test); the response goes into the cache and is returned.  None when the model is gone."""
+        try:
+            written: Any = self.custom.patch_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name, dict(body), _content_type=MERGE_PATCH
+            )
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+        self._remember("clefmodels", written)
+        return dict(written)
+
     def release_service(self, namespace: str, model: str, service: str) -> bool:
         """Hand back a Service `model` adopted (`children.release_ops`), when the model is deleted;
         whether there was one to hand back.  Planned from the cache (a deletion costs no read);

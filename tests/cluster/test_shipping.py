@@ -47,7 +47,7 @@ from clef_devcluster.rbac_audit import (
     compare_rbac,
     granted_to,
 )
-from clef_operator.labels import VERIFICATION_KEY
+from clef_operator.labels import NAMESPACE_ANCHOR, VERIFICATION_KEY
 
 from .conftest import Cluster, missing_prerequisite, wait_for
 from .operator_support import (
@@ -70,6 +70,15 @@ REPO = Path(__file__).resolve().parents[2]
 
 # The label every object clef writes carries (kustomize/base/admission.yaml, clef-operator-managed-by).
 CLEFS = {"app.kubernetes.io/managed-by": "clef"}
+
+
+def anchored(body: dict[str, Any]) -> dict[str, Any]:
+    """A ClefModel labelled as its namespace's anchor, as the operator labels one (no operator runs
+    in the tests that use this; test_namespace_anchor.py shows it does)."""
+    body["metadata"].setdefault("labels", {})[NAMESPACE_ANCHOR] = "true"
+    return body
+
+
 FENCE = "clef-operator-fence"  # kustomize/base/admission.yaml: the policy and its binding
 
 
@@ -442,14 +451,14 @@ def _prove_finalizers_rule_needed(cluster: Cluster, base: list[dict[str, Any]], 
     }
     manifest = Path(cluster.kubeconfig).parent / f"{probe}.json"
     manifest.write_text(json.dumps(job))
-    # The admission policies admit the operator's Jobs only where a ClefModel is.
+    # The admission policies admit the operator's Jobs only where a ClefModel is (its anchor).
     custom = client.CustomObjectsApi(cluster.api)
     custom.create_namespaced_custom_object(
         "clef.riotpiao.com",
         "v1alpha1",
         namespace,
         "clefmodels",
-        clefmodel("probe", verification={"required": False}),
+        anchored(clefmodel("probe", verification={"required": False})),
     )
     try:
 
@@ -603,7 +612,8 @@ def test_the_operators_token_cannot_reach_what_it_was_not_given(
     admission policies of kustomize/base/admission.yaml refuse, from this ServiceAccount, every
     Job or Deployment whose pod takes a Secret or a ServiceAccount token, runs in its node's
     namespaces or privileged, or mounts a node directory the admin did not list; and any Job,
-    Deployment or ConfigMap in a namespace that holds no ClefModel.  Each refusal must
+    Deployment or ConfigMap in a namespace that holds no ClefModel (labelled as its anchor:
+    test_namespace_anchor.py).  Each refusal must
     come from the policy named for it; a template as clef renders it is admitted, where a model
     is.  The operator's own writes pass them all (test_operator_rbac_is_exactly_what_it_uses)."""
     from kubernetes import config
@@ -627,7 +637,7 @@ def test_the_operators_token_cannot_reach_what_it_was_not_given(
         "v1alpha1",
         namespace,
         "clefmodels",
-        clefmodel("here", verification={"required": False}),
+        anchored(clefmodel("here", verification={"required": False})),
     )
     empty = f"{namespace}-nomodel"
     cluster.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=empty)))

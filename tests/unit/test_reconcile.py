@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from clef_builders import T0, base_spec_dict
 
+from clef_operator import anchor, labels
 from clef_operator.actions import Action, CreateJob
 from clef_operator.api import ClefModelStatus
 from clef_operator.finalizer import FINALIZER
@@ -30,6 +32,21 @@ class RecordingKube:
         self.verdict_key = b"clef-unit-test-verdict-key-32byte"
         self.statuses: list[ClefModelStatus] = []
         self.service_readers = ServiceReaders()
+        # The namespace's anchored models (by default another one, live: nothing to do) and its
+        # other models, as the cache would give them.
+        self.held_anchors = [anchor.Member("a", anchored=True, deleting=False)]
+        self.others: list[anchor.Member] = []
+
+    def anchor_namespace(
+        self, namespace: str, candidates: Callable[[], Iterable[anchor.Member]], confirm: bool = True
+    ) -> str | None:
+        chosen = anchor.to_anchor(self.held_anchors, candidates())
+        if chosen is not None:
+            self.calls.append(f"anchor {chosen}" + ("" if confirm else " (unconfirmed)"))
+        return chosen
+
+    def members(self, namespace: str, but: str = "") -> Iterator[anchor.Member]:
+        return (m for m in self.others if m.name != but)
 
     def read_model(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.obj
@@ -139,6 +156,46 @@ def test_a_ledger_that_cannot_be_deleted_keeps_the_finalizer():
     with pytest.raises(RuntimeError):
         reconcile(kube, "ns", "m", now=T0)  # type: ignore[arg-type]
     assert kube.calls[-1].startswith("delete ledger")
+
+
+def test_the_first_model_of_a_namespace_anchors_it_before_any_child_is_written():
+    kube = RecordingKube(body(finalizers=()))
+    kube.held_anchors = []
+    reconcile(kube, "ns", "m", now=T0)  # type: ignore[arg-type]
+    assert kube.calls == [f"patch {[('add', [FINALIZER])]}", "anchor m", "status", "CreateJob", "Event"]
+
+
+def test_an_anchor_being_deleted_is_no_anchor_for_a_pass_that_writes():
+    kube = RecordingKube(body())
+    kube.held_anchors = [anchor.Member("a", anchored=True, deleting=True)]
+    reconcile(kube, "ns", "m", now=T0)  # type: ignore[arg-type]
+    assert kube.calls[:2] == ["anchor m", "status"]
+
+
+def test_a_deleted_anchor_hands_the_label_on_before_its_finalizer_goes():
+    obj = body(deleted=True)
+    obj["metadata"]["labels"] = {labels.NAMESPACE_ANCHOR: "true"}
+    kube = RecordingKube(obj)
+    kube.held_anchors = [anchor.Member("m", anchored=True, deleting=True)]
+    kube.others = [
+        anchor.Member("b", anchored=False, deleting=True),
+        anchor.Member("c", anchored=False, deleting=False),
+    ]
+    assert reconcile(kube, "ns", "m", now=T0) is None  # type: ignore[arg-type]
+    assert kube.calls == [
+        "anchor c (unconfirmed)",
+        "release clef-serve",
+        "delete ledger u",
+        f"patch {[('remove', None)]}",
+    ]
+
+
+def test_a_deleted_model_that_is_no_anchor_walks_no_namespace():
+    kube = RecordingKube(body(deleted=True))
+    kube.held_anchors = []
+    kube.others = [anchor.Member("c", anchored=False, deleting=False)]
+    reconcile(kube, "ns", "m", now=T0)  # type: ignore[arg-type]
+    assert not [c for c in kube.calls if c.startswith("anchor")]
 
 
 def test_a_failed_release_keeps_the_finalizer():

@@ -12,8 +12,9 @@ plane of its own.  docs/performance.md ("Operator at scale") has the numbers and
 5. every model deleted: RSS again, and what the operator still holds (its `clef-state` probe).
 
 `--verified N` instead measures N models whose verification Jobs really run (verified.py);
-`--probes N` N endpoint-mode models whose serving pods are probed (probes.py).  Prints a table and
-writes JSON (`--json`).
+`--probes N` N endpoint-mode models whose serving pods are probed (probes.py); `--admission N` what
+admission costs one of the operator's writes in a namespace of N models (admission.py).  Prints a
+table and writes JSON (`--json`).
 """
 
 from __future__ import annotations
@@ -34,9 +35,10 @@ from clef_operator.manager import memory
 from ..cluster import LocalCluster, build
 from ..config import REPO_ROOT, missing_prerequisites
 from ..kustomize import find_kubectl
-from . import probes, scale, verified
+from . import admission, probes, scale, verified
 
 FLOOR_NS, MODELS_NS, VERIFIED_NS, PROBED_NS = "scale-floor", "scale-models", "scale-verified", "scale-probed"
+ADMISSION_NS = "scale-admission"
 
 
 def _stamp(text: str) -> float:
@@ -137,7 +139,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     print(f"load: control plane up in {cluster.up():.1f}s ({cluster.dir})", flush=True)
     result: dict[str, Any] = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "models": args.verified or args.probes or args.models,
+        "models": args.admission or args.verified or args.probes or args.models,
         "cpus": os.cpu_count(),
         "loadavg_start": os.getloadavg(),
         "cycles": [],
@@ -150,6 +152,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if args.probes:
             identity = probes.allow_checkpoint(identity, cluster.dir)
         scale.kubectl_objects(cluster.kubeconfig, kubectl, "apply", identity)
+        if args.admission:
+            result["admission"] = admission.run_admission(
+                api, cluster.kubeconfig, cluster.dir / "admission", args.admission, args.samples, ADMISSION_NS
+            )
+            result["loadavg_end"] = os.getloadavg()
+            return result
         gpus = args.verify_gpus if args.verified else (args.probes or args.models) + 10
         scale.add_gpu_node(cluster.kubeconfig, "scale-1", gpus)
         if not args.no_floor and not args.verified and not args.probes:
@@ -252,6 +260,18 @@ def table(r: dict[str, Any]) -> str:
     rows = [("models", r["models"]), ("cpus / load average at start", f"{r['cpus']} / {r['loadavg_start']}")]
     if "floor" in r:
         rows.append(("plain Deployments all Available (floor), s", round(r["floor"]["available_seconds"], 1)))
+    if "admission" in r:
+        a = r["admission"]
+        for key, what in (("anchor", "the namespace's anchor"), ("every_model", "every ClefModel")):
+            s = a[key]
+            rows.append(
+                (
+                    f"admission: a Job's dry run, parameters {what}: p50/p90/max/mean, ms",
+                    f"{s['p50_ms']} / {s['p90_ms']} / {s['max_ms']} / {s['mean_ms']} (n={s['n']})",
+                )
+            )
+        width = max(len(k) for k, _ in rows)
+        return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
     rows.append(("RSS with no models, MiB", r["rss_mib_no_models"]))
     if "verified" in r:
         v = r["verified"]
@@ -339,6 +359,14 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="with --probes: the measured window, s (default: one interval)",
     )
+    parser.add_argument(
+        "--admission",
+        type=int,
+        default=0,
+        metavar="N",
+        help="instead: admission's cost of one operator write in a namespace of N models (no operator runs)",
+    )
+    parser.add_argument("--samples", type=int, default=30, help="with --admission: dry runs per binding")
     parser.add_argument("--no-floor", action="store_true", help="skip the plain-Deployment floor")
     parser.add_argument("--keep-cluster", action="store_true")
     parser.add_argument("--operator-arg", action="append", help="passed to clef-operator run (repeatable)")

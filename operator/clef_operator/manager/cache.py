@@ -11,6 +11,9 @@ model is a dictionary lookup.  Nothing is polled; a periodic resync (`workers`) 
   down is dropped, not kept as a ghost (kopf's watches, by contrast, re-list without forgetting).
 * **Deletions.**  A DELETED event removes the object and, with the last object of a model, the
   model's key: no per-model state outlives the model.
+* **Tags.**  A kind may tag some of its objects (`Kind.tag`: the ClefModels that carry the namespace
+  anchor); the table keeps their UIDs by namespace (`Table.tagged`), updated with every put and
+  drop, so finding a namespace's anchors reads no other model.
 * **Read your writes.**  A write's response (`remember`) goes into the store unless the store
   already holds a newer version of that object, so the next pass does not plan from the state
   before its own write; a stale event delivered after the response cannot move it back (versions
@@ -105,6 +108,9 @@ class Kind:
     packed: bool = False
     # Wake only when an update changes the snapshot (nodes: a heartbeat changes nothing clef reads).
     wake_on_change: bool = False
+    # The objects it picks are also indexed by namespace (`Table.tagged`): the ClefModels that
+    # carry the namespace anchor, so that a pass finds its namespace's without reading every model.
+    tag: Callable[[Any], bool] | None = None
 
 
 @dataclass
@@ -124,6 +130,8 @@ class Table:
     by_key: dict[Key, dict[str, Any]] = field(default_factory=dict)
     # UID -> when it was deleted (monotonic), oldest first.
     gone: OrderedDict[str, float] = field(default_factory=OrderedDict)
+    # namespace -> UIDs of the objects `kind.tag` picked (none kept for a namespace with none).
+    tags: dict[str, set[str]] = field(default_factory=dict)
     clock: Callable[[], float] = time.monotonic
 
     def get(self, key: Key) -> list[Any]:
@@ -140,6 +148,12 @@ class Table:
     def keys(self) -> list[Key]:
         with self.lock:
             return list(self.by_key)
+
+    def tagged(self, namespace: str) -> list[Any]:
+        """The objects of `namespace` that `kind.tag` picked (a snapshot each)."""
+        with self.lock:
+            held = [self.by_uid[uid].value for uid in self.tags.get(namespace, ())]
+        return [self._unpack(v) for v in held]
 
     def values(self) -> list[Any]:
         """Every object held (a snapshot each)."""
@@ -165,6 +179,8 @@ class Table:
             entry = _Entry(key, resource_version(obj), self._pack(self.kind.snapshot(obj)))
             self.by_uid[uid] = entry
             self.by_key.setdefault(key, {})[uid] = entry.value
+            if self.kind.tag is not None and self.kind.tag(obj):
+                self.tags.setdefault(key[0], set()).add(uid)
             self.gone.pop(uid, None)
             return key
 
@@ -207,6 +223,11 @@ class Table:
             values.pop(uid, None)
             if not values:
                 del self.by_key[entry.key]
+        tagged = self.tags.get(entry.key[0])
+        if tagged is not None:
+            tagged.discard(uid)
+            if not tagged:
+                del self.tags[entry.key[0]]
 
     def replace(self, namespace: str | None, objs: list[Any]) -> None:
         """A (re-)list: what `namespace` (None: all) holds is exactly `objs`."""
@@ -235,6 +256,7 @@ class Table:
             self.by_uid = dict(self.by_uid)
             self.by_key = dict(self.by_key)
             self.gone = OrderedDict(self.gone)
+            self.tags = dict(self.tags)
 
 
 class Informer(threading.Thread):
