@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from clef_runtime.interpreter import interpreted
 from clef_runtime.ops._common import cdiv, check_cu_seqlens, check_runnable
 from clef_runtime.ops.delta_rule_common import (
     DotPolicy,
@@ -121,6 +122,7 @@ def _chunk_prepare_kernel(
     SOLVE_DT: tl.constexpr = tl.float32,
     WARMUP_PLAN: tl.constexpr = False,
     WB: tl.constexpr = 64,
+    FAST_EXP: tl.constexpr = False,
 ):
     # a 1-D grid, value heads fastest: the value heads of one key head (and of one chunk) run
     # side by side and share q and k through L2 (the chunk count stays off the 65535-limited
@@ -234,11 +236,23 @@ def _chunk_prepare_kernel(
         tl.store(lb + pid, gl + tl.sum(tl.where(live, grow, 0.0), 0))
 
     causal = r[:, None] >= r[None, :]
-    # e^{G_t - G_j} for j ≤ t (exponent ≤ 0); the upper triangle is zeroed before exp
-    decay = tl.where(causal, tl.exp(tl.where(causal, G[:, None] - G[None, :], 0.0)), 0.0)
+    # e^{G_t - G_j} / |k_j| for j ≤ t (exponent ≤ 0): the decay and the key norm both products
+    # below take
+    if FAST_EXP:
+        # 2^x by one MUFU.EX2, subnormal results flushed to zero (a decay below 2⁻¹²⁶ is zero
+        # for these sums); above the diagonal the exponent is positive and the result dropped
+        G2 = G * 1.4426950408889634
+        e2 = tl.inline_asm_elementwise(
+            "ex2.approx.ftz.f32 $0, $1;", "=r,r", [G2[:, None] - G2[None, :]],
+            dtype=tl.float32, is_pure=True, pack=1,
+        )  # fmt: skip
+        decay = tl.where(causal, e2, 0.0) * rk[None, :]
+    else:
+        # the upper triangle is zeroed before exp
+        decay = tl.where(causal, tl.exp(tl.where(causal, G[:, None] - G[None, :], 0.0)), 0.0) * rk[None, :]
 
     # Aqk = scale (q̂ k̂ᵀ ⊙ decay), causal with the diagonal: the in-chunk part of the output
-    a_qk = QK * (scale * rq)[:, None] * rk[None, :] * decay
+    a_qk = QK * (scale * rq)[:, None] * decay
     if ROUND_BF16:
         a_qk = rne_bf16(a_qk)
     tl.store(aqk + r[:, None] * (HV * BT) + r[None, :], a_qk.to(aqk.dtype.element_ty), mask=live[:, None])
@@ -248,10 +262,10 @@ def _chunk_prepare_kernel(
     if T_OUT:
         # the split design's walk takes T diag(β), so that its step loads no β.  Here `A` holds Λ
         # and β enters twice below: in the diagonal blocks N (by rows) and in D⁻¹ diag(β).
-        A = tl.where(strict, KK * rk[:, None] * rk[None, :] * decay, 0.0)
+        A = tl.where(strict, KK * rk[:, None] * decay, 0.0)
         N_src = A * bv[:, None]
     else:
-        A = tl.where(strict, KK * (bv * rk)[:, None] * rk[None, :] * decay, 0.0)
+        A = tl.where(strict, KK * (bv * rk)[:, None] * decay, 0.0)
         N_src = A
 
     # T = (I + A)⁻¹.  Split A = N + L into its 16×16 diagonal blocks N and the strictly
@@ -488,6 +502,7 @@ def prepare(
                 DOUBLING_PRECISION=doubling_precision(policy), SOLVE_DT=cfg.solve_dt,
                 ROUND_BF16=policy.round_bf16, T_OUT=t_out,
                 WARMUP_PLAN=warmup_plan is not None, WB=wb,
+                FAST_EXP=not interpreted(_chunk_prepare_kernel),
                 num_warps=cfg.warps1,
                 maxnreg=cfg.regs1_t if t_out else cfg.regs1,
             ),
