@@ -502,7 +502,9 @@ def prepare(
                 DOUBLING_PRECISION=doubling_precision(policy), SOLVE_DT=cfg.solve_dt,
                 ROUND_BF16=policy.round_bf16, T_OUT=t_out,
                 WARMUP_PLAN=warmup_plan is not None, WB=wb,
-                FAST_EXP=not interpreted(_chunk_prepare_kernel),
+                # the split design's launch 1 only: on the H100 the three-launch one (B1 T512) ran
+                # 2% slower with it, the split rows ~1% faster (docs/performance.md)
+                FAST_EXP=t_out and not interpreted(_chunk_prepare_kernel),
                 num_warps=cfg.warps1,
                 maxnreg=cfg.regs1_t if t_out else cfg.regs1,
             ),
