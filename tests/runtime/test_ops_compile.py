@@ -188,11 +188,11 @@ for arch, dtype, tc in ((90, torch.bfloat16, True), (90, torch.float16, True), (
     launches = [
         ("prepare", dp._chunk_prepare_kernel,
          dict(q=p, k=p, v=p, g="*fp32", beta="*fp32", w=p, u=p, aqk=p, gc="*fp32", kf="*fp32", qf="*fp32",
-              lb="*fp32", cu_seqlens="*i32", scale="fp32", cw="*i32", warmup_log_bound="fp32"),
-         dict(common, L2NORM=True, CHUNK_BOUND=tc, BVF=cfg.BVF, KS=cfg.KS, VS=cfg.VS, BC=dp.BC, LOG_BC=dp.BC.bit_length() - 1,
+              cu_seqlens="*i32", scale="fp32", cw="*i32", warmup_log_bound="fp32"),
+         dict(common, L2NORM=True, BVF=cfg.BVF, KS=cfg.KS, VS=cfg.VS, BC=dp.BC, LOG_BC=dp.BC.bit_length() - 1,
               SOLVE_BY_DOUBLING=cfg.solve_by_doubling, CHUNK_DT=pol.chunk_dtype,
               SOLVE_PRECISION=pol.solve_precision, DOUBLING_PRECISION=dp.doubling_precision(pol),
-              T_OUT=False, SOLVE_DT=cfg.solve_dt, WARMUP_PLAN=False, WB=ds.WARMUP_BLOCK),
+              T_OUT=False, SOLVE_DT=cfg.solve_dt, WARMUP_PLAN=False, WB=ds.WARMUP_BLOCK, FAST_EXP=False),
          cfg.warps1, 3, cfg.regs1),
         ("recurrence", dc._chunk_recurrence_kernel,
          dict(k=p, w=p, u=p, gc="*fp32", kf="*fp32", hs=sp, vn=sp, h0="*fp32", ht="*fp32", cu_seqlens="*i32"),
@@ -207,12 +207,16 @@ for arch, dtype, tc in ((90, torch.bfloat16, True), (90, torch.float16, True), (
     if dtype == torch.bfloat16:  # the split design's launch 1 (T diag(β) stored)
         launch, kernel, types, consts, warps, stages, regs = launches[0]
         launches.append(("prepare T out", kernel, dict(types, u="*fp32"),
-                         dict(consts, T_OUT=True), warps, stages, cfg.regs1_t))
+                         dict(consts, T_OUT=True, FAST_EXP=True), warps, stages, cfg.regs1_t))
         # the default for B1 prompts: normalised keys, its first programs finding the segments'
         # warm-up starts (one dense sequence, as B1 prompts take it)
         launches.append(("prepare T out warm-up plan", kernel, dict(types, u="*fp32"),
-                         dict(consts, IS_VARLEN=False, T_OUT=True, CHUNK_BOUND=False,
-                              WARMUP_PLAN=True),
+                         dict(consts, IS_VARLEN=False, T_OUT=True, WARMUP_PLAN=True, FAST_EXP=True),
+                         warps, stages, cfg.regs1_t))
+        # the same for keys it does not normalise: the warm-up plan reads the keys' norms
+        launches.append(("prepare T out warm-up plan, keys", kernel, dict(types, u="*fp32"),
+                         dict(consts, IS_VARLEN=False, T_OUT=True, WARMUP_PLAN=True, FAST_EXP=True,
+                              L2NORM=False, WB=ds.WARMUP_BLOCK_KEYS),
                          warps, stages, cfg.regs1_t))
     for launch, kernel, types, consts, warps, stages, regs in launches:
         key = f"sm_{arch} {name} chunk {launch}"
@@ -234,10 +238,10 @@ def test_chunk_delta_rule_kernels_compile_for_sm90_and_sm70() -> None:
     at 160 here), and for sm_70 (f16, the V100 that verification Jobs may get) with at most 1 KB
     of stack per thread.  Also the split design's launch 1 (T stored, `T_OUT`; its solve with f16
     operands, `LaunchConfig.solve_dt`), under its own cap (128, four programs per SM: measured
-    faster with 24 bytes spilled at the op's default, 64 with the chunk bounds compiled here;
-    bounded at 128)."""
+    faster with 8 bytes spilled at the op's default; bounded at 128), its first programs finding
+    the segments' warm-up starts from the gates or from the keys' norms."""
     results = _compile_all(CHUNK_SCRIPT, 900)
-    assert len(results) == 11, results
+    assert len(results) == 12, results
 
     def allowed(key: str) -> int:
         # the three-launch design's launch 1 in bf16: 144 bytes under the cap (T_OUT off; until
@@ -294,9 +298,6 @@ launches = [
      *walk(tma_cfg, tma_cfg.fold_bv, IS_VARLEN=False, WARMUP=True, TMA=True)),
     ("walk whole-V, TMA", ds._segment_output_kernel, types,
      *walk(tma_cfg, tma_cfg.wide_bv, WARMUP=False, TMA=True)),
-    ("warm-up plan", ds._warmup_plan_kernel,
-     dict(lb=f32, cw="*i32", cu_seqlens="*i32", warmup_log_bound="fp32"),
-     dict(HV=32, BT=dc.BT, WB=ds.WARMUP_BLOCK, IS_VARLEN=True), 4, 2),
 ]
 results = {}
 for launch, kernel, types, c, warps, stages in launches:
@@ -320,10 +321,10 @@ def test_split_chunk_kernels_compile_for_sm90() -> None:
     neither spills at all, and the whole-V walk takes three pipeline stages (`pipeline_stages`).
     The masked walks were measured faster with those spills than at narrower tiles; the bound
     catches a change that makes them spill for real.  Every kernel's shared memory must
-    fit the SM as the op launches it: two 64-wide walks per SM, one whole-V walk.  (Launch 1 with
-    the chunk bounds is the bf16 and f16 "prepare" of the test above.)"""
+    fit the SM as the op launches it: two 64-wide walks per SM, one whole-V walk.  (The split
+    design's launch 1 is the bf16 "prepare T out" of the test above.)"""
     results = _compile_all(SPLIT_SCRIPT, 900)
-    assert len(results) == 6, results
+    assert len(results) == 5, results
     heavy = {
         k: r
         for k, r in results.items()

@@ -23,6 +23,7 @@ from tests.runtime.test_ops_delta_rule_chunk import OP, QWEN, check_against_refe
 from clef_runtime.compare import assert_close
 from clef_runtime.inputs import gdn_inputs
 from clef_runtime.ops.delta_rule_chunk_split import (
+    WARMUP_BLOCK_KEYS,
     WARMUP_LOG_BOUND,
     chunk_gated_delta_rule_split,
     default_segments,
@@ -153,31 +154,39 @@ def test_warmup_counts_keys_that_grow_the_state(rng: torch.Generator, device: to
     """One un-normalised key for every token, β |k|² = 3: each token's map doubles the state's
     part along k (|1 - 3| = 2), which g ∈ (-0.72, -0.68) barely outweighs, so every warm-up must
     reach the sequence start.  A bound that counted g alone would cut each after one chunk and
-    fail this test (checked by dropping the |1 - β |k|²| term from launch 1)."""
+    fail this test (checked by dropping the |1 - β |k|²| term from `chunk_bounds`)."""
     starts = check_split(rng, device, uniform(-0.72, -0.68, rng), 4, T=512, l2norm=False, k_norm=3**0.5)
     assert starts == [-1, -1, -1]
 
 
-def test_warmup_bounds_per_value_head(rng: torch.Generator, device: torch.device) -> None:
-    """Two value heads of one key head with their own gates, the keys as in
-    `test_warmup_counts_keys_that_grow_the_state` (|k|² = 3): head 1 is that test's (β = 1
-    against g ≈ -0.7), so its warm-ups must reach the sequence start, while head 0 (β = 0.1, the
-    same g) has no growth to count and cuts each after one chunk.  Head 1's bound stored at
-    head 0's place, or formed with head 0's β, cuts its warm-ups short and fails this test."""
-    T, HV, P = 512, 2, 4
-    q, k, v, _, _ = gdn_inputs(rng, device, torch.bfloat16, B=1, T=T, H=1, HV=HV, K=32, V=32)
-    k = (3**0.5 * torch.nn.functional.normalize(k[:, :1].float(), dim=-1)).expand(1, T, 1, 32)
-    k = k.to(torch.bfloat16).contiguous()
+def keys_of_norms(rng: torch.Generator, T: int, norms: list[float]) -> torch.Tensor:
+    """[1, T, len(norms), 32] bf16: key head h repeats one key of norm ``norms[h]`` at every token."""
+    k = torch.randn(1, 1, len(norms), 32, generator=rng)
+    k = torch.nn.functional.normalize(k, dim=-1) * torch.tensor(norms)[:, None]
+    return k.expand(1, T, len(norms), 32).to(torch.bfloat16).contiguous()
+
+
+def check_starts_per_head(
+    rng: torch.Generator, device: torch.device, k: torch.Tensor, beta: torch.Tensor, starts: list[list[int]]
+) -> None:
+    """Un-normalised keys `k`, gates β per value head (rows of `beta`) against g ≈ -0.7, P = 4:
+    the warm-up starts launch 1 stores, per value head at its place, are `starts` (and the
+    float64 rule's), and the split's output matches the reference.  A start stored at another
+    head's place could still give right outputs by luck, hence both checks."""
+    T, HV, P = k.shape[1], beta.shape[0], len(starts[0])
+    q, _, v, _, _ = gdn_inputs(rng, device, torch.bfloat16, B=1, T=T, H=k.shape[2], HV=HV, K=32, V=32)
+    k = k.to(device)
     g = (-0.72 + 0.04 * torch.rand(1, T, HV, generator=rng)).to(device)
-    beta = torch.tensor([0.1, 1.0]).expand(1, T, HV).contiguous().to(device)
-    h0 = 0.1 * torch.randn(1, HV, 32, 32, generator=rng).to(device)
+    beta = beta.T[None].expand(1, T, HV).contiguous().to(device)
     bounds = chunk_log_bounds(k, g, beta, l2norm=False)[0]
-    assert warmup_starts(bounds[:, 0], P) == [1, 3, 5] and warmup_starts(bounds[:, 1], P) == [-1, -1, -1]
-    # launch 1's bounds themselves, every head at its place (a misplaced one could land on
-    # memory that happens to hold a harmless value)
-    p = prepare(q, k, v, g, beta, 1, 32**-0.5, None, False, False, True, chunk_bound=True, t_out=True)
-    assert p.lb is not None
-    torch.testing.assert_close(p.lb.double(), bounds, rtol=1e-5, atol=1e-3)
+    assert [[-1, *warmup_starts(bounds[:, h], P)] for h in range(HV)] == starts
+    p = prepare(
+        q, k, v, g, beta, 1, 32**-0.5, None, False, False, True, True,
+        extra=(((HV * P,), torch.int32),), warmup_plan=(P, WARMUP_LOG_BOUND, WARMUP_BLOCK_KEYS),
+    )  # fmt: skip
+    assert p.extra[0] is not None
+    assert p.extra[0].view(HV, P).tolist() == starts
+    h0 = 0.1 * torch.randn(1, HV, 32, 32, generator=rng).to(device)
     kw = dict(initial_state=h0, output_final_state=True, use_qk_l2norm=False)
     o, ht = chunk_gated_delta_rule_split(q, k, v, g, beta, segments=P, **kw)  # type: ignore[arg-type]
     ro, rht = ref.chunk_gated_delta_rule(q, k, v, g, beta, **kw)  # type: ignore[arg-type]
@@ -185,6 +194,25 @@ def test_warmup_bounds_per_value_head(rng: torch.Generator, device: torch.device
     assert_close(o, ro, tol, "split output, per-head bounds")
     assert ht is not None and rht is not None
     assert_close(ht, rht, tol, "split final state, per-head bounds")
+
+
+def test_warmup_bounds_per_value_head(rng: torch.Generator, device: torch.device) -> None:
+    """Two value heads of one key head with their own gates, the keys as in
+    `test_warmup_counts_keys_that_grow_the_state` (|k|² = 3): head 1 is that test's (β = 1
+    against g ≈ -0.7), so its warm-ups must reach the sequence start, while head 0 (β = 0.1, the
+    same g) has no growth to count and cuts each after one chunk.  Head 1's bound formed with
+    head 0's β, or its start stored at head 0's place, fails this test."""
+    k = keys_of_norms(rng, 512, [3**0.5])
+    check_starts_per_head(rng, device, k, torch.tensor([[0.1], [1.0]]), [[-1, 1, 3, 5], [-1, -1, -1, -1]])
+
+
+def test_warmup_bounds_per_key_head(rng: torch.Generator, device: torch.device) -> None:
+    """Two key heads, one value head each, β = 1: key head 0's keys are unit vectors (|1 - β|k|²|
+    ≈ 0: no growth, each warm-up cut after one chunk), key head 1's have |k|² = 3 (its warm-ups
+    must reach the sequence start).  Value head 1's bound formed from key head 0's keys fails
+    this test."""
+    k = keys_of_norms(rng, 512, [1.0, 3**0.5])
+    check_starts_per_head(rng, device, k, torch.tensor([[1.0], [1.0]]), [[-1, 1, 3, 5], [-1, -1, -1, -1]])
 
 
 def test_warmup_varlen_with_empty_and_short_sequences(rng: torch.Generator, device: torch.device) -> None:

@@ -14,15 +14,14 @@ three-launch design (B1 T32768 bf16) are gone.
 
 Walking a whole sequence in one program leaves too few programs at B1 (32 value heads × V
 blocks) and a long chain, so each sequence can be cut into ``P`` segments of whole chunks, one
-program each (launch 3, `_segment_output_kernel`, grid ``(N·HV, V / BV, P)``; where each
-segment's warm-up starts is found by launch 1's first programs for L2-normalised keys, by launch
-2, `_warmup_plan_kernel`, otherwise).  A segment needs its true start state; it gets it from a
-*warm-up walk* over the chunks before it.  Each token maps the state by
+program each (launch 2, `_segment_output_kernel`, grid ``(N·HV, V / BV, P)``; where each
+segment's warm-up starts is found by launch 1's first programs).  A segment needs its true start
+state; it gets it from a *warm-up walk* over the chunks before it.  Each token maps the state by
 ``S ← e^{g} (I - β k̂ k̂ᵀ) S + …``, whose linear part has spectral norm
 ``e^{g} max(1, |1 - β |k̂|²|)``, so the map of chunks ``c_w .. c_lo - 1`` onto the segment start
 has norm at most ``e^{Σ b_c}`` with ``b_c`` the chunk's sum of ``g + log max(1, |1 - β |k̂|²|)``
 (with L2-normalised keys ``|k̂|² ≤ 1``, so the gates alone give it: ``max(1, |1 - β|)``;
-otherwise launch 1 stores it per chunk and value head: ``chunk_bound``).  A segment starting at
+otherwise the keys' rows give ``|k|²``: `delta_rule_common.chunk_bounds`).  A segment starting at
 chunk ``c_lo`` walks back until that sum falls below ``WARMUP_LOG_BOUND = ln 2⁻²⁴``, walks those
 chunks from a zero state without writing outputs, then its own chunks with the output.  Starting
 from zero instead of the true state there leaves an error of at most ``2⁻²⁴`` times that state's
@@ -61,7 +60,7 @@ import triton.language as tl
 
 from clef_runtime.interpreter import interpreted
 from clef_runtime.ops._common import cdiv
-from clef_runtime.ops.delta_rule_common import rne_bf16, tensor_core_dots, warmup_start
+from clef_runtime.ops.delta_rule_common import rne_bf16, tensor_core_dots
 from clef_runtime.ops.delta_rule_common import seq_bounds as _seq_bounds
 from clef_runtime.ops.delta_rule_config import WalkConfig, walk_config
 from clef_runtime.ops.delta_rule_plan import Recorder, plain_launch
@@ -76,7 +75,8 @@ MAX_SEGMENTS = 16
 # A segment's warm-up ends where the log bound of the chunk maps onto its start falls below this:
 # the start-state error is then at most 2⁻²⁴ (float32's unit roundoff) times the true state there.
 WARMUP_LOG_BOUND = -24 * math.log(2)
-WARMUP_BLOCK = 64  # chunk bounds read per step of the walk back
+WARMUP_BLOCK = 64  # chunk bounds read per step of the walk back (from the gates)
+WARMUP_BLOCK_KEYS = 4  # the same where each bound reads its chunk's keys (un-normalised keys)
 # The default path takes this design for bf16 on tensor cores from this many (sequence, value
 # head) chains, unsplit: measured faster there (B4 T8192, 8 packed × 4096) ...
 DEFAULT_MIN_CHAINS = 128
@@ -343,39 +343,6 @@ def _walk(
 # fmt: on
 
 
-@triton.jit(do_not_specialize=["T", "P"])
-def _warmup_plan_kernel(
-    lb,
-    cw,
-    cu_seqlens,
-    warmup_log_bound,
-    T,
-    NT,
-    P,
-    HV: tl.constexpr,
-    BT: tl.constexpr,
-    WB: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
-):
-    """Launch 2, grid ``(N·HV, P)``: where segment s of one sequence and value head warms up from
-    (`delta_rule_common.warmup_start`), into ``cw``, for keys launch 1 does not normalise (from
-    the bounds launch 1 stored, `lb`; with normalised keys launch 1's first programs do this from
-    the gates, `delta_rule_prepare._chunk_prepare_kernel`).  Not inside the walk: the walk back's
-    loop there made the walk spill 130 more bytes per thread on sm_90."""
-    i_nh = tl.program_id(0).to(tl.int64)
-    s = tl.program_id(1).to(tl.int64)
-    n = i_nh // HV
-    hv = i_nh % HV
-    _, bos, eos = _seq_bounds(n, cu_seqlens, T, IS_VARLEN)
-    seg = tl.cdiv(tl.cdiv(eos - bos, BT), P)
-    c_lo = tl.minimum(s * seg, tl.cdiv(eos - bos, BT))
-    slot0 = bos // BT + n if IS_VARLEN else n * NT  # the sequence's first chunk slot
-    c_w = warmup_start(
-        lb + slot0 * HV + hv, lb, lb, c_lo, bos, eos, warmup_log_bound, HV, BT, WB, False
-    )  # fmt: skip
-    tl.store(cw + i_nh * P + s, c_w.to(tl.int32))
-
-
 @triton.jit(do_not_specialize=["T", "P", "NS"])
 def _segment_output_kernel(
     q,
@@ -446,7 +413,7 @@ def _segment_output_kernel(
     t_hi = tl.minimum(bos + (s + 1) * seg * BT, eos)
     t_w = bos  # where the walk starts: from the initial state at the sequence start, or ...
     if WARMUP:  # ... from zero at the first chunk whose map onto t_lo is below the bound
-        c_w = tl.load(cw + i_nh * P + s).to(tl.int64)  # `warmup_start`, from launch 1 or 2
+        c_w = tl.load(cw + i_nh * P + s).to(tl.int64)  # `warmup_start`, from launch 1
         t_w = tl.where(c_w < 0, bos, bos + c_w * BT)
         from_start = c_w < 0
     else:
@@ -571,18 +538,15 @@ def run_split(
         raise ValueError(f"{OP}: segments must be ≥ 1, got {P}")
     wcfg = walk_config(q.device) if config is None else config
     tma = T > 0 and tma_eligible(wcfg, q, k, v)
-    # launch 1 stores the chunk bounds only for keys it does not normalise (with normalised keys
-    # the gates give them: `chunk_bounds`); they cost it 14% at B1 T32768 on the H200.  With
-    # normalised keys launch 1 also finds the segments' warm-up starts (its first N·HV·P
-    # programs), so launch 2 runs only for keys it does not normalise: one launch fewer, ~5 µs
-    # of host time a call on the H200's host (docs/performance.md, "Host time per chunked call").
-    # Unsplit calls (P = 1) keep launch 1 without those programs.
+    # launch 1's first N·HV·P programs find the segments' warm-up starts (two launches a call:
+    # docs/performance.md, "Host time per chunked call"); unsplit calls (P = 1) keep launch 1
+    # without those programs
     P_warm = P > 1
+    block = WARMUP_BLOCK if use_qk_l2norm else WARMUP_BLOCK_KEYS
     p = prepare(
-        q, k, v, g, beta, N, scale, cu_seqlens, use_qk_l2norm, output_final_state, True,
-        P_warm and not use_qk_l2norm, True,
+        q, k, v, g, beta, N, scale, cu_seqlens, use_qk_l2norm, output_final_state, True, True,
         extra=(((N * HV * P,), torch.int32) if P_warm else None,), rec=rec,
-        warmup_plan=(P, WARMUP_LOG_BOUND, WARMUP_BLOCK) if use_qk_l2norm and P_warm else None,
+        warmup_plan=(P, WARMUP_LOG_BOUND, block) if P_warm else None,
     )  # fmt: skip
     policy, cfg = p.policy, p.cfg
     walk_bv, walk_warps = walk_shape(wcfg, N * HV * cdiv(V, wcfg.fold_bv) * P, _sm_count(q.device))
@@ -592,13 +556,6 @@ def run_split(
     if P_warm:
         assert p.extra[0] is not None
         cw = p.extra[0]
-    if P_warm and not use_qk_l2norm:
-        assert p.lb is not None
-        plain_launch(
-            rec, _warmup_plan_kernel, (N * HV, P),
-            (p.lb, cw, p.cu, WARMUP_LOG_BOUND, T, p.NT, P),
-            dict(HV=HV, BT=BT, WB=WARMUP_BLOCK, IS_VARLEN=varlen, num_warps=4),
-        )  # fmt: skip
     walk_stages = pipeline_stages(wcfg, tma, BV, policy.state_dtype)
     # the descriptors need global scratch memory from Triton's allocator: ours for this launch,
     # unless the caller has set one (`delta_rule_plan.launch_with_scratch`)

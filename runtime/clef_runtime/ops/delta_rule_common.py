@@ -187,29 +187,41 @@ def seq_bounds(n, cu_seqlens, T, IS_VARLEN: tl.constexpr):
 
 @triton.jit
 def chunk_bounds(
-    idx, lb_p, g_p, beta_p, bos, eos, HV: tl.constexpr, BT: tl.constexpr, FROM_GATES: tl.constexpr
-):
+    idx, k_p, skt, g_p, beta_p, bos, eos,
+    HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr, NORMALISED: tl.constexpr,
+):  # fmt: skip
     """The log bounds of chunks `idx` (< 0: none, 0) of one sequence and value head, for the split
-    design's warm-up walks (`clef_runtime.ops.delta_rule_chunk_split`).  With L2-normalised keys
-    (FROM_GATES) |k̂|² ≤ 1, so |1 - β |k̂|²| ≤ max(1, |1 - β|): the bound is the chunk's
-    Σ (g + log max(1, |1 - β|)), from the gates alone (`g_p`, `beta_p`: the sequence's rows of g
-    and β, stride HV).  Otherwise launch 1 stored it with the keys' norms (`lb_p`, stride HV)."""
+    design's warm-up walks (`clef_runtime.ops.delta_rule_chunk_split`): each chunk's
+    Σ (g + log max(1, |1 - β |k|²|)) over its tokens (`g_p`, `beta_p`: the sequence's rows of g
+    and β, stride HV).  With L2-normalised keys (NORMALISED) |k̂|² ≤ 1, so the gates alone give
+    it (max(1, |1 - β|)); otherwise each key's |k|² comes from its row (`k_p`: the sequence's key
+    head, rows `skt` apart), 32 columns at a time."""
     live = idx >= 0
-    if FROM_GATES:
-        t = (bos + idx * BT)[:, None] + tl.arange(0, BT)[None, :]
-        m = live[:, None] & (t < eos)
-        gv = tl.load(g_p + t * HV, mask=m, other=0.0)
-        bt = tl.load(beta_p + t * HV, mask=m, other=0.0)
-        return tl.sum(gv + tl.log(tl.maximum(tl.abs(1.0 - bt), 1.0)), 1)
+    t = (bos + idx * BT)[:, None] + tl.arange(0, BT)[None, :]
+    m = live[:, None] & (t < eos)
+    gv = tl.load(g_p + t * HV, mask=m, other=0.0)
+    bt = tl.load(beta_p + t * HV, mask=m, other=0.0)
+    if NORMALISED:
+        grow = tl.maximum(tl.abs(1.0 - bt), 1.0)
     else:
-        return tl.load(lb_p + idx * HV, mask=live, other=0.0)
+        nk2 = gv * 0.0
+        for c0 in tl.static_range(0, BK, 32):
+            cols = c0 + tl.arange(0, 32)
+            kk = tl.load(
+                k_p + t[:, :, None] * skt + cols[None, None, :],
+                mask=m[:, :, None] & (cols < K)[None, None, :], other=0.0,
+            ).to(tl.float32)  # fmt: skip
+            nk2 += tl.sum(kk * kk, 2)
+        grow = tl.maximum(tl.abs(1.0 - bt * nk2), 1.0)
+    return tl.sum(gv + tl.log(grow), 1)
 
 
 # fmt: off
 @triton.jit
 def warmup_start(
-    lb_p, g_p, beta_p, c_lo, bos, eos, log_bound,
-    HV: tl.constexpr, BT: tl.constexpr, WB: tl.constexpr, FROM_GATES: tl.constexpr,
+    k_p, skt, g_p, beta_p, c_lo, bos, eos, log_bound,
+    HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr, WB: tl.constexpr,
+    NORMALISED: tl.constexpr,
 ):
     """The chunk a segment starting at chunk ``c_lo`` warms up from: the largest ``c_w < c_lo``
     whose chunks ``c_w .. c_lo - 1`` have log bounds (`chunk_bounds`) summing below
@@ -222,7 +234,7 @@ def warmup_start(
     hi = c_lo
     while hi > 0:  # (a while loop: the interpreter cannot take a runtime range bound)
         idx = hi - 1 - i
-        vals = chunk_bounds(idx, lb_p, g_p, beta_p, bos, eos, HV, BT, FROM_GATES)
+        vals = chunk_bounds(idx, k_p, skt, g_p, beta_p, bos, eos, HV, K, BK, BT, NORMALISED)
         cs = acc + tl.cumsum(vals, 0)  # cs[i]: the log bound of chunks idx[i] .. c_lo - 1
         first = tl.min(tl.where((cs < log_bound) & (idx >= 0), i, WB), 0)
         c_w = tl.where(first < WB, hi - 1 - first, c_w)

@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from clef_runtime.interpreter import interpreted
 from clef_runtime.ops._common import cdiv, check_cu_seqlens, check_runnable
 from clef_runtime.ops.delta_rule_common import (
     DotPolicy,
@@ -82,7 +83,6 @@ def _chunk_prepare_kernel(
     gc,
     kf,
     qf,
-    lb,
     cu_seqlens,
     scale,
     T,
@@ -112,7 +112,6 @@ def _chunk_prepare_kernel(
     SOLVE_BY_DOUBLING: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     L2NORM: tl.constexpr,
-    CHUNK_BOUND: tl.constexpr,
     CHUNK_DT: tl.constexpr,
     SOLVE_PRECISION: tl.constexpr,
     DOUBLING_PRECISION: tl.constexpr,
@@ -121,17 +120,18 @@ def _chunk_prepare_kernel(
     SOLVE_DT: tl.constexpr = tl.float32,
     WARMUP_PLAN: tl.constexpr = False,
     WB: tl.constexpr = 64,
+    FAST_EXP: tl.constexpr = False,
 ):
     # a 1-D grid, value heads fastest: the value heads of one key head (and of one chunk) run
     # side by side and share q and k through L2 (the chunk count stays off the 65535-limited
     # grid axes)
     pid = tl.program_id(0).to(tl.int64)
     if WARMUP_PLAN:
-        # the split design's segment starts, from the gates alone (L2-normalised keys): the first
-        # NW = N·HV·P programs each find where one segment of one sequence
-        # and value head warms up from (`delta_rule_common.warmup_start`), into cw, in place of
-        # a launch of their own (`delta_rule_chunk_split._warmup_plan_kernel`: a launch's host
-        # time); the chunks' programs follow
+        # the split design's segment starts: the first NW = N·HV·P programs each find where one
+        # segment of one sequence and value head warms up from (`delta_rule_common.warmup_start`:
+        # from the gates alone for keys this launch normalises, with the keys' norms otherwise),
+        # into cw, in place of a launch of their own (a launch's host time, and it would wait for
+        # this one); the chunks' programs follow
         if pid < NW:
             i_nh = pid // P
             s = pid % P
@@ -141,8 +141,10 @@ def _chunk_prepare_kernel(
             seg = tl.cdiv(tl.cdiv(eos - bos, BT), P)
             c_lo = tl.minimum(s * seg, tl.cdiv(eos - bos, BT))
             row = b_w * T * HV + hv_w
+            k_w = k + b_w * skb + (hv_w // (HV // H)) * K  # the value head's key head
             c_w = warmup_start(
-                g, g + row, beta + row, c_lo, bos, eos, warmup_log_bound, HV, BT, WB, True
+                k_w, skt, g + row, beta + row, c_lo, bos, eos, warmup_log_bound,
+                HV, K, BK, BT, WB, L2NORM,
             )  # fmt: skip
             tl.store(cw + pid, c_w.to(tl.int32))
             return
@@ -196,10 +198,9 @@ def _chunk_prepare_kernel(
         m = live[:, None] & (cols < K)[None, :]
         ks = tl.load(k + r[:, None] * skt + cols[None, :], mask=m, other=0.0)
         qs = tl.load(q + r[:, None] * sqt + cols[None, :], mask=m, other=0.0)
-        if L2NORM or CHUNK_BOUND:
+        if L2NORM:
             k32 = ks.to(tl.float32)
             ssk += tl.sum(k32 * k32, 1)
-        if L2NORM:
             q32 = qs.to(tl.float32)
             ssq += tl.sum(q32 * q32, 1)
         kst = tl.trans(ks.to(CHUNK_DT))
@@ -224,21 +225,25 @@ def _chunk_prepare_kernel(
         tl.store(u - tok0 * V + fd0 + r, tl.exp(G) * rk, mask=live)
     else:
         wf = bv * tl.exp(G) * rk  # w's row factors, β e^{G} / |k|
-    if CHUNK_BOUND:
-        # log of a bound on the norm of the chunk's state map, for the split design's warm-up
-        # walks: each token maps S to e^{g} (I - β k̂ k̂ᵀ) S, whose spectral norm is
-        # e^{g} max(1, |1 - β |k̂|²|); the chunk's map is their product.  One float per chunk
-        # and value head, at this program's index.
-        nk2 = ssk * rk * rk
-        grow = tl.log(tl.maximum(tl.abs(1.0 - bv * nk2), 1.0))
-        tl.store(lb + pid, gl + tl.sum(tl.where(live, grow, 0.0), 0))
 
     causal = r[:, None] >= r[None, :]
-    # e^{G_t - G_j} for j ≤ t (exponent ≤ 0); the upper triangle is zeroed before exp
-    decay = tl.where(causal, tl.exp(tl.where(causal, G[:, None] - G[None, :], 0.0)), 0.0)
+    # e^{G_t - G_j} / |k_j| for j ≤ t (exponent ≤ 0): the decay and the key norm both products
+    # below take
+    if FAST_EXP:
+        # 2^x by one MUFU.EX2, subnormal results flushed to zero (a decay below 2⁻¹²⁶ is zero
+        # for these sums); above the diagonal the exponent is positive and the result dropped
+        G2 = G * 1.4426950408889634
+        e2 = tl.inline_asm_elementwise(
+            "ex2.approx.ftz.f32 $0, $1;", "=r,r", [G2[:, None] - G2[None, :]],
+            dtype=tl.float32, is_pure=True, pack=1,
+        )  # fmt: skip
+        decay = tl.where(causal, e2, 0.0) * rk[None, :]
+    else:
+        # the upper triangle is zeroed before exp
+        decay = tl.where(causal, tl.exp(tl.where(causal, G[:, None] - G[None, :], 0.0)), 0.0) * rk[None, :]
 
     # Aqk = scale (q̂ k̂ᵀ ⊙ decay), causal with the diagonal: the in-chunk part of the output
-    a_qk = QK * (scale * rq)[:, None] * rk[None, :] * decay
+    a_qk = QK * (scale * rq)[:, None] * decay
     if ROUND_BF16:
         a_qk = rne_bf16(a_qk)
     tl.store(aqk + r[:, None] * (HV * BT) + r[None, :], a_qk.to(aqk.dtype.element_ty), mask=live[:, None])
@@ -248,10 +253,10 @@ def _chunk_prepare_kernel(
     if T_OUT:
         # the split design's walk takes T diag(β), so that its step loads no β.  Here `A` holds Λ
         # and β enters twice below: in the diagonal blocks N (by rows) and in D⁻¹ diag(β).
-        A = tl.where(strict, KK * rk[:, None] * rk[None, :] * decay, 0.0)
+        A = tl.where(strict, KK * rk[:, None] * decay, 0.0)
         N_src = A * bv[:, None]
     else:
-        A = tl.where(strict, KK * (bv * rk)[:, None] * rk[None, :] * decay, 0.0)
+        A = tl.where(strict, KK * (bv * rk)[:, None] * decay, 0.0)
         N_src = A
 
     # T = (I + A)⁻¹.  Split A = N + L into its 16×16 diagonal blocks N and the strictly
@@ -392,7 +397,6 @@ class Prepared:
     gc: torch.Tensor
     kf: torch.Tensor
     qf: torch.Tensor
-    lb: torch.Tensor | None  # per chunk slot and value head: log of a bound on the chunk's state map
     cu: torch.Tensor  # cu_seqlens, or an unused pointer when not varlen
     NT: int
     slots: int
@@ -422,19 +426,17 @@ def prepare(
     use_qk_l2norm: bool,
     output_final_state: bool,
     tc: bool,
-    chunk_bound: bool = False,
     t_out: bool = False,
     extra: tuple[Spec | None, ...] = (),
     rec: Recorder | None = None,
     warmup_plan: tuple[int, float, int] | None = None,
 ) -> Prepared:
     """Allocate the outputs and launch 1's intermediates, and run launch 1 (shared with
-    `clef_runtime.ops.delta_rule_chunk_split`; ``chunk_bound``: also the per-chunk log bounds
-    `Prepared.lb` its warm-up walks read; ``t_out``: `Prepared.w` holds each chunk's
+    `clef_runtime.ops.delta_rule_chunk_split`; ``t_out``: `Prepared.w` holds each chunk's
     ``T diag(β)`` ``[B, T, HV, BT]`` and `Prepared.u` the float32 factors ``e^{G} / |k|`` by chunk
     slot (as kf), from which that walk forms w and u; with ``warmup_plan`` = (P, log bound, chunks
-    a step back) its first N·HV·P programs also store each segment's warm-up start into the caller's first `extra` tensor, int32 [N·HV·P]: the split
-    design's segments, their bounds from the gates, so only for L2-normalised keys)."""
+    a step back) its first N·HV·P programs also store each segment's warm-up start (the split
+    design's segments) into the caller's first `extra` tensor, int32 [N·HV·P])."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     device = q.device
@@ -456,11 +458,10 @@ def prepare(
         ((B, HV, T), f32),  # gc
         (factor_rows, f32),  # kf
         (factor_rows, f32),  # qf
-        ((slots, HV), f32) if chunk_bound else None,  # lb
         *extra,
     )
     views = carve(specs, device, rec)
-    w, u, aqk, gc, kf, qf, lb = views[:7]
+    w, u, aqk, gc, kf, qf = views[:6]
     assert w is not None and u is not None and aqk is not None and gc is not None
     assert kf is not None and qf is not None
     cu = cu_seqlens if cu_seqlens is not None else gc  # an unused pointer when not varlen
@@ -468,14 +469,14 @@ def prepare(
     cfg = launch_config(K, V, q.dtype, tc)
     P, log_bound, wb = warmup_plan if warmup_plan is not None else (1, 0.0, 64)
     NW = N * HV * P if warmup_plan is not None else 0  # the warm-up programs ahead of the chunks'
-    cw = views[7] if NW else gc
+    cw = views[6] if NW else gc
     assert cw is not None
     if T > 0:
         # the first long kernel goes into the queue before the outputs are allocated
         plain_launch(
             rec, _chunk_prepare_kernel, (slots * HV + NW,),
             (
-                q, k, v, g, beta, w, u, aqk, gc, kf, qf, lb if lb is not None else gc, cu,
+                q, k, v, g, beta, w, u, aqk, gc, kf, qf, cu,
                 scale, T, NT, N,
                 q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                 cw, log_bound, NW, P,
@@ -483,11 +484,14 @@ def prepare(
             dict(
                 H=H, HV=HV, K=K, V=V, BK=cfg.BK, BVF=cfg.BVF, KS=cfg.KS, VS=cfg.VS,
                 BT=BT, BC=BC, LOG_BC=BC.bit_length() - 1, SOLVE_BY_DOUBLING=cfg.solve_by_doubling,
-                IS_VARLEN=cu_seqlens is not None, L2NORM=use_qk_l2norm, CHUNK_BOUND=chunk_bound,
+                IS_VARLEN=cu_seqlens is not None, L2NORM=use_qk_l2norm,
                 CHUNK_DT=policy.chunk_dtype, SOLVE_PRECISION=policy.solve_precision,
                 DOUBLING_PRECISION=doubling_precision(policy), SOLVE_DT=cfg.solve_dt,
                 ROUND_BF16=policy.round_bf16, T_OUT=t_out,
                 WARMUP_PLAN=warmup_plan is not None, WB=wb,
+                # the split design's launch 1 only: on the H100 the three-launch one (B1 T512) ran
+                # 2% slower with it, the split rows ~1% faster (docs/performance.md)
+                FAST_EXP=t_out and not interpreted(_chunk_prepare_kernel),
                 num_warps=cfg.warps1,
                 maxnreg=cfg.regs1_t if t_out else cfg.regs1,
             ),
@@ -496,4 +500,4 @@ def prepare(
     final = torch.empty(N, HV, K, V, dtype=torch.float32, device=device) if output_final_state else None
     if rec is not None:
         rec.outputs(o, final)
-    return Prepared(o, final, w, u, aqk, gc, kf, qf, lb, cu, NT, slots, NS, policy, cfg, tuple(views[7:]))
+    return Prepared(o, final, w, u, aqk, gc, kf, qf, cu, NT, slots, NS, policy, cfg, tuple(views[6:]))
