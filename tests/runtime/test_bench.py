@@ -5,6 +5,7 @@ CPU refusal, and one cheap row end to end under the Triton interpreter."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from clef_runtime.bench import add_bench_parser, run_bench_command
+from clef_runtime.bench import add_bench_parser, measure, run_bench_command
 from clef_runtime.bench.command import CPU_REFUSAL, Options
 from clef_runtime.bench.fla_peer import FlaPeer
 from clef_runtime.bench.floors import (
@@ -33,7 +34,7 @@ from clef_runtime.bench.floors import (
     projection_params,
     recurrent_floor,
 )
-from clef_runtime.bench.measure import Env, bench_row
+from clef_runtime.bench.measure import Env, bench_row, single_calls
 from clef_runtime.bench.report import ImplResult, RowResult, fmt_time, number_notes, table_lines
 from clef_runtime.bench.rows import ROWS, Context, Impl, Row, Setup, Tensors, rotation_sets, select_rows
 from clef_runtime.bench.timing import Budget, Stats, paired_ratios, time_rounds
@@ -337,7 +338,7 @@ def test_table() -> None:
     lines = table_lines(rows, copy_bw, per_row)
     assert lines[0].split() == [
         "row", "case", "mode", "floor", "clef", "FLA", "FLA/clef", "clef", "BW", "FLA", "BW",
-        "clef", "TF/s", "FLA", "TF/s", "notes",
+        "clef", "TF/s", "FLA", "TF/s", "host", "µs/call", "notes",
     ]  # fmt: skip
     chunk, rec, bad = lines[1:]
     # spread of (0.99, 1, 1.01) ms: p10 0.992, p90 1.008 -> 1.6%
@@ -350,6 +351,22 @@ def test_table() -> None:
     ratio_end = lines[0].index("FLA/clef") + len("FLA/clef")
     assert chunk.index("2.00x") + len("2.00x") == ratio_end
     assert rec[ratio_end - 1] == "-" and bad[ratio_end - 1] == "-"
+
+
+def test_host_time_per_call_in_eager_and_idle_rows_only() -> None:
+    """The host column: clef / FLA / each peer's enqueue time per call where calls were launched
+    eagerly (back to back or from idle), "-" for one with no time, blank for graph replays."""
+    r = RowResult("chunk_x", "op", "B1 T8", chunk_floor(SMALL, 1, 8, BF16))
+    r.clef = ImplResult("clef", Stats((1e-3, 1e-3), (160e-6, 164e-6)))
+    r.fla = ImplResult("fla", na="not loaded (--no-fla)")
+    r.peers["flashqla"] = ImplResult("flashqla", Stats((2e-3,), (297.3e-6,)))
+    for mode in ("eager", "idle"):
+        r.mode = mode
+        header, line = table_lines([r], 1e9)
+        assert "host µs/call" in header and "162.0 / - / 297.3" in line
+    r.mode = "graph"
+    header, line = table_lines([r], 1e9)
+    assert "162.0" not in line and "297.3" not in line
 
 
 def test_the_order_rotates_every_sample() -> None:
@@ -468,6 +485,30 @@ def test_peers_are_checked_against_fla_and_timed_or_dropped() -> None:
     assert "clef-split" in lines[0] and "clef-split/clef" in lines[0]
 
 
+def test_idle_mode_timessingle_calls_a_sample(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--mode idle times one call a sample (each from an idle GPU on CUDA), the calls taking the
+    rotation sets in turn; eager times a round over every set."""
+    seen: list[int] = []
+    go = single_calls(
+        lambda s: seen.append(int(s["i"])) or s, [{"i": torch.tensor(0)}, {"i": torch.tensor(1)}]
+    )
+    for _ in range(3):
+        go()
+    assert seen == [0, 1, 0]
+    timed: list[list[int]] = []
+
+    def recording(rounds: object, calls: list[int], *args: object, **kw: object) -> object:
+        timed.append(list(calls))
+        return time_rounds(rounds, calls, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(measure, "time_rounds", recording)
+    for mode, calls in (("idle", [1, 1]), ("eager", [2, 2])):
+        row, ctx, env = _fake_row(2.0)
+        res = bench_row(row, ctx, dataclasses.replace(env, mode=mode))
+        assert res.status == "ok" and res.clef.stats is not None and len(res.clef.stats.samples) == 2
+        assert timed.pop() == calls
+
+
 def test_a_non_finite_output_gets_no_number() -> None:
     res = bench_row(*_fake_row(2.0, clef_nan=True))
     assert res.status == "invalid" and res.clef.stats is None
@@ -558,6 +599,22 @@ def test_cuda_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         assert r["clef"]["median_s"] > 0 and r["rotation_sets"] >= 8
     assert by_name["recurrent_b1"]["mode"] == "graph"
     assert by_name["layer_core_decode_b1_graph"]["mode"] == "graph"
+
+
+@pytest.mark.gpu
+def test_cuda_idle_mode(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--mode idle on CUDA: every call alone from an idle GPU, its host enqueue time recorded; a
+    lone small call then costs at least what the host takes to launch it."""
+    out = tmp_path / "bench.json"
+    argv = ("--quick", "--seconds", "0.05", "--rows", "gdn_gating", "--mode", "idle", "--json", str(out))
+    rc = run_bench_command(parse(*argv))
+    captured = capsys.readouterr()
+    assert rc == 0, captured.out + captured.err
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["status"] == "ok" and row["mode"] == "idle"
+    clef = row["clef"]
+    assert clef["samples"] >= 5 and clef["host_enqueue_s"] > 0
+    assert "host µs/call" in captured.out
 
 
 @pytest.mark.gpu

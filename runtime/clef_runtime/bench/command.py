@@ -88,10 +88,12 @@ def add_bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     )
     p.add_argument(
         "--mode",
-        choices=("auto", "eager", "graph"),
+        choices=("auto", "eager", "graph", "idle"),
         default="auto",
         help="auto (default): graph rows and decode rows replay a CUDA graph, the others launch "
-        "eagerly unless that turns out host-bound; eager/graph: force one for every row",
+        "eagerly unless that turns out host-bound; eager/graph: force one for every row (eager: "
+        "calls back to back); idle: every call alone from an idle GPU (a sync, events around one "
+        "call: the GPU's wait on the host included)",
     )
     p.add_argument("--seconds", type=float, help="sampling time per row (default 1.0; --quick 0.2)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
@@ -434,7 +436,8 @@ def _header(
         f"copy, median of {len(copy.stats.samples)}, spread {100 * copy.stats.spread:.1f}%)",
         "times: median per call ± (p90-p10)/median; floor: byte floor / copy BW; BW: share of copy BW; "
         "FLA/clef (X/clef) > 1: clef faster, as the ratio of the medians (in brackets: p10-p90 of the "
-        "ratios of samples taken side by side)",
+        "ratios of samples taken side by side); host µs/call: the host's enqueue time per call in "
+        "eager and idle modes (clef / FLA / each peer)",
     ]
     if tiny:
         lines.append("TINY SHAPES ON THE CPU (Triton interpreter, host clock): these numbers mean nothing")

@@ -6,6 +6,7 @@ time the implementations interleaved.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -76,6 +77,16 @@ def _round(run: Callable[[Tensors], Tensors], sets: list[Tensors]) -> Round:
     return go
 
 
+def single_calls(run: Callable[[Tensors], Tensors], sets: list[Tensors]) -> Round:
+    """One call a round, on the next of `sets` each time (mode idle)."""
+    turn = itertools.cycle(sets)
+
+    def go() -> None:
+        run(next(turn))
+
+    return go
+
+
 def _time(
     rounds: list[Round], calls: list[int], env: Env, row: Row, names: list[str]
 ) -> tuple[str, list[Stats], list[str]]:
@@ -83,6 +94,8 @@ def _time(
     notes: list[str] = []
     if env.device.type != "cuda":
         return "host", time_rounds(rounds, calls, env.device, env.budget), notes
+    if env.mode == "idle":
+        return "idle", time_rounds(rounds, calls, env.device, env.budget, idle=True), notes
     graph = env.mode == "graph" or (env.mode == "auto" and row.graph)
     bound: list[str] = []
     if env.mode == "auto" and not row.graph:
@@ -256,6 +269,9 @@ def _timed(
         for r in rounds:
             r()
     synchronize(env.device)
+    if env.mode == "idle":  # one call a sample, each from an idle GPU
+        rounds = [single_calls(i.run, prepared[i.name]) for i in impls]
+        calls = [1] * len(impls)
     try:
         mode, stats, timing_notes = _time(rounds, calls, env, row, names)
     except Exception as e:

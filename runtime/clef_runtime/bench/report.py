@@ -59,7 +59,9 @@ class RowResult:
     floor: Floor
     show_tflops: bool = False
     status: str = "ok"  # ok | mismatch | invalid | error
-    mode: str = "-"  # eager | graph | graph* (switched: eager was host-bound) | host (CPU)
+    # eager (back to back) | idle (each call from an idle GPU) | graph | graph* (switched: eager
+    # was host-bound) | host (CPU)
+    mode: str = "-"
     rotation: int = 0
     set_bytes: int = 0
     seconds: float = 0.0
@@ -194,6 +196,18 @@ def _ratio_cell(r: float | None, paired: Stats | None = None) -> str:
     return f"{r:.2f}x ({paired.p10:.2f}-{paired.p90:.2f})"
 
 
+def _host_cell(row: RowResult, impls: Sequence[ImplResult | None]) -> str:
+    """The host's enqueue time per call of each of `impls` ("162.0 / 297.3"), for rows launched
+    eagerly (back to back or from idle); "-" for one without a time, blank for other modes."""
+    if row.mode not in ("eager", "idle"):
+        return ""
+    cells = []
+    for i in impls:
+        h = None if i is None or i.stats is None else i.stats.host_median
+        cells.append("-" if h is None else f"{h * 1e6:.1f}")
+    return " / ".join(cells)
+
+
 def _tflops_cell(row: RowResult, impl: ImplResult) -> str:
     if not row.show_tflops:
         return ""
@@ -213,9 +227,10 @@ HEADER = (
     "FLA BW",
     "clef TF/s",
     "FLA TF/s",
+    "host µs/call",
     "notes",
 )
-RIGHT = {"floor", "clef", "FLA", "FLA/clef", "clef BW", "FLA BW", "clef TF/s", "FLA TF/s"}
+RIGHT = {"floor", "clef", "FLA", "FLA/clef", "clef BW", "FLA BW", "clef TF/s", "FLA TF/s", "host µs/call"}
 
 
 def number_notes(rows: Sequence[RowResult]) -> tuple[list[str], dict[str, list[int]]]:
@@ -238,7 +253,7 @@ def table_lines(
     """The aligned table: one line per row; times are medians with the (p90 - p10)/median spread;
     ratios are of the medians, with the p10-p90 of the pair-by-pair ratios where the samples
     were interleaved in pairs (`paired_ratios`); BW is the share of the measured copy bandwidth
-    at the byte floor.  Peers (FlashQLA, clef's split design) get a time and a ratio column
+    at the byte floor; host µs/call the enqueue time of clef, FLA and each peer.  Peers (FlashQLA, clef's split design) get a time and a ratio column
     each, when any row has them."""
     peer_names: list[str] = []
     for r in rows:
@@ -268,6 +283,7 @@ def table_lines(
                 fmt_pct(r.share(r.fla, copy_bw)),
                 _tflops_cell(r, r.clef),
                 _tflops_cell(r, r.fla),
+                _host_cell(r, [r.clef, r.fla, *(r.peers.get(n) for n in peer_names)]),
                 *peer_cells,
                 ",".join(str(n) for n in nums),
             )

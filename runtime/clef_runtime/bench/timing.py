@@ -122,12 +122,14 @@ def time_rounds(
     calls: Sequence[int],
     device: torch.device,
     budget: Budget,
+    idle: bool = False,
 ) -> list[Stats]:
     """Time ``rounds[i]`` (``calls[i]`` calls each), interleaved, and return per-call stats.  The
     order rotates every sample (sample j starts with round j mod n): the round after another
     starts behind its queued kernels, the first after a sync from an idle GPU, and a fixed order
     would give one implementation the idle start every time (its host time hidden behind the
-    others' kernels, or theirs behind its own)."""
+    others' kernels, or theirs behind its own).  With ``idle`` every round starts from an idle
+    GPU (a sync before it): its events then also count the time the GPU waits on the host."""
     n = len(rounds)
     dev: list[list[float]] = [[] for _ in range(n)]
     host: list[list[float]] = [[] for _ in range(n)]
@@ -143,6 +145,8 @@ def time_rounds(
                     fn = rounds[i]
                     start = torch.cuda.Event(enable_timing=True)
                     end = torch.cuda.Event(enable_timing=True)
+                    if idle:
+                        torch.cuda.synchronize(device)
                     h0 = time.perf_counter()
                     start.record()
                     fn()
