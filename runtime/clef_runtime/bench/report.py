@@ -253,8 +253,8 @@ def table_lines(
     """The aligned table: one line per row; times are medians with the (p90 - p10)/median spread;
     ratios are of the medians, with the p10-p90 of the pair-by-pair ratios where the samples
     were interleaved in pairs (`paired_ratios`); BW is the share of the measured copy bandwidth
-    at the byte floor; host µs/call the enqueue time of clef, FLA and each peer.  Peers (FlashQLA, clef's split design) get a time and a ratio column
-    each, when any row has them."""
+    at the byte floor; host µs/call the enqueue time of clef, FLA and each peer.  Peers
+    (FlashQLA, clef's split design) get a time and a ratio column each, when any row has them."""
     peer_names: list[str] = []
     for r in rows:
         peer_names += [n for n in r.peers if n not in peer_names]
