@@ -6,7 +6,8 @@ CPU tier: small shapes under ``TRITON_INTERPRET=1``, with more segments than a s
 chunks (empty segments), uneven segments, varlen with empty sequences, an initial state, and
 one segment (the plain fused recurrence); warm-ups cut short by fast decay, warm-ups that must
 reach the sequence start (no decay; keys with β|k|² > 2), and a decay slow enough that a
-warm-up cut too early fails.  GPU tier: the Qwen3.5 shapes.
+warm-up cut too early fails; launch 1's warm-up starts per value head, key head and packed
+sequence.  GPU tier: the Qwen3.5 shapes.
 """
 
 from __future__ import annotations
@@ -167,27 +168,38 @@ def keys_of_norms(rng: torch.Generator, T: int, norms: list[float]) -> torch.Ten
 
 
 def check_starts_per_head(
-    rng: torch.Generator, device: torch.device, k: torch.Tensor, beta: torch.Tensor, starts: list[list[int]]
+    rng: torch.Generator,
+    device: torch.device,
+    k: torch.Tensor,
+    beta: torch.Tensor,
+    starts: list[list[int]],
+    lens: list[int] | None = None,
 ) -> None:
-    """Un-normalised keys `k`, gates β per value head (rows of `beta`) against g ≈ -0.7, P = 4:
-    the warm-up starts launch 1 stores, per value head at its place, are `starts` (and the
-    float64 rule's), and the split's output matches the reference.  A start stored at another
-    head's place could still give right outputs by luck, hence both checks."""
+    """Un-normalised keys `k`, gates β per value head (rows of `beta`) against g ≈ -0.7, in
+    `len(starts[0])` segments, one sequence or packed ones of `lens` tokens (whole chunks): the
+    warm-up starts launch 1 stores per (sequence, value head), each at its place, are `starts`
+    (and the float64 rule's), and the split's output matches the reference.  A start stored at
+    another head's place could still give right outputs by luck, hence both checks."""
     T, HV, P = k.shape[1], beta.shape[0], len(starts[0])
+    lens = lens or [T]
+    assert sum(lens) == T and all(n % BT == 0 for n in lens)
+    N, cu = len(lens), packed_cu_seqlens(lens, device) if lens != [T] else None
     q, _, v, _, _ = gdn_inputs(rng, device, torch.bfloat16, B=1, T=T, H=k.shape[2], HV=HV, K=32, V=32)
     k = k.to(device)
     g = (-0.72 + 0.04 * torch.rand(1, T, HV, generator=rng)).to(device)
     beta = beta.T[None].expand(1, T, HV).contiguous().to(device)
     bounds = chunk_log_bounds(k, g, beta, l2norm=False)[0]
-    assert [[-1, *warmup_starts(bounds[:, h], P)] for h in range(HV)] == starts
+    first = [sum(lens[:n]) // BT for n in range(N + 1)]  # each sequence's chunks
+    rule = [[-1, *warmup_starts(bounds[first[n] : first[n + 1], h], P)] for n in range(N) for h in range(HV)]
+    assert rule == starts
     p = prepare(
-        q, k, v, g, beta, 1, 32**-0.5, None, False, False, True, True,
-        extra=(((HV * P,), torch.int32),), warmup_plan=(P, WARMUP_LOG_BOUND, WARMUP_BLOCK_KEYS),
+        q, k, v, g, beta, N, 32**-0.5, cu, False, False, True, True,
+        extra=(((N * HV * P,), torch.int32),), warmup_plan=(P, WARMUP_LOG_BOUND, WARMUP_BLOCK_KEYS),
     )  # fmt: skip
     assert p.extra[0] is not None
-    assert p.extra[0].view(HV, P).tolist() == starts
-    h0 = 0.1 * torch.randn(1, HV, 32, 32, generator=rng).to(device)
-    kw = dict(initial_state=h0, output_final_state=True, use_qk_l2norm=False)
+    assert p.extra[0].view(N * HV, P).tolist() == starts
+    h0 = 0.1 * torch.randn(N, HV, 32, 32, generator=rng).to(device)
+    kw = dict(initial_state=h0, output_final_state=True, use_qk_l2norm=False, cu_seqlens=cu)
     o, ht = chunk_gated_delta_rule_split(q, k, v, g, beta, segments=P, **kw)  # type: ignore[arg-type]
     ro, rht = ref.chunk_gated_delta_rule(q, k, v, g, beta, **kw)  # type: ignore[arg-type]
     tol = tolerance(OP, "bf16")
@@ -213,6 +225,15 @@ def test_warmup_bounds_per_key_head(rng: torch.Generator, device: torch.device) 
     this test."""
     k = keys_of_norms(rng, 512, [1.0, 3**0.5])
     check_starts_per_head(rng, device, k, torch.tensor([[1.0], [1.0]]), [[-1, 1, 3, 5], [-1, -1, -1, -1]])
+
+
+def test_warmup_bounds_per_packed_sequence(rng: torch.Generator, device: torch.device) -> None:
+    """Two packed sequences of 256 tokens, two segments each, β = 1: the first's keys are unit
+    vectors (its second segment warms up from the chunk before it), the second's have |k|² = 3
+    (it must walk back to its start).  A plan reading the second sequence's keys from the first's
+    rows (the offset from its start lost) fails this test."""
+    k = torch.cat([keys_of_norms(rng, 256, [1.0]), keys_of_norms(rng, 256, [3**0.5])], dim=1)
+    check_starts_per_head(rng, device, k, torch.tensor([[1.0]]), [[-1, 1], [-1, -1]], lens=[256, 256])
 
 
 def test_warmup_varlen_with_empty_and_short_sequences(rng: torch.Generator, device: torch.device) -> None:
