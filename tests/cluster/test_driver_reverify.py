@@ -136,8 +136,7 @@ def test_a_node_whose_driver_changes_is_verified_before_a_new_pod_of_the_model_l
             lambda: m.describe(NAME),
         )
         took = time.monotonic() - changed
-        pods.check()
-        changes = pods.snapshot()
+        changes = pods.caught_up()
     finally:
         pods.stop()
 

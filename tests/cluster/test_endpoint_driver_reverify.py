@@ -152,8 +152,7 @@ def test_a_new_pod_on_a_new_driver_serves_only_after_it_was_verified_in_place(se
             lambda: m.describe(NAME),
         )
         took = time.monotonic() - scaled
-        pods.check()
-        changes = pods.snapshot()
+        changes = pods.caught_up()
     finally:
         pods.stop()
 

@@ -125,7 +125,7 @@ def story(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 def _probe_counts(story: Story) -> dict[str, int]:
     """Finished probes per pod UID, over every probe Job the namespace had."""
     done: dict[str, str] = {}
-    for change in story.probes.snapshot():
+    for change in story.probes.caught_up():
         job = change.obj
         conditions = {c.type: c.status for c in (job.status.conditions or [])} if job.status else {}
         if conditions.get("Complete") == "True" or conditions.get("Failed") == "True":
@@ -235,7 +235,7 @@ def test_no_probe_goes_through_a_service(story: Story) -> None:
     addresses = {s.spec.cluster_ip for s in services} | {s.metadata.name for s in services}
     pods = {p.metadata.uid: p for p in story.serving_pods()}
     asked: dict[str, str] = {}
-    for change in story.probes.snapshot():
+    for change in story.probes.caught_up():
         job = change.obj
         argv = job.spec.template.spec.containers[0].command
         url = argv[argv.index("--url") + 1]

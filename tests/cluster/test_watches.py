@@ -51,6 +51,23 @@ def test_job_watch_sees_a_job_that_no_longer_exists(cluster: Cluster, namespace:
     assert jobs.initial == []
 
 
+def test_caught_up_holds_every_change_a_list_already_shows(cluster: Cluster, namespace: str) -> None:
+    # The watch lags the API server: a change the create call has returned from (or a list
+    # already shows) may not have arrived yet.  caught_up() waits for it; snapshot() need not.
+    cluster.batch.create_namespaced_job(
+        namespace, verification_job("before", RUNTIME_IMAGE, python_command("pass"))
+    )
+    with GaplessWatch(cluster.batch.list_namespaced_job, namespace) as jobs:
+        cluster.batch.create_namespaced_job(
+            namespace, verification_job("after", RUNTIME_IMAGE, python_command("pass"))
+        )
+        assert ("ADDED", "after") in [(c.type, c.name) for c in jobs.caught_up()]
+        cluster.batch.delete_namespaced_job("before", namespace, propagation_policy="Background")
+        wait_for(lambda: "before" not in {j.metadata.name for j in cluster.batch.list_namespaced_job(namespace).items},
+                 60, "the Job gone from a list")  # fmt: skip
+        assert ("DELETED", "before") in [(c.type, c.name) for c in jobs.caught_up()]
+
+
 def test_a_watch_the_server_refuses_fails_instead_of_relisting(cluster: Cluster, namespace: str) -> None:
     # The server refuses a watch it cannot serve: 410 Gone for a resourceVersion compacted away
     # (which a young cluster, not compacted yet, still serves), 400 for one that is no version at

@@ -6,6 +6,10 @@ list's resourceVersion: the API server sends every change after it, in order, an
 times out resumes from the last resourceVersion it saw (bookmarks included), which loses nothing.
 Where the server cannot resume (410 Gone: the history was compacted) or the stream breaks, the
 watch records the error and `check()` fails the test: re-listing would silently hide the gap.
+
+A watch lags the API server a little.  A test that judged a state through a list or a get and then
+reads the watch's changes may read them before the events that made that state arrived; it calls
+`caught_up()` instead of `snapshot()` (leaving the `with` does so too).
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ class GaplessWatch:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
 
     def start(self, from_version: str | None = None) -> GaplessWatch:
         """List, then watch from the list's resourceVersion (or `from_version`: the test of this
@@ -93,17 +98,52 @@ class GaplessWatch:
                 ):
                     if event["type"] != "BOOKMARK":
                         obj = event["object"]
-                        with self._lock:
+                        with self._changed:
                             self.changes.append(Change(event["type"], obj, resource_version(obj)))
+                            self._changed.notify_all()
                 # The events and bookmarks of this request moved it on; the next resumes there.
                 self._version = w.resource_version or self._version
             except Exception as e:  # any failure to watch fails the test (check)
-                self.errors.append(f"{type(e).__name__}: {e}")
+                with self._changed:
+                    self.errors.append(f"{type(e).__name__}: {e}")
+                    self._changed.notify_all()
                 return
 
     def snapshot(self) -> list[Change]:
         with self._lock:
             return list(self.changes)
+
+    def caught_up(self, timeout: float = 30) -> list[Change]:
+        """The changes, once the watch has delivered every change made before this call.
+
+        Lists now, and waits until the watch's own view agrees with the list: every listed object
+        seen at its listed resourceVersion or later, and every object the watch still holds that
+        the list lacks deleted (or created after the list).  Fails if the watch breaks or has not
+        caught up within `timeout` seconds."""
+        listed = self.list_fn(*self.args, **self.kwargs)
+        if isinstance(listed, dict):
+            items, version = listed["items"], int(listed["metadata"]["resourceVersion"])
+        else:
+            items, version = listed.items, int(listed.metadata.resource_version)
+        wanted = {str(_metadata(o)["name"]): resource_version(o) for o in items}
+        with self._changed:
+            self._changed.wait_for(lambda: self.errors or not self._behind(wanted, version), timeout)
+            behind = self._behind(wanted, version)
+        self.check()
+        assert not behind, f"the watch has not caught up with a list at {version} in {timeout} s: {behind}"
+        return self.snapshot()
+
+    def _behind(self, wanted: dict[str, int], version: int) -> list[str]:
+        """What the changes so far lack against a list at `version` that held `wanted` (name ->
+        resourceVersion).  Called holding the lock."""
+        newest = {str(_metadata(o)["name"]): resource_version(o) for o in self.initial}
+        held = set(newest)
+        for c in self.changes:
+            newest[c.name] = max(newest.get(c.name, 0), c.resource_version)
+            (held.discard if c.type == "DELETED" else held.add)(c.name)
+        late = [f"{n} at {v}" for n, v in wanted.items() if newest.get(n, 0) < v]
+        undeleted = [f"{n} deleted" for n in held - set(wanted) if newest[n] <= version]
+        return late + undeleted
 
     def stop(self) -> None:
         self._stop.set()
@@ -121,7 +161,11 @@ class GaplessWatch:
         return self.start()
 
     def __exit__(self, exc_type: object, *_: object) -> None:
-        self.stop()
+        try:
+            if exc_type is None:
+                self.caught_up()
+        finally:
+            self.stop()
         if exc_type is None:
             self.check()
 
