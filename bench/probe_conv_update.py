@@ -1,7 +1,7 @@
-"""Decode conv launch shapes (`conv.UpdateConfig`) timed and checked, against a copy of the same bytes.
+"""Decode conv launch shapes (`UpdateConfig`) timed and checked, against a copy of the same bytes.
 
 `causal_conv1d_update` at B256 (and B1), bf16, D = 8192, W = 4, one new token: the tree's kernel
-over `UpdateConfig` variants, the kernel of an older tree (``OLD=path/to/conv.py``, optional),
+over `conv_update.UpdateConfig` variants, the kernel of an older tree (``OLD=path/to/conv_update.py``, optional),
 FLA's (when importable), and a Triton kernel that only copies as many bytes as the update moves
 (16-byte loads and stores, 2048 bytes a program), which is the practical ceiling at this size.
 
@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from clef_runtime.ops import conv
+from clef_runtime.ops import conv_update as conv
 from clef_runtime.reference import conv as ref
 
 D, W, SETS, REPLAYS, ROUNDS = 8192, 4, 8, 20, 7

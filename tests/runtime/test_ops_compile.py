@@ -58,7 +58,7 @@ def compile_variant(kernel, types, consts, arch, num_warps, num_stages, div16, m
 """
 
 _OPS_BODY = r"""
-from clef_runtime.ops import conv, delta_rule_recurrent as rec, gating, norm
+from clef_runtime.ops import conv, conv_update, delta_rule_recurrent as rec, gating, norm
 
 DIV16 = {"D", "stride_xb", "stride_xt", "stride_init_n", "stride_pool", "HV", "K", "V"}
 
@@ -83,7 +83,7 @@ def variants(dt, full):
          dict(conv_flags, SEARCH_STEPS=4, CHUNK_T=32, BLOCK_D=512, SKIP_HEAD=True), 4),
         ("causal_conv1d edges", conv._conv_edges_kernel, edges,
          dict(conv_flags, BLOCK_D=256, BLOCK_K=4, HAS_INIT=True, WRITE_FINAL=True), 4),
-        ("causal_conv1d_update", conv._conv_update_kernel, upd,
+        ("causal_conv1d_update", conv_update._conv_update_kernel, upd,
          dict(T_NEW=1, W=4, CPT=8, THREADS=32, SV=4, WV=4, HAS_BIAS=True, HAS_INDICES=True, ACT_SILU=True), 1),
         ("gdn_gating", gating._gdn_gating_kernel, gate, dict(BLOCK_M=128, BLOCK_H=32), 4),
         ("l2norm", gating._l2norm_kernel, l2, dict(BLOCK_M=32, BLOCK_K=128), 4),
@@ -98,10 +98,10 @@ def variants(dt, full):
              dict(conv_flags, IS_VARLEN=False, SEARCH_STEPS=4, CHUNK_T=32, BLOCK_D=512, SKIP_HEAD=False), 4),
             ("causal_conv1d edges, dense", conv._conv_edges_kernel, edges,
              dict(conv_flags, IS_VARLEN=False, BLOCK_D=256, BLOCK_K=4, HAS_INIT=True, WRITE_FINAL=False), 4),
-            ("causal_conv1d_update T_new=5", conv._conv_update_kernel, upd,
+            ("causal_conv1d_update T_new=5", conv_update._conv_update_kernel, upd,
              dict(T_NEW=5, W=4, CPT=8, THREADS=32, SV=4, WV=4, HAS_BIAS=False, HAS_INDICES=False,
                   ACT_SILU=False), 1),
-            ("causal_conv1d_update two channels a thread", conv._conv_update_kernel, upd,
+            ("causal_conv1d_update two channels a thread", conv_update._conv_update_kernel, upd,
              dict(T_NEW=1, W=4, CPT=2, THREADS=64, SV=4, WV=4, HAS_BIAS=True, HAS_INDICES=True, ACT_SILU=True), 2),
             ("gated_rmsnorm gated_norm_no_gate", norm._gated_rmsnorm_kernel, gn,
              dict(BLOCK_M=32, BLOCK_V=128, FAULT_NO_GATE=True), 4),

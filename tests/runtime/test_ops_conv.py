@@ -15,7 +15,8 @@ from devices import where_values_are_checked
 
 from clef_runtime import compare
 from clef_runtime.faults import ENV_VAR, UnknownFaultError
-from clef_runtime.ops.conv import causal_conv1d, causal_conv1d_update
+from clef_runtime.ops.conv import causal_conv1d
+from clef_runtime.ops.conv_update import causal_conv1d_update
 from clef_runtime.opset import get_opset
 from clef_runtime.reference import conv as ref
 from clef_runtime.tolerances import tolerance

@@ -11,7 +11,8 @@ import functools
 from types import SimpleNamespace
 
 from clef_runtime.interpreter import interpreting, patch_language_once_per_launch, round_bf16_like_gpus
-from clef_runtime.ops.conv import causal_conv1d, causal_conv1d_update
+from clef_runtime.ops.conv import causal_conv1d
+from clef_runtime.ops.conv_update import causal_conv1d_update
 from clef_runtime.ops.delta_rule_chunk import chunk_gated_delta_rule
 from clef_runtime.ops.delta_rule_recurrent import fused_recurrent_gated_delta_rule
 from clef_runtime.ops.gating import gdn_gating, l2norm

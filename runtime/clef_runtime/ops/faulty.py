@@ -18,7 +18,7 @@ from types import SimpleNamespace
 
 import torch
 
-from clef_runtime.ops import conv, delta_rule_chunk, delta_rule_recurrent, gating, norm
+from clef_runtime.ops import conv, conv_update, delta_rule_chunk, delta_rule_recurrent, gating, norm
 
 
 def key_band(qkv_split: tuple[int, int, int] | None) -> tuple[int, int]:
@@ -60,7 +60,7 @@ def _conv_state_not_advanced() -> dict[str, object]:
         **kw: object,
     ) -> torch.Tensor:
         before = conv_state.clone()
-        y = conv.causal_conv1d_update(x, conv_state, weight, bias, **kw)  # type: ignore[arg-type]
+        y = conv_update.causal_conv1d_update(x, conv_state, weight, bias, **kw)  # type: ignore[arg-type]
         conv_state.copy_(before)  # read, never shifted
         return y
 
