@@ -121,6 +121,7 @@ def _chunk_prepare_kernel(
     WARMUP_PLAN: tl.constexpr = False,
     WB: tl.constexpr = 64,
     FAST_EXP: tl.constexpr = False,
+    NORM_FROM_GRAM: tl.constexpr = False,
 ):
     # a 1-D grid, value heads fastest: the value heads of one key head (and of one chunk) run
     # side by side and share q and k through L2 (the chunk count stays off the 65535-limited
@@ -193,12 +194,13 @@ def _chunk_prepare_kernel(
     KK = tl.zeros([BT, BT], dtype=tl.float32)
     ssq = tl.zeros([BT], dtype=tl.float32)
     ssk = tl.zeros([BT], dtype=tl.float32)
+    diag = r[:, None] == r[None, :]
     for c0 in tl.static_range(0, BK, KS):
         cols = c0 + tl.arange(0, KS)
         m = live[:, None] & (cols < K)[None, :]
         ks = tl.load(k + r[:, None] * skt + cols[None, :], mask=m, other=0.0)
         qs = tl.load(q + r[:, None] * sqt + cols[None, :], mask=m, other=0.0)
-        if L2NORM:
+        if L2NORM and not NORM_FROM_GRAM:
             k32 = ks.to(tl.float32)
             ssk += tl.sum(k32 * k32, 1)
             q32 = qs.to(tl.float32)
@@ -206,6 +208,15 @@ def _chunk_prepare_kernel(
         kst = tl.trans(ks.to(CHUNK_DT))
         KK = tl.dot(ks.to(CHUNK_DT), kst, KK, input_precision="ieee")
         QK = tl.dot(qs.to(CHUNK_DT), kst, QK, input_precision="ieee")
+        if L2NORM and NORM_FROM_GRAM:
+            # |q_t|² on the diagonal of q·qᵀ, a tensor-core dot in the Gram tiles' layout: the
+            # squares and row sums above take ~430 more instructions a program on sm_90, and a
+            # layout change of the sums (the dot's products of 16-bit values are exact in
+            # float32, like the squares)
+            QQ = tl.dot(qs.to(CHUNK_DT), tl.trans(qs.to(CHUNK_DT)), input_precision="ieee")
+            ssq += tl.sum(tl.where(diag, QQ, 0.0), 1)
+    if L2NORM and NORM_FROM_GRAM:
+        ssk = tl.sum(tl.where(diag, KK, 0.0), 1)  # |k_t|², likewise
     if L2NORM:  # the opset's l2norm: x * rsqrt(sum(x²) + 1e-6), in float32
         rk = tl.rsqrt(ssk + 1e-6)
         rq = tl.rsqrt(ssq + 1e-6)
@@ -492,6 +503,9 @@ def prepare(
                 # the split design's launch 1 only: on the H100 the three-launch one (B1 T512) ran
                 # 2% slower with it, the split rows ~1% faster (docs/performance.md)
                 FAST_EXP=t_out and not interpreted(_chunk_prepare_kernel),
+                # the split design's launch 1 (tensor cores only): the norms from the Gram tiles'
+                # diagonals; the FMA path would pay a 64 × 64 × K dot for them
+                NORM_FROM_GRAM=t_out,
                 num_warps=cfg.warps1,
                 maxnreg=cfg.regs1_t if t_out else cfg.regs1,
             ),
