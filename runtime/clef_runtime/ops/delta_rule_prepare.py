@@ -51,7 +51,7 @@ def _slot_bounds(i_t, cu_seqlens, T, NT, N, BT: tl.constexpr, IS_VARLEN: tl.cons
         # key(n) = cu[n] // BT + n finds a slot's sequence from cu_seqlens alone: no host-side
         # table, no sync.  Slots no chunk owns come out empty (t0 == eos).  Offsets are clamped
         # to [0, T]: unchecked bad ones (on a GPU) give wrong numbers, never a wild access.
-        b = i_t * 0
+        b = (i_t * 0).to(tl.int64)
         lo = i_t * 0
         hi = lo + N - 1
         while lo < hi:
@@ -64,9 +64,9 @@ def _slot_bounds(i_t, cu_seqlens, T, NT, N, BT: tl.constexpr, IS_VARLEN: tl.cons
         t0 = bos + (i_t - bos // BT - lo) * BT
         t0 = tl.where(t0 < bos, eos, t0)
     else:
-        b = i_t // NT
-        t0 = (i_t % NT) * BT
-        eos = i_t * 0 + T
+        b = (i_t // NT).to(tl.int64)
+        t0 = ((i_t % NT) * BT).to(tl.int64)
+        eos = b * 0 + T
     return b, t0, eos
 
 
@@ -125,8 +125,10 @@ def _chunk_prepare_kernel(
 ):
     # a 1-D grid, value heads fastest: the value heads of one key head (and of one chunk) run
     # side by side and share q and k through L2 (the chunk count stays off the 65535-limited
-    # grid axes)
-    pid = tl.program_id(0).to(tl.int64)
+    # grid axes).  The grid holds fewer than 2³¹ programs, so its index and the divisions by
+    # runtime counts stay 32-bit (a 64-bit division is a subroutine of ~100 instructions on
+    # sm_90); what indexes memory is made 64-bit from them.
+    pid = tl.program_id(0)
     if WARMUP_PLAN:
         # the split design's segment starts: the first NW = N·HV·P programs each find where one
         # segment of one sequence and value head warms up from (`delta_rule_common.warmup_start`:
@@ -136,7 +138,7 @@ def _chunk_prepare_kernel(
         if pid < NW:
             i_nh = pid // P
             s = pid % P
-            n = i_nh // HV
+            n = (i_nh // HV).to(tl.int64)
             hv_w = i_nh % HV
             b_w, bos, eos = seq_bounds(n, cu_seqlens, T, IS_VARLEN)
             seg = tl.cdiv(tl.cdiv(eos - bos, BT), P)
@@ -151,7 +153,7 @@ def _chunk_prepare_kernel(
             return
         pid -= NW
     i_t = pid // HV
-    hv = (pid % HV).to(tl.int32)
+    hv = pid % HV
     h = hv // (HV // H)
     b, t0, eos = _slot_bounds(i_t, cu_seqlens, T, NT, N, BT, IS_VARLEN)
     # an empty slot of the varlen grid (t0 ≥ eos) masks every load and store below
