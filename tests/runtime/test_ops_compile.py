@@ -192,7 +192,8 @@ for arch, dtype, tc in ((90, torch.bfloat16, True), (90, torch.float16, True), (
          dict(common, L2NORM=True, BVF=cfg.BVF, KS=cfg.KS, VS=cfg.VS, BC=dp.BC, LOG_BC=dp.BC.bit_length() - 1,
               SOLVE_BY_DOUBLING=cfg.solve_by_doubling, CHUNK_DT=pol.chunk_dtype,
               SOLVE_PRECISION=pol.solve_precision, DOUBLING_PRECISION=dp.doubling_precision(pol),
-              T_OUT=False, SOLVE_DT=cfg.solve_dt, WARMUP_PLAN=False, WB=ds.WARMUP_BLOCK, FAST_EXP=False),
+              T_OUT=False, SOLVE_DT=cfg.solve_dt, WARMUP_PLAN=False, WB=ds.WARMUP_BLOCK, FAST_EXP=False,
+              NORM_FROM_GRAM=False),
          cfg.warps1, 3, cfg.regs1),
         ("recurrence", dc._chunk_recurrence_kernel,
          dict(k=p, w=p, u=p, gc="*fp32", kf="*fp32", hs=sp, vn=sp, h0="*fp32", ht="*fp32", cu_seqlens="*i32"),
@@ -207,16 +208,16 @@ for arch, dtype, tc in ((90, torch.bfloat16, True), (90, torch.float16, True), (
     if dtype == torch.bfloat16:  # the split design's launch 1 (T diag(β) stored)
         launch, kernel, types, consts, warps, stages, regs = launches[0]
         launches.append(("prepare T out", kernel, dict(types, u="*fp32"),
-                         dict(consts, T_OUT=True, FAST_EXP=True), warps, stages, cfg.regs1_t))
+                         dict(consts, T_OUT=True, FAST_EXP=True, NORM_FROM_GRAM=True), warps, stages, cfg.regs1_t))
         # the default for B1 prompts: normalised keys, its first programs finding the segments'
         # warm-up starts (one dense sequence, as B1 prompts take it)
         launches.append(("prepare T out warm-up plan", kernel, dict(types, u="*fp32"),
-                         dict(consts, IS_VARLEN=False, T_OUT=True, WARMUP_PLAN=True, FAST_EXP=True),
+                         dict(consts, IS_VARLEN=False, T_OUT=True, WARMUP_PLAN=True, FAST_EXP=True, NORM_FROM_GRAM=True),
                          warps, stages, cfg.regs1_t))
         # the same for keys it does not normalise: the warm-up plan reads the keys' norms
         launches.append(("prepare T out warm-up plan, keys", kernel, dict(types, u="*fp32"),
                          dict(consts, IS_VARLEN=False, T_OUT=True, WARMUP_PLAN=True, FAST_EXP=True,
-                              L2NORM=False, WB=ds.WARMUP_BLOCK_KEYS),
+                              NORM_FROM_GRAM=True, L2NORM=False, WB=ds.WARMUP_BLOCK_KEYS),
                          warps, stages, cfg.regs1_t))
     for launch, kernel, types, consts, warps, stages, regs in launches:
         key = f"sm_{arch} {name} chunk {launch}"

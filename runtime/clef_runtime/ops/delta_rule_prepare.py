@@ -51,7 +51,7 @@ def _slot_bounds(i_t, cu_seqlens, T, NT, N, BT: tl.constexpr, IS_VARLEN: tl.cons
         # key(n) = cu[n] // BT + n finds a slot's sequence from cu_seqlens alone: no host-side
         # table, no sync.  Slots no chunk owns come out empty (t0 == eos).  Offsets are clamped
         # to [0, T]: unchecked bad ones (on a GPU) give wrong numbers, never a wild access.
-        b = i_t * 0
+        b = (i_t * 0).to(tl.int64)
         lo = i_t * 0
         hi = lo + N - 1
         while lo < hi:
@@ -64,9 +64,9 @@ def _slot_bounds(i_t, cu_seqlens, T, NT, N, BT: tl.constexpr, IS_VARLEN: tl.cons
         t0 = bos + (i_t - bos // BT - lo) * BT
         t0 = tl.where(t0 < bos, eos, t0)
     else:
-        b = i_t // NT
-        t0 = (i_t % NT) * BT
-        eos = i_t * 0 + T
+        b = (i_t // NT).to(tl.int64)
+        t0 = ((i_t % NT) * BT).to(tl.int64)
+        eos = b * 0 + T
     return b, t0, eos
 
 
@@ -121,11 +121,14 @@ def _chunk_prepare_kernel(
     WARMUP_PLAN: tl.constexpr = False,
     WB: tl.constexpr = 64,
     FAST_EXP: tl.constexpr = False,
+    NORM_FROM_GRAM: tl.constexpr = False,
 ):
     # a 1-D grid, value heads fastest: the value heads of one key head (and of one chunk) run
     # side by side and share q and k through L2 (the chunk count stays off the 65535-limited
-    # grid axes)
-    pid = tl.program_id(0).to(tl.int64)
+    # grid axes).  The grid holds fewer than 2³¹ programs, so its index and the divisions by
+    # runtime counts stay 32-bit (a 64-bit division is a subroutine of ~100 instructions on
+    # sm_90); what indexes memory is made 64-bit from them.
+    pid = tl.program_id(0)
     if WARMUP_PLAN:
         # the split design's segment starts: the first NW = N·HV·P programs each find where one
         # segment of one sequence and value head warms up from (`delta_rule_common.warmup_start`:
@@ -135,7 +138,7 @@ def _chunk_prepare_kernel(
         if pid < NW:
             i_nh = pid // P
             s = pid % P
-            n = i_nh // HV
+            n = (i_nh // HV).to(tl.int64)
             hv_w = i_nh % HV
             b_w, bos, eos = seq_bounds(n, cu_seqlens, T, IS_VARLEN)
             seg = tl.cdiv(tl.cdiv(eos - bos, BT), P)
@@ -150,7 +153,7 @@ def _chunk_prepare_kernel(
             return
         pid -= NW
     i_t = pid // HV
-    hv = (pid % HV).to(tl.int32)
+    hv = pid % HV
     h = hv // (HV // H)
     b, t0, eos = _slot_bounds(i_t, cu_seqlens, T, NT, N, BT, IS_VARLEN)
     # an empty slot of the varlen grid (t0 ≥ eos) masks every load and store below
@@ -193,12 +196,13 @@ def _chunk_prepare_kernel(
     KK = tl.zeros([BT, BT], dtype=tl.float32)
     ssq = tl.zeros([BT], dtype=tl.float32)
     ssk = tl.zeros([BT], dtype=tl.float32)
+    diag = r[:, None] == r[None, :]
     for c0 in tl.static_range(0, BK, KS):
         cols = c0 + tl.arange(0, KS)
         m = live[:, None] & (cols < K)[None, :]
         ks = tl.load(k + r[:, None] * skt + cols[None, :], mask=m, other=0.0)
         qs = tl.load(q + r[:, None] * sqt + cols[None, :], mask=m, other=0.0)
-        if L2NORM:
+        if L2NORM and not NORM_FROM_GRAM:
             k32 = ks.to(tl.float32)
             ssk += tl.sum(k32 * k32, 1)
             q32 = qs.to(tl.float32)
@@ -206,6 +210,15 @@ def _chunk_prepare_kernel(
         kst = tl.trans(ks.to(CHUNK_DT))
         KK = tl.dot(ks.to(CHUNK_DT), kst, KK, input_precision="ieee")
         QK = tl.dot(qs.to(CHUNK_DT), kst, QK, input_precision="ieee")
+        if L2NORM and NORM_FROM_GRAM:
+            # |q_t|² on the diagonal of q·qᵀ, a tensor-core dot in the Gram tiles' layout: the
+            # squares and row sums above take ~430 more instructions a program on sm_90, and a
+            # layout change of the sums (the dot's products of 16-bit values are exact in
+            # float32, like the squares)
+            QQ = tl.dot(qs.to(CHUNK_DT), tl.trans(qs.to(CHUNK_DT)), input_precision="ieee")
+            ssq += tl.sum(tl.where(diag, QQ, 0.0), 1)
+    if L2NORM and NORM_FROM_GRAM:
+        ssk = tl.sum(tl.where(diag, KK, 0.0), 1)  # |k_t|², likewise
     if L2NORM:  # the opset's l2norm: x * rsqrt(sum(x²) + 1e-6), in float32
         rk = tl.rsqrt(ssk + 1e-6)
         rq = tl.rsqrt(ssq + 1e-6)
@@ -492,6 +505,9 @@ def prepare(
                 # the split design's launch 1 only: on the H100 the three-launch one (B1 T512) ran
                 # 2% slower with it, the split rows ~1% faster (docs/performance.md)
                 FAST_EXP=t_out and not interpreted(_chunk_prepare_kernel),
+                # the split design's launch 1 (tensor cores only): the norms from the Gram tiles'
+                # diagonals; the FMA path would pay a 64 × 64 × K dot for them
+                NORM_FROM_GRAM=t_out,
                 num_warps=cfg.warps1,
                 maxnreg=cfg.regs1_t if t_out else cfg.regs1,
             ),
