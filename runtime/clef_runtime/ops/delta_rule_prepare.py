@@ -211,10 +211,10 @@ def _chunk_prepare_kernel(
         KK = tl.dot(ks.to(CHUNK_DT), kst, KK, input_precision="ieee")
         QK = tl.dot(qs.to(CHUNK_DT), kst, QK, input_precision="ieee")
         if L2NORM and NORM_FROM_GRAM:
-            # |q_t|² on the diagonal of q·qᵀ, a tensor-core dot in the Gram tiles' layout: the
-            # squares and row sums above take ~430 more instructions a program on sm_90, and a
-            # layout change of the sums (the dot's products of 16-bit values are exact in
-            # float32, like the squares)
+            # |q_t|² on the diagonal of q·qᵀ, one more tensor-core dot, already in the Gram
+            # tiles' layout: the squares and row sums above, and moving the sums into that
+            # layout, cost ~430 more sm_90 instructions a program (the dot's products of 16-bit
+            # values are exact in float32, like the squares)
             QQ = tl.dot(qs.to(CHUNK_DT), tl.trans(qs.to(CHUNK_DT)), input_precision="ieee")
             ssq += tl.sum(tl.where(diag, QQ, 0.0), 1)
     if L2NORM and NORM_FROM_GRAM:
