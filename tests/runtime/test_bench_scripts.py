@@ -64,10 +64,14 @@ def test_argument_parsing() -> None:
     assert load("probe_split_threshold.py").parse([]) == [512, 768, 1024, 1536]
     with pytest.raises(SystemExit, match="T list '512,x'"):
         load("probe_split_threshold.py").parse(["512,x"])
-    T, dtype = load("profile_chunk.py").parse(["512", "f16"])
-    assert (T, str(dtype)) == (512, "torch.float16")
+    a = load("profile_chunk.py").parse(["512", "f16"])
+    assert (a.T, str(a.dtype), a.packed, a.norm) == (512, "torch.float16", 0, True)
+    a = load("profile_chunk.py").parse(["--packed", "8", "--no-qk-l2norm"])
+    assert (a.T, str(a.dtype), a.packed, a.norm) == (32768, "torch.bfloat16", 8, False)
     with pytest.raises(SystemExit, match="dtype 'f64'"):
         load("profile_chunk.py").parse(["512", "f64"])
+    with pytest.raises(SystemExit, match="--packed 3: use a count ≥ 1 that divides T = 512"):
+        load("profile_chunk.py").parse(["512", "--packed", "3"])
 
 
 @pytest.mark.parametrize("varlen", [0, 1])
