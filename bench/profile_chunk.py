@@ -57,11 +57,8 @@ def per_kernel(fn: Callable[[], object]) -> dict[str, float]:
         torch.cuda.synchronize()
     out: dict[str, float] = defaultdict(float)
     for ev in prof.key_averages():
-        us = getattr(ev, "self_device_time_total", None)
-        if us is None:  # torch < 2.4
-            us = ev.self_cuda_time_total
-        if us > 0:
-            out[ev.key] += us / CALLS
+        if ev.self_device_time_total > 0:
+            out[ev.key] += ev.self_device_time_total / CALLS
     return dict(out)
 
 
