@@ -38,7 +38,10 @@ computed tile is copied to shared memory on the step's chain.  Its V blocks, war
 are the GPU's `delta_rule_config.WalkConfig`; on sm_90 its tiles arrive, and the output leaves,
 by TMA: each program makes tensor descriptors over its sequence's rows, so rows past the
 sequence end read as zeros and are not written, as with masked loads and stores, without their
-per-thread address and mask arithmetic.
+per-thread address and mask arithmetic.  Where the split walk takes TMA (`aqk_in_walk_default`)
+launch 1 stores no Aqk tile: two exponents a token, ``a_t = log2(scale e^{G_t} / |q_t|)`` and
+``c_j = log2(e^{G_j} |k_j|)``, from which each step forms ``Aqk_tj = (q_t · k_j) 2^(a_t - c_j)``
+(``j ≤ t``) with one more dot of the q and k tiles it already loads.
 
 The segments differ from a single walk only in rounding.  With ``P = 1`` there is no warm-up
 and the kernel is the plain fused recurrence.  Segments hold ``ceil(chunks / P)`` chunks of their
@@ -60,7 +63,7 @@ import triton.language as tl
 
 from clef_runtime.interpreter import interpreted
 from clef_runtime.ops._common import cdiv
-from clef_runtime.ops.delta_rule_common import rne_bf16, tensor_core_dots
+from clef_runtime.ops.delta_rule_common import pow2_at_least, rne_bf16, tensor_core_dots
 from clef_runtime.ops.delta_rule_common import seq_bounds as _seq_bounds
 from clef_runtime.ops.delta_rule_config import WalkConfig, walk_config
 from clef_runtime.ops.delta_rule_plan import Recorder, plain_launch
@@ -134,6 +137,19 @@ def tma_eligible(cfg: WalkConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     )
 
 
+def aqk_in_walk_default(tma: bool, wide: bool, split: bool) -> bool:
+    """Whether the walk forms each chunk's Aqk from q, k and two per-token exponents (one more
+    64 × 64 × K dot a step, off the state's chain) instead of loading the tile launch 1 stored
+    (128 bytes a token and value head, written and read back): where its tiles come by TMA, its
+    V blocks are the 64-wide ones (``wide``: whole-V blocks) and the sequences are split into
+    segments (``split``: the long B1 prompts).  Measured on an H100 (docs/performance.md, "Aqk
+    formed in the walk"): B1 T32768 772 → 756 µs (launch 1 −44 µs, the walk +26), T131072 3.09 →
+    2.96 ms.  Unsplit, the 64-wide walk lost (B4 T8192 774 → 818 µs; 4 packed × 8192: the walk
+    +95 µs against launch 1's −41) and so did the whole-V one (8 packed × 4096 757 → 893 µs):
+    they keep the tile, as does the masked walk (which already spills at its tiles)."""
+    return tma and not wide and split
+
+
 @functools.lru_cache(maxsize=16)
 def _sm_count(device: torch.device) -> int:
     """The device's SM count (1 off a CUDA device: the interpreter runs one program at a time)."""
@@ -179,6 +195,8 @@ def _walk_step(
     t_d,
     a_d,
     o_d,
+    ae_p,
+    ce_p,
     bos,
     HV: tl.constexpr,
     K: tl.constexpr,
@@ -192,6 +210,7 @@ def _walk_step(
     ROUND_BF16: tl.constexpr,
     CHUNK_DT: tl.constexpr,
     TMA: tl.constexpr,
+    AQK_IN_WALK: tl.constexpr,
 ):
     """One chunk from its start state, held transposed (``St = Sᵀ``, V block × K); with OUTPUT,
     the chunk's output rows for these columns are stored if the chunk starts at or after t_out (a
@@ -208,7 +227,9 @@ def _walk_step(
     instead of a bf16 rounding of the scaled keys).  With TMA the tiles of k, q, v, T and Aqk and
     the factors of k and w come by the sequence's tensor descriptors `*_d`, `kf_p`, `wf_p` (rows
     counted from ``bos``; rows past the sequence end read as zeros, as the masked loads give them)
-    and the output leaves by ``o_d`` (rows past the end dropped)."""
+    and the output leaves by ``o_d`` (rows past the end dropped).  With AQK_IN_WALK the step forms
+    Aqk from q, k and launch 1's exponents ``ae_p`` (of q's rows) and ``ce_p`` (of k's), pointers
+    offset as the factors' or 1-D descriptors with TMA, in place of loading its tile."""
     n_live = eos - t0
     r = tl.arange(0, BT)
     live = r < n_live
@@ -230,6 +251,23 @@ def _walk_step(
         Tc = tl.load(
             t_p + t0 * (HV * BT) + r[:, None] * (HV * BT) + r[None, :], mask=live[:, None], other=0.0
         ).to(CHUNK_DT)
+    if OUTPUT and AQK_IN_WALK:
+        # Aqkᵀ_jt = (k qᵀ)_jt 2^(a_t - c_j) for j ≤ t, off the state's dependent chain (the
+        # exponent of j > t is -1e30: its factor is zero); rows past the sequence end read zero
+        # exponents and zero q and k
+        if TMA:
+            qc = q_d.load([row, 0]).to(STATE_DT)
+            ae = ae_p.load([row])
+            ce = ce_p.load([row])
+        else:
+            qc = tl.load(q_p + t0 * sqt + r[:, None] * sqt + rk[None, :], mask=kmask, other=0.0).to(STATE_DT)
+            ae = tl.load(ae_p + t0 + r, mask=live, other=0.0)
+            ce = tl.load(ce_p + t0 + r, mask=live, other=0.0)
+        kq = tl.dot(kc, tl.trans(qc), input_precision=STATE_PRECISION)
+        At = kq * tl.exp2(tl.where(r[:, None] <= r[None, :], ae[None, :] - ce[:, None], -1e30))
+        if ROUND_BF16:
+            At = rne_bf16(At)
+        At = At.to(STATE_DT)
     Sd = St.to(STATE_DT)
     if ROUND_BF16:
         Sd = rne_bf16(Sd)
@@ -259,19 +297,31 @@ def _walk_step(
         vd = v_new.to(STATE_DT)
         if ROUND_BF16:
             vd = rne_bf16(vd)
-        if TMA:
-            qc = q_d.load([row, 0]).to(STATE_DT)
-            Ac = a_d.load([row, 0])
+        if AQK_IN_WALK:
+            # (Aqk v_new)ᵀ accumulates onto (q S)ᵀ: one tile fewer in registers (sm_90 stack 88 →
+            # 24 bytes)
+            oc = tl.dot(
+                vd, At, tl.dot(Sd, tl.trans(qc), input_precision=STATE_PRECISION) * qfac[None, :],
+                input_precision=STATE_PRECISION,
+            )  # fmt: skip
         else:
-            qc = tl.load(q_p + t0 * sqt + r[:, None] * sqt + rk[None, :], mask=kmask, other=0.0).to(STATE_DT)
-            # launch 1 stored Aqk's whole rows, zero above the diagonal: a mask by rows only lets the
-            # load be pipelined (a per-element mask cannot be an asynchronous copy)
-            Ac = tl.load(
-                aqk_p + t0 * (HV * BT) + r[:, None] * (HV * BT) + r[None, :], mask=live[:, None], other=0.0
-            )
-        oc = tl.dot(Sd, tl.trans(qc), input_precision=STATE_PRECISION) * qfac[None, :] + tl.dot(
-            vd, tl.trans(Ac.to(STATE_DT)), input_precision=STATE_PRECISION
-        )  # oᵀ, [BV, BT]
+            if TMA:
+                qc = q_d.load([row, 0]).to(STATE_DT)
+                Ac = a_d.load([row, 0])
+            else:
+                qc = tl.load(q_p + t0 * sqt + r[:, None] * sqt + rk[None, :], mask=kmask, other=0.0).to(
+                    STATE_DT
+                )
+                # launch 1 stored Aqk's whole rows, zero above the diagonal: a mask by rows only lets
+                # the load be pipelined (a per-element mask cannot be an asynchronous copy)
+                Ac = tl.load(
+                    aqk_p + t0 * (HV * BT) + r[:, None] * (HV * BT) + r[None, :],
+                    mask=live[:, None],
+                    other=0.0,
+                )
+            oc = tl.dot(Sd, tl.trans(qc), input_precision=STATE_PRECISION) * qfac[None, :] + tl.dot(
+                vd, tl.trans(Ac.to(STATE_DT)), input_precision=STATE_PRECISION
+            )  # oᵀ, [BV, BT]
         if ROUND_BF16:
             oc = rne_bf16(oc)
         if TMA:  # cannot be masked: `_walk` runs the warm-up chunks without OUTPUT
@@ -289,10 +339,10 @@ def _walk_step(
 @triton.jit
 def _walk_span(
     S, t_lo, t_out, t_hi, eos, k_p, t_p, wf_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, skt, sqt,
-    v_p, svt, k_d, q_d, v_d, t_d, a_d, o_d, bos,
+    v_p, svt, k_d, q_d, v_d, t_d, a_d, o_d, ae_p, ce_p, bos,
     HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
     OUTPUT: tl.constexpr, STATE_DT: tl.constexpr, STATE_PRECISION: tl.constexpr, ROUND_BF16: tl.constexpr,
-    INTERPRETED: tl.constexpr, CHUNK_DT: tl.constexpr, TMA: tl.constexpr,
+    INTERPRETED: tl.constexpr, CHUNK_DT: tl.constexpr, TMA: tl.constexpr, AQK_IN_WALK: tl.constexpr,
 ):
     """`_walk_step` over the chunks of tokens [t_lo, t_hi) from state S, outputs from t_out on;
     returns the state at t_hi."""
@@ -301,8 +351,8 @@ def _walk_span(
         while t0 < t_hi:
             S = _walk_step(
                 S, t0, t_out, eos, k_p, t_p, wf_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, skt, sqt,
-                v_p, svt, k_d, q_d, v_d, t_d, a_d, o_d, bos,
-                HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16, CHUNK_DT, TMA,
+                v_p, svt, k_d, q_d, v_d, t_d, a_d, o_d, ae_p, ce_p, bos,
+                HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16, CHUNK_DT, TMA, AQK_IN_WALK,
             )
             t0 += BT
     else:
@@ -310,8 +360,8 @@ def _walk_span(
         for c in range(0, tl.cdiv(t_hi - t_lo, BT)):
             S = _walk_step(
                 S, t_lo + c * BT, t_out, eos, k_p, t_p, wf_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols,
-                skt, sqt, v_p, svt, k_d, q_d, v_d, t_d, a_d, o_d, bos,
-                HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16, CHUNK_DT, TMA,
+                skt, sqt, v_p, svt, k_d, q_d, v_d, t_d, a_d, o_d, ae_p, ce_p, bos,
+                HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16, CHUNK_DT, TMA, AQK_IN_WALK,
             )
     return S
 
@@ -319,10 +369,10 @@ def _walk_span(
 @triton.jit
 def _walk(
     S, t_lo, t_out, t_hi, eos, k_p, t_p, wf_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, skt, sqt,
-    v_p, svt, k_d, q_d, v_d, t_d, a_d, o_d, bos,
+    v_p, svt, k_d, q_d, v_d, t_d, a_d, o_d, ae_p, ce_p, bos,
     HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
     OUTPUT: tl.constexpr, STATE_DT: tl.constexpr, STATE_PRECISION: tl.constexpr, ROUND_BF16: tl.constexpr,
-    INTERPRETED: tl.constexpr, CHUNK_DT: tl.constexpr, TMA: tl.constexpr,
+    INTERPRETED: tl.constexpr, CHUNK_DT: tl.constexpr, TMA: tl.constexpr, AQK_IN_WALK: tl.constexpr,
 ):
     """`_walk_span` over the chunks of tokens [t_lo, t_hi) from state S, outputs from t_out on;
     returns the state at t_hi.  Both launches walk through here (inlined on a GPU).  A TMA store
@@ -331,14 +381,16 @@ def _walk(
     if TMA:
         S = _walk_span(
             S, t_lo, t_out, t_out, eos, k_p, t_p, wf_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, skt, sqt,
-            v_p, svt, k_d, q_d, v_d, t_d, a_d, o_d, bos,
+            v_p, svt, k_d, q_d, v_d, t_d, a_d, o_d, ae_p, ce_p, bos,
             HV, K, V, BK, BV, BT, False, STATE_DT, STATE_PRECISION, ROUND_BF16, INTERPRETED, CHUNK_DT, TMA,
+            AQK_IN_WALK,
         )
         t_first = t_out
     return _walk_span(
         S, t_first, t_out, t_hi, eos, k_p, t_p, wf_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, skt, sqt,
-        v_p, svt, k_d, q_d, v_d, t_d, a_d, o_d, bos,
+        v_p, svt, k_d, q_d, v_d, t_d, a_d, o_d, ae_p, ce_p, bos,
         HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16, INTERPRETED, CHUNK_DT, TMA,
+        AQK_IN_WALK,
     )
 # fmt: on
 
@@ -385,12 +437,15 @@ def _segment_output_kernel(
     INTERPRETED: tl.constexpr,
     CHUNK_DT: tl.constexpr,
     TMA: tl.constexpr,
+    AQK_IN_WALK: tl.constexpr = False,
 ):
     """Segment s of one sequence, value head and V block: its start state from a warm-up walk
     over the chunks before it, then its chunks with the output fused.  ``tinv`` holds launch 1's
     ``T diag(β)`` per chunk and ``wf`` the factors e^{G} / |k| of k's rows, from which each step
     forms w and u.  With TMA the walk moves its tiles and two of its per-token factors by tensor
-    descriptors of this sequence's rows (`tma_eligible`)."""
+    descriptors of this sequence's rows (`tma_eligible`).  With AQK_IN_WALK ``aqk`` holds launch
+    1's exponents of Aqk (`delta_rule_prepare.prepare`'s ``aqk_exponents``) and each step forms
+    the chunk's Aqk from them and its q and k tiles."""
     i_nh = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1)
     s = tl.program_id(2).to(tl.int64)
@@ -455,6 +510,9 @@ def _segment_output_kernel(
         o_d = k_p
     kf_h = kf + fd - bos
     qf_h = qf + fd - bos
+    fe = ((b * HV + hv) * 2 * NS + slot0) * BT  # the exponents of Aqk: q's rows', then k's
+    ae_p = aqk + fe - bos
+    ce_p = ae_p + NS * BT
     if TMA:
         # k's and w's per-token factors by TMA too, through 1-D descriptors over the sequence's
         # [eos - bos) (each chunk's 64 start 256-byte aligned, launch 1's slots); past the end
@@ -464,11 +522,15 @@ def _segment_output_kernel(
         nfac = (eos - bos).to(tl.int32)
         kf_h = tl.make_tensor_descriptor(kf + fd, [nfac], [1], [BT])
         wf_p = tl.make_tensor_descriptor(wf + fd, [nfac], [1], [BT])
+        if AQK_IN_WALK:
+            ae_p = tl.make_tensor_descriptor(aqk + fe, [nfac], [1], [BT])
+            ce_p = tl.make_tensor_descriptor(aqk + fe + NS * BT, [nfac], [1], [BT])
     # the warm-up chunks [t_w, t_lo) (their outputs dropped), then the segment's own
     S = _walk(
         S, t_w, t_lo, t_hi, eos, k_p, t_p, wf_p, gc + hd, kf_h, q_p, qf_h, aqk_p, o_p,
-        ncols, skt, sqt, v_p, svt, k_d, q_d, v_d, t_d, a_d, o_d, bos,
+        ncols, skt, sqt, v_p, svt, k_d, q_d, v_d, t_d, a_d, o_d, ae_p, ce_p, bos,
         HV, K, V, BK, BV, BT, True, STATE_DT, STATE_PRECISION, ROUND_BF16, INTERPRETED, CHUNK_DT, TMA,
+        AQK_IN_WALK,
     )  # fmt: skip
     if STORE_FINAL:
         tl.store(ht + s_off, S, mask=s_mask & (s == P - 1))
@@ -491,12 +553,15 @@ def chunk_gated_delta_rule_split(
     warps: int | None = None,
     stages: int | None = None,
     config: WalkConfig | None = None,
+    aqk_in_walk: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The chunked delta rule in the split design (same contract as
     `clef_runtime.ops.delta_rule_chunk.chunk_gated_delta_rule`).  ``segments``: per sequence
     (None: `default_segments`); ``block_v``, ``warps``, ``stages``: the walk's column block, warps
     and pipeline stages (for measurements; None: `walk_shape` and `pipeline_stages`); ``config``:
-    the walk's configuration (None: the device's, `delta_rule_config.walk_config`).  Raises
+    the walk's configuration (None: the device's, `delta_rule_config.walk_config`);
+    ``aqk_in_walk``: whether the walk forms each chunk's Aqk itself (None: where its tiles come by
+    TMA, `aqk_in_walk_default`).  Raises
     ValueError where the device takes the FMA configuration (float32, sm70): that path has the
     three-launch design only."""
     _, T, H, HV, K, V, N, scale = checked_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens)
@@ -504,7 +569,7 @@ def chunk_gated_delta_rule_split(
         raise ValueError(f"{OP}: the split design runs on tensor cores only (16-bit inputs, sm80+)")
     return run_split(
         q, k, v, g, beta, (T, H, HV, K, V, N), scale, initial_state, output_final_state, cu_seqlens, use_qk_l2norm,
-        segments, block_v, warps, stages, config=config,
+        segments, block_v, warps, stages, config=config, aqk_in_walk=aqk_in_walk,
     )  # fmt: skip
 
 
@@ -526,6 +591,7 @@ def run_split(
     stages: int | None = None,
     rec: Recorder | None = None,
     config: WalkConfig | None = None,
+    aqk_in_walk: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`chunk_gated_delta_rule_split` on inputs already checked (`checked_inputs`: ``dims`` is its
     (T, H, HV, K, V, N), ``scale`` its scale) and on tensor cores: what
@@ -538,6 +604,11 @@ def run_split(
         raise ValueError(f"{OP}: segments must be ≥ 1, got {P}")
     wcfg = walk_config(q.device) if config is None else config
     tma = T > 0 and tma_eligible(wcfg, q, k, v)
+    walk_bv, walk_warps = walk_shape(wcfg, N * HV * cdiv(V, wcfg.fold_bv) * P, _sm_count(q.device))
+    BV = min(block_v or walk_bv, pow2_at_least(V))  # V's tile (`LaunchConfig.BVF`) at most
+    in_walk = (
+        aqk_in_walk_default(tma, wcfg.wide_bv == BV, P > 1) if aqk_in_walk is None else bool(aqk_in_walk)
+    )
     # launch 1's first N·HV·P programs find the segments' warm-up starts (two launches a call:
     # docs/performance.md, "Host time per chunked call"); unsplit calls (P = 1) keep launch 1
     # without those programs
@@ -546,11 +617,9 @@ def run_split(
     p = prepare(
         q, k, v, g, beta, N, scale, cu_seqlens, use_qk_l2norm, output_final_state, True, True,
         extra=(((N * HV * P,), torch.int32) if P_warm else None,), rec=rec,
-        warmup_plan=(P, WARMUP_LOG_BOUND, block) if P_warm else None,
+        warmup_plan=(P, WARMUP_LOG_BOUND, block) if P_warm else None, aqk_exponents=in_walk,
     )  # fmt: skip
-    policy, cfg = p.policy, p.cfg
-    walk_bv, walk_warps = walk_shape(wcfg, N * HV * cdiv(V, wcfg.fold_bv) * P, _sm_count(q.device))
-    BV = min(block_v or walk_bv, cfg.BVF)
+    policy = p.policy
     varlen = cu_seqlens is not None
     cw = p.gc  # an unused pointer with one segment
     if P_warm:
@@ -568,11 +637,11 @@ def run_split(
             p.cu, T, P, p.NS, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         ),
         dict(
-            H=H, HV=HV, K=K, V=V, BK=cfg.BK, BV=BV, BT=BT, IS_VARLEN=varlen,
+            H=H, HV=HV, K=K, V=V, BK=p.cfg.BK, BV=BV, BT=BT, IS_VARLEN=varlen,
             HAS_H0=initial_state is not None, STORE_FINAL=p.final is not None,
             STATE_DT=policy.state_dtype, STATE_PRECISION=policy.state_precision, WARMUP=P_warm,
             ROUND_BF16=policy.round_bf16, INTERPRETED=interpreted(_segment_output_kernel),
-            CHUNK_DT=policy.chunk_dtype, TMA=tma,
+            CHUNK_DT=policy.chunk_dtype, TMA=tma, AQK_IN_WALK=in_walk,
             num_warps=warps or walk_warps, num_stages=stages or walk_stages,
         ),
         scratch=q.device if tma else None,
