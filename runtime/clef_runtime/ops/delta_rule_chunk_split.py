@@ -560,8 +560,8 @@ def chunk_gated_delta_rule_split(
     (None: `default_segments`); ``block_v``, ``warps``, ``stages``: the walk's column block, warps
     and pipeline stages (for measurements; None: `walk_shape` and `pipeline_stages`); ``config``:
     the walk's configuration (None: the device's, `delta_rule_config.walk_config`);
-    ``aqk_in_walk``: whether the walk forms each chunk's Aqk itself (None: where its tiles come by
-    TMA, `aqk_in_walk_default`).  Raises
+    ``aqk_in_walk``: whether the walk forms each chunk's Aqk itself (None: `aqk_in_walk_default`,
+    split 64-wide walks by TMA).  Raises
     ValueError where the device takes the FMA configuration (float32, sm70): that path has the
     three-launch design only."""
     _, T, H, HV, K, V, N, scale = checked_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens)
