@@ -110,7 +110,7 @@ def walk_shape(cfg: WalkConfig, programs: int, sms: int, wide_tiles: bool) -> tu
     H100 (2026-12-06, docs/performance.md "The walk at its DRAM floor") whole-V by TMA was faster
     from B1 T2048 (3%) to B4 T8192 (9%): it reads k, q, T and Aqk once a chunk and head, not once
     a V block, and its three stages keep the DRAM at 88% of its peak; at B1 T32768 and T131072
-    the two shapes were within 0.5%."""
+    the two shapes were within 1%."""
     if wide_tiles or programs > cfg.wide_per_sm * sms:
         return cfg.wide_bv, cfg.wide_warps
     return cfg.fold_bv, cfg.fold_warps
