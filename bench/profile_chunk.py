@@ -3,10 +3,14 @@
 Which launch of clef's `chunk_gated_delta_rule` dominates at the Qwen3.5-9B GDN shapes (B1, 16 key
 / 32 value heads of 128), and where FlashQLA (``flash_qla``) and FLA's Triton kernels spend theirs
 on the same inputs, when importable: three warm-up calls, then twenty under the profiler; GPU time
-a call per kernel, largest first.  ``--packed N`` splits the T tokens into N packed sequences;
-``--no-qk-l2norm`` draws q and k normalised and turns the in-kernel norm off.  GPU only.
+a call per kernel, largest first.  ``--batch B`` takes B sequences of T tokens; ``--packed N``
+splits the T tokens into N packed sequences; ``--no-qk-l2norm`` draws q and k normalised and turns
+the in-kernel norm off.  ``--walk SEGMENTS,BLOCK_V,WARPS,STAGES`` runs clef's split design with
+that walk forced (0: the default for that part; `chunk_gated_delta_rule_split`) and no peers, to
+time walk shapes against each other.  GPU only.
 
-    PYTHONPATH=runtime:contract python3 bench/profile_chunk.py [T] [bf16|f16] [--packed N] [--no-qk-l2norm]
+    PYTHONPATH=runtime:contract python3 bench/profile_chunk.py [T] [bf16|f16] [--batch B] [--packed N]
+        [--no-qk-l2norm] [--walk S,BV,W,ST]
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from torch.profiler import ProfilerActivity, profile
 from clef_runtime.bench.fla_peer import DISPATCH_ENV, load_flashqla
 from clef_runtime.inputs import gdn_inputs
 from clef_runtime.ops import chunk_gated_delta_rule
+from clef_runtime.ops.delta_rule_chunk_split import chunk_gated_delta_rule_split
 
 H, HV, K, V = 16, 32, 128, 128
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
@@ -30,18 +35,29 @@ CALLS = 20
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    """``[T] [dtype] [--packed N] [--no-qk-l2norm]``; an unknown dtype names the choices, and a
-    packed count must divide T."""
+    """``[T] [dtype] [--batch B] [--packed N] [--no-qk-l2norm] [--walk S,BV,W,ST]``; an unknown
+    dtype names the choices, a packed count must divide T, and a forced walk takes four counts."""
     p = argparse.ArgumentParser(prog="profile_chunk.py")
     p.add_argument("T", nargs="?", type=int, default=32768)
     p.add_argument("dtype", nargs="?", default="bf16")
+    p.add_argument("--batch", type=int, default=1, metavar="B")
     p.add_argument("--packed", type=int, default=0, metavar="N")
     p.add_argument("--no-qk-l2norm", dest="norm", action="store_false")
+    p.add_argument("--walk", default=None, metavar="S,BV,W,ST")
     a = p.parse_args(argv)
     if a.dtype not in DTYPES:
         raise SystemExit(f"dtype {a.dtype!r}: use one of {sorted(DTYPES)}")
     if a.packed < 0 or (a.packed and a.T % a.packed):
         raise SystemExit(f"--packed {a.packed}: use a count ≥ 1 that divides T = {a.T}")
+    if a.batch < 1 or (a.batch > 1 and a.packed):
+        raise SystemExit(f"--batch {a.batch}: use a count ≥ 1, and 1 with --packed")
+    if a.walk is not None:
+        parts = a.walk.split(",")
+        if len(parts) != 4 or not all(x.isdigit() for x in parts):
+            raise SystemExit(f"--walk {a.walk!r}: use four counts ≥ 0, SEGMENTS,BLOCK_V,WARPS,STAGES")
+        a.walk = dict(
+            zip(("segments", "block_v", "warps", "stages"), (int(x) or None for x in parts), strict=True)
+        )
     a.dtype = DTYPES[a.dtype]
     return a
 
@@ -62,6 +78,13 @@ def per_kernel(fn: Callable[[], object]) -> dict[str, float]:
     return dict(out)
 
 
+def report(name: str, times: dict[str, float]) -> None:
+    """One implementation's total and its kernels, largest first (GPU µs a call)."""
+    print(f"== {name}: {sum(times.values()):.1f} µs")
+    for kernel, us in sorted(times.items(), key=lambda kv: -kv[1]):
+        print(f"  {us:9.1f}  {kernel[:90]}")
+
+
 def main(argv: list[str]) -> None:
     a = parse(argv)
     T, norm = a.T, a.norm
@@ -70,11 +93,19 @@ def main(argv: list[str]) -> None:
     os.environ.setdefault(DISPATCH_ENV, "1")
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v, g, beta = gdn_inputs(
-        gen, torch.device("cuda"), a.dtype, B=1, T=T, H=H, HV=HV, K=K, V=V, normalise_qk=not norm
+        gen, torch.device("cuda"), a.dtype, B=a.batch, T=T, H=H, HV=HV, K=K, V=V, normalise_qk=not norm
     )
     cu = torch.arange(0, T + 1, T // a.packed, dtype=torch.int32, device="cuda") if a.packed else None
     cu64 = None if cu is None else cu.long()
 
+    case = f"{a.packed} packed × {T // a.packed}" if a.packed else f"B{a.batch} T{T}"
+    if a.walk is not None:
+        walk = a.walk
+        print(f"{case}, {a.dtype}, in-kernel q/k norm {norm}, clef's split design with {walk}")
+        report("clef", per_kernel(lambda: chunk_gated_delta_rule_split(
+            q, k, v, g, beta, cu_seqlens=cu, output_final_state=True, use_qk_l2norm=norm, **walk
+        )))  # fmt: skip
+        return
     impls: dict[str, Callable[[], object]] = {
         "clef": lambda: chunk_gated_delta_rule(
             q, k, v, g, beta, cu_seqlens=cu, output_final_state=True, use_qk_l2norm=norm
@@ -96,7 +127,6 @@ def main(argv: list[str]) -> None:
     except Exception as exc:  # the peer is optional
         print(f"fla: not importable ({exc})")
 
-    case = f"{a.packed} packed × {T // a.packed}" if a.packed else f"B1 T{T}"
     print(f"{case}, {a.dtype}, in-kernel q/k norm {norm}: GPU µs a call, {CALLS} calls")
     for name, fn in impls.items():
         try:
@@ -106,9 +136,7 @@ def main(argv: list[str]) -> None:
                 raise
             print(f"== {name}: did not run ({type(exc).__name__}: {exc})")
             continue
-        print(f"== {name}: {sum(times.values()):.1f} µs")
-        for kernel, us in sorted(times.items(), key=lambda kv: -kv[1]):
-            print(f"  {us:9.1f}  {kernel[:90]}")
+        report(name, times)
 
 
 if __name__ == "__main__":

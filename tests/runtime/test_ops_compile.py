@@ -193,7 +193,7 @@ for arch, dtype, tc in ((90, torch.bfloat16, True), (90, torch.float16, True), (
               SOLVE_BY_DOUBLING=cfg.solve_by_doubling, CHUNK_DT=pol.chunk_dtype,
               SOLVE_PRECISION=pol.solve_precision, DOUBLING_PRECISION=dp.doubling_precision(pol),
               T_OUT=False, SOLVE_DT=cfg.solve_dt, WARMUP_PLAN=False, WB=ds.WARMUP_BLOCK, FAST_EXP=False,
-              NORM_FROM_GRAM=False, AQK_EXP=False),
+              NORM_FROM_GRAM=False),
          cfg.warps1, 3, cfg.regs1),
         ("recurrence", dc._chunk_recurrence_kernel,
          dict(k=p, w=p, u=p, gc="*fp32", kf="*fp32", hs=sp, vn=sp, h0="*fp32", ht="*fp32", cu_seqlens="*i32"),
@@ -207,22 +207,15 @@ for arch, dtype, tc in ((90, torch.bfloat16, True), (90, torch.float16, True), (
     ]
     if dtype == torch.bfloat16:  # the split design's launch 1 (T diag(β) stored)
         launch, kernel, types, consts, warps, stages, regs = launches[0]
-        # for the walk by TMA (Aqk's exponents stored, `ds.aqk_in_walk_default`) and by masked
-        # loads (the Aqk tile)
-        consts = dict(consts, AQK_EXP=ds.aqk_in_walk_default(True, False, True))
-        t_types = dict(types, u="*fp32", aqk="*fp32")
-        launches.append(("prepare T out", kernel, t_types,
+        launches.append(("prepare T out", kernel, dict(types, u="*fp32"),
                          dict(consts, T_OUT=True, FAST_EXP=True, NORM_FROM_GRAM=True), warps, stages, cfg.regs1_t))
-        launches.append(("prepare T out, Aqk tile", kernel, dict(types, u="*fp32"),
-                         dict(consts, T_OUT=True, FAST_EXP=True, NORM_FROM_GRAM=True, AQK_EXP=False),
-                         warps, stages, cfg.regs1_t))
         # the default for B1 prompts: normalised keys, its first programs finding the segments'
         # warm-up starts (one dense sequence, as B1 prompts take it)
-        launches.append(("prepare T out warm-up plan", kernel, t_types,
+        launches.append(("prepare T out warm-up plan", kernel, dict(types, u="*fp32"),
                          dict(consts, IS_VARLEN=False, T_OUT=True, WARMUP_PLAN=True, FAST_EXP=True, NORM_FROM_GRAM=True),
                          warps, stages, cfg.regs1_t))
         # the same for keys it does not normalise: the warm-up plan reads the keys' norms
-        launches.append(("prepare T out warm-up plan, keys", kernel, t_types,
+        launches.append(("prepare T out warm-up plan, keys", kernel, dict(types, u="*fp32"),
                          dict(consts, IS_VARLEN=False, T_OUT=True, WARMUP_PLAN=True, FAST_EXP=True,
                               NORM_FROM_GRAM=True, L2NORM=False, WB=ds.WARMUP_BLOCK_KEYS),
                          warps, stages, cfg.regs1_t))
@@ -245,12 +238,11 @@ def test_chunk_delta_rule_kernels_compile_for_sm90_and_sm70() -> None:
     register cap (168, three programs per SM: measured faster with a few spilled bytes, bounded
     at 160 here), and for sm_70 (f16, the V100 that verification Jobs may get) with at most 1 KB
     of stack per thread.  Also the split design's launch 1 (T stored, `T_OUT`; its solve with f16
-    operands, `LaunchConfig.solve_dt`; Aqk's exponents stored, or for the walks that load it the
-    Aqk tile), under its own cap (128, four programs per SM: measured
+    operands, `LaunchConfig.solve_dt`), under its own cap (128, four programs per SM: measured
     faster with 8 bytes spilled at the op's default; bounded at 128), its first programs finding
     the segments' warm-up starts from the gates or from the keys' norms."""
     results = _compile_all(CHUNK_SCRIPT, 900)
-    assert len(results) == 13, results
+    assert len(results) == 12, results
 
     def allowed(key: str) -> int:
         # the three-launch design's launch 1 in bf16: 144 bytes under the cap (T_OUT off; until
@@ -284,7 +276,7 @@ pol = dot_policy(torch.bfloat16, dp._chunk_prepare_kernel, True)
 p = "*bf16"
 consts = dict(H=16, HV=32, K=128, V=128, BK=128, BT=dc.BT, IS_VARLEN=True,
               HAS_H0=True, STORE_FINAL=True, STATE_DT=pol.state_dtype, STATE_PRECISION=pol.state_precision,
-              ROUND_BF16=False, INTERPRETED=False, CHUNK_DT=pol.chunk_dtype, TMA=False, AQK_IN_WALK=False)
+              ROUND_BF16=False, INTERPRETED=False, CHUNK_DT=pol.chunk_dtype, TMA=False)
 f32 = "*fp32"
 types = dict(q=p, k=p, v=p, tinv=p, wf=f32, gc=f32, kf=f32, qf=f32, aqk=p, o=p,
              cw="*i32", h0=f32, ht=f32, cu_seqlens="*i32")
@@ -293,22 +285,19 @@ types = dict(q=p, k=p, v=p, tinv=p, wf=f32, gc=f32, kf=f32, qf=f32, aqk=p, o=p,
 tma_cfg, masked_cfg = WalkConfig(tma=True), WalkConfig(tma=False)
 def walk(cfg, bv, **c):
     tma = c.get("TMA", False)
-    in_walk = ds.aqk_in_walk_default(tma, bv == cfg.wide_bv, c.get("WARMUP", False))  # aqk: float32 exponents
-    c = dict(consts, BV=bv, AQK_IN_WALK=in_walk, **c)
+    c = dict(consts, BV=bv, **c)
     warps = cfg.wide_warps if bv == cfg.wide_bv else cfg.fold_warps
-    return dict(types, aqk=f32) if in_walk else types, c, warps, ds.pipeline_stages(cfg, tma, bv, pol.state_dtype)
+    return c, warps, ds.pipeline_stages(cfg, tma, bv, pol.state_dtype)
 launches = [
     # unsplit and split into segments, 64-wide V; whole-V for many chains
-    ("walk", ds._segment_output_kernel, *walk(masked_cfg, masked_cfg.fold_bv, WARMUP=False)),
-    ("walk with warm-up", ds._segment_output_kernel, *walk(masked_cfg, masked_cfg.fold_bv, WARMUP=True)),
-    ("walk whole-V", ds._segment_output_kernel, *walk(masked_cfg, masked_cfg.wide_bv, WARMUP=False)),
-    # the tiles by TMA (B1 prompts: dense, split, the per-token factors by TMA too, Aqk formed in
-    # the walk; B4: unsplit, 64-wide; packed sequences: varlen, whole-V)
-    ("walk with warm-up, TMA", ds._segment_output_kernel,
-     *walk(tma_cfg, tma_cfg.fold_bv, IS_VARLEN=False, WARMUP=True, TMA=True)),
-    ("walk, TMA", ds._segment_output_kernel,
-     *walk(tma_cfg, tma_cfg.fold_bv, IS_VARLEN=False, WARMUP=False, TMA=True)),
-    ("walk whole-V, TMA", ds._segment_output_kernel,
+    ("walk", ds._segment_output_kernel, types, *walk(masked_cfg, masked_cfg.fold_bv, WARMUP=False)),
+    ("walk with warm-up", ds._segment_output_kernel, types, *walk(masked_cfg, masked_cfg.fold_bv, WARMUP=True)),
+    ("walk whole-V", ds._segment_output_kernel, types, *walk(masked_cfg, masked_cfg.wide_bv, WARMUP=False)),
+    # the tiles by TMA, whole-V (`ds.wide_tiles`; the per-token factors by TMA too): B1 prompts
+    # (dense, split) and B4 or packed sequences (varlen, unsplit)
+    ("walk whole-V with warm-up, TMA", ds._segment_output_kernel, types,
+     *walk(tma_cfg, tma_cfg.wide_bv, IS_VARLEN=False, WARMUP=True, TMA=True)),
+    ("walk whole-V, TMA", ds._segment_output_kernel, types,
      *walk(tma_cfg, tma_cfg.wide_bv, WARMUP=False, TMA=True)),
 ]
 results = {}
@@ -329,21 +318,20 @@ def test_split_chunk_kernels_compile_for_sm90() -> None:
     default path for ≥ 128 sequence × value-head chains and for long B1 sequences) compiles for
     sm_90 at the tiles of `delta_rule_config.WalkConfig`: unsplit and split with the warm-up
     (64-wide V, 4 warps, 2 stages: by masked loads up to 192 bytes of spill per thread) and
-    whole-V at 8 warps for grids of many chains; with the tiles by TMA (the default on sm_90)
-    neither spills at all, except the split 64-wide walk that forms Aqk itself
-    (`aqk_in_walk_default`: 24 bytes at 255 registers, measured faster than loading the tile;
-    bounded at 32), and the whole-V walk takes three pipeline stages (`pipeline_stages`).
+    whole-V at 8 warps for grids of many chains; with the tiles by TMA (the default on sm_90,
+    whole-V blocks for every grid: `wide_tiles`) the walk takes three pipeline stages
+    (`pipeline_stages`) and spills nothing, split or not.
     The masked walks were measured faster with those spills than at narrower tiles; the bound
     catches a change that makes them spill for real.  Every kernel's shared memory must
     fit the SM as the op launches it: two 64-wide walks per SM, one whole-V walk.  (The split
     design's launch 1 is the bf16 "prepare T out" of the test above.)"""
     results = _compile_all(SPLIT_SCRIPT, 900)
-    assert len(results) == 6, results
+    assert len(results) == 5, results
     heavy = {
         k: r
         for k, r in results.items()
         if int(r.get("STACK", 0)) + int(r.get("LOCAL", 0))  # type: ignore[call-overload]
-        > (200 if "walk" in k and "TMA" not in k else 32 if k.endswith("warm-up, TMA") else 0)
+        > (200 if "walk" in k and "TMA" not in k else 0)
     }
     assert not heavy, f"split kernels that spill more than their bound on sm_90: {heavy}"
     # an H200 SM has 228 KB of shared memory, 227 KB at most for one program and 1 KB reserved per

@@ -23,18 +23,16 @@ from tests.runtime.test_ops_delta_rule_chunk import OP, QWEN, check_against_refe
 
 from clef_runtime.compare import assert_close
 from clef_runtime.inputs import gdn_inputs
-from clef_runtime.ops import delta_rule_chunk_split as ds
-from clef_runtime.ops import delta_rule_prepare as dp
 from clef_runtime.ops.delta_rule_chunk_split import (
     WARMUP_BLOCK_KEYS,
     WARMUP_LOG_BOUND,
-    aqk_in_walk_default,
     chunk_gated_delta_rule_split,
     default_segments,
     pipeline_stages,
     takes_default_path,
     tma_eligible,
     walk_shape,
+    wide_tiles,
 )
 from clef_runtime.ops.delta_rule_config import WalkConfig, walk_config
 from clef_runtime.ops.delta_rule_prepare import BT, prepare
@@ -104,10 +102,9 @@ def check_split(
     HV: int = 1,
     l2norm: bool = True,
     k_norm: float | None = None,
-    **split_kw: object,
 ) -> list[int]:
     """The split at P segments against the float64 reference (bf16, initial and final states),
-    g drawn by `g_of(shape)` (``split_kw``: more arguments of the split); returns the warm-up starts of sequence 0, head 0 (`warmup_starts`)."""
+    g drawn by `g_of(shape)`; returns the warm-up starts of sequence 0, head 0 (`warmup_starts`)."""
     cu = packed_cu_seqlens(lens, device) if lens is not None else None
     T = sum(lens) if lens is not None else T
     N = len(lens) if lens is not None else 1
@@ -119,7 +116,7 @@ def check_split(
     g = g_of((1, T, HV)).to(device)  # type: ignore[operator]
     h0 = 0.1 * torch.randn(N, HV, 32, 32, generator=rng).to(device)
     kw = dict(initial_state=h0, output_final_state=True, cu_seqlens=cu, use_qk_l2norm=l2norm)
-    o, ht = chunk_gated_delta_rule_split(q, k, v, g, beta, segments=P, **kw, **split_kw)  # type: ignore[arg-type]
+    o, ht = chunk_gated_delta_rule_split(q, k, v, g, beta, segments=P, **kw)  # type: ignore[arg-type]
     ro, rht = ref.chunk_gated_delta_rule(q, k, v, g, beta, **kw)  # type: ignore[arg-type]
     tol = tolerance(OP, "bf16")
     assert torch.isfinite(ro).all() and torch.isfinite(rht).all()  # type: ignore[arg-type]
@@ -138,21 +135,6 @@ def test_warmup_cut_short_by_fast_decay(rng: torch.Generator, device: torch.devi
     """g ∈ (-0.5, -0.2): one chunk's bound is below 2⁻²⁴, so every warm-up is one chunk."""
     starts = check_split(rng, device, uniform(-0.5, -0.2, rng), 4, T=512)
     assert starts == [1, 3, 5]  # segments of 2 chunks, each warmed up from the chunk before it
-
-
-@pytest.mark.parametrize("aqk_in_walk", [False, True])
-def test_aqk_formed_in_the_walk_under_decay_that_underflows(
-    aqk_in_walk: bool, rng: torch.Generator, device: torch.device
-) -> None:
-    """g ∈ (-4, -2): a chunk's cumulative decay reaches e^{-190}, far below float32's range,
-    while e^{G_t - G_j} of neighbouring tokens stays near e^{-3}.  Aqk formed in the walk from
-    launch 1's per-token exponents (`aqk_in_walk`, by masked loads and by TMA alike) matches the
-    reference as the stored tile does; one formed from factors e^{G_t} and e^{-G_j} would
-    underflow to zero (or overflow) and fail this test."""
-    for tma in (True, False):
-        cfg = dataclasses.replace(walk_config(device), tma=tma)
-        g = uniform(-4.0, -2.0, rng)
-        check_split(rng, device, g, 2, lens=[200, 70], HV=2, aqk_in_walk=aqk_in_walk, config=cfg)
 
 
 def test_warmup_cut_by_a_decay_that_needs_it(rng: torch.Generator, device: torch.device) -> None:
@@ -270,12 +252,7 @@ def test_warmup_varlen_with_empty_and_short_sequences(rng: torch.Generator, devi
 
 
 def tma_and_masked(
-    rng: torch.Generator,
-    device: torch.device,
-    layout: str,
-    aqk_in_walk: bool,
-    wide_bv: int | None = None,
-    **dims: int,
+    rng: torch.Generator, device: torch.device, layout: str, wide_bv: int | None = None, **dims: int
 ) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
     """The split design's output and final state with the walk's tiles by TMA and by masked
     loads, on the same inputs: an initial state, 2 segments, V blocks narrower than V; "varlen"
@@ -283,8 +260,7 @@ def tma_and_masked(
     chunk but the first starts at a multiple of 4), "dense" a T that does too (150: not a
     multiple of 4), "dense-aligned" one that is (148).  The per-token factors come by TMA with the
     tiles (launch 1 stores them by chunk slot, so every chunk's start is aligned).  ``wide_bv``:
-    the V block the walk's configuration counts as whole-V (β by TMA too); ``aqk_in_walk``: both
-    walks form Aqk themselves, or both load launch 1's tile."""
+    the V block the walk's configuration counts as whole-V (β by TMA too)."""
     cfg = walk_config(device)
     if wide_bv is not None:
         cfg = dataclasses.replace(cfg, wide_bv=wide_bv)
@@ -304,26 +280,23 @@ def tma_and_masked(
         o, ht = chunk_gated_delta_rule_split(
             q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu, use_qk_l2norm=True,
             segments=2, block_v=dims["V"] // 2, config=dataclasses.replace(cfg, tma=tiles),
-            aqk_in_walk=aqk_in_walk,
         )  # fmt: skip
         assert ht is not None
         out.append((o, ht))
     return out[0], out[1]
 
 
-@pytest.mark.parametrize("aqk_in_walk", [False, True])
 @pytest.mark.parametrize("layout", ["varlen", "dense", "dense-aligned"])
 def test_tma_tiles_give_the_masked_loads_results(
-    layout: str, aqk_in_walk: bool, rng: torch.Generator, device: torch.device
+    layout: str, rng: torch.Generator, device: torch.device
 ) -> None:
     """The walk's tiles by TMA (`WalkConfig.tma`: each program's tensor descriptors over its
     sequence's rows, which read rows past the sequence end as zeros and do not write them) give
     the masked loads' outputs and final states to the bit, here in the interpreter.  A descriptor
     that let a partial chunk's rows through, or wrote the output rows past a sequence end (into
     the next sequence's), fails this test; so does a per-token factor past a sequence end (the
-    next sequence's, by TMA too) that reached an output or a state; with Aqk formed in the walk,
-    an exponent past a sequence end that did."""
-    (o1, h1), (o0, h0) = tma_and_masked(rng, device, layout, aqk_in_walk, H=1, HV=2, K=32, V=64)
+    next sequence's, by TMA too) that reached an output or a state."""
+    (o1, h1), (o0, h0) = tma_and_masked(rng, device, layout, H=1, HV=2, K=32, V=64)
     assert torch.equal(o1, o0) and torch.equal(h1, h0)
 
 
@@ -331,10 +304,9 @@ def test_tma_tiles_give_the_masked_loads_results(
 def test_wide_walk_by_tma_gives_the_masked_loads_results(
     layout: str, rng: torch.Generator, device: torch.device
 ) -> None:
-    """The whole-V walk (three pipeline stages with TMA, Aqk formed in the walk) gives the masked
-    loads' outputs and final states, to the bit.  Here the test's V block stands for the whole-V
-    one."""
-    (o1, h1), (o0, h0) = tma_and_masked(rng, device, layout, True, wide_bv=32, H=1, HV=2, K=32, V=64)
+    """The whole-V walk (three pipeline stages with TMA) gives the masked loads' outputs and final
+    states, to the bit.  Here the test's V block stands for the whole-V one."""
+    (o1, h1), (o0, h0) = tma_and_masked(rng, device, layout, wide_bv=32, H=1, HV=2, K=32, V=64)
     assert torch.equal(o1, o0) and torch.equal(h1, h0)
 
 
@@ -364,19 +336,35 @@ def test_default_segments() -> None:
     # B1 at the model's heads: 32 whole-V programs -> 4 segments, one program per SM
     assert default_segments(1, 32, 128, 32768) == 4
     assert default_segments(4, 32, 128, 8192) == 1  # 128 programs: unsplit
+    assert default_segments(2, 32, 128, 8192) == 2  # 64 -> 128
+    # 96 programs: two segments would make 192, past one wave on 132 SMs
+    assert default_segments(3, 32, 128, 8192) == 1
+    assert default_segments(1, 40, 128, 8192) == 3  # 120
     assert default_segments(1, 32, 128, 512) == 2  # 8 chunks: segments of at least 4
     assert default_segments(1, 32, 128, 192) == 1
     assert default_segments(1, 1, 16, 1 << 20) == 16  # capped
 
 
 def test_walk_shape() -> None:
-    # 64-wide programs while two per SM hold the grid (B1 T32768 in 4 segments: 256 on 132 SMs;
-    # B4 T8192: 256), whole-V 8-warp programs beyond (8 packed × 4096: 512)
+    # whole-V 8-warp programs wherever the tiles come by TMA with 16-bit state operands (B4
+    # T8192: 128 programs, measured 9% faster than 256 64-wide ones); elsewhere 64-wide programs
+    # while two per SM hold the grid, whole-V beyond (8 packed × 4096: 512)
     cfg = WalkConfig(tma=True)
-    assert walk_shape(cfg, 256, 132) == (cfg.fold_bv, cfg.fold_warps) == (64, 4)
-    assert walk_shape(cfg, 264, 132) == (64, 4)
-    assert walk_shape(cfg, 265, 132) == (cfg.wide_bv, cfg.wide_warps) == (128, 8)
-    assert walk_shape(cfg, 512, 132) == (128, 8)
+    wide = (cfg.wide_bv, cfg.wide_warps)
+    assert wide == (128, 8)
+    for programs in (64, 256, 264, 265, 512):
+        assert walk_shape(cfg, programs, 132, True) == wide
+    assert walk_shape(cfg, 256, 132, False) == (cfg.fold_bv, cfg.fold_warps) == (64, 4)
+    assert walk_shape(cfg, 264, 132, False) == (64, 4)
+    assert walk_shape(cfg, 265, 132, False) == wide
+    assert walk_shape(cfg, 512, 132, False) == wide
+
+
+def test_wide_tiles() -> None:
+    # TMA tiles and 16-bit state operands (bf16) only: f16's state operands are float32
+    assert wide_tiles(True, tl.bfloat16)
+    assert not wide_tiles(False, tl.bfloat16)
+    assert not wide_tiles(True, tl.float32)
 
 
 def test_pipeline_stages() -> None:
@@ -389,45 +377,6 @@ def test_pipeline_stages() -> None:
     assert pipeline_stages(cfg, True, cfg.fold_bv, bf16) == cfg.stages == 2
     assert pipeline_stages(cfg, False, cfg.wide_bv, bf16) == 2
     assert pipeline_stages(cfg, True, cfg.wide_bv, f32) == 2
-
-
-def test_aqk_in_walk_default() -> None:
-    # formed in the walk only where it was measured faster: TMA, 64-wide V blocks, split
-    assert aqk_in_walk_default(True, False, True)
-    assert not aqk_in_walk_default(True, False, False)  # unsplit (B4 T8192: 774 → 818 µs)
-    assert not aqk_in_walk_default(True, True, True)  # whole-V (8 packed × 4096: 757 → 893 µs)
-    assert not aqk_in_walk_default(False, False, True)  # masked loads
-
-
-@pytest.mark.parametrize(
-    ("B", "T", "in_walk"), [(1, 32768, True), (4, 8192, False)], ids=["B1-T32768-split", "B4-T8192-unsplit"]
-)
-def test_both_launches_take_the_same_aqk_form(
-    B: int, T: int, in_walk: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """At the Qwen3.5 heads on an H100's 132 SMs (launches captured, not run): launch 1 stores
-    Aqk's exponents exactly where the walk forms Aqk from them, by the rule above (B1 T32768
-    splits into 64-wide segments; B4 T8192 walks unsplit)."""
-    launches: dict[str, dict[str, object]] = {}
-
-    def capture(
-        rec: object, kernel: object, grid: object, args: object, kw: dict[str, object], **_: object
-    ) -> None:
-        launches[getattr(kernel, "__name__", "") or str(getattr(kernel, "fn", kernel))] = kw
-
-    monkeypatch.setattr(ds, "_sm_count", lambda device: 132)
-    monkeypatch.setattr(ds, "plain_launch", capture)
-    monkeypatch.setattr(dp, "plain_launch", capture)
-    q = torch.zeros(B, T, QWEN["H"], QWEN["K"], dtype=torch.bfloat16)
-    v = torch.zeros(B, T, QWEN["HV"], QWEN["V"], dtype=torch.bfloat16)
-    g = torch.zeros(B, T, QWEN["HV"])
-    ds.run_split(
-        q, q, v, g, g, (T, QWEN["H"], QWEN["HV"], QWEN["K"], QWEN["V"], B), 1.0, None, False, None, True
-    )
-    (prep,) = [kw for name, kw in launches.items() if "prepare" in name]
-    (walk,) = [kw for name, kw in launches.items() if "segment" in name]
-    assert walk["TMA"] and walk["BV"] == 64
-    assert prep["AQK_EXP"] == walk["AQK_IN_WALK"] == in_walk
 
 
 def test_walk_config_takes_tma_from_sm90() -> None:
@@ -474,14 +423,13 @@ def test_split_matches_reference_gpu(
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("aqk_in_walk", [False, True])
 @pytest.mark.parametrize("layout", ["varlen", "dense", "dense-aligned"])
 def test_tma_tiles_give_the_masked_loads_results_gpu(
-    layout: str, aqk_in_walk: bool, rng: torch.Generator, gpu_device: torch.device
+    layout: str, rng: torch.Generator, gpu_device: torch.device
 ) -> None:
     """`test_tma_tiles_give_the_masked_loads_results` at the Qwen3.5 heads on the GPU (the same
     dots and roundings: equal up to the order the compiler gives a sum, measured bit-identical on
     the H200)."""
-    (o1, h1), (o0, h0) = tma_and_masked(rng, gpu_device, layout, aqk_in_walk, **QWEN)
+    (o1, h1), (o0, h0) = tma_and_masked(rng, gpu_device, layout, **QWEN)
     torch.testing.assert_close(o1, o0, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(h1, h0, rtol=1e-6, atol=1e-6)

@@ -38,10 +38,7 @@ computed tile is copied to shared memory on the step's chain.  Its V blocks, war
 are the GPU's `delta_rule_config.WalkConfig`; on sm_90 its tiles arrive, and the output leaves,
 by TMA: each program makes tensor descriptors over its sequence's rows, so rows past the
 sequence end read as zeros and are not written, as with masked loads and stores, without their
-per-thread address and mask arithmetic.  Where the split walk takes TMA (`aqk_in_walk_default`)
-launch 1 stores no Aqk tile: two exponents a token, ``a_t = log2(scale e^{G_t} / |q_t|)`` and
-``c_j = log2(e^{G_j} |k_j|)``, from which each step forms ``Aqk_tj = (q_t · k_j) 2^(a_t - c_j)``
-(``j ≤ t``) with one more dot of the q and k tiles it already loads.
+per-thread address and mask arithmetic.
 
 The segments differ from a single walk only in rounding.  With ``P = 1`` there is no warm-up
 and the kernel is the plain fused recurrence.  Segments hold ``ceil(chunks / P)`` chunks of their
@@ -63,7 +60,7 @@ import triton.language as tl
 
 from clef_runtime.interpreter import interpreted
 from clef_runtime.ops._common import cdiv
-from clef_runtime.ops.delta_rule_common import pow2_at_least, rne_bf16, tensor_core_dots
+from clef_runtime.ops.delta_rule_common import rne_bf16, tensor_core_dots
 from clef_runtime.ops.delta_rule_common import seq_bounds as _seq_bounds
 from clef_runtime.ops.delta_rule_config import WalkConfig, walk_config
 from clef_runtime.ops.delta_rule_plan import Recorder, plain_launch
@@ -93,32 +90,44 @@ DEFAULT_MIN_SPLIT_TOKENS = 1024
 
 def default_segments(N: int, HV: int, V: int, T: int, block_v: int = 128) -> int:
     """Segments per sequence: one when the unsplit walk has enough programs (counted at
-    ``block_v``-wide V blocks), else enough for TARGET_PROGRAMS, none shorter than
-    MIN_SEGMENT_CHUNKS chunks on average (host arithmetic only: no sync on cu_seqlens)."""
+    ``block_v``-wide V blocks), else as many as keep the grid within TARGET_PROGRAMS (one wave
+    of whole-V programs), none shorter than MIN_SEGMENT_CHUNKS chunks on average (host
+    arithmetic only: no sync on cu_seqlens)."""
     programs = N * HV * cdiv(V, block_v)
     if programs >= UNSPLIT_PROGRAMS:
         return 1
-    want = cdiv(TARGET_PROGRAMS, max(1, programs))
+    want = TARGET_PROGRAMS // max(1, programs)
     per_seq_chunks = cdiv(T, BT) // max(1, N)
     room = max(1, per_seq_chunks // MIN_SEGMENT_CHUNKS)
     return int(max(1, min(want, room, MAX_SEGMENTS)))
 
 
-def walk_shape(cfg: WalkConfig, programs: int, sms: int) -> tuple[int, int]:
+def walk_shape(cfg: WalkConfig, programs: int, sms: int, wide_tiles: bool) -> tuple[int, int]:
     """(V block, warps) of the walk, whose grid has ``programs`` programs at ``cfg.fold_bv`` on a
-    GPU of ``sms`` SMs: the 64-wide shape, or the whole-V one where that grid would hold more
-    than ``cfg.wide_per_sm`` programs per SM."""
-    if programs > cfg.wide_per_sm * sms:
+    GPU of ``sms`` SMs: the whole-V shape where its tiles come by TMA with 16-bit state operands
+    (``wide_tiles``, the `pipeline_stages` that take ``cfg.wide_stages``) or where the 64-wide
+    grid would hold more than ``cfg.wide_per_sm`` programs per SM, else the 64-wide one.  On an
+    H100 (2026-12-06, docs/performance.md "The walk at its DRAM floor") whole-V by TMA was faster
+    from B1 T2048 (3%) to B4 T8192 (9%): it reads k, q, T and Aqk once a chunk and head, not once
+    a V block, and its three stages keep the DRAM at 88% of its peak; at B1 T32768 and T131072
+    the two shapes were within 1%."""
+    if wide_tiles or programs > cfg.wide_per_sm * sms:
         return cfg.wide_bv, cfg.wide_warps
     return cfg.fold_bv, cfg.fold_warps
 
 
 def pipeline_stages(cfg: WalkConfig, tma: bool, block_v: int, state_dt: tl.dtype) -> int:
     """The walk's pipeline stages: ``cfg.wide_stages`` for whole-V blocks whose tiles come by TMA
-    and whose state dots take 16-bit operands (bf16: where three were measured faster), else
-    ``cfg.stages`` (f16's float32 state operands need more shared memory than three stages
-    leave; the masked loads were not timed at three)."""
-    return cfg.wide_stages if tma and block_v == cfg.wide_bv and state_dt != tl.float32 else cfg.stages
+    and whose state dots take 16-bit operands (`wide_tiles`), else ``cfg.stages`` (f16's float32
+    state operands need more shared memory than three stages leave; the masked loads were not
+    timed at three)."""
+    return cfg.wide_stages if wide_tiles(tma, state_dt) and block_v == cfg.wide_bv else cfg.stages
+
+
+def wide_tiles(tma: bool, state_dt: tl.dtype) -> bool:
+    """Whether the walk takes whole-V blocks at three stages whatever its grid: tiles by TMA and
+    16-bit state operands (bf16 inputs)."""
+    return tma and state_dt != tl.float32
 
 
 def tma_eligible(cfg: WalkConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
@@ -135,19 +144,6 @@ def tma_eligible(cfg: WalkConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
         and x.shape[3] % unit == 0
         for x in (q, k, v)
     )
-
-
-def aqk_in_walk_default(tma: bool, wide: bool, split: bool) -> bool:
-    """Whether the walk forms each chunk's Aqk from q, k and two per-token exponents (one more
-    64 × 64 × K dot a step, off the state's chain) instead of loading the tile launch 1 stored
-    (128 bytes a token and value head, written and read back): where its tiles come by TMA, its
-    V blocks are the 64-wide ones (``wide``: whole-V blocks) and the sequences are split into
-    segments (``split``: the long B1 prompts).  Measured on an H100 (docs/performance.md, "Aqk
-    formed in the walk"): B1 T32768 772 → 756 µs (launch 1 −44 µs, the walk +26), T131072 3.09 →
-    2.96 ms.  Unsplit, the 64-wide walk lost (B4 T8192 774 → 818 µs; 4 packed × 8192: the walk
-    +95 µs against launch 1's −41) and so did the whole-V one (8 packed × 4096 757 → 893 µs):
-    they keep the tile, as does the masked walk (which already spills at its tiles)."""
-    return tma and not wide and split
 
 
 @functools.lru_cache(maxsize=16)
@@ -178,7 +174,7 @@ def _walk_step(
     k_p,
     t_p,
     wf_p,
-    gc_p,
+    gl,
     kf_p,
     q_p,
     qf_p,
@@ -195,8 +191,6 @@ def _walk_step(
     t_d,
     a_d,
     o_d,
-    ae_p,
-    ce_p,
     bos,
     HV: tl.constexpr,
     K: tl.constexpr,
@@ -210,7 +204,6 @@ def _walk_step(
     ROUND_BF16: tl.constexpr,
     CHUNK_DT: tl.constexpr,
     TMA: tl.constexpr,
-    AQK_IN_WALK: tl.constexpr,
 ):
     """One chunk from its start state, held transposed (``St = Sᵀ``, V block × K); with OUTPUT,
     the chunk's output rows for these columns are stored if the chunk starts at or after t_out (a
@@ -218,8 +211,9 @@ def _walk_step(
     were).  Returns the state at the chunk end.
 
     ``t_p`` holds launch 1's ``T diag(β)``, ``wf_p`` the factors e^{G} / |k| and ``v_p`` v (β is
-    in T: the step loads none); the factor pointers kf_p, wf_p, qf_p are offset so that chunk
-    t0's factors are at ``+ t0``, descriptors load at the chunk's row.  Every product is written as
+    in T: the step loads none); ``gl`` is the chunk's decay to its end (`_chunk_end_decay`); the
+    factor pointers kf_p, wf_p, qf_p are offset so that chunk t0's factors are at ``+ t0``,
+    descriptors load at the chunk's row.  Every product is written as
     ``(computed tile) · (loaded tile)ᵀ``: on Hopper a wgmma takes its left operand from registers
     and its right one from shared memory, where the pipelined loads already put the tiles, so no
     computed tile (S, y, v_new) goes through shared memory on the step's dependent chain.  The
@@ -227,9 +221,7 @@ def _walk_step(
     instead of a bf16 rounding of the scaled keys).  With TMA the tiles of k, q, v, T and Aqk and
     the factors of k and w come by the sequence's tensor descriptors `*_d`, `kf_p`, `wf_p` (rows
     counted from ``bos``; rows past the sequence end read as zeros, as the masked loads give them)
-    and the output leaves by ``o_d`` (rows past the end dropped).  With AQK_IN_WALK the step forms
-    Aqk from q, k and launch 1's exponents ``ae_p`` (of q's rows) and ``ce_p`` (of k's), pointers
-    offset as the factors' or 1-D descriptors with TMA, in place of loading its tile."""
+    and the output leaves by ``o_d`` (rows past the end dropped)."""
     n_live = eos - t0
     r = tl.arange(0, BT)
     live = r < n_live
@@ -237,7 +229,6 @@ def _walk_step(
     rv = tl.arange(0, BV)
     kmask = live[:, None] & (rk < K)[None, :]
     vmask_t = (rv < ncols)[:, None] & live[None, :]  # [BV, BT]
-    gl = tl.load(gc_p + t0 + tl.minimum(n_live, BT) - 1)  # decay to the chunk end
     row = (t0 - bos).to(tl.int32)  # the chunk's first row in the descriptors
     if TMA:  # noqa: SIM108 (kf_p and wf_p: descriptors over the sequence's factors)
         kfac = kf_p.load([row])
@@ -251,23 +242,6 @@ def _walk_step(
         Tc = tl.load(
             t_p + t0 * (HV * BT) + r[:, None] * (HV * BT) + r[None, :], mask=live[:, None], other=0.0
         ).to(CHUNK_DT)
-    if OUTPUT and AQK_IN_WALK:
-        # Aqkᵀ_jt = (k qᵀ)_jt 2^(a_t - c_j) for j ≤ t, off the state's dependent chain (the
-        # exponent of j > t is -1e30: its factor is zero); rows past the sequence end read zero
-        # exponents and zero q and k
-        if TMA:
-            qc = q_d.load([row, 0]).to(STATE_DT)
-            ae = ae_p.load([row])
-            ce = ce_p.load([row])
-        else:
-            qc = tl.load(q_p + t0 * sqt + r[:, None] * sqt + rk[None, :], mask=kmask, other=0.0).to(STATE_DT)
-            ae = tl.load(ae_p + t0 + r, mask=live, other=0.0)
-            ce = tl.load(ce_p + t0 + r, mask=live, other=0.0)
-        kq = tl.dot(kc, tl.trans(qc), input_precision=STATE_PRECISION)
-        At = kq * tl.exp2(tl.where(r[:, None] <= r[None, :], ae[None, :] - ce[:, None], -1e30))
-        if ROUND_BF16:
-            At = rne_bf16(At)
-        At = At.to(STATE_DT)
     Sd = St.to(STATE_DT)
     if ROUND_BF16:
         Sd = rne_bf16(Sd)
@@ -297,31 +271,19 @@ def _walk_step(
         vd = v_new.to(STATE_DT)
         if ROUND_BF16:
             vd = rne_bf16(vd)
-        if AQK_IN_WALK:
-            # (Aqk v_new)ᵀ accumulates onto (q S)ᵀ: one tile fewer in registers (sm_90 stack 88 →
-            # 24 bytes)
-            oc = tl.dot(
-                vd, At, tl.dot(Sd, tl.trans(qc), input_precision=STATE_PRECISION) * qfac[None, :],
-                input_precision=STATE_PRECISION,
-            )  # fmt: skip
+        if TMA:
+            qc = q_d.load([row, 0]).to(STATE_DT)
+            Ac = a_d.load([row, 0])
         else:
-            if TMA:
-                qc = q_d.load([row, 0]).to(STATE_DT)
-                Ac = a_d.load([row, 0])
-            else:
-                qc = tl.load(q_p + t0 * sqt + r[:, None] * sqt + rk[None, :], mask=kmask, other=0.0).to(
-                    STATE_DT
-                )
-                # launch 1 stored Aqk's whole rows, zero above the diagonal: a mask by rows only lets
-                # the load be pipelined (a per-element mask cannot be an asynchronous copy)
-                Ac = tl.load(
-                    aqk_p + t0 * (HV * BT) + r[:, None] * (HV * BT) + r[None, :],
-                    mask=live[:, None],
-                    other=0.0,
-                )
-            oc = tl.dot(Sd, tl.trans(qc), input_precision=STATE_PRECISION) * qfac[None, :] + tl.dot(
-                vd, tl.trans(Ac.to(STATE_DT)), input_precision=STATE_PRECISION
-            )  # oᵀ, [BV, BT]
+            qc = tl.load(q_p + t0 * sqt + r[:, None] * sqt + rk[None, :], mask=kmask, other=0.0).to(STATE_DT)
+            # launch 1 stored Aqk's whole rows, zero above the diagonal: a mask by rows only lets the
+            # load be pipelined (a per-element mask cannot be an asynchronous copy)
+            Ac = tl.load(
+                aqk_p + t0 * (HV * BT) + r[:, None] * (HV * BT) + r[None, :], mask=live[:, None], other=0.0
+            )
+        oc = tl.dot(Sd, tl.trans(qc), input_precision=STATE_PRECISION) * qfac[None, :] + tl.dot(
+            vd, tl.trans(Ac.to(STATE_DT)), input_precision=STATE_PRECISION
+        )  # oᵀ, [BV, BT]
         if ROUND_BF16:
             oc = rne_bf16(oc)
         if TMA:  # cannot be masked: `_walk` runs the warm-up chunks without OUTPUT
@@ -335,44 +297,59 @@ def _walk_step(
     return St * tl.exp(gl) + tl.dot(vk, kc, input_precision=STATE_PRECISION)
 
 
+@triton.jit
+def _chunk_end_decay(gc_p, t0, t_hi, eos, BT: tl.constexpr):
+    """The decay from the chunk at t0 to its end, ``G`` at its last token (``gc_p`` indexed by
+    token); 0 for a chunk at or past t_hi (the step after a span's last reads nothing)."""
+    return tl.load(gc_p + t0 + tl.minimum(eos - t0, BT) - 1, mask=t0 < t_hi, other=0.0)
+
+
 # fmt: off
 @triton.jit
 def _walk_span(
     S, t_lo, t_out, t_hi, eos, k_p, t_p, wf_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, skt, sqt,
-    v_p, svt, k_d, q_d, v_d, t_d, a_d, o_d, ae_p, ce_p, bos,
+    v_p, svt, k_d, q_d, v_d, t_d, a_d, o_d, bos,
     HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
     OUTPUT: tl.constexpr, STATE_DT: tl.constexpr, STATE_PRECISION: tl.constexpr, ROUND_BF16: tl.constexpr,
-    INTERPRETED: tl.constexpr, CHUNK_DT: tl.constexpr, TMA: tl.constexpr, AQK_IN_WALK: tl.constexpr,
+    INTERPRETED: tl.constexpr, CHUNK_DT: tl.constexpr, TMA: tl.constexpr,
 ):
     """`_walk_step` over the chunks of tokens [t_lo, t_hi) from state S, outputs from t_out on;
-    returns the state at t_hi."""
+    returns the state at t_hi.  Each chunk's decay to its end (one float a chunk, ``gc_p``) is
+    loaded a step ahead: a scalar load is not pipelined, and loaded at its own step it stalled
+    the state's update (sm_90 profile: 4-11% of the walk's stall samples)."""
+    gl = _chunk_end_decay(gc_p, t_lo, t_hi, eos, BT)
     if INTERPRETED:  # Triton 3.6's interpreter cannot take a runtime range bound (numpy ≥ 2)
         t0 = t_lo
         while t0 < t_hi:
+            gl_next = _chunk_end_decay(gc_p, t0 + BT, t_hi, eos, BT)
             S = _walk_step(
-                S, t0, t_out, eos, k_p, t_p, wf_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, skt, sqt,
-                v_p, svt, k_d, q_d, v_d, t_d, a_d, o_d, ae_p, ce_p, bos,
-                HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16, CHUNK_DT, TMA, AQK_IN_WALK,
+                S, t0, t_out, eos, k_p, t_p, wf_p, gl, kf_p, q_p, qf_p, aqk_p, o_p, ncols, skt, sqt,
+                v_p, svt, k_d, q_d, v_d, t_d, a_d, o_d, bos,
+                HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16, CHUNK_DT, TMA,
             )
+            gl = gl_next
             t0 += BT
     else:
         # a for loop, so the compiler can pipeline the next chunk's loads behind this one's dots
         for c in range(0, tl.cdiv(t_hi - t_lo, BT)):
+            t0 = t_lo + c * BT
+            gl_next = _chunk_end_decay(gc_p, t0 + BT, t_hi, eos, BT)
             S = _walk_step(
-                S, t_lo + c * BT, t_out, eos, k_p, t_p, wf_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols,
-                skt, sqt, v_p, svt, k_d, q_d, v_d, t_d, a_d, o_d, ae_p, ce_p, bos,
-                HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16, CHUNK_DT, TMA, AQK_IN_WALK,
+                S, t0, t_out, eos, k_p, t_p, wf_p, gl, kf_p, q_p, qf_p, aqk_p, o_p, ncols,
+                skt, sqt, v_p, svt, k_d, q_d, v_d, t_d, a_d, o_d, bos,
+                HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16, CHUNK_DT, TMA,
             )
+            gl = gl_next
     return S
 
 
 @triton.jit
 def _walk(
     S, t_lo, t_out, t_hi, eos, k_p, t_p, wf_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, skt, sqt,
-    v_p, svt, k_d, q_d, v_d, t_d, a_d, o_d, ae_p, ce_p, bos,
+    v_p, svt, k_d, q_d, v_d, t_d, a_d, o_d, bos,
     HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
     OUTPUT: tl.constexpr, STATE_DT: tl.constexpr, STATE_PRECISION: tl.constexpr, ROUND_BF16: tl.constexpr,
-    INTERPRETED: tl.constexpr, CHUNK_DT: tl.constexpr, TMA: tl.constexpr, AQK_IN_WALK: tl.constexpr,
+    INTERPRETED: tl.constexpr, CHUNK_DT: tl.constexpr, TMA: tl.constexpr,
 ):
     """`_walk_span` over the chunks of tokens [t_lo, t_hi) from state S, outputs from t_out on;
     returns the state at t_hi.  Both launches walk through here (inlined on a GPU).  A TMA store
@@ -381,16 +358,14 @@ def _walk(
     if TMA:
         S = _walk_span(
             S, t_lo, t_out, t_out, eos, k_p, t_p, wf_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, skt, sqt,
-            v_p, svt, k_d, q_d, v_d, t_d, a_d, o_d, ae_p, ce_p, bos,
+            v_p, svt, k_d, q_d, v_d, t_d, a_d, o_d, bos,
             HV, K, V, BK, BV, BT, False, STATE_DT, STATE_PRECISION, ROUND_BF16, INTERPRETED, CHUNK_DT, TMA,
-            AQK_IN_WALK,
         )
         t_first = t_out
     return _walk_span(
         S, t_first, t_out, t_hi, eos, k_p, t_p, wf_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, skt, sqt,
-        v_p, svt, k_d, q_d, v_d, t_d, a_d, o_d, ae_p, ce_p, bos,
+        v_p, svt, k_d, q_d, v_d, t_d, a_d, o_d, bos,
         HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16, INTERPRETED, CHUNK_DT, TMA,
-        AQK_IN_WALK,
     )
 # fmt: on
 
@@ -437,15 +412,12 @@ def _segment_output_kernel(
     INTERPRETED: tl.constexpr,
     CHUNK_DT: tl.constexpr,
     TMA: tl.constexpr,
-    AQK_IN_WALK: tl.constexpr = False,
 ):
     """Segment s of one sequence, value head and V block: its start state from a warm-up walk
     over the chunks before it, then its chunks with the output fused.  ``tinv`` holds launch 1's
     ``T diag(β)`` per chunk and ``wf`` the factors e^{G} / |k| of k's rows, from which each step
     forms w and u.  With TMA the walk moves its tiles and two of its per-token factors by tensor
-    descriptors of this sequence's rows (`tma_eligible`).  With AQK_IN_WALK ``aqk`` holds launch
-    1's exponents of Aqk (`delta_rule_prepare.prepare`'s ``aqk_exponents``) and each step forms
-    the chunk's Aqk from them and its q and k tiles."""
+    descriptors of this sequence's rows (`tma_eligible`)."""
     i_nh = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1)
     s = tl.program_id(2).to(tl.int64)
@@ -510,9 +482,6 @@ def _segment_output_kernel(
         o_d = k_p
     kf_h = kf + fd - bos
     qf_h = qf + fd - bos
-    fe = ((b * HV + hv) * 2 * NS + slot0) * BT  # the exponents of Aqk: q's rows', then k's
-    ae_p = aqk + fe - bos
-    ce_p = ae_p + NS * BT
     if TMA:
         # k's and w's per-token factors by TMA too, through 1-D descriptors over the sequence's
         # [eos - bos) (each chunk's 64 start 256-byte aligned, launch 1's slots); past the end
@@ -522,15 +491,11 @@ def _segment_output_kernel(
         nfac = (eos - bos).to(tl.int32)
         kf_h = tl.make_tensor_descriptor(kf + fd, [nfac], [1], [BT])
         wf_p = tl.make_tensor_descriptor(wf + fd, [nfac], [1], [BT])
-        if AQK_IN_WALK:
-            ae_p = tl.make_tensor_descriptor(aqk + fe, [nfac], [1], [BT])
-            ce_p = tl.make_tensor_descriptor(aqk + fe + NS * BT, [nfac], [1], [BT])
     # the warm-up chunks [t_w, t_lo) (their outputs dropped), then the segment's own
     S = _walk(
         S, t_w, t_lo, t_hi, eos, k_p, t_p, wf_p, gc + hd, kf_h, q_p, qf_h, aqk_p, o_p,
-        ncols, skt, sqt, v_p, svt, k_d, q_d, v_d, t_d, a_d, o_d, ae_p, ce_p, bos,
+        ncols, skt, sqt, v_p, svt, k_d, q_d, v_d, t_d, a_d, o_d, bos,
         HV, K, V, BK, BV, BT, True, STATE_DT, STATE_PRECISION, ROUND_BF16, INTERPRETED, CHUNK_DT, TMA,
-        AQK_IN_WALK,
     )  # fmt: skip
     if STORE_FINAL:
         tl.store(ht + s_off, S, mask=s_mask & (s == P - 1))
@@ -553,15 +518,12 @@ def chunk_gated_delta_rule_split(
     warps: int | None = None,
     stages: int | None = None,
     config: WalkConfig | None = None,
-    aqk_in_walk: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The chunked delta rule in the split design (same contract as
     `clef_runtime.ops.delta_rule_chunk.chunk_gated_delta_rule`).  ``segments``: per sequence
     (None: `default_segments`); ``block_v``, ``warps``, ``stages``: the walk's column block, warps
     and pipeline stages (for measurements; None: `walk_shape` and `pipeline_stages`); ``config``:
-    the walk's configuration (None: the device's, `delta_rule_config.walk_config`);
-    ``aqk_in_walk``: whether the walk forms each chunk's Aqk itself (None: `aqk_in_walk_default`,
-    split 64-wide walks by TMA).  Raises
+    the walk's configuration (None: the device's, `delta_rule_config.walk_config`).  Raises
     ValueError where the device takes the FMA configuration (float32, sm70): that path has the
     three-launch design only."""
     _, T, H, HV, K, V, N, scale = checked_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens)
@@ -569,7 +531,7 @@ def chunk_gated_delta_rule_split(
         raise ValueError(f"{OP}: the split design runs on tensor cores only (16-bit inputs, sm80+)")
     return run_split(
         q, k, v, g, beta, (T, H, HV, K, V, N), scale, initial_state, output_final_state, cu_seqlens, use_qk_l2norm,
-        segments, block_v, warps, stages, config=config, aqk_in_walk=aqk_in_walk,
+        segments, block_v, warps, stages, config=config,
     )  # fmt: skip
 
 
@@ -591,7 +553,6 @@ def run_split(
     stages: int | None = None,
     rec: Recorder | None = None,
     config: WalkConfig | None = None,
-    aqk_in_walk: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`chunk_gated_delta_rule_split` on inputs already checked (`checked_inputs`: ``dims`` is its
     (T, H, HV, K, V, N), ``scale`` its scale) and on tensor cores: what
@@ -604,11 +565,6 @@ def run_split(
         raise ValueError(f"{OP}: segments must be ≥ 1, got {P}")
     wcfg = walk_config(q.device) if config is None else config
     tma = T > 0 and tma_eligible(wcfg, q, k, v)
-    walk_bv, walk_warps = walk_shape(wcfg, N * HV * cdiv(V, wcfg.fold_bv) * P, _sm_count(q.device))
-    BV = min(block_v or walk_bv, pow2_at_least(V))  # V's tile (`LaunchConfig.BVF`) at most
-    in_walk = (
-        aqk_in_walk_default(tma, wcfg.wide_bv == BV, P > 1) if aqk_in_walk is None else bool(aqk_in_walk)
-    )
     # launch 1's first N·HV·P programs find the segments' warm-up starts (two launches a call:
     # docs/performance.md, "Host time per chunked call"); unsplit calls (P = 1) keep launch 1
     # without those programs
@@ -617,9 +573,13 @@ def run_split(
     p = prepare(
         q, k, v, g, beta, N, scale, cu_seqlens, use_qk_l2norm, output_final_state, True, True,
         extra=(((N * HV * P,), torch.int32) if P_warm else None,), rec=rec,
-        warmup_plan=(P, WARMUP_LOG_BOUND, block) if P_warm else None, aqk_exponents=in_walk,
+        warmup_plan=(P, WARMUP_LOG_BOUND, block) if P_warm else None,
     )  # fmt: skip
-    policy = p.policy
+    policy, cfg = p.policy, p.cfg
+    walk_bv, walk_warps = walk_shape(
+        wcfg, N * HV * cdiv(V, wcfg.fold_bv) * P, _sm_count(q.device), wide_tiles(tma, policy.state_dtype)
+    )
+    BV = min(block_v or walk_bv, cfg.BVF)
     varlen = cu_seqlens is not None
     cw = p.gc  # an unused pointer with one segment
     if P_warm:
@@ -637,11 +597,11 @@ def run_split(
             p.cu, T, P, p.NS, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         ),
         dict(
-            H=H, HV=HV, K=K, V=V, BK=p.cfg.BK, BV=BV, BT=BT, IS_VARLEN=varlen,
+            H=H, HV=HV, K=K, V=V, BK=cfg.BK, BV=BV, BT=BT, IS_VARLEN=varlen,
             HAS_H0=initial_state is not None, STORE_FINAL=p.final is not None,
             STATE_DT=policy.state_dtype, STATE_PRECISION=policy.state_precision, WARMUP=P_warm,
             ROUND_BF16=policy.round_bf16, INTERPRETED=interpreted(_segment_output_kernel),
-            CHUNK_DT=policy.chunk_dtype, TMA=tma, AQK_IN_WALK=in_walk,
+            CHUNK_DT=policy.chunk_dtype, TMA=tma,
             num_warps=warps or walk_warps, num_stages=stages or walk_stages,
         ),
         scratch=q.device if tma else None,

@@ -91,10 +91,11 @@ class WalkConfig:
     """The split design's walk (`delta_rule_chunk_split`) on one GPU: 16-bit inputs on tensor
     cores only (sm_80 and later, and the interpreter).
 
-    The walk takes ``fold_bv``-wide V blocks at ``fold_warps`` warps (two programs fit an SM's
-    registers), or whole-V blocks (``wide_bv``, ``wide_warps``) where that grid would hold more
-    than ``wide_per_sm`` programs per SM: those read k, q, T and Aqk once per chunk and value head
-    instead of once per V block.  With ``tma`` (sm_90) its tiles, two of its per-token factors
+    The walk takes whole-V blocks (``wide_bv``, ``wide_warps``) where its tiles come by TMA with
+    16-bit state operands, or where a grid of ``fold_bv``-wide V blocks at ``fold_warps`` warps
+    (two programs fit an SM's registers) would hold more than ``wide_per_sm`` programs per SM:
+    whole-V blocks read k, q, T and Aqk once per chunk and value head instead of once per V block
+    (`delta_rule_chunk_split.walk_shape`).  With ``tma`` (sm_90) its tiles, two of its per-token factors
     (three for whole-V blocks) and its output move by TMA through tensor descriptors over each
     sequence's rows."""
 

@@ -122,7 +122,6 @@ def _chunk_prepare_kernel(
     WB: tl.constexpr = 64,
     FAST_EXP: tl.constexpr = False,
     NORM_FROM_GRAM: tl.constexpr = False,
-    AQK_EXP: tl.constexpr = False,
 ):
     # a 1-D grid, value heads fastest: the value heads of one key head (and of one chunk) run
     # side by side and share q and k through L2 (the chunk count stays off the 65535-limited
@@ -178,11 +177,7 @@ def _chunk_prepare_kernel(
     qf += fd0
     w += tok0 * K
     u += tok0 * V
-    if AQK_EXP:
-        # Aqk's two per-token exponents by chunk slot, [B, HV, 2, NS, BT] (`prepare`)
-        aqk += ((b * HV + hv) * 2 * NS + i_t - b * NS) * BT
-    else:
-        aqk += tok0 * BT
+    aqk += tok0 * BT
 
     r = tl.arange(0, BT)
     n_live = eos - t0
@@ -206,8 +201,7 @@ def _chunk_prepare_kernel(
         cols = c0 + tl.arange(0, KS)
         m = live[:, None] & (cols < K)[None, :]
         ks = tl.load(k + r[:, None] * skt + cols[None, :], mask=m, other=0.0)
-        if L2NORM or not AQK_EXP:  # (with AQK_EXP q is needed for its norm only)
-            qs = tl.load(q + r[:, None] * sqt + cols[None, :], mask=m, other=0.0)
+        qs = tl.load(q + r[:, None] * sqt + cols[None, :], mask=m, other=0.0)
         if L2NORM and not NORM_FROM_GRAM:
             k32 = ks.to(tl.float32)
             ssk += tl.sum(k32 * k32, 1)
@@ -215,8 +209,7 @@ def _chunk_prepare_kernel(
             ssq += tl.sum(q32 * q32, 1)
         kst = tl.trans(ks.to(CHUNK_DT))
         KK = tl.dot(ks.to(CHUNK_DT), kst, KK, input_precision="ieee")
-        if not AQK_EXP:
-            QK = tl.dot(qs.to(CHUNK_DT), kst, QK, input_precision="ieee")
+        QK = tl.dot(qs.to(CHUNK_DT), kst, QK, input_precision="ieee")
         if L2NORM and NORM_FROM_GRAM:
             # |q_t|² on the diagonal of q·qᵀ, one more tensor-core dot, already in the Gram
             # tiles' layout: the squares and row sums above, and moving the sums into that
@@ -263,19 +256,10 @@ def _chunk_prepare_kernel(
         decay = tl.where(causal, tl.exp(tl.where(causal, G[:, None] - G[None, :], 0.0)), 0.0) * rk[None, :]
 
     # Aqk = scale (q̂ k̂ᵀ ⊙ decay), causal with the diagonal: the in-chunk part of the output
-    if AQK_EXP:
-        # the split design's walk by TMA forms Aqk itself, as (q kᵀ)_tj 2^(a_t - c_j) with
-        # a_t = log2(scale e^{G_t} / |q_t|) and c_j = log2(e^{G_j} |k_j|): two floats a token
-        # instead of a 64-wide row (exponents, not factors: e^{G_t} alone underflows in a chunk
-        # of strong decay where e^{G_t - G_j} does not)
-        G2 = G * 1.4426950408889634
-        tl.store(aqk + r, tl.log2(scale * rq) + G2, mask=live)
-        tl.store(aqk + NS * BT + r, G2 - tl.log2(rk), mask=live)
-    else:
-        a_qk = QK * (scale * rq)[:, None] * decay
-        if ROUND_BF16:
-            a_qk = rne_bf16(a_qk)
-        tl.store(aqk + r[:, None] * (HV * BT) + r[None, :], a_qk.to(aqk.dtype.element_ty), mask=live[:, None])
+    a_qk = QK * (scale * rq)[:, None] * decay
+    if ROUND_BF16:
+        a_qk = rne_bf16(a_qk)
+    tl.store(aqk + r[:, None] * (HV * BT) + r[None, :], a_qk.to(aqk.dtype.element_ty), mask=live[:, None])
 
     # A = β k̂ k̂ᵀ ⊙ decay, strictly lower, float32: A = diag(β) Λ
     strict = r[:, None] > r[None, :]
@@ -459,17 +443,13 @@ def prepare(
     extra: tuple[Spec | None, ...] = (),
     rec: Recorder | None = None,
     warmup_plan: tuple[int, float, int] | None = None,
-    aqk_exponents: bool = False,
 ) -> Prepared:
     """Allocate the outputs and launch 1's intermediates, and run launch 1 (shared with
     `clef_runtime.ops.delta_rule_chunk_split`; ``t_out``: `Prepared.w` holds each chunk's
     ``T diag(β)`` ``[B, T, HV, BT]`` and `Prepared.u` the float32 factors ``e^{G} / |k|`` by chunk
     slot (as kf), from which that walk forms w and u; with ``warmup_plan`` = (P, log bound, chunks
     a step back) its first N·HV·P programs also store each segment's warm-up start (the split
-    design's segments) into the caller's first `extra` tensor, int32 [N·HV·P]; with
-    ``aqk_exponents`` (``t_out`` only) `Prepared.aqk` holds, in place of each chunk's Aqk tile, the
-    float32 exponents from which that walk forms it, ``[B, HV, 2, NS, BT]``: ``a_t`` of q's rows,
-    then ``c_j`` of k's)."""
+    design's segments) into the caller's first `extra` tensor, int32 [N·HV·P])."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     device = q.device
@@ -487,7 +467,7 @@ def prepare(
     specs: tuple[Spec | None, ...] = (
         ((B, T, HV, BT if t_out else K), q.dtype),  # w (T with t_out)
         (factor_rows, f32) if t_out else ((B, T, HV, V), q.dtype),  # u (w's row factors with t_out)
-        ((B, HV, 2 * NS * BT), f32) if aqk_exponents else ((B, T, HV, BT), q.dtype),  # aqk
+        ((B, T, HV, BT), q.dtype),  # aqk
         ((B, HV, T), f32),  # gc
         (factor_rows, f32),  # kf
         (factor_rows, f32),  # qf
@@ -528,7 +508,6 @@ def prepare(
                 # the split design's launch 1 (tensor cores only): the norms from the Gram tiles'
                 # diagonals; the FMA path would pay a 64 × 64 × K dot for them
                 NORM_FROM_GRAM=t_out,
-                AQK_EXP=aqk_exponents,
                 num_warps=cfg.warps1,
                 maxnreg=cfg.regs1_t if t_out else cfg.regs1,
             ),
