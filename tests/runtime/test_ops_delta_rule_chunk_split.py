@@ -23,6 +23,8 @@ from tests.runtime.test_ops_delta_rule_chunk import OP, QWEN, check_against_refe
 
 from clef_runtime.compare import assert_close
 from clef_runtime.inputs import gdn_inputs
+from clef_runtime.ops import delta_rule_chunk_split as ds
+from clef_runtime.ops import delta_rule_prepare as dp
 from clef_runtime.ops.delta_rule_chunk_split import (
     WARMUP_BLOCK_KEYS,
     WARMUP_LOG_BOUND,
@@ -34,6 +36,7 @@ from clef_runtime.ops.delta_rule_chunk_split import (
     walk_shape,
     wide_tiles,
 )
+from clef_runtime.ops.delta_rule_common import dot_policy
 from clef_runtime.ops.delta_rule_config import WalkConfig, walk_config
 from clef_runtime.ops.delta_rule_prepare import BT, prepare
 from clef_runtime.reference import delta_rule as ref
@@ -377,6 +380,50 @@ def test_pipeline_stages() -> None:
     assert pipeline_stages(cfg, True, cfg.fold_bv, bf16) == cfg.stages == 2
     assert pipeline_stages(cfg, False, cfg.wide_bv, bf16) == 2
     assert pipeline_stages(cfg, True, cfg.wide_bv, f32) == 2
+
+
+@pytest.mark.parametrize(
+    ("B", "T", "packed", "aligned", "shape"),
+    [
+        (4, 8192, 0, True, (128, 8, 3)),  # B4: unsplit, one wave of 128 whole-V programs
+        (1, 32768, 0, True, (128, 8, 3)),  # B1: 4 segments, 128 programs
+        (1, 32768, 8, True, (128, 8, 3)),  # 8 packed × 4096: 256 programs
+        (4, 8192, 0, False, (64, 4, 2)),  # rows not 16-byte aligned: masked loads, 64-wide
+    ],
+    ids=["B4-T8192", "B1-T32768", "packed-8x4096", "B4-T8192-unaligned"],
+)
+def test_the_walk_launches_at_its_shape_on_an_h100(
+    B: int, T: int, packed: int, aligned: bool, shape: tuple[int, int, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What `run_split` launches at the Qwen3.5 heads on an H100 (132 SMs, TMA), bf16 with the
+    compiled kernels' dot policy (16-bit state operands; the interpreter's is float32): the walk's
+    V block, warps and stages (launches captured, not run).  Whole-V at three stages wherever
+    the tiles come by TMA (`wide_tiles`), 64-wide at two where they cannot (a K of 100: rows
+    not 16-byte aligned)."""
+    walks: list[dict[str, object]] = []
+
+    def capture(
+        rec: object, kernel: object, grid: object, args: object, kw: dict[str, object], **_: object
+    ) -> None:
+        if kernel is ds._segment_output_kernel:
+            walks.append(kw)
+
+    compiled = dot_policy(torch.bfloat16, object())  # a plain object: not interpreted
+    monkeypatch.setattr(dp, "dot_policy", lambda dtype, kernel, tc=True: compiled)
+    monkeypatch.setattr(ds, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(ds, "plain_launch", capture)
+    monkeypatch.setattr(dp, "plain_launch", capture)
+    K = QWEN["K"] if aligned else 100
+    q = torch.zeros(B, T, QWEN["H"], K, dtype=torch.bfloat16)
+    v = torch.zeros(B, T, QWEN["HV"], QWEN["V"], dtype=torch.bfloat16)
+    g = torch.zeros(B, T, QWEN["HV"])
+    cu = torch.arange(0, T + 1, T // packed, dtype=torch.int32) if packed else None
+    N = packed or B
+    ds.run_split(q, q, v, g, g, (T, QWEN["H"], QWEN["HV"], K, QWEN["V"], N), 1.0, None, False, cu, True)
+    (walk,) = walks
+    assert walk["STATE_DT"] == tl.bfloat16
+    assert walk["TMA"] == aligned
+    assert (walk["BV"], walk["num_warps"], walk["num_stages"]) == shape
 
 
 def test_walk_config_takes_tma_from_sm90() -> None:
