@@ -162,6 +162,16 @@ def check_state(op: str, name: str, state: torch.Tensor, n: int | None, HV: int,
 
 
 @triton.jit
+def l2_prefetch(ptrs):
+    """Ask L2 for the 128-byte line of every address in ``ptrs`` (``prefetch.global.L2``: a hint
+    that waits for nothing and takes no register; compiled kernels only, the interpreter has no
+    PTX)."""
+    tl.inline_asm_elementwise(
+        "prefetch.global.L2 [$1];\n mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1
+    )
+
+
+@triton.jit
 def rne_bf16(x):
     """float32 ``x`` rounded to the nearest bf16 value (ties to even), kept as float32: the
     interpreter's own float32 → bf16 cast truncates (see `dot_policy`).  inf stays inf."""

@@ -19,6 +19,8 @@ from clef_runtime.ops.delta_rule_common import (
     check_gdn_inputs,
     check_state,
     dot_policy,
+    l2_prefetch,
+    pow2_at_least,
     rne_bf16,
     seq_bounds,
     warmup_start,
@@ -30,6 +32,10 @@ OP = "chunk_gated_delta_rule"
 BT = 64  # chunk length
 _TORCH_DTYPE = {tl.bfloat16: torch.bfloat16, tl.float16: torch.float16, tl.float32: torch.float32}
 BC = 16  # sub-block of the triangular solve (the smallest tl.dot tile)
+# launch 1 asks L2 for the rows of the chunk slot this many on (`_chunk_prepare_kernel`'s
+# PREFETCH): on the H100 1-6 slots ahead took launch 1 at B1 T32768 from 322 to 291-293 µs, 8
+# to 294, 12 to 316, 17 and more gained nothing or lost (docs/performance.md)
+PREFETCH_AHEAD = 2
 
 
 # Kernel bodies are written out rather than split into small @triton.jit helpers: the
@@ -122,6 +128,10 @@ def _chunk_prepare_kernel(
     WB: tl.constexpr = 64,
     FAST_EXP: tl.constexpr = False,
     NORM_FROM_GRAM: tl.constexpr = False,
+    PREFETCH: tl.constexpr = False,
+    AHEAD: tl.constexpr = 2,
+    LINE: tl.constexpr = 64,
+    LINES: tl.constexpr = 2,
 ):
     # a 1-D grid, value heads fastest: the value heads of one key head (and of one chunk) run
     # side by side and share q and k through L2 (the chunk count stays off the 65535-limited
@@ -157,6 +167,27 @@ def _chunk_prepare_kernel(
     h = hv // (HV // H)
     b, t0, eos = _slot_bounds(i_t, cu_seqlens, T, NT, N, BT, IS_VARLEN)
     # an empty slot of the varlen grid (t0 ≥ eos) masks every load and store below
+
+    if PREFETCH:
+        # the rows of chunk slot i_t + AHEAD, which programs starting a little later take, asked
+        # into L2 (q and k by the first value head of each key head, the gates and β by the first
+        # of each 128-byte line of them): their loads, a third of this launch's stall cycles
+        # (ncu), then find them there or on the way.  Varlen: AHEAD chunks on in the packed
+        # token order; rows past T are clamped to T - 1.
+        if IS_VARLEN:
+            b_a = b
+            t_a = t0 + AHEAD * BT
+        else:
+            b_a = ((i_t + AHEAD) // NT).to(tl.int64)
+            t_a = (((i_t + AHEAD) % NT) * BT).to(tl.int64)
+        if (b_a < N) & (t_a < T):
+            ra = tl.arange(0, 2 * BT)
+            rows = tl.minimum(t_a + ra % BT, T - 1)
+            if hv % (HV // H) == 0:
+                qk = tl.where(ra < BT, q + b_a * sqb + rows * sqt, k + b_a * skb + rows * skt) + h * K
+                l2_prefetch(qk[:, None] + (tl.arange(0, LINES) * LINE)[None, :])
+            if hv % 32 == 0:
+                l2_prefetch(tl.where(ra < BT, g, beta) + (b_a * T + rows) * HV + hv)
 
     # 64-bit scalar bases, 32-bit per-element offsets: int64 offset tiles would cost two
     # registers per element
@@ -508,6 +539,9 @@ def prepare(
                 # the split design's launch 1 (tensor cores only): the norms from the Gram tiles'
                 # diagonals; the FMA path would pay a 64 × 64 × K dot for them
                 NORM_FROM_GRAM=t_out,
+                # the next chunks' rows into L2 (compiled kernels only: inline PTX)
+                PREFETCH=not interpreted(_chunk_prepare_kernel), AHEAD=PREFETCH_AHEAD,
+                LINE=128 // q.element_size(), LINES=pow2_at_least(cdiv(K * q.element_size(), 128), 1),
                 num_warps=cfg.warps1,
                 maxnreg=cfg.regs1_t if t_out else cfg.regs1,
             ),
