@@ -22,6 +22,7 @@ from clef_runtime.dtypes import torch_dtype
 from clef_runtime.faults import UnknownFaultError
 from clef_runtime.inputs import gdn_inputs
 from clef_runtime.kernel_config import UnknownKernelConfigError
+from clef_runtime.ops import delta_rule_prepare as dp
 from clef_runtime.ops.delta_rule_chunk import chunk_gated_delta_rule
 from clef_runtime.ops.delta_rule_config import launch_config
 from clef_runtime.opset import get_opset
@@ -149,6 +150,44 @@ def test_solve_takes_f16_operands_for_bf16_on_tensor_cores_only() -> None:
     assert solve_dt(torch.float16, True) == tl.float32, "f16 inputs keep T's 11 bits"
     assert solve_dt(torch.bfloat16, False) == tl.float32, "the FMA path keeps IEEE float32"
     assert solve_dt(torch.float32, False) == tl.float32
+
+
+@pytest.mark.parametrize(
+    ("dtype", "K", "line", "lines"),
+    [
+        (torch.bfloat16, 128, 64, 2),
+        (torch.bfloat16, 100, 64, 2),
+        (torch.bfloat16, 32, 64, 1),
+        (torch.float32, 128, 32, 4),
+    ],
+)
+def test_compiled_launch_1_prefetches_whole_rows(
+    dtype: torch.dtype, K: int, line: int, lines: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Compiled, launch 1 asks L2 for the rows of the chunk `PREFETCH_AHEAD` slots on: a row's
+    K elements in 128-byte lines of LINE elements, LINES of them (a power of two covering the
+    row); interpreted, it asks for none (inline PTX does not run there).  Launches captured, not
+    run; the speed this buys is measured by the bench (docs/performance.md)."""
+    launches: list[dict[str, object]] = []
+
+    def capture(
+        rec: object, kernel: object, grid: object, args: object, kw: dict[str, object], **_: object
+    ) -> None:
+        launches.append(kw)
+
+    monkeypatch.setattr(dp, "plain_launch", capture)
+    q = torch.zeros(1, 128, 2, K, dtype=dtype)
+    v = torch.zeros(1, 128, 4, 64, dtype=dtype)
+    g = torch.zeros(1, 128, 4)
+    args = (q, q, v, g, g, 1, 1.0, None, True, False, dtype != torch.float32)
+    dp.prepare(*args)
+    monkeypatch.setattr(dp, "interpreted", lambda kernel: False)
+    dp.prepare(*args)
+    interp, compiled = launches
+    assert interp["PREFETCH"] is False
+    assert compiled["PREFETCH"] is True
+    assert (compiled["AHEAD"], compiled["LINE"], compiled["LINES"]) == (dp.PREFETCH_AHEAD, line, lines)
+    assert line * lines * q.element_size() >= K * q.element_size() > line * (lines // 2) * q.element_size()
 
 
 def test_final_state_flag_does_not_change_output(rng: torch.Generator, device: torch.device) -> None:
