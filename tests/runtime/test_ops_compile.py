@@ -193,7 +193,8 @@ for arch, dtype, tc in ((90, torch.bfloat16, True), (90, torch.float16, True), (
               SOLVE_BY_DOUBLING=cfg.solve_by_doubling, CHUNK_DT=pol.chunk_dtype,
               SOLVE_PRECISION=pol.solve_precision, DOUBLING_PRECISION=dp.doubling_precision(pol),
               T_OUT=False, SOLVE_DT=cfg.solve_dt, WARMUP_PLAN=False, WB=ds.WARMUP_BLOCK, FAST_EXP=False,
-              NORM_FROM_GRAM=False, PREFETCH=True, AHEAD=dp.PREFETCH_AHEAD, LINE=128 // dtype.itemsize, LINES=256 // dtype.itemsize // 64),
+              NORM_FROM_GRAM=False, PREFETCH=True, AHEAD=dp.PREFETCH_AHEAD, LINE=128 // dtype.itemsize,
+              LINES=128 * dtype.itemsize // 128),  # K = 128 elements in 128-byte lines
          cfg.warps1, 3, cfg.regs1),
         ("recurrence", dc._chunk_recurrence_kernel,
          dict(k=p, w=p, u=p, gc="*fp32", kf="*fp32", hs=sp, vn=sp, h0="*fp32", ht="*fp32", cu_seqlens="*i32"),
