@@ -23,6 +23,7 @@ from clef_runtime.bench.measure import Env, bench_row, crashed_row, device_usabl
 from clef_runtime.bench.provenance import device_info, fla_backend, fla_env, versions
 from clef_runtime.bench.report import SCHEMA, RowResult, number_notes, table_lines
 from clef_runtime.bench.rows import ROWS, Context, Row, select_rows
+from clef_runtime.bench.targets import summary_lines, verdicts
 from clef_runtime.bench.timing import Budget, CopyBandwidth, measure_copy_bandwidth
 from clef_runtime.dtypes import NAMES, torch_dtype
 from clef_runtime.interpreter import interpreting
@@ -50,7 +51,8 @@ def add_bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         description=(
             "Times each row (medians of many CUDA-event samples over rotated random inputs, "
             "after a correctness check of clef against FLA), with the share of the copy bandwidth "
-            "measured in the same run.  Prints an aligned table last; --json writes everything."
+            "measured in the same run.  Prints an aligned table, then for the chunk rows a verdict "
+            "on each one's target against FlashQLA; --json writes everything."
         ),
         epilog=f"rows: {names}",
     )
@@ -289,6 +291,9 @@ def _report(
         "",
         *table_lines(results, copy.bytes_per_s, per_row),
     ]
+    found = verdicts(results, not opts.no_qk_l2norm)
+    if found:
+        lines += ["", *summary_lines(found)]
     if opts.json:
         write_json(Path(opts.json), base_record, results, copy, complete=True)
         _progress(f"bench: wrote {opts.json}")
@@ -407,6 +412,7 @@ def write_json(
         "complete": complete,
         "copy": copy.record(),
         "rows": [r.record(copy.bytes_per_s) for r in results],
+        "targets": [v.record() for v in verdicts(results, base["qk_l2norm_in_kernel"])],
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
