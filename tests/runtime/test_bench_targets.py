@@ -6,7 +6,7 @@ import pytest
 
 from clef_runtime.bench.floors import Dims, chunk_floor
 from clef_runtime.bench.report import ImplResult, RowResult
-from clef_runtime.bench.targets import Verdict, chunk_target, summary_lines, verdicts
+from clef_runtime.bench.targets import Verdict, chunk_target, judged, summary_lines, verdicts
 from clef_runtime.bench.timing import Stats
 
 SMALL = Dims(H=2, HV=4, K=8, V=16, W=4, hidden=32)
@@ -102,3 +102,8 @@ def test_no_chunk_rows_print_nothing() -> None:
     assert summary_lines(verdicts([row("recurrent_b1", "graph", 1e-6, None)], qk_l2norm=True)) == []
     assert summary_lines([]) == []
     assert Verdict("chunk_x", "graph", 2.0, 1.15).met
+
+
+def test_only_bf16_at_the_model_shapes_is_judged() -> None:
+    assert judged("bf16", tiny=False)
+    assert not judged("bf16", tiny=True) and not judged("f16", tiny=False) and not judged("f32", tiny=False)

@@ -5,7 +5,8 @@ DESIGN.md ("Performance targets") and issue 36 set them as ratios FlashQLA time 
 other chunk row in every mode, and ≥ 1.0× on every row when q and k arrive normalised
 (``--no-qk-l2norm``).  The bench prints one verdict per chunk row under its table, and ``--json``
 keeps them, so a run says by itself which targets it met.  A row without a FlashQLA time (not
-installed, or its check failed) is judged "n/a", never met.
+installed, or its check failed) is judged "n/a", never met.  The targets are for bf16 at the model's
+shapes: a run in another dtype or on the CPU's tiny shapes is not judged.
 """
 
 from __future__ import annotations
@@ -64,8 +65,13 @@ def chunk_target(row: str, mode: str, qk_l2norm: bool) -> float | None:
     return ROW_TARGET
 
 
+def judged(dtype: str, tiny: bool) -> bool:
+    """Whether a run in `dtype` (bench name, e.g. "bf16") on tiny shapes or not has targets."""
+    return dtype == "bf16" and not tiny
+
+
 def verdicts(rows: Sequence[RowResult], qk_l2norm: bool) -> list[Verdict]:
-    """A verdict for every chunk row of the run, in the table's order."""
+    """A verdict for every chunk row of the run, in the table's order (a run `judged` allows)."""
     out = []
     for r in rows:
         target = chunk_target(r.name, r.mode, qk_l2norm)
