@@ -6,6 +6,7 @@ import pytest
 
 from clef_runtime.bench.floors import Dims, chunk_floor
 from clef_runtime.bench.report import ImplResult, RowResult
+from clef_runtime.bench.rows import select_rows
 from clef_runtime.bench.targets import Verdict, chunk_target, judged, summary_lines, verdicts
 from clef_runtime.bench.timing import Stats
 
@@ -20,6 +21,12 @@ CHUNK_ROWS = (
     "chunk_b1_t512_graph",
 )
 MODES = ("graph", "graph*", "eager", "idle")
+
+
+def test_the_issue_rows_are_the_bench_chunk_rows() -> None:
+    """The seven rows the targets name are exactly the bench's chunk rows (a new chunk row needs
+    its case here)."""
+    assert tuple(r.name for r in select_rows(["chunk"])[0]) == CHUNK_ROWS
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -23,7 +23,7 @@ from clef_runtime.bench.measure import Env, bench_row, crashed_row, device_usabl
 from clef_runtime.bench.provenance import device_info, fla_backend, fla_env, versions
 from clef_runtime.bench.report import SCHEMA, RowResult, number_notes, table_lines
 from clef_runtime.bench.rows import ROWS, Context, Row, select_rows
-from clef_runtime.bench.targets import judged, summary_lines, verdicts
+from clef_runtime.bench.targets import Verdict, judged, summary_lines, verdicts
 from clef_runtime.bench.timing import Budget, CopyBandwidth, measure_copy_bandwidth
 from clef_runtime.dtypes import NAMES, torch_dtype
 from clef_runtime.interpreter import interpreting
@@ -291,7 +291,7 @@ def _report(
         "",
         *table_lines(results, copy.bytes_per_s, per_row),
     ]
-    found = verdicts(results, not opts.no_qk_l2norm) if judged(opts.dtype, env.tiny) else []
+    found = run_verdicts(base_record, results)
     if found:
         lines += ["", *summary_lines(found)]
     if opts.json:
@@ -404,17 +404,23 @@ def _run_rows(
     return results
 
 
+def run_verdicts(base: dict[str, Any], results: list[RowResult]) -> list[Verdict] | None:
+    """The run's verdicts on the chunk rows' targets (None: a run without targets, see `judged`)."""
+    if not judged(base["dtype"], base["tiny_shapes"]):
+        return None
+    return verdicts(results, base["qk_l2norm_in_kernel"])
+
+
 def write_json(
     path: Path, base: dict[str, Any], results: list[RowResult], copy: CopyBandwidth, *, complete: bool
 ) -> None:
+    found = run_verdicts(base, results)
     record = {
         **base,
         "complete": complete,
         "copy": copy.record(),
         "rows": [r.record(copy.bytes_per_s) for r in results],
-        "targets": [v.record() for v in verdicts(results, base["qk_l2norm_in_kernel"])]
-        if judged(base["dtype"], base["tiny_shapes"])
-        else None,
+        "targets": None if found is None else [v.record() for v in found],
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
