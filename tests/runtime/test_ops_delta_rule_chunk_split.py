@@ -343,24 +343,39 @@ def test_default_segments() -> None:
     # 96 programs: two segments would make 192, past one wave on 132 SMs
     assert default_segments(3, 32, 128, 8192) == 1
     assert default_segments(1, 40, 128, 8192) == 3  # 120
-    assert default_segments(1, 32, 128, 512) == 2  # 8 chunks: segments of at least 4
-    assert default_segments(1, 32, 128, 192) == 1
+    assert default_segments(1, 32, 128, 1024) == 4  # from MIN_SEGMENT_TOKENS on average
+    assert default_segments(1, 32, 128, 1023) == 1
+    assert default_segments(1, 32, 128, 512) == 1
+    assert default_segments(2, 32, 128, 2047) == 1  # two sequences, 1023 tokens each
+    assert default_segments(2, 32, 128, 2048) == 2  # B2 T1024: 2 x 1024 tokens in all
+    assert default_segments(1, 1, 16, 1024) == 4  # 16 chunks: segments of at least 4
     assert default_segments(1, 1, 16, 1 << 20) == 16  # capped
 
 
 def test_walk_shape() -> None:
-    # whole-V 8-warp programs wherever the tiles come by TMA with 16-bit state operands (B4
-    # T8192: 128 programs, measured 9% faster than 256 64-wide ones); elsewhere 64-wide programs
-    # while two per SM hold the grid, whole-V beyond (8 packed × 4096: 512)
+    # whole-V 8-warp programs where the tiles come by TMA with 16-bit state operands and the
+    # chains fill a wave (B4 T8192: 128 programs, measured 9% faster than 256 64-wide ones); fewer
+    # chains (B1 T512 unsplit: 32) take narrower blocks at 4 warps until they do, down to 32.
+    # Without TMA: 64-wide programs while two per SM hold the grid, whole-V beyond (8 packed ×
+    # 4096: 256 chains)
     cfg = WalkConfig(tma=True)
     wide = (cfg.wide_bv, cfg.wide_warps)
-    assert wide == (128, 8)
-    for programs in (64, 256, 264, 265, 512):
-        assert walk_shape(cfg, programs, 132, True) == wide
-    assert walk_shape(cfg, 256, 132, False) == (cfg.fold_bv, cfg.fold_warps) == (64, 4)
-    assert walk_shape(cfg, 264, 132, False) == (64, 4)
-    assert walk_shape(cfg, 265, 132, False) == wide
-    assert walk_shape(cfg, 512, 132, False) == wide
+    assert wide == (128, 8) and cfg.narrow_bv == 32
+    for chains in (128, 132, 256):
+        assert walk_shape(cfg, chains, 128, 132, True) == wide
+    assert walk_shape(cfg, 127, 128, 132, True) == (64, 4)
+    assert walk_shape(cfg, 64, 128, 132, True) == (64, 4)
+    assert walk_shape(cfg, 63, 128, 132, True) == (32, 4)
+    assert walk_shape(cfg, 32, 128, 132, True) == (32, 4)
+    assert walk_shape(cfg, 1, 128, 132, True) == (32, 4)  # no narrower than narrow_bv
+    # 64 columns: 64 chains x two 32-wide blocks; 128 chains whole-V (`run_split` clips the
+    # block to the head)
+    assert walk_shape(cfg, 64, 64, 132, True) == (32, 4)
+    assert walk_shape(cfg, 128, 64, 132, True) == wide
+    assert walk_shape(cfg, 128, 128, 132, False) == (cfg.fold_bv, cfg.fold_warps) == (64, 4)
+    assert walk_shape(cfg, 132, 128, 132, False) == (64, 4)
+    assert walk_shape(cfg, 133, 128, 132, False) == wide
+    assert walk_shape(cfg, 256, 128, 132, False) == wide
 
 
 def test_wide_tiles() -> None:
@@ -388,9 +403,11 @@ def test_pipeline_stages() -> None:
         (4, 8192, 0, True, (128, 8, 3)),  # B4: unsplit, one wave of 128 whole-V programs
         (1, 32768, 0, True, (128, 8, 3)),  # B1: 4 segments, 128 programs
         (1, 32768, 8, True, (128, 8, 3)),  # 8 packed × 4096: 256 programs
+        (1, 512, 0, True, (32, 4, 2)),  # B1 T512: unsplit, 32 chains x 4 blocks
+        (2, 1024, 0, True, (128, 8, 3)),  # B2 T1024: sequences of 1024 tokens, 2 segments each
         (4, 8192, 0, False, (64, 4, 2)),  # rows not 16-byte aligned: masked loads, 64-wide
     ],
-    ids=["B4-T8192", "B1-T32768", "packed-8x4096", "B4-T8192-unaligned"],
+    ids=["B4-T8192", "B1-T32768", "packed-8x4096", "B1-T512", "B2-T1024", "B4-T8192-unaligned"],
 )
 def test_the_walk_launches_at_its_shape_on_an_h100(
     B: int, T: int, packed: int, aligned: bool, shape: tuple[int, int, int], monkeypatch: pytest.MonkeyPatch
@@ -398,8 +415,9 @@ def test_the_walk_launches_at_its_shape_on_an_h100(
     """What `run_split` launches at the Qwen3.5 heads on an H100 (132 SMs, TMA), bf16 with the
     compiled kernels' dot policy (16-bit state operands; the interpreter's is float32): the walk's
     V block, warps and stages (launches captured, not run).  Whole-V at three stages wherever
-    the tiles come by TMA (`wide_tiles`), 64-wide at two where they cannot (a K of 100: rows
-    not 16-byte aligned)."""
+    the tiles come by TMA (`wide_tiles`) and the chains fill a wave, 32-wide at two for B1 T512's
+    32 chains, 64-wide at two where the tiles cannot come by TMA (a K of 100: rows not 16-byte
+    aligned)."""
     walks: list[dict[str, object]] = []
 
     def capture(
@@ -440,9 +458,11 @@ def test_default_path_takes_the_split_design_only_where_it_was_measured_faster()
     assert takes_default_path(bf16, True, 4, 32, 128, 128)  # B4 T8192, 8 packed sequences
     assert takes_default_path(bf16, True, 1, 32, 128, 128, 2048)  # B1 T2048: split, warm-ups
     assert takes_default_path(bf16, True, 1, 32, 128, 128, 1024)  # B1 T1024: split, warm-ups
-    assert not takes_default_path(bf16, True, 1, 32, 128, 128, 1023)  # shorter: three launches
-    assert not takes_default_path(bf16, True, 1, 32, 128, 128, 512)
-    assert not takes_default_path(bf16, True, 2, 32, 128, 128, 2047)  # two sequences, 1023 tokens each
+    assert takes_default_path(bf16, True, 1, 32, 128, 128, 512)  # B1 T512: split, unsplit
+    assert not takes_default_path(bf16, True, 1, 32, 128, 128, 511)  # shorter: three launches
+    assert not takes_default_path(bf16, True, 1, 32, 128, 128, 256)
+    assert not takes_default_path(bf16, True, 2, 32, 128, 128, 1023)  # two sequences, 511 tokens each
+    assert takes_default_path(bf16, True, 2, 32, 128, 128, 1024)  # B2 T512 (2 x 512 tokens in all)
     assert takes_default_path(bf16, True, 1, 32, 128, 128, 32768)  # B1 T32768: split, warm-ups
     assert not takes_default_path(f16, True, 1, 32, 128, 128, 32768)
     assert not takes_default_path(f16, True, 8, 32, 128, 128)  # f16 would spill
@@ -455,8 +475,8 @@ def test_default_path_takes_the_split_design_only_where_it_was_measured_faster()
 @pytest.mark.parametrize("dtype_name", ["bf16", "f16"])
 @pytest.mark.parametrize(
     "shape",
-    [dict(B=1, T=4096), dict(B=4, T=1000), dict(lens=[1, 63, 64, 65, 1000, 3000])],
-    ids=["B1-T4096", "B4-T1000", "varlen-6"],
+    [dict(B=1, T=4096), dict(B=1, T=700), dict(B=4, T=1000), dict(lens=[1, 63, 64, 65, 1000, 3000])],
+    ids=["B1-T4096", "B1-T700", "B4-T1000", "varlen-6"],
 )
 def test_split_matches_reference_gpu(
     shape: dict[str, object],

@@ -45,11 +45,11 @@ repeated in memory):
    parallel, ``o = qf ⊙ (q S_c) + Aqk v_new`` (raw q into the dot, the factor on the product).
 
 bf16 on tensor cores with at least 128 (sequence, value head) chains, or with sequences of
-1024 tokens or more on average (`delta_rule_chunk_split.takes_default_path`), is handed to
+512 tokens or more on average (`delta_rule_chunk_split.takes_default_path`), is handed to
 `clef_runtime.ops.delta_rule_chunk_split` instead (launch 1 storing T in place of w and u, then
-the output fused into one walk per chain and V block that forms v_new from T, long sequences cut
-into segments that start from a warm-up walk; no chunk states stored: faster there, measured
-slower for B1 prompts of 768 tokens and fewer; docs/performance.md).
+the output fused into one walk per chain and V block that forms v_new from T, sequences of 1024
+tokens and more cut into segments that start from a warm-up walk; no chunk states stored: faster
+there, measured slower for B1 prompts of 256 tokens; docs/performance.md).
 
 Launch 3 costs storing the chunk states (``[chunks, HV, K, V]``) but keeps the output's dots off
 the sequential chain; docs/performance.md has the measurements behind this split and behind the
@@ -399,7 +399,9 @@ def chunk_gated_delta_rule(
     tc = tensor_core_dots(q.dtype, q.device, tensor_cores)
     rec = Recorder(inputs) if planned is not None and _seen_before(planned[0]) else None
 
-    if not fault_state_in_io_dtype and delta_rule_chunk_split.takes_default_path(q.dtype, tc, N, HV, K, V, T):
+    if not fault_state_in_io_dtype and delta_rule_chunk_split.takes_default_path(
+        q.dtype, tc, N, HV, K, V, B * T
+    ):
         # enough (sequence, value head) chains to fill the GPU unsplit, or long sequences split
         # into segments with warm-ups: the output fused into the walk, no chunk states stored
         # (`delta_rule_chunk_split`; measured faster there); the inputs are checked already

@@ -80,38 +80,52 @@ WARMUP_BLOCK_KEYS = 4  # the same where each bound reads its chunk's keys (un-no
 # The default path takes this design for bf16 on tensor cores from this many (sequence, value
 # head) chains, unsplit: measured faster there (B4 T8192, 8 packed × 4096) ...
 DEFAULT_MIN_CHAINS = 128
-# ... and, split into segments with warm-ups, for fewer chains whose sequences average at least
-# this many tokens: measured faster on the H200 from B1 T1024 (62.5 → 52.3 µs by graph replay,
-# host 44.2 → 38.3 µs a call beside a 10.3 µs `x.add_`) to T131072; B1 T768 and shorter keep the
-# three launches, where no segment count, V block, warps or stages of the walk was as fast
-# (bench/probe_split_threshold.py; docs/performance.md, "Short prompts").
-DEFAULT_MIN_SPLIT_TOKENS = 1024
+# ... and for fewer chains whose sequences average at least this many tokens: on the H100
+# (2026-12-06, graph replay) B1 T512 33.6 → 31.9 µs and T768 45.6 → 43.0 unsplit at 32-wide V
+# blocks; T256 keeps the three launches (22.3 against 23.0) (bench/probe_split_threshold.py;
+# docs/performance.md, "Short prompts") ...
+DEFAULT_MIN_SPLIT_TOKENS = 512
+# ... split into segments with warm-ups from this many: measured faster on the H200 from B1 T1024
+# (62.5 → 52.3 µs by graph replay) to T131072; on the H100 B1 T512 and T768 lost with segments
+# (two: 28.7 → 33.5 and 40.9 → 45.0 µs of GPU time)
+MIN_SEGMENT_TOKENS = 1024
 
 
-def default_segments(N: int, HV: int, V: int, T: int, block_v: int = 128) -> int:
-    """Segments per sequence: one when the unsplit walk has enough programs (counted at
-    ``block_v``-wide V blocks), else as many as keep the grid within TARGET_PROGRAMS (one wave
-    of whole-V programs), none shorter than MIN_SEGMENT_CHUNKS chunks on average (host
-    arithmetic only: no sync on cu_seqlens)."""
+def default_segments(N: int, HV: int, V: int, tokens: int, block_v: int = 128) -> int:
+    """Segments per sequence for N sequences of ``tokens`` in all (B·T; varlen: the packed T):
+    one when the unsplit walk has enough programs (counted at ``block_v``-wide V blocks) or the
+    sequences average fewer than MIN_SEGMENT_TOKENS tokens, else as many as keep the grid within
+    TARGET_PROGRAMS (one wave of whole-V programs), none shorter than MIN_SEGMENT_CHUNKS chunks on
+    average (host arithmetic only: no sync on cu_seqlens)."""
     programs = N * HV * cdiv(V, block_v)
-    if programs >= UNSPLIT_PROGRAMS:
+    if programs >= UNSPLIT_PROGRAMS or tokens // max(1, N) < MIN_SEGMENT_TOKENS:
         return 1
     want = TARGET_PROGRAMS // max(1, programs)
-    per_seq_chunks = cdiv(T, BT) // max(1, N)
+    per_seq_chunks = cdiv(tokens, BT) // max(1, N)
     room = max(1, per_seq_chunks // MIN_SEGMENT_CHUNKS)
     return int(max(1, min(want, room, MAX_SEGMENTS)))
 
 
-def walk_shape(cfg: WalkConfig, programs: int, sms: int, wide_tiles: bool) -> tuple[int, int]:
-    """(V block, warps) of the walk, whose grid has ``programs`` programs at ``cfg.fold_bv`` on a
-    GPU of ``sms`` SMs: the whole-V shape where its tiles come by TMA with 16-bit state operands
-    (``wide_tiles``, the `pipeline_stages` that take ``cfg.wide_stages``) or where the 64-wide
-    grid would hold more than ``cfg.wide_per_sm`` programs per SM, else the 64-wide one.  On an
-    H100 (2026-12-06, docs/performance.md "The walk at its DRAM floor") whole-V by TMA was faster
-    from B1 T2048 (3%) to B4 T8192 (9%): it reads k, q, T and Aqk once a chunk and head, not once
-    a V block, and its three stages keep the DRAM at 88% of its peak; at B1 T32768 and T131072
-    the two shapes were within 1%."""
-    if wide_tiles or programs > cfg.wide_per_sm * sms:
+def walk_shape(cfg: WalkConfig, chains: int, V: int, sms: int, wide_tiles: bool) -> tuple[int, int]:
+    """(V block, warps) of the walk over ``chains`` (sequence, value head, segment) chains of V
+    columns on a GPU of ``sms`` SMs.  Where its tiles come by TMA with 16-bit state operands
+    (``wide_tiles``, the `pipeline_stages` that take ``cfg.wide_stages``): whole-V blocks once the
+    chains alone make TARGET_PROGRAMS programs, else the V block halved (down to
+    ``cfg.narrow_bv``) until they do, at ``cfg.fold_warps``.  Otherwise whole-V blocks where the
+    ``cfg.fold_bv``-wide grid would hold more than ``cfg.wide_per_sm`` programs per SM, else that
+    grid.  On an H100 (2026-12-06, docs/performance.md "The walk at its DRAM floor") whole-V by
+    TMA was faster from B1 T2048 (3%) to B4 T8192 (9%): it reads k, q, T and Aqk once a chunk and
+    head, not once a V block, and its three stages keep the DRAM at 88% of its peak; at B1 T32768
+    and T131072 the two shapes were within 1%.  Unsplit B1 T512 (32 chains) took 20.9 µs of walk
+    at 32-wide blocks, 21.7 at 64 and 61.1 whole-V ("Short prompts")."""
+    if wide_tiles:
+        bv = cfg.wide_bv
+        if chains >= TARGET_PROGRAMS:
+            return bv, cfg.wide_warps
+        while bv > cfg.narrow_bv and chains * cdiv(V, bv) < TARGET_PROGRAMS:
+            bv //= 2
+        return bv, cfg.fold_warps
+    if chains * cdiv(V, cfg.fold_bv) > cfg.wide_per_sm * sms:
         return cfg.wide_bv, cfg.wide_warps
     return cfg.fold_bv, cfg.fold_warps
 
@@ -153,16 +167,16 @@ def _sm_count(device: torch.device) -> int:
 
 
 def takes_default_path(
-    dtype: torch.dtype, tensor_cores: bool, N: int, HV: int, K: int, V: int, T: int = 0
+    dtype: torch.dtype, tensor_cores: bool, N: int, HV: int, K: int, V: int, tokens: int = 0
 ) -> bool:
     """Whether `chunk_gated_delta_rule` hands a call to this design (at `default_segments`):
     bf16 on tensor cores, head dims ≤ 128 (one 128-wide tile), and either at least
-    DEFAULT_MIN_CHAINS chains or sequences of DEFAULT_MIN_SPLIT_TOKENS tokens on average (T is
-    the padded total for varlen).  f16 keeps the three-launch design (its float32 state operands
-    would spill at these tiles)."""
+    DEFAULT_MIN_CHAINS chains or N sequences of DEFAULT_MIN_SPLIT_TOKENS tokens on average
+    (``tokens`` in all: B·T, or the packed T for varlen).  f16 keeps the three-launch design (its
+    float32 state operands would spill at these tiles)."""
     if not (dtype == torch.bfloat16 and tensor_cores and max(K, V) <= 128):
         return False
-    return N * HV >= DEFAULT_MIN_CHAINS or T // max(1, N) >= DEFAULT_MIN_SPLIT_TOKENS
+    return N * HV >= DEFAULT_MIN_CHAINS or tokens // max(1, N) >= DEFAULT_MIN_SPLIT_TOKENS
 
 
 @triton.jit
@@ -560,7 +574,7 @@ def run_split(
     (the checks cost tens of µs of host time a call); ``rec`` records its launches for a plan
     (`delta_rule_plan`)."""
     T, H, HV, K, V, N = dims
-    P = default_segments(N, HV, V, T) if segments is None else int(segments)
+    P = default_segments(N, HV, V, q.shape[0] * T) if segments is None else int(segments)
     if P < 1:
         raise ValueError(f"{OP}: segments must be ≥ 1, got {P}")
     wcfg = walk_config(q.device) if config is None else config
@@ -577,7 +591,7 @@ def run_split(
     )  # fmt: skip
     policy, cfg = p.policy, p.cfg
     walk_bv, walk_warps = walk_shape(
-        wcfg, N * HV * cdiv(V, wcfg.fold_bv) * P, _sm_count(q.device), wide_tiles(tma, policy.state_dtype)
+        wcfg, N * HV * P, V, _sm_count(q.device), wide_tiles(tma, policy.state_dtype)
     )
     BV = min(block_v or walk_bv, cfg.BVF)
     varlen = cu_seqlens is not None

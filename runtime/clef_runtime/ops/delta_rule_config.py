@@ -92,10 +92,11 @@ class WalkConfig:
     cores only (sm_80 and later, and the interpreter).
 
     The walk takes whole-V blocks (``wide_bv``, ``wide_warps``) where its tiles come by TMA with
-    16-bit state operands, or where a grid of ``fold_bv``-wide V blocks at ``fold_warps`` warps
-    (two programs fit an SM's registers) would hold more than ``wide_per_sm`` programs per SM:
-    whole-V blocks read k, q, T and Aqk once per chunk and value head instead of once per V block
-    (`delta_rule_chunk_split.walk_shape`).  With ``tma`` (sm_90) its tiles, two of its per-token factors
+    16-bit state operands and its chains fill a wave (narrower blocks, down to ``narrow_bv``, at
+    ``fold_warps`` where they do not), or where a grid of ``fold_bv``-wide V blocks at
+    ``fold_warps`` warps (two programs fit an SM's registers) would hold more than ``wide_per_sm``
+    programs per SM: whole-V blocks read k, q, T and Aqk once per chunk and value head instead of
+    once per V block (`delta_rule_chunk_split.walk_shape`).  With ``tma`` (sm_90) its tiles, two of its per-token factors
     (three for whole-V blocks) and its output move by TMA through tensor descriptors over each
     sequence's rows."""
 
@@ -105,6 +106,7 @@ class WalkConfig:
     wide_bv: int = 128
     wide_warps: int = 8
     wide_per_sm: int = 2
+    narrow_bv: int = 32  # the narrowest V block of a short walk with TMA tiles (`walk_shape`)
     stages: int = 2  # two 64-wide walks must fit an SM's shared memory
     # the whole-V walk with TMA tiles and bf16 state operands (one program per SM; its k, q, v, T
     # and Aqk tiles are 64 KB a stage): 8 packed × 4096 went 819.7 → 784.1 µs on the H200
