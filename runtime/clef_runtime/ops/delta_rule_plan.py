@@ -1,9 +1,10 @@
 """A chunked delta-rule call's host work done once per input layout ("plans"), for host time.
 
 A chunked call (`delta_rule_chunk.chunk_gated_delta_rule`) checks its inputs, derives its tiles,
-allocates its outputs and about ten intermediates and makes three launches through Triton's
-launcher: 160-200 µs of host time a call on the H200's host, more than the op's GPU time at
-chunked-prefill sizes (docs/performance.md, "Host time per chunked call").  Everything but the
+allocates its outputs and about ten intermediates and makes two launches (the split design) or
+three through Triton's launcher: 160-200 µs of host time a call on the H200's host without
+plans, more than the op's GPU time at chunked-prefill sizes (docs/performance.md, "Host time per
+chunked call").  Everything but the
 allocations and the launches is a function of the inputs' layout (shapes, strides, dtypes, device,
 16-byte alignment of each pointer) and the call's flags, so the second call of a layout runs the
 plain path and records a `Plan`; every later call of that layout:
