@@ -4,18 +4,20 @@ Which launch of clef's `chunk_gated_delta_rule` dominates at the Qwen3.5-9B GDN 
 / 32 value heads of 128), and where FlashQLA (``flash_qla``) and FLA's Triton kernels spend theirs
 on the same inputs, when importable: three warm-up calls, then twenty under the profiler; GPU time
 a call per kernel, largest first.  ``--batch B`` takes B sequences of T tokens; ``--packed N``
-splits the T tokens into N packed sequences; ``--no-qk-l2norm`` draws q and k normalised and turns
+splits the T tokens into N packed sequences, ``--lens L1,L2,...`` packs sequences of those lengths
+(T their sum: uneven batches as engines pack them); ``--no-qk-l2norm`` draws q and k normalised and turns
 the in-kernel norm off.  ``--walk SEGMENTS,BLOCK_V,WARPS,STAGES`` runs clef's split design with
 that walk forced (0: the default for that part; `chunk_gated_delta_rule_split`) and no peers, to
 time walk shapes against each other.  GPU only.
 
     PYTHONPATH=runtime:contract python3 bench/profile_chunk.py [T] [bf16|f16] [--batch B] [--packed N]
-        [--no-qk-l2norm] [--walk S,BV,W,ST]
+        [--lens L1,L2,...] [--no-qk-l2norm] [--walk S,BV,W,ST]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import sys
 from collections import defaultdict
@@ -35,13 +37,15 @@ CALLS = 20
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    """``[T] [dtype] [--batch B] [--packed N] [--no-qk-l2norm] [--walk S,BV,W,ST]``; an unknown
-    dtype names the choices, a packed count must divide T, and a forced walk takes four counts."""
+    """``[T] [dtype] [--batch B] [--packed N] [--lens L1,...] [--no-qk-l2norm] [--walk S,BV,W,ST]``;
+    an unknown dtype names the choices, a packed count must divide T, lengths are counts ≥ 0 (T
+    becomes their sum), and a forced walk takes four counts."""
     p = argparse.ArgumentParser(prog="profile_chunk.py")
     p.add_argument("T", nargs="?", type=int, default=32768)
     p.add_argument("dtype", nargs="?", default="bf16")
     p.add_argument("--batch", type=int, default=1, metavar="B")
     p.add_argument("--packed", type=int, default=0, metavar="N")
+    p.add_argument("--lens", default=None, metavar="L1,L2,...")
     p.add_argument("--no-qk-l2norm", dest="norm", action="store_false")
     p.add_argument("--walk", default=None, metavar="S,BV,W,ST")
     a = p.parse_args(argv)
@@ -49,6 +53,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
         raise SystemExit(f"dtype {a.dtype!r}: use one of {sorted(DTYPES)}")
     if a.packed < 0 or (a.packed and a.T % a.packed):
         raise SystemExit(f"--packed {a.packed}: use a count ≥ 1 that divides T = {a.T}")
+    if a.lens is not None:
+        parts = a.lens.split(",")
+        if a.packed or a.batch != 1 or not all(x.isdigit() for x in parts) or not sum(map(int, parts)):
+            raise SystemExit(f"--lens {a.lens!r}: use counts ≥ 0 (not all 0), without --packed or --batch")
+        a.lens = [int(x) for x in parts]
+        a.T = sum(a.lens)
     if a.batch < 1 or (a.batch > 1 and a.packed):
         raise SystemExit(f"--batch {a.batch}: use a count ≥ 1, and 1 with --packed")
     if a.walk is not None:
@@ -96,9 +106,13 @@ def main(argv: list[str]) -> None:
         gen, torch.device("cuda"), a.dtype, B=a.batch, T=T, H=H, HV=HV, K=K, V=V, normalise_qk=not norm
     )
     cu = torch.arange(0, T + 1, T // a.packed, dtype=torch.int32, device="cuda") if a.packed else None
+    if a.lens is not None:
+        cu = torch.tensor([0, *itertools.accumulate(a.lens)], dtype=torch.int32, device="cuda")
     cu64 = None if cu is None else cu.long()
 
     case = f"{a.packed} packed × {T // a.packed}" if a.packed else f"B{a.batch} T{T}"
+    if a.lens is not None:
+        case = f"{len(a.lens)} packed of {a.lens}"
     if a.walk is not None:
         walk = a.walk
         print(f"{case}, {a.dtype}, in-kernel q/k norm {norm}, clef's split design with {walk}")
