@@ -59,6 +59,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
             raise SystemExit(f"--lens {a.lens!r}: use counts ≥ 0 (not all 0), without --packed or --batch")
         a.lens = [int(x) for x in parts]
         a.T = sum(a.lens)
+    elif a.packed:
+        a.lens = [a.T // a.packed] * a.packed  # the packed sequences, for one cu_seqlens below
     if a.batch < 1 or (a.batch > 1 and a.packed):
         raise SystemExit(f"--batch {a.batch}: use a count ≥ 1, and 1 with --packed")
     if a.walk is not None:
@@ -105,13 +107,15 @@ def main(argv: list[str]) -> None:
     q, k, v, g, beta = gdn_inputs(
         gen, torch.device("cuda"), a.dtype, B=a.batch, T=T, H=H, HV=HV, K=K, V=V, normalise_qk=not norm
     )
-    cu = torch.arange(0, T + 1, T // a.packed, dtype=torch.int32, device="cuda") if a.packed else None
+    cu = None
     if a.lens is not None:
         cu = torch.tensor([0, *itertools.accumulate(a.lens)], dtype=torch.int32, device="cuda")
     cu64 = None if cu is None else cu.long()
 
-    case = f"{a.packed} packed × {T // a.packed}" if a.packed else f"B{a.batch} T{T}"
-    if a.lens is not None:
+    case = f"B{a.batch} T{T}"
+    if a.packed:
+        case = f"{a.packed} packed × {T // a.packed}"
+    elif a.lens is not None:
         case = f"{len(a.lens)} packed of {a.lens}"
     if a.walk is not None:
         walk = a.walk

@@ -72,6 +72,7 @@ def test_argument_parsing() -> None:
         load("profile_chunk.py").parse(["512", "f64"])
     with pytest.raises(SystemExit, match="--packed 3: use a count ≥ 1 that divides T = 512"):
         load("profile_chunk.py").parse(["512", "--packed", "3"])
+    assert load("profile_chunk.py").parse(["512", "--packed", "4"]).lens == [128] * 4
     a = load("profile_chunk.py").parse(["--lens", "4000,96,0,12000"])
     assert (a.T, a.lens, a.packed) == (16096, [4000, 96, 0, 12000], 0)
     with pytest.raises(SystemExit, match="--lens '4000,-1'"):
