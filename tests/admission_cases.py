@@ -339,6 +339,7 @@ BAD: list[tuple[str, Mutation, str]] = [
     ("env name ending in a newline", spec(env=[{"name": "RUST_LOG\n", "value": "x"}]), "spec.env[0].name"),
     # Verification and rollout.
     ("unknown suite", nested("spec.verification.suite", "all"), "spec.verification.suite"),
+    ("verification mode probe (a step, not a mode)", asks_engine("probe"), "spec.verification.mode"),
     ("timeout too short", nested("spec.verification.timeoutSeconds", 5), "spec.verification.timeoutSeconds"),
     ("unknown strategy", nested("spec.rollout.strategy", "Canary"), "spec.rollout.strategy"),
     (

@@ -34,7 +34,6 @@ class VerificationMode(StrEnum):
 
     KERNELS = "kernels"
     ENDPOINT = "endpoint"
-    PROBE = "probe"
     BOTH = "both"
 
 

@@ -107,8 +107,8 @@ class WatchSpec(ApiModel):
 
     interval_seconds: Annotated[int, in_range("spec.verification.watch.intervalSeconds", 60, 3600)] = Field(
         default=600,
-        description="Seconds between two probes of one serving pod (60 to 3600: a finished probe Job is kept"
-        " until the next one, and the API server removes it an hour after it finished).",
+        description="Seconds between two probes of one serving pod (60 to 3600; a probe must finish within"
+        " it).  A finished probe Job is kept until the pod's next probe has finished, then deleted.",
     )
     prompts: Annotated[int, in_range("spec.verification.watch.prompts", 1, 16)] = Field(
         default=1,
