@@ -2,9 +2,10 @@
 to the phases, which render nothing of it again: the verification pod, the verification key, the
 serving pod of spec.image where the key speaks for it, the goldens key.
 
-The verification key is the scope a verdict speaks for (docs/architecture.md, "Verification
-keys").  What depends on a verdict (the serving Deployment pinned to the digest and GPU class that
-passed) is rendered later in the pass, once, by the phase that decides it (`desired_revision`)."""
+The verification key is the scope a verdict speaks for (docs/architecture.md, "The operator":
+revisions and verification keys).  What depends on a verdict (the serving Deployment pinned to the
+digest and GPU class that passed) is rendered later in the pass, once, by the phase that decides
+it (`desired_revision`)."""
 
 from __future__ import annotations
 
