@@ -213,8 +213,15 @@ def _chunk_prepare_kernel(
     r = tl.arange(0, BT)
     n_live = eos - t0
     live = r < n_live
+    # every load up front, the first K slice of k and q (their whole rows on tensor cores) right
+    # after the gates: the cumulative sum below waits on the gates, and its store and barriers
+    # held the loads of q and k back until then (sm_90 SASS)
     gv = tl.load(g + r * HV, mask=live, other=0.0)
     bv = tl.load(beta + r * HV, mask=live, other=0.0)
+    cols0 = tl.arange(0, KS)
+    m0 = live[:, None] & (cols0 < K)[None, :]
+    ks0 = tl.load(k + r[:, None] * skt + cols0[None, :], mask=m0, other=0.0)
+    qs0 = tl.load(q + r[:, None] * sqt + cols0[None, :], mask=m0, other=0.0)
     G = tl.cumsum(gv, 0)  # in-chunk cumulative log-decay, float32
     gl = tl.sum(tl.where(r == tl.minimum(n_live, BT) - 1, G, 0.0), 0)  # to the chunk end
     tl.store(gc + r, G, mask=live)
@@ -229,10 +236,14 @@ def _chunk_prepare_kernel(
     ssk = tl.zeros([BT], dtype=tl.float32)
     diag = r[:, None] == r[None, :]
     for c0 in tl.static_range(0, BK, KS):
-        cols = c0 + tl.arange(0, KS)
-        m = live[:, None] & (cols < K)[None, :]
-        ks = tl.load(k + r[:, None] * skt + cols[None, :], mask=m, other=0.0)
-        qs = tl.load(q + r[:, None] * sqt + cols[None, :], mask=m, other=0.0)
+        if c0 == 0:
+            ks = ks0
+            qs = qs0
+        else:
+            cols = c0 + tl.arange(0, KS)
+            m = live[:, None] & (cols < K)[None, :]
+            ks = tl.load(k + r[:, None] * skt + cols[None, :], mask=m, other=0.0)
+            qs = tl.load(q + r[:, None] * sqt + cols[None, :], mask=m, other=0.0)
         if L2NORM and not NORM_FROM_GRAM:
             k32 = ks.to(tl.float32)
             ssk += tl.sum(k32 * k32, 1)
