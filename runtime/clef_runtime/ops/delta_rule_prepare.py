@@ -33,8 +33,10 @@ BT = 64  # chunk length
 _TORCH_DTYPE = {tl.bfloat16: torch.bfloat16, tl.float16: torch.float16, tl.float32: torch.float32}
 BC = 16  # sub-block of the triangular solve (the smallest tl.dot tile)
 # launch 1 asks L2 for the rows of the chunk slot this many on (`_chunk_prepare_kernel`'s
-# PREFETCH): on the H100 1-6 slots ahead took launch 1 at B1 T32768 from 327-331 to 290-294 µs,
-# 8 to 293-299, 12 to 314-317, 17 and more gained nothing or lost (docs/performance.md)
+# PREFETCH, where `prefetches` says): on the H100, before its loads of q and k moved ahead of the
+# gates' sum, 1-6 slots ahead took launch 1 at B1 T32768 from 327-331 to 290-294 µs, 8 to 293-299,
+# 12 to 314-317, 17 and more gained nothing or lost; since, 1 or 4 are within 2 µs of 2 at B1
+# T32768 and 8 packed × 4096 (docs/performance.md)
 PREFETCH_AHEAD = 2
 
 
