@@ -97,26 +97,32 @@ def report(name: str, times: dict[str, float]) -> None:
         print(f"  {us:9.1f}  {kernel[:90]}")
 
 
-def main(argv: list[str]) -> None:
-    a = parse(argv)
-    T, norm = a.T, a.norm
-    # FLA dispatches its chunked call to FlashQLA when flash_qla is importable, unless this is set
-    # before FLA's import: "fla" below stays FLA's Triton kernels
-    os.environ.setdefault(DISPATCH_ENV, "1")
+def inputs(a: argparse.Namespace) -> tuple[tuple[torch.Tensor, ...], torch.Tensor | None, str]:
+    """The case's (q, k, v, g, beta) on the GPU (seeded), its int32 cu_seqlens (None for B
+    sequences) and its name."""
     gen = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v, g, beta = gdn_inputs(
-        gen, torch.device("cuda"), a.dtype, B=a.batch, T=T, H=H, HV=HV, K=K, V=V, normalise_qk=not norm
+    qkvgb = gdn_inputs(
+        gen, torch.device("cuda"), a.dtype, B=a.batch, T=a.T, H=H, HV=HV, K=K, V=V, normalise_qk=not a.norm
     )
     cu = None
     if a.lens is not None:
         cu = torch.tensor([0, *itertools.accumulate(a.lens)], dtype=torch.int32, device="cuda")
-    cu64 = None if cu is None else cu.long()
-
-    case = f"B{a.batch} T{T}"
+    case = f"B{a.batch} T{a.T}"
     if a.packed:
-        case = f"{a.packed} packed × {T // a.packed}"
+        case = f"{a.packed} packed × {a.T // a.packed}"
     elif a.lens is not None:
         case = f"{len(a.lens)} packed of {a.lens}"
+    return qkvgb, cu, case
+
+
+def main(argv: list[str]) -> None:
+    a = parse(argv)
+    norm = a.norm
+    # FLA dispatches its chunked call to FlashQLA when flash_qla is importable, unless this is set
+    # before FLA's import: "fla" below stays FLA's Triton kernels
+    os.environ.setdefault(DISPATCH_ENV, "1")
+    (q, k, v, g, beta), cu, case = inputs(a)
+    cu64 = None if cu is None else cu.long()
     if a.walk is not None:
         walk = a.walk
         print(f"{case}, {a.dtype}, in-kernel q/k norm {norm}, clef's split design with {walk}")

@@ -81,6 +81,29 @@ def test_argument_parsing() -> None:
         load("profile_chunk.py").parse(["--lens", "0,0"])
 
 
+def test_ab_chunk_parses_its_cases_and_exports_a_revision(tmp_path: Path) -> None:
+    """ab_chunk.py: two or more distinct trees, rounds ≥ 1, every case parsed as profile_chunk.py
+    would before any tree is exported; a revision exports its runtime/ and contract/ (the
+    working tree is used in place).  The timing itself needs a GPU."""
+    ab = load("ab_chunk.py")
+    a = ab.parse(["HEAD~1", ".", "--cases", "32768; 512 --no-qk-l2norm ;", "--rounds", "2"])
+    assert (a.trees, a.cases, a.rounds) == (["HEAD~1", "."], [["32768"], ["512", "--no-qk-l2norm"]], 2)
+    with pytest.raises(SystemExit, match="name two or more, each once"):
+        ab.parse([".", "--cases", "512"])
+    with pytest.raises(SystemExit, match="name two or more, each once"):
+        ab.parse([".", ".", "--cases", "512"])
+    with pytest.raises(SystemExit, match="--rounds 0"):
+        ab.parse(["HEAD", ".", "--cases", "512", "--rounds", "0"])
+    with pytest.raises(SystemExit, match="--packed 3: use a count"):
+        ab.parse(["HEAD", ".", "--cases", "512 --packed 3"])
+    with pytest.raises(SystemExit, match="--cases: name at least one case"):
+        ab.parse(["HEAD", ".", "--cases", " ; "])
+    assert ab.export(".", tmp_path) == BENCH.parent
+    root = ab.export("HEAD", tmp_path)
+    assert (root / "runtime" / "clef_runtime" / "ops" / "delta_rule_prepare.py").is_file()
+    assert (root / "contract").is_dir()
+
+
 @pytest.mark.parametrize("varlen", [0, 1])
 def test_probe_chunk_cpu_dry_path(varlen: int) -> None:
     """The probe's one configuration on the CPU: the chunked op against the reference."""

@@ -428,7 +428,7 @@ def test_the_walk_launches_at_its_shape_on_an_h100(
 
     compiled = dot_policy(torch.bfloat16, object())  # a plain object: not interpreted
     monkeypatch.setattr(dp, "dot_policy", lambda dtype, kernel, tc=True: compiled)
-    monkeypatch.setattr(ds, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(ds, "sm_count", lambda device: 132)
     monkeypatch.setattr(ds, "plain_launch", capture)
     monkeypatch.setattr(dp, "plain_launch", capture)
     K = QWEN["K"] if aligned else 100

@@ -10,6 +10,7 @@ without reading the kernel: ``causal_conv1d: weight has 8 channels but x has 12 
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Sequence
 
@@ -30,6 +31,12 @@ FLOAT_DTYPES: tuple[torch.dtype, ...] = tuple(torch_dtypes().values())
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+@functools.lru_cache(maxsize=16)
+def sm_count(device: torch.device) -> int:
+    """The device's SM count (1 off a CUDA device: the interpreter runs one program at a time)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
 
 
 def next_pow2(n: int) -> int:

@@ -51,7 +51,6 @@ design, whose FMA tiles were sized for sm70's registers.
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -59,7 +58,7 @@ import triton
 import triton.language as tl
 
 from clef_runtime.interpreter import interpreted
-from clef_runtime.ops._common import cdiv
+from clef_runtime.ops._common import cdiv, sm_count
 from clef_runtime.ops.delta_rule_common import rne_bf16, tensor_core_dots
 from clef_runtime.ops.delta_rule_common import seq_bounds as _seq_bounds
 from clef_runtime.ops.delta_rule_config import WalkConfig, walk_config
@@ -158,12 +157,6 @@ def tma_eligible(cfg: WalkConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
         and x.shape[3] % unit == 0
         for x in (q, k, v)
     )
-
-
-@functools.lru_cache(maxsize=16)
-def _sm_count(device: torch.device) -> int:
-    """The device's SM count (1 off a CUDA device: the interpreter runs one program at a time)."""
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
 
 
 def takes_default_path(
@@ -591,7 +584,7 @@ def run_split(
     )  # fmt: skip
     policy, cfg = p.policy, p.cfg
     walk_bv, walk_warps = walk_shape(
-        wcfg, N * HV * P, V, _sm_count(q.device), wide_tiles(tma, policy.state_dtype)
+        wcfg, N * HV * P, V, sm_count(q.device), wide_tiles(tma, policy.state_dtype)
     )
     BV = min(block_v or walk_bv, cfg.BVF)
     varlen = cu_seqlens is not None

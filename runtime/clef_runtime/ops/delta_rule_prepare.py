@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from clef_runtime.interpreter import interpreted
-from clef_runtime.ops._common import cdiv, check_cu_seqlens, check_runnable
+from clef_runtime.ops._common import cdiv, check_cu_seqlens, check_runnable, sm_count
 from clef_runtime.ops.delta_rule_common import (
     DotPolicy,
     check_gdn_inputs,
@@ -33,9 +33,32 @@ BT = 64  # chunk length
 _TORCH_DTYPE = {tl.bfloat16: torch.bfloat16, tl.float16: torch.float16, tl.float32: torch.float32}
 BC = 16  # sub-block of the triangular solve (the smallest tl.dot tile)
 # launch 1 asks L2 for the rows of the chunk slot this many on (`_chunk_prepare_kernel`'s
-# PREFETCH): on the H100 1-6 slots ahead took launch 1 at B1 T32768 from 327-331 to 290-294 µs,
-# 8 to 293-299, 12 to 314-317, 17 and more gained nothing or lost (docs/performance.md)
+# PREFETCH, where `prefetches` says): on the H100, before its loads of q and k moved ahead of the
+# gates' sum, 1-6 slots ahead took launch 1 at B1 T32768 from 327-331 to 290-294 µs, 8 to 293-299,
+# 12 to 314-317, 17 and more gained nothing or lost; since, 1 or 4 are within 2 µs of 2 at B1
+# T32768 and 8 packed × 4096 (docs/performance.md)
 PREFETCH_AHEAD = 2
+
+
+def prefetches(programs: int, cfg: LaunchConfig, t_out: bool, sms: int, varlen: bool, l2norm: bool) -> bool:
+    """Whether launch 1 asks L2 for the rows ahead (PREFETCH): where its grid is more than one
+    wave of programs, for packed sequences (varlen) and for keys it does not normalise.  Within
+    one wave every chunk's own program is already loading its rows, so the requests only delay
+    its own loads; and since its loads of q and k go out with the gates' (2026-12-07), a dense
+    launch 1 that normalises q and k ran as fast or faster without them.  H100, per kernel
+    (docs/performance.md, "Launch 1's L2 prefetch"): B1 T512 7.8 → 7.0 µs without, T768 10.4 →
+    9.0; dense with the norm B1 T32768 286.3 → 285.2, B4 T8192 278.5 → 276.5, T131072 1099.7 →
+    1096.5; kept: 8 packed × 4096 285.6 against 295.1 without (252.8 without the norm against
+    248.1), B4 T8192 without the norm 239.2 against 242.6.  Programs an SM from the register cap
+    at its warps (65,536 registers an SM); without a cap the compiler's count is unknown here and
+    it prefetches wherever the rest says so."""
+    if l2norm and not varlen:
+        return False
+    regs = cfg.regs1_t if t_out else cfg.regs1
+    if regs is None:
+        return True
+    per_sm = 65536 // (regs * cfg.warps1 * 32)
+    return programs > per_sm * sms
 
 
 # Kernel bodies are written out rather than split into small @triton.jit helpers: the
@@ -213,8 +236,15 @@ def _chunk_prepare_kernel(
     r = tl.arange(0, BT)
     n_live = eos - t0
     live = r < n_live
+    # every load up front, the first K slice of k and q (their whole rows on tensor cores) right
+    # after the gates: the cumulative sum below waits on the gates, and its store and barriers
+    # held the loads of q and k back until then (sm_90 SASS)
     gv = tl.load(g + r * HV, mask=live, other=0.0)
     bv = tl.load(beta + r * HV, mask=live, other=0.0)
+    cols0 = tl.arange(0, KS)
+    m0 = live[:, None] & (cols0 < K)[None, :]
+    ks0 = tl.load(k + r[:, None] * skt + cols0[None, :], mask=m0, other=0.0)
+    qs0 = tl.load(q + r[:, None] * sqt + cols0[None, :], mask=m0, other=0.0)
     G = tl.cumsum(gv, 0)  # in-chunk cumulative log-decay, float32
     gl = tl.sum(tl.where(r == tl.minimum(n_live, BT) - 1, G, 0.0), 0)  # to the chunk end
     tl.store(gc + r, G, mask=live)
@@ -229,10 +259,14 @@ def _chunk_prepare_kernel(
     ssk = tl.zeros([BT], dtype=tl.float32)
     diag = r[:, None] == r[None, :]
     for c0 in tl.static_range(0, BK, KS):
-        cols = c0 + tl.arange(0, KS)
-        m = live[:, None] & (cols < K)[None, :]
-        ks = tl.load(k + r[:, None] * skt + cols[None, :], mask=m, other=0.0)
-        qs = tl.load(q + r[:, None] * sqt + cols[None, :], mask=m, other=0.0)
+        if c0 == 0:
+            ks = ks0
+            qs = qs0
+        else:
+            cols = c0 + tl.arange(0, KS)
+            m = live[:, None] & (cols < K)[None, :]
+            ks = tl.load(k + r[:, None] * skt + cols[None, :], mask=m, other=0.0)
+            qs = tl.load(q + r[:, None] * sqt + cols[None, :], mask=m, other=0.0)
         if L2NORM and not NORM_FROM_GRAM:
             k32 = ks.to(tl.float32)
             ssk += tl.sum(k32 * k32, 1)
@@ -516,9 +550,11 @@ def prepare(
     cw = views[6] if NW else gc
     assert cw is not None
     if T > 0:
+        programs = slots * HV + NW
+        compiled = not interpreted(_chunk_prepare_kernel)
         # the first long kernel goes into the queue before the outputs are allocated
         plain_launch(
-            rec, _chunk_prepare_kernel, (slots * HV + NW,),
+            rec, _chunk_prepare_kernel, (programs,),
             (
                 q, k, v, g, beta, w, u, aqk, gc, kf, qf, cu,
                 scale, T, NT, N,
@@ -535,12 +571,15 @@ def prepare(
                 WARMUP_PLAN=warmup_plan is not None, WB=wb,
                 # the split design's launch 1 only: on the H100 the three-launch one (B1 T512) ran
                 # 2% slower with it, the split rows ~1% faster (docs/performance.md)
-                FAST_EXP=t_out and not interpreted(_chunk_prepare_kernel),
+                FAST_EXP=t_out and compiled,
                 # the split design's launch 1 (tensor cores only): the norms from the Gram tiles'
                 # diagonals; the FMA path would pay a 64 × 64 × K dot for them
                 NORM_FROM_GRAM=t_out,
                 # the next chunks' rows into L2 (compiled kernels only: inline PTX)
-                PREFETCH=not interpreted(_chunk_prepare_kernel), AHEAD=PREFETCH_AHEAD,
+                PREFETCH=compiled and prefetches(
+                    programs, cfg, t_out, sm_count(device), cu_seqlens is not None, use_qk_l2norm
+                ),
+                AHEAD=PREFETCH_AHEAD,
                 LINE=128 // q.element_size(), LINES=pow2_at_least(cdiv(K * q.element_size(), 128), 1),
                 num_warps=cfg.warps1,
                 maxnreg=cfg.regs1_t if t_out else cfg.regs1,
