@@ -41,23 +41,24 @@ PREFETCH_AHEAD = 2
 
 
 def prefetches(programs: int, cfg: LaunchConfig, t_out: bool, sms: int, varlen: bool, l2norm: bool) -> bool:
-    """Whether launch 1 asks L2 for the rows ahead (PREFETCH): where its grid is more than one
-    wave of programs, for packed sequences (varlen) and for keys it does not normalise.  Within
-    one wave every chunk's own program is already loading its rows, so the requests only delay
-    its own loads; and since its loads of q and k go out with the gates' (2026-12-07), a dense
-    launch 1 that normalises q and k ran as fast or faster without them.  H100, per kernel
-    (docs/performance.md, "Launch 1's L2 prefetch"): B1 T512 7.8 → 7.0 µs without, T768 10.4 →
-    9.0; dense with the norm B1 T32768 286.3 → 285.2, B4 T8192 278.5 → 276.5, T131072 1099.7 →
-    1096.5; kept: 8 packed × 4096 285.6 against 295.1 without (252.8 without the norm against
-    248.1), B4 T8192 without the norm 239.2 against 242.6.  Programs an SM from the register cap
-    at its warps (65,536 registers an SM); without a cap the compiler's count is unknown here and
-    it prefetches wherever the rest says so."""
+    """Whether launch 1 asks L2 for the rows ahead (PREFETCH).  The split design's launch 1
+    (``t_out``) does where its grid is more than one wave of programs, for packed sequences
+    (varlen) and for keys it does not normalise.  Within one wave every chunk's own program is
+    already loading its rows, so the requests only delay its own loads; and since its loads of q
+    and k go out with the gates' (2026-12-07), a dense launch 1 that normalises q and k ran as
+    fast or faster without them.  H100, per kernel (docs/performance.md, "Launch 1's L2
+    prefetch"): B1 T512 7.8 → 7.0 µs without, T768 10.4 → 9.0; dense with the norm B1 T32768
+    286.3 → 285.2, B4 T8192 278.5 → 276.5, T131072 1099.7 → 1096.5; kept: 8 packed × 4096 285.6
+    against 295.1 without (252.8 without the norm against 248.1), B4 T8192 without the norm 239.2
+    against 242.6.  A wave is four programs an SM at its 128-register cap (65,536 registers an
+    SM); without a cap the compiler's count is unknown here and it prefetches.  The three-launch
+    design's launch 1 (B1 prompts under 512 tokens, f16, the FMA path) was not measured against
+    this and always prefetches."""
+    if not t_out or cfg.regs1_t is None:
+        return True
     if l2norm and not varlen:
         return False
-    regs = cfg.regs1_t if t_out else cfg.regs1
-    if regs is None:
-        return True
-    per_sm = 65536 // (regs * cfg.warps1 * 32)
+    per_sm = 65536 // (cfg.regs1_t * cfg.warps1 * 32)
     return programs > per_sm * sms
 
 
