@@ -192,7 +192,7 @@ for arch, dtype, tc in ((90, torch.bfloat16, True), (90, torch.float16, True), (
          dict(common, L2NORM=True, BVF=cfg.BVF, KS=cfg.KS, VS=cfg.VS, BC=dp.BC, LOG_BC=dp.BC.bit_length() - 1,
               SOLVE_BY_DOUBLING=cfg.solve_by_doubling, CHUNK_DT=pol.chunk_dtype,
               SOLVE_PRECISION=pol.solve_precision, DOUBLING_PRECISION=dp.doubling_precision(pol),
-              T_OUT=False, SOLVE_DT=cfg.solve_dt, WARMUP_PLAN=False, WB=ds.WARMUP_BLOCK, FAST_EXP=False,
+              T_OUT=False, SOLVE_DT=cfg.solve_dt, WARMUP_PLAN=False, WB=ds.WARMUP_BLOCK, WB0=0, FAST_EXP=False,
               NORM_FROM_GRAM=False, PREFETCH=True, AHEAD=dp.PREFETCH_AHEAD, LINE=128 // dtype.itemsize,
               LINES=128 * dtype.itemsize // 128),  # K = 128 elements in 128-byte lines
          cfg.warps1, 3, cfg.regs1),
@@ -213,7 +213,8 @@ for arch, dtype, tc in ((90, torch.bfloat16, True), (90, torch.float16, True), (
         # the default for B1 prompts: normalised keys, its first programs finding the segments'
         # warm-up starts (one dense sequence, as B1 prompts take it)
         launches.append(("prepare T out warm-up plan", kernel, dict(types, u="*fp32"),
-                         dict(consts, IS_VARLEN=False, T_OUT=True, WARMUP_PLAN=True, FAST_EXP=True, NORM_FROM_GRAM=True),
+                         dict(consts, IS_VARLEN=False, T_OUT=True, WARMUP_PLAN=True, FAST_EXP=True, NORM_FROM_GRAM=True,
+                              WB0=ds.WARMUP_FIRST_BLOCK),
                          warps, stages, cfg.regs1_t))
         # the same for keys it does not normalise: the warm-up plan reads the keys' norms
         launches.append(("prepare T out warm-up plan, keys", kernel, dict(types, u="*fp32"),

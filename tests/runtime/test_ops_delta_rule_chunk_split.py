@@ -26,7 +26,9 @@ from clef_runtime.inputs import gdn_inputs
 from clef_runtime.ops import delta_rule_chunk_split as ds
 from clef_runtime.ops import delta_rule_prepare as dp
 from clef_runtime.ops.delta_rule_chunk_split import (
+    WARMUP_BLOCK,
     WARMUP_BLOCK_KEYS,
+    WARMUP_FIRST_BLOCK,
     WARMUP_LOG_BOUND,
     chunk_gated_delta_rule_split,
     default_segments,
@@ -149,6 +151,26 @@ def test_warmup_cut_by_a_decay_that_needs_it(rng: torch.Generator, device: torch
     assert starts[0] == -1 and 0 < starts[1] < 8 and 4 < starts[2] < 12
 
 
+def test_warmup_longer_than_its_first_step(rng: torch.Generator, device: torch.device) -> None:
+    """g ∈ (-0.0118, -0.0098) with normalised keys: the bound needs ~24 chunks, more than the
+    plan's first step back (WARMUP_FIRST_BLOCK chunks), so the second segment's warm-up start is
+    found by the steps after it.  Launch 1 stores the float64 rule's start (a step that lost the
+    first one's sum would cut it short), and the split matches the reference."""
+    T, P = 64 * BT, 2
+    starts = check_split(rng, device, uniform(-0.0118, -0.0098, rng), P, T=T)
+    assert starts[0] < T // BT // P - WARMUP_FIRST_BLOCK
+    q, k, v, _, beta = gdn_inputs(rng, device, torch.bfloat16, B=1, T=T, H=1, HV=1, K=32, V=32)
+    g = uniform(-0.0118, -0.0098, rng)((1, T, 1)).to(device)  # type: ignore[operator]
+    rule = warmup_starts(chunk_log_bounds(k, g, beta, True)[0, :, 0], P)
+    assert rule[0] < T // BT // P - WARMUP_FIRST_BLOCK
+    p = prepare(
+        q, k, v, g, beta, 1, 32**-0.5, None, True, False, True, True,
+        extra=(((P,), torch.int32),), warmup_plan=(P, WARMUP_LOG_BOUND, WARMUP_BLOCK, WARMUP_FIRST_BLOCK),
+    )  # fmt: skip
+    assert p.extra[0] is not None
+    assert p.extra[0].tolist() == [-1, *rule]
+
+
 def test_warmup_reaches_the_start_without_decay(rng: torch.Generator, device: torch.device) -> None:
     """g = 0: no chunk's map shrinks, so every warm-up walks back to the initial state."""
     starts = check_split(rng, device, lambda shape: torch.zeros(*shape), 3, T=320)
@@ -198,7 +220,7 @@ def check_starts_per_head(
     assert rule == starts
     p = prepare(
         q, k, v, g, beta, N, 32**-0.5, cu, False, False, True, True,
-        extra=(((N * HV * P,), torch.int32),), warmup_plan=(P, WARMUP_LOG_BOUND, WARMUP_BLOCK_KEYS),
+        extra=(((N * HV * P,), torch.int32),), warmup_plan=(P, WARMUP_LOG_BOUND, WARMUP_BLOCK_KEYS, 0),
     )  # fmt: skip
     assert p.extra[0] is not None
     assert p.extra[0].view(N * HV, P).tolist() == starts

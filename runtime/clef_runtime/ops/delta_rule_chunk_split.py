@@ -74,7 +74,8 @@ MAX_SEGMENTS = 16
 # A segment's warm-up ends where the log bound of the chunk maps onto its start falls below this:
 # the start-state error is then at most 2⁻²⁴ (float32's unit roundoff) times the true state there.
 WARMUP_LOG_BOUND = -24 * math.log(2)
-WARMUP_BLOCK = 64  # chunk bounds read per step of the walk back (from the gates)
+WARMUP_BLOCK = 64  # chunk bounds read per step of the walk back (from the gates) ...
+WARMUP_FIRST_BLOCK = 16  # ... after a first step of this many (no first step for keys' bounds)
 WARMUP_BLOCK_KEYS = 4  # the same where each bound reads its chunk's keys (un-normalised keys)
 # The default path takes this design for bf16 on tensor cores from this many (sequence, value
 # head) chains, unsplit: measured faster there (B4 T8192, 8 packed × 4096) ...
@@ -576,11 +577,11 @@ def run_split(
     # docs/performance.md, "Host time per chunked call"); unsplit calls (P = 1) keep launch 1
     # without those programs
     P_warm = P > 1
-    block = WARMUP_BLOCK if use_qk_l2norm else WARMUP_BLOCK_KEYS
+    blocks = (WARMUP_BLOCK, WARMUP_FIRST_BLOCK) if use_qk_l2norm else (WARMUP_BLOCK_KEYS, 0)
     p = prepare(
         q, k, v, g, beta, N, scale, cu_seqlens, use_qk_l2norm, output_final_state, True, True,
         extra=(((N * HV * P,), torch.int32) if P_warm else None,), rec=rec,
-        warmup_plan=(P, WARMUP_LOG_BOUND, block) if P_warm else None,
+        warmup_plan=(P, WARMUP_LOG_BOUND, *blocks) if P_warm else None,
     )  # fmt: skip
     policy, cfg = p.policy, p.cfg
     walk_bv, walk_warps = walk_shape(

@@ -228,27 +228,45 @@ def chunk_bounds(
 
 # fmt: off
 @triton.jit
+def _warmup_step(
+    k_p, skt, g_p, beta_p, bos, eos, log_bound, acc, c_w, hi,
+    HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr, WB: tl.constexpr,
+    NORMALISED: tl.constexpr,
+):
+    """One step of `warmup_start` back from chunk ``hi``: the WB chunks below it, ``acc`` the log
+    bound of chunks ``hi .. c_lo - 1``; returns (acc, c_w, hi) for the next step (hi 0 once found)."""
+    i = tl.arange(0, WB)
+    idx = hi - 1 - i
+    vals = chunk_bounds(idx, k_p, skt, g_p, beta_p, bos, eos, HV, K, BK, BT, NORMALISED)
+    cs = acc + tl.cumsum(vals, 0)  # cs[i]: the log bound of chunks idx[i] .. c_lo - 1
+    first = tl.min(tl.where((cs < log_bound) & (idx >= 0), i, WB), 0)
+    c_w = tl.where(first < WB, hi - 1 - first, c_w)
+    return acc + tl.sum(vals, 0), c_w, tl.where(first < WB, 0, hi - WB)
+
+
+@triton.jit
 def warmup_start(
     k_p, skt, g_p, beta_p, c_lo, bos, eos, log_bound,
     HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr, WB: tl.constexpr,
-    NORMALISED: tl.constexpr,
+    NORMALISED: tl.constexpr, WB0: tl.constexpr = 0,
 ):
     """The chunk a segment starting at chunk ``c_lo`` warms up from: the largest ``c_w < c_lo``
     whose chunks ``c_w .. c_lo - 1`` have log bounds (`chunk_bounds`) summing below
     ``log_bound``, so that their map carries a start-state error of at most ``e^{log_bound}``
     times the true state at ``c_w`` to ``c_lo``; -1 when no such chunk exists (walk from the
-    sequence start and its initial state: exact).  WB bounds a step, read backwards from c_lo."""
-    i = tl.arange(0, WB)
+    sequence start and its initial state: exact).  The walk back reads WB0 chunks first (if > 0),
+    then WB a step: a short first step finds the common short warm-ups with fewer loads, the wider
+    ones reach far starts in fewer dependent steps."""
     acc = log_bound * 0.0
     c_w = c_lo * 0 - 1
     hi = c_lo
+    if WB0 > 0:
+        acc, c_w, hi = _warmup_step(
+            k_p, skt, g_p, beta_p, bos, eos, log_bound, acc, c_w, hi, HV, K, BK, BT, WB0, NORMALISED
+        )
     while hi > 0:  # (a while loop: the interpreter cannot take a runtime range bound)
-        idx = hi - 1 - i
-        vals = chunk_bounds(idx, k_p, skt, g_p, beta_p, bos, eos, HV, K, BK, BT, NORMALISED)
-        cs = acc + tl.cumsum(vals, 0)  # cs[i]: the log bound of chunks idx[i] .. c_lo - 1
-        first = tl.min(tl.where((cs < log_bound) & (idx >= 0), i, WB), 0)
-        c_w = tl.where(first < WB, hi - 1 - first, c_w)
-        acc += tl.sum(vals, 0)
-        hi = tl.where(first < WB, 0, hi - WB)
+        acc, c_w, hi = _warmup_step(
+            k_p, skt, g_p, beta_p, bos, eos, log_bound, acc, c_w, hi, HV, K, BK, BT, WB, NORMALISED
+        )
     return c_w
 # fmt: on

@@ -150,6 +150,7 @@ def _chunk_prepare_kernel(
     SOLVE_DT: tl.constexpr = tl.float32,
     WARMUP_PLAN: tl.constexpr = False,
     WB: tl.constexpr = 64,
+    WB0: tl.constexpr = 0,
     FAST_EXP: tl.constexpr = False,
     NORM_FROM_GRAM: tl.constexpr = False,
     PREFETCH: tl.constexpr = False,
@@ -181,7 +182,7 @@ def _chunk_prepare_kernel(
             k_w = k + b_w * skb + (hv_w // (HV // H)) * K  # the value head's key head
             c_w = warmup_start(
                 k_w, skt, g + row, beta + row, c_lo, bos, eos, warmup_log_bound,
-                HV, K, BK, BT, WB, L2NORM,
+                HV, K, BK, BT, WB, L2NORM, WB0,
             )  # fmt: skip
             tl.store(cw + pid, c_w.to(tl.int32))
             return
@@ -508,13 +509,13 @@ def prepare(
     t_out: bool = False,
     extra: tuple[Spec | None, ...] = (),
     rec: Recorder | None = None,
-    warmup_plan: tuple[int, float, int] | None = None,
+    warmup_plan: tuple[int, float, int, int] | None = None,
 ) -> Prepared:
     """Allocate the outputs and launch 1's intermediates, and run launch 1 (shared with
     `clef_runtime.ops.delta_rule_chunk_split`; ``t_out``: `Prepared.w` holds each chunk's
     ``T diag(β)`` ``[B, T, HV, BT]`` and `Prepared.u` the float32 factors ``e^{G} / |k|`` by chunk
     slot (as kf), from which that walk forms w and u; with ``warmup_plan`` = (P, log bound, chunks
-    a step back) its first N·HV·P programs also store each segment's warm-up start (the split
+    a step back, chunks of the first step back or 0: `delta_rule_common.warmup_start`) its first N·HV·P programs also store each segment's warm-up start (the split
     design's segments) into the caller's first `extra` tensor, int32 [N·HV·P])."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
@@ -546,7 +547,7 @@ def prepare(
     cu = cu_seqlens if cu_seqlens is not None else gc  # an unused pointer when not varlen
     policy = dot_policy(q.dtype, _chunk_prepare_kernel, tc)
     cfg = launch_config(K, V, q.dtype, tc)
-    P, log_bound, wb = warmup_plan if warmup_plan is not None else (1, 0.0, 64)
+    P, log_bound, wb, wb0 = warmup_plan if warmup_plan is not None else (1, 0.0, 64, 0)
     NW = N * HV * P if warmup_plan is not None else 0  # the warm-up programs ahead of the chunks'
     cw = views[6] if NW else gc
     assert cw is not None
@@ -569,7 +570,7 @@ def prepare(
                 CHUNK_DT=policy.chunk_dtype, SOLVE_PRECISION=policy.solve_precision,
                 DOUBLING_PRECISION=doubling_precision(policy), SOLVE_DT=cfg.solve_dt,
                 ROUND_BF16=policy.round_bf16, T_OUT=t_out,
-                WARMUP_PLAN=warmup_plan is not None, WB=wb,
+                WARMUP_PLAN=warmup_plan is not None, WB=wb, WB0=wb0,
                 # the split design's launch 1 only: on the H100 the three-launch one (B1 T512) ran
                 # 2% slower with it, the split rows ~1% faster (docs/performance.md)
                 FAST_EXP=t_out and compiled,
