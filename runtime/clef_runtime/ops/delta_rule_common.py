@@ -234,7 +234,8 @@ def _warmup_step(
     NORMALISED: tl.constexpr,
 ):
     """One step of `warmup_start` back from chunk ``hi``: the WB chunks below it, ``acc`` the log
-    bound of chunks ``hi .. c_lo - 1``; returns (acc, c_w, hi) for the next step (hi 0 once found)."""
+    bound of chunks ``hi .. c_lo - 1``; returns (acc, c_w, hi) for the next step (hi ≤ 0
+    once the start is found or the walk is past the sequence start)."""
     i = tl.arange(0, WB)
     idx = hi - 1 - i
     vals = chunk_bounds(idx, k_p, skt, g_p, beta_p, bos, eos, HV, K, BK, BT, NORMALISED)

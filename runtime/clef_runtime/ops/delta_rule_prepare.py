@@ -515,8 +515,9 @@ def prepare(
     `clef_runtime.ops.delta_rule_chunk_split`; ``t_out``: `Prepared.w` holds each chunk's
     ``T diag(β)`` ``[B, T, HV, BT]`` and `Prepared.u` the float32 factors ``e^{G} / |k|`` by chunk
     slot (as kf), from which that walk forms w and u; with ``warmup_plan`` = (P, log bound, chunks
-    a step back, chunks of the first step back or 0: `delta_rule_common.warmup_start`) its first N·HV·P programs also store each segment's warm-up start (the split
-    design's segments) into the caller's first `extra` tensor, int32 [N·HV·P])."""
+    a step back, chunks of the first step back or 0: `delta_rule_common.warmup_start`) its first
+    N·HV·P programs also store each segment's warm-up start (the split design's segments) into
+    the caller's first `extra` tensor, int32 [N·HV·P])."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     device = q.device
