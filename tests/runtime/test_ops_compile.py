@@ -278,7 +278,8 @@ pol = dot_policy(torch.bfloat16, dp._chunk_prepare_kernel, True)
 p = "*bf16"
 consts = dict(H=16, HV=32, K=128, V=128, BK=128, BT=dc.BT, IS_VARLEN=True,
               HAS_H0=True, STORE_FINAL=True, STATE_DT=pol.state_dtype, STATE_PRECISION=pol.state_precision,
-              ROUND_BF16=False, INTERPRETED=False, CHUNK_DT=pol.chunk_dtype, TMA=False)
+              ROUND_BF16=False, INTERPRETED=False, CHUNK_DT=pol.chunk_dtype, TMA=False,
+              TMA_FACTORS=False)
 f32 = "*fp32"
 types = dict(q=p, k=p, v=p, tinv=p, wf=f32, gc=f32, kf=f32, qf=f32, aqk=p, o=p,
              cw="*i32", h0=f32, ht=f32, cu_seqlens="*i32")
@@ -298,9 +299,12 @@ launches = [
     # the tiles by TMA, whole-V (`ds.wide_tiles`; the per-token factors by TMA too): B1 prompts
     # (dense, split) and B4 or packed sequences (varlen, unsplit)
     ("walk whole-V with warm-up, TMA", ds._segment_output_kernel, types,
-     *walk(tma_cfg, tma_cfg.wide_bv, IS_VARLEN=False, WARMUP=True, TMA=True)),
+     *walk(tma_cfg, tma_cfg.wide_bv, IS_VARLEN=False, WARMUP=True, TMA=True, TMA_FACTORS=True)),
     ("walk whole-V, TMA", ds._segment_output_kernel, types,
-     *walk(tma_cfg, tma_cfg.wide_bv, WARMUP=False, TMA=True)),
+     *walk(tma_cfg, tma_cfg.wide_bv, WARMUP=False, TMA=True, TMA_FACTORS=True)),
+    # a short B1 prompt: 32-wide, the tiles by TMA, the factors loaded (`ds.tma_factors`)
+    ("walk 32-wide, TMA", ds._segment_output_kernel, types,
+     *walk(tma_cfg, tma_cfg.narrow_bv, IS_VARLEN=False, WARMUP=False, TMA=True)),
 ]
 results = {}
 for launch, kernel, types, c, warps, stages in launches:
@@ -325,10 +329,12 @@ def test_split_chunk_kernels_compile_for_sm90() -> None:
     (`pipeline_stages`) and spills nothing, split or not.
     The masked walks were measured faster with those spills than at narrower tiles; the bound
     catches a change that makes them spill for real.  Every kernel's shared memory must
-    fit the SM as the op launches it: two 64-wide walks per SM, one whole-V walk.  (The split
+    fit the SM as the op launches it: two 64-wide walks per SM, one whole-V walk.  A short
+    prompt's 32-wide walk (B1 T512's 128 programs) takes its tiles by TMA and its factors by
+    loads (`tma_factors`), without spilling either.  (The split
     design's launch 1 is the bf16 "prepare T out" of the test above.)"""
     results = _compile_all(SPLIT_SCRIPT, 900)
-    assert len(results) == 5, results
+    assert len(results) == 6, results
     heavy = {
         k: r
         for k, r in results.items()

@@ -35,6 +35,7 @@ from clef_runtime.ops.delta_rule_chunk_split import (
     pipeline_stages,
     takes_default_path,
     tma_eligible,
+    tma_factors,
     walk_shape,
     wide_tiles,
 )
@@ -277,16 +278,22 @@ def test_warmup_varlen_with_empty_and_short_sequences(rng: torch.Generator, devi
 
 
 def tma_and_masked(
-    rng: torch.Generator, device: torch.device, layout: str, wide_bv: int | None = None, **dims: int
+    rng: torch.Generator,
+    device: torch.device,
+    layout: str,
+    wide_bv: int | None = None,
+    factors: bool = True,
+    **dims: int,
 ) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
     """The split design's output and final state with the walk's tiles by TMA and by masked
     loads, on the same inputs: an initial state, 2 segments, V blocks narrower than V; "varlen"
     has an empty sequence and sequences that end inside a chunk (at tokens 70, 200 and 205: no
     chunk but the first starts at a multiple of 4), "dense" a T that does too (150: not a
-    multiple of 4), "dense-aligned" one that is (148).  The per-token factors come by TMA with the
-    tiles (launch 1 stores them by chunk slot, so every chunk's start is aligned).  ``wide_bv``:
-    the V block the walk's configuration counts as whole-V (β by TMA too)."""
-    cfg = walk_config(device)
+    multiple of 4), "dense-aligned" one that is (148).  With ``factors`` k's and w's per-token
+    factors come by TMA with the tiles (launch 1 stores them by chunk slot, so every chunk's start
+    is aligned), without it by masked loads (a short unsplit walk's, `tma_factors`).
+    ``wide_bv``: the V block the walk's configuration counts as whole-V."""
+    cfg = dataclasses.replace(walk_config(device), tma_factor_chunks=0 if factors else 1 << 30)
     if wide_bv is not None:
         cfg = dataclasses.replace(cfg, wide_bv=wide_bv)
     if layout.startswith("varlen"):
@@ -311,17 +318,19 @@ def tma_and_masked(
     return out[0], out[1]
 
 
+@pytest.mark.parametrize("factors", [True, False], ids=["factors-by-tma", "factors-loaded"])
 @pytest.mark.parametrize("layout", ["varlen", "dense", "dense-aligned"])
 def test_tma_tiles_give_the_masked_loads_results(
-    layout: str, rng: torch.Generator, device: torch.device
+    layout: str, factors: bool, rng: torch.Generator, device: torch.device
 ) -> None:
     """The walk's tiles by TMA (`WalkConfig.tma`: each program's tensor descriptors over its
     sequence's rows, which read rows past the sequence end as zeros and do not write them) give
     the masked loads' outputs and final states to the bit, here in the interpreter.  A descriptor
     that let a partial chunk's rows through, or wrote the output rows past a sequence end (into
     the next sequence's), fails this test; so does a per-token factor past a sequence end (the
-    next sequence's, by TMA too) that reached an output or a state."""
-    (o1, h1), (o0, h0) = tma_and_masked(rng, device, layout, H=1, HV=2, K=32, V=64)
+    next sequence's, by TMA too) that reached an output or a state.  With ``factors`` off the
+    factors come by masked loads beside the TMA tiles (short unsplit walks, `tma_factors`)."""
+    (o1, h1), (o0, h0) = tma_and_masked(rng, device, layout, factors=factors, H=1, HV=2, K=32, V=64)
     assert torch.equal(o1, o0) and torch.equal(h1, h0)
 
 
@@ -333,6 +342,21 @@ def test_wide_walk_by_tma_gives_the_masked_loads_results(
     states, to the bit.  Here the test's V block stands for the whole-V one."""
     (o1, h1), (o0, h0) = tma_and_masked(rng, device, layout, wide_bv=32, H=1, HV=2, K=32, V=64)
     assert torch.equal(o1, o0) and torch.equal(h1, h0)
+
+
+def test_factors_by_tma_where_split_or_long() -> None:
+    """k's and w's factors come by TMA where the walk is split (P > 1: its programs walk warm-up
+    chunks too) or its sequences average ``tma_factor_chunks`` chunks (64 tokens each) or more,
+    and never without TMA tiles; N sequences share the tokens."""
+    cfg = WalkConfig(tma=True, tma_factor_chunks=32)
+    assert not tma_factors(cfg, True, 1, 512, 1)  # B1 T512: 8 chunks, unsplit
+    assert tma_factors(cfg, True, 1, 2048, 4)  # B1 T2048: 8 a segment, split
+    assert not tma_factors(cfg, True, 1, 31 * 64, 1)  # 31 chunks
+    assert tma_factors(cfg, True, 1, 31 * 64 + 1, 1)  # 31 chunks and one token: 32
+    assert tma_factors(cfg, True, 1, 32768, 4)
+    assert tma_factors(cfg, True, 8, 32768, 1)  # 8 packed × 4096: 64 a sequence
+    assert not tma_factors(cfg, True, 8, 8 * 1024, 1)  # 16 a sequence, unsplit
+    assert not tma_factors(cfg, False, 1, 32768, 4)  # no TMA tiles
 
 
 def test_tma_needs_aligned_rows(rng: torch.Generator, device: torch.device) -> None:
@@ -420,26 +444,32 @@ def test_pipeline_stages() -> None:
 
 
 @pytest.mark.parametrize(
-    ("B", "T", "packed", "aligned", "shape"),
+    ("B", "T", "packed", "aligned", "shape", "factors"),
     [
-        (4, 8192, 0, True, (128, 8, 3)),  # B4: unsplit, one wave of 128 whole-V programs
-        (1, 32768, 0, True, (128, 8, 3)),  # B1: 4 segments, 128 programs
-        (1, 32768, 8, True, (128, 8, 3)),  # 8 packed × 4096: 256 programs
-        (1, 512, 0, True, (32, 4, 2)),  # B1 T512: unsplit, 32 chains x 4 blocks
-        (2, 1024, 0, True, (128, 8, 3)),  # B2 T1024: sequences of 1024 tokens, 2 segments each
-        (4, 8192, 0, False, (64, 4, 2)),  # rows not 16-byte aligned: masked loads, 64-wide
+        (4, 8192, 0, True, (128, 8, 3), True),  # B4: unsplit, one wave of 128 whole-V programs
+        (1, 32768, 0, True, (128, 8, 3), True),  # B1: 4 segments, 128 programs
+        (1, 32768, 8, True, (128, 8, 3), True),  # 8 packed × 4096: 256 programs
+        (1, 512, 0, True, (32, 4, 2), False),  # B1 T512: unsplit, 32 chains x 4 blocks, 8 chunks
+        (2, 1024, 0, True, (128, 8, 3), True),  # B2 T1024: 2 segments of 8 chunks each
+        (4, 8192, 0, False, (64, 4, 2), False),  # rows not 16-byte aligned: masked loads, 64-wide
     ],
     ids=["B4-T8192", "B1-T32768", "packed-8x4096", "B1-T512", "B2-T1024", "B4-T8192-unaligned"],
 )
 def test_the_walk_launches_at_its_shape_on_an_h100(
-    B: int, T: int, packed: int, aligned: bool, shape: tuple[int, int, int], monkeypatch: pytest.MonkeyPatch
+    B: int,
+    T: int,
+    packed: int,
+    aligned: bool,
+    shape: tuple[int, int, int],
+    factors: bool,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """What `run_split` launches at the Qwen3.5 heads on an H100 (132 SMs, TMA), bf16 with the
     compiled kernels' dot policy (16-bit state operands; the interpreter's is float32): the walk's
     V block, warps and stages (launches captured, not run).  Whole-V at three stages wherever
     the tiles come by TMA (`wide_tiles`) and the chains fill a wave, 32-wide at two for B1 T512's
     32 chains, 64-wide at two where the tiles cannot come by TMA (a K of 100: rows not 16-byte
-    aligned)."""
+    aligned).  k's and w's factors by TMA too where the walk is split or long (`tma_factors`)."""
     walks: list[dict[str, object]] = []
 
     def capture(
@@ -463,6 +493,7 @@ def test_the_walk_launches_at_its_shape_on_an_h100(
     (walk,) = walks
     assert walk["STATE_DT"] == tl.bfloat16
     assert walk["TMA"] == aligned
+    assert walk["TMA_FACTORS"] == factors
     assert (walk["BV"], walk["num_warps"], walk["num_stages"]) == shape
 
 
@@ -512,13 +543,14 @@ def test_split_matches_reference_gpu(
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("factors", [True, False], ids=["factors-by-tma", "factors-loaded"])
 @pytest.mark.parametrize("layout", ["varlen", "dense", "dense-aligned"])
 def test_tma_tiles_give_the_masked_loads_results_gpu(
-    layout: str, rng: torch.Generator, gpu_device: torch.device
+    layout: str, factors: bool, rng: torch.Generator, gpu_device: torch.device
 ) -> None:
     """`test_tma_tiles_give_the_masked_loads_results` at the Qwen3.5 heads on the GPU (the same
     dots and roundings: equal up to the order the compiler gives a sum, measured bit-identical on
     the H200)."""
-    (o1, h1), (o0, h0) = tma_and_masked(rng, gpu_device, layout, **QWEN)
+    (o1, h1), (o0, h0) = tma_and_masked(rng, gpu_device, layout, factors=factors, **QWEN)
     torch.testing.assert_close(o1, o0, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(h1, h0, rtol=1e-6, atol=1e-6)

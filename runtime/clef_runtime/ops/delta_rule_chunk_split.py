@@ -38,7 +38,9 @@ computed tile is copied to shared memory on the step's chain.  Its V blocks, war
 are the GPU's `delta_rule_config.WalkConfig`; on sm_90 its tiles arrive, and the output leaves,
 by TMA: each program makes tensor descriptors over its sequence's rows, so rows past the
 sequence end read as zeros and are not written, as with masked loads and stores, without their
-per-thread address and mask arithmetic.
+per-thread address and mask arithmetic.  Each descriptor costs its program ~1,100 cycles before
+its first step (made on the device: two GPU-scope fences), so a short unsplit walk loads k's and
+w's per-token factors rather than making two more (`tma_factors`).
 
 The segments differ from a single walk only in rounding.  With ``P = 1`` there is no warm-up
 and the kernel is the plain fused recurrence.  Segments hold ``ceil(chunks / P)`` chunks of their
@@ -160,6 +162,14 @@ def tma_eligible(cfg: WalkConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     )
 
 
+def tma_factors(cfg: WalkConfig, tma: bool, N: int, tokens: int, P: int) -> bool:
+    """Whether the walk of N sequences of ``tokens`` in all (B·T; varlen: the packed T) in P
+    segments takes k's and w's per-token factors by TMA as well as its tiles: split (its programs
+    also walk warm-up chunks), or unsplit over sequences of ``cfg.tma_factor_chunks`` chunks or
+    more on average (host arithmetic only)."""
+    return tma and (P > 1 or cdiv(tokens // max(1, N), BT) >= cfg.tma_factor_chunks)
+
+
 def takes_default_path(
     dtype: torch.dtype, tensor_cores: bool, N: int, HV: int, K: int, V: int, tokens: int = 0
 ) -> bool:
@@ -212,6 +222,7 @@ def _walk_step(
     ROUND_BF16: tl.constexpr,
     CHUNK_DT: tl.constexpr,
     TMA: tl.constexpr,
+    TMA_FACTORS: tl.constexpr,
 ):
     """One chunk from its start state, held transposed (``St = Sᵀ``, V block × K); with OUTPUT,
     the chunk's output rows for these columns are stored if the chunk starts at or after t_out (a
@@ -226,10 +237,11 @@ def _walk_step(
     and its right one from shared memory, where the pipelined loads already put the tiles, so no
     computed tile (S, y, v_new) goes through shared memory on the step's dependent chain.  The
     factors scale the columns of ``Sᵀ k̂ᵀ`` after the dot instead of k's rows before it (float32
-    instead of a bf16 rounding of the scaled keys).  With TMA the tiles of k, q, v, T and Aqk and
-    the factors of k and w come by the sequence's tensor descriptors `*_d`, `kf_p`, `wf_p` (rows
-    counted from ``bos``; rows past the sequence end read as zeros, as the masked loads give them)
-    and the output leaves by ``o_d`` (rows past the end dropped)."""
+    instead of a bf16 rounding of the scaled keys).  With TMA the tiles of k, q, v, T and Aqk
+    come by the sequence's tensor descriptors `*_d` (rows counted from ``bos``; rows past the
+    sequence end read as zeros, as the masked loads give them) and the output leaves by ``o_d``
+    (rows past the end dropped); with TMA_FACTORS the factors of k and w come by descriptors
+    `kf_p`, `wf_p` too."""
     n_live = eos - t0
     r = tl.arange(0, BT)
     live = r < n_live
@@ -238,7 +250,7 @@ def _walk_step(
     kmask = live[:, None] & (rk < K)[None, :]
     vmask_t = (rv < ncols)[:, None] & live[None, :]  # [BV, BT]
     row = (t0 - bos).to(tl.int32)  # the chunk's first row in the descriptors
-    if TMA:  # noqa: SIM108 (kf_p and wf_p: descriptors over the sequence's factors)
+    if TMA_FACTORS:  # noqa: SIM108 (kf_p and wf_p: descriptors over the sequence's factors)
         kfac = kf_p.load([row])
     else:
         kfac = tl.load(kf_p + t0 + r, mask=live, other=0.0)
@@ -254,7 +266,7 @@ def _walk_step(
     if ROUND_BF16:
         Sd = rne_bf16(Sd)
     # yᵀ = (v - e^{G} k̂ S)ᵀ, then v_newᵀ = yᵀ (T diag(β))ᵀ
-    if TMA:  # noqa: SIM108
+    if TMA_FACTORS:  # noqa: SIM108
         ffac = wf_p.load([row])
     else:
         ffac = tl.load(wf_p + t0 + r, mask=live, other=0.0)
@@ -319,7 +331,7 @@ def _walk_span(
     v_p, svt, k_d, q_d, v_d, t_d, a_d, o_d, bos,
     HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
     OUTPUT: tl.constexpr, STATE_DT: tl.constexpr, STATE_PRECISION: tl.constexpr, ROUND_BF16: tl.constexpr,
-    INTERPRETED: tl.constexpr, CHUNK_DT: tl.constexpr, TMA: tl.constexpr,
+    INTERPRETED: tl.constexpr, CHUNK_DT: tl.constexpr, TMA: tl.constexpr, TMA_FACTORS: tl.constexpr,
 ):
     """`_walk_step` over the chunks of tokens [t_lo, t_hi) from state S, outputs from t_out on;
     returns the state at t_hi.  Each chunk's decay to its end (one float a chunk, ``gc_p``) is
@@ -333,7 +345,7 @@ def _walk_span(
             S = _walk_step(
                 S, t0, t_out, eos, k_p, t_p, wf_p, gl, kf_p, q_p, qf_p, aqk_p, o_p, ncols, skt, sqt,
                 v_p, svt, k_d, q_d, v_d, t_d, a_d, o_d, bos,
-                HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16, CHUNK_DT, TMA,
+                HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16, CHUNK_DT, TMA, TMA_FACTORS,
             )
             gl = gl_next
             t0 += BT
@@ -345,7 +357,7 @@ def _walk_span(
             S = _walk_step(
                 S, t0, t_out, eos, k_p, t_p, wf_p, gl, kf_p, q_p, qf_p, aqk_p, o_p, ncols,
                 skt, sqt, v_p, svt, k_d, q_d, v_d, t_d, a_d, o_d, bos,
-                HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16, CHUNK_DT, TMA,
+                HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16, CHUNK_DT, TMA, TMA_FACTORS,
             )
             gl = gl_next
     return S
@@ -357,7 +369,7 @@ def _walk(
     v_p, svt, k_d, q_d, v_d, t_d, a_d, o_d, bos,
     HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
     OUTPUT: tl.constexpr, STATE_DT: tl.constexpr, STATE_PRECISION: tl.constexpr, ROUND_BF16: tl.constexpr,
-    INTERPRETED: tl.constexpr, CHUNK_DT: tl.constexpr, TMA: tl.constexpr,
+    INTERPRETED: tl.constexpr, CHUNK_DT: tl.constexpr, TMA: tl.constexpr, TMA_FACTORS: tl.constexpr,
 ):
     """`_walk_span` over the chunks of tokens [t_lo, t_hi) from state S, outputs from t_out on;
     returns the state at t_hi.  Both launches walk through here (inlined on a GPU).  A TMA store
@@ -367,13 +379,13 @@ def _walk(
         S = _walk_span(
             S, t_lo, t_out, t_out, eos, k_p, t_p, wf_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, skt, sqt,
             v_p, svt, k_d, q_d, v_d, t_d, a_d, o_d, bos,
-            HV, K, V, BK, BV, BT, False, STATE_DT, STATE_PRECISION, ROUND_BF16, INTERPRETED, CHUNK_DT, TMA,
+            HV, K, V, BK, BV, BT, False, STATE_DT, STATE_PRECISION, ROUND_BF16, INTERPRETED, CHUNK_DT, TMA, TMA_FACTORS,
         )
         t_first = t_out
     return _walk_span(
         S, t_first, t_out, t_hi, eos, k_p, t_p, wf_p, gc_p, kf_p, q_p, qf_p, aqk_p, o_p, ncols, skt, sqt,
         v_p, svt, k_d, q_d, v_d, t_d, a_d, o_d, bos,
-        HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16, INTERPRETED, CHUNK_DT, TMA,
+        HV, K, V, BK, BV, BT, OUTPUT, STATE_DT, STATE_PRECISION, ROUND_BF16, INTERPRETED, CHUNK_DT, TMA, TMA_FACTORS,
     )
 # fmt: on
 
@@ -420,12 +432,13 @@ def _segment_output_kernel(
     INTERPRETED: tl.constexpr,
     CHUNK_DT: tl.constexpr,
     TMA: tl.constexpr,
+    TMA_FACTORS: tl.constexpr,
 ):
     """Segment s of one sequence, value head and V block: its start state from a warm-up walk
     over the chunks before it, then its chunks with the output fused.  ``tinv`` holds launch 1's
     ``T diag(β)`` per chunk and ``wf`` the factors e^{G} / |k| of k's rows, from which each step
-    forms w and u.  With TMA the walk moves its tiles and two of its per-token factors by tensor
-    descriptors of this sequence's rows (`tma_eligible`)."""
+    forms w and u.  With TMA the walk moves its tiles (and with TMA_FACTORS two of its per-token
+    factors) by tensor descriptors of this sequence's rows (`tma_eligible`, `tma_factors`)."""
     i_nh = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1)
     s = tl.program_id(2).to(tl.int64)
@@ -490,7 +503,7 @@ def _segment_output_kernel(
         o_d = k_p
     kf_h = kf + fd - bos
     qf_h = qf + fd - bos
-    if TMA:
+    if TMA_FACTORS:
         # k's and w's per-token factors by TMA too, through 1-D descriptors over the sequence's
         # [eos - bos) (each chunk's 64 start 256-byte aligned, launch 1's slots); past the end
         # they read zeros, as the masked loads give them.  q's factor never does: it scales a
@@ -503,7 +516,7 @@ def _segment_output_kernel(
     S = _walk(
         S, t_w, t_lo, t_hi, eos, k_p, t_p, wf_p, gc + hd, kf_h, q_p, qf_h, aqk_p, o_p,
         ncols, skt, sqt, v_p, svt, k_d, q_d, v_d, t_d, a_d, o_d, bos,
-        HV, K, V, BK, BV, BT, True, STATE_DT, STATE_PRECISION, ROUND_BF16, INTERPRETED, CHUNK_DT, TMA,
+        HV, K, V, BK, BV, BT, True, STATE_DT, STATE_PRECISION, ROUND_BF16, INTERPRETED, CHUNK_DT, TMA, TMA_FACTORS,
     )  # fmt: skip
     if STORE_FINAL:
         tl.store(ht + s_off, S, mask=s_mask & (s == P - 1))
@@ -609,7 +622,7 @@ def run_split(
             HAS_H0=initial_state is not None, STORE_FINAL=p.final is not None,
             STATE_DT=policy.state_dtype, STATE_PRECISION=policy.state_precision, WARMUP=P_warm,
             ROUND_BF16=policy.round_bf16, INTERPRETED=interpreted(_segment_output_kernel),
-            CHUNK_DT=policy.chunk_dtype, TMA=tma,
+            CHUNK_DT=policy.chunk_dtype, TMA=tma, TMA_FACTORS=tma_factors(wcfg, tma, N, q.shape[0] * T, P),
             num_warps=warps or walk_warps, num_stages=stages or walk_stages,
         ),
         scratch=q.device if tma else None,
