@@ -286,14 +286,16 @@ def tma_and_masked(
     **dims: int,
 ) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
     """The split design's output and final state with the walk's tiles by TMA and by masked
-    loads, on the same inputs: an initial state, 2 segments, V blocks narrower than V; "varlen"
+    loads, on the same inputs: an initial state, V blocks narrower than V; "varlen"
     has an empty sequence and sequences that end inside a chunk (at tokens 70, 200 and 205: no
     chunk but the first starts at a multiple of 4), "dense" a T that does too (150: not a
     multiple of 4), "dense-aligned" one that is (148).  With ``factors`` k's and w's per-token
     factors come by TMA with the tiles (launch 1 stores them by chunk slot, so every chunk's start
-    is aligned), without it by masked loads (a short unsplit walk's, `tma_factors`).
+    is aligned), split into 2 segments; without it by masked loads, unsplit (as a short unsplit
+    walk in narrow V blocks takes them, `tma_factors`).
     ``wide_bv``: the V block the walk's configuration counts as whole-V."""
-    cfg = dataclasses.replace(walk_config(device), tma_factor_chunks=0 if factors else 1 << 30)
+    cfg = walk_config(device)
+    P, BV = (2 if factors else 1), dims["V"] // 2
     if wide_bv is not None:
         cfg = dataclasses.replace(cfg, wide_bv=wide_bv)
     if layout.startswith("varlen"):
@@ -307,11 +309,12 @@ def tma_and_masked(
     q, k, v, g, beta = gdn_inputs(rng, device, torch.bfloat16, B=B, T=T, **dims)
     h0 = torch.randn(N, dims["HV"], dims["K"], dims["V"], generator=rng).to(device)
     assert tma_eligible(cfg, q, k, v)
+    assert tma_factors(cfg, True, N, B * T, P, False) == factors  # BV < V: narrow blocks
     out = []
     for tiles in (True, False):
         o, ht = chunk_gated_delta_rule_split(
             q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu, use_qk_l2norm=True,
-            segments=2, block_v=dims["V"] // 2, config=dataclasses.replace(cfg, tma=tiles),
+            segments=P, block_v=BV, config=dataclasses.replace(cfg, tma=tiles),
         )  # fmt: skip
         assert ht is not None
         out.append((o, ht))
@@ -329,7 +332,7 @@ def test_tma_tiles_give_the_masked_loads_results(
     that let a partial chunk's rows through, or wrote the output rows past a sequence end (into
     the next sequence's), fails this test; so does a per-token factor past a sequence end (the
     next sequence's, by TMA too) that reached an output or a state.  With ``factors`` off the
-    factors come by masked loads beside the TMA tiles (short unsplit walks, `tma_factors`)."""
+    factors come by masked loads beside the TMA tiles (a short unsplit walk's, `tma_factors`)."""
     (o1, h1), (o0, h0) = tma_and_masked(rng, device, layout, factors=factors, H=1, HV=2, K=32, V=64)
     assert torch.equal(o1, o0) and torch.equal(h1, h0)
 
@@ -344,19 +347,22 @@ def test_wide_walk_by_tma_gives_the_masked_loads_results(
     assert torch.equal(o1, o0) and torch.equal(h1, h0)
 
 
-def test_factors_by_tma_where_split_or_long() -> None:
-    """k's and w's factors come by TMA where the walk is split (P > 1: its programs walk warm-up
-    chunks too) or its sequences average ``tma_factor_chunks`` chunks (64 tokens each) or more,
-    and never without TMA tiles; N sequences share the tokens."""
+def test_factors_loaded_only_by_short_unsplit_narrow_walks() -> None:
+    """k's and w's factors are loaded (not by TMA) only where that was measured faster: an
+    unsplit walk in V blocks narrower than V over sequences averaging fewer than
+    ``tma_factor_chunks`` chunks (64 tokens each); never by TMA without TMA tiles.  N sequences
+    share the tokens."""
     cfg = WalkConfig(tma=True, tma_factor_chunks=32)
-    assert not tma_factors(cfg, True, 1, 512, 1)  # B1 T512: 8 chunks, unsplit
-    assert tma_factors(cfg, True, 1, 2048, 4)  # B1 T2048: 8 a segment, split
-    assert not tma_factors(cfg, True, 1, 31 * 64, 1)  # 31 chunks
-    assert tma_factors(cfg, True, 1, 31 * 64 + 1, 1)  # 31 chunks and one token: 32
-    assert tma_factors(cfg, True, 1, 32768, 4)
-    assert tma_factors(cfg, True, 8, 32768, 1)  # 8 packed × 4096: 64 a sequence
-    assert not tma_factors(cfg, True, 8, 8 * 1024, 1)  # 16 a sequence, unsplit
-    assert not tma_factors(cfg, False, 1, 32768, 4)  # no TMA tiles
+    assert not tma_factors(cfg, True, 1, 512, 1, False)  # B1 T512: 8 chunks, unsplit, 32-wide
+    assert not tma_factors(cfg, True, 1, 31 * 64, 1, False)  # 31 chunks
+    assert tma_factors(cfg, True, 1, 31 * 64 + 1, 1, False)  # 31 chunks and one token: 32
+    assert tma_factors(cfg, True, 1, 2048, 4, True)  # B1 T2048: 8 a segment, split, whole-V
+    assert tma_factors(cfg, True, 1, 2048, 4, False)  # split, narrow
+    assert tma_factors(cfg, True, 4, 4 * 512, 1, True)  # B4 T512: unsplit but whole-V
+    assert tma_factors(cfg, True, 8, 32768, 1, True)  # 8 packed × 4096
+    assert tma_factors(cfg, True, 1, 32768, 4, True)
+    assert not tma_factors(cfg, True, 2, 2 * 900, 1, False)  # B2 T900: 15 chunks, 64 chains
+    assert not tma_factors(cfg, False, 1, 32768, 4, True)  # no TMA tiles
 
 
 def test_tma_needs_aligned_rows(rng: torch.Generator, device: torch.device) -> None:
@@ -469,7 +475,7 @@ def test_the_walk_launches_at_its_shape_on_an_h100(
     V block, warps and stages (launches captured, not run).  Whole-V at three stages wherever
     the tiles come by TMA (`wide_tiles`) and the chains fill a wave, 32-wide at two for B1 T512's
     32 chains, 64-wide at two where the tiles cannot come by TMA (a K of 100: rows not 16-byte
-    aligned).  k's and w's factors by TMA too where the walk is split or long (`tma_factors`)."""
+    aligned).  k's and w's factors loaded only by B1 T512's short narrow walk (`tma_factors`)."""
     walks: list[dict[str, object]] = []
 
     def capture(

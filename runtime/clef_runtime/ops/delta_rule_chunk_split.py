@@ -39,8 +39,8 @@ are the GPU's `delta_rule_config.WalkConfig`; on sm_90 its tiles arrive, and the
 by TMA: each program makes tensor descriptors over its sequence's rows, so rows past the
 sequence end read as zeros and are not written, as with masked loads and stores, without their
 per-thread address and mask arithmetic.  Each descriptor costs its program ~1,100 cycles before
-its first step (made on the device: two GPU-scope fences), so a short unsplit walk loads k's and
-w's per-token factors rather than making two more (`tma_factors`).
+its first step (made on the device: two GPU-scope fences), so a short unsplit walk in narrow V
+blocks loads k's and w's per-token factors rather than making two more (`tma_factors`).
 
 The segments differ from a single walk only in rounding.  With ``P = 1`` there is no warm-up
 and the kernel is the plain fused recurrence.  Segments hold ``ceil(chunks / P)`` chunks of their
@@ -162,12 +162,14 @@ def tma_eligible(cfg: WalkConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     )
 
 
-def tma_factors(cfg: WalkConfig, tma: bool, N: int, tokens: int, P: int) -> bool:
+def tma_factors(cfg: WalkConfig, tma: bool, N: int, tokens: int, P: int, whole_v: bool) -> bool:
     """Whether the walk of N sequences of ``tokens`` in all (B·T; varlen: the packed T) in P
-    segments takes k's and w's per-token factors by TMA as well as its tiles: split (its programs
-    also walk warm-up chunks), or unsplit over sequences of ``cfg.tma_factor_chunks`` chunks or
-    more on average (host arithmetic only)."""
-    return tma and (P > 1 or cdiv(tokens // max(1, N), BT) >= cfg.tma_factor_chunks)
+    segments takes k's and w's per-token factors by TMA as well as its tiles.  It loads them only
+    where that was measured faster: unsplit, in V blocks narrower than V (too few chains for a
+    wave, `walk_shape`), over sequences averaging fewer than ``cfg.tma_factor_chunks`` chunks
+    (host arithmetic only)."""
+    short = P == 1 and not whole_v and cdiv(tokens // max(1, N), BT) < cfg.tma_factor_chunks
+    return tma and not short
 
 
 def takes_default_path(
@@ -622,7 +624,7 @@ def run_split(
             HAS_H0=initial_state is not None, STORE_FINAL=p.final is not None,
             STATE_DT=policy.state_dtype, STATE_PRECISION=policy.state_precision, WARMUP=P_warm,
             ROUND_BF16=policy.round_bf16, INTERPRETED=interpreted(_segment_output_kernel),
-            CHUNK_DT=policy.chunk_dtype, TMA=tma, TMA_FACTORS=tma_factors(wcfg, tma, N, q.shape[0] * T, P),
+            CHUNK_DT=policy.chunk_dtype, TMA=tma, TMA_FACTORS=tma_factors(wcfg, tma, N, q.shape[0] * T, P, BV >= V),
             num_warps=warps or walk_warps, num_stages=stages or walk_stages,
         ),
         scratch=q.device if tma else None,

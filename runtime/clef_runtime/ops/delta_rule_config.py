@@ -98,8 +98,8 @@ class WalkConfig:
     programs per SM: whole-V blocks read k, q, T and Aqk once per chunk and value head instead of
     once per V block (`delta_rule_chunk_split.walk_shape`).  With ``tma`` (sm_90) its tiles, two of its per-token factors
     and its output move by TMA through tensor descriptors over each sequence's rows; the two
-    factors where the walk is split, or unsplit over sequences of ``tma_factor_chunks`` chunks or
-    more (`delta_rule_chunk_split.tma_factors`)."""
+    factors are loaded instead by a short unsplit walk in narrow V blocks (sequences of fewer than
+    ``tma_factor_chunks`` chunks: `delta_rule_chunk_split.tma_factors`)."""
 
     tma: bool
     fold_bv: int = 64
@@ -112,12 +112,13 @@ class WalkConfig:
     # the whole-V walk with TMA tiles and bf16 state operands (one program per SM; its k, q, v, T
     # and Aqk tiles are 64 KB a stage): 8 packed × 4096 went 819.7 → 784.1 µs on the H200
     wide_stages: int = 3
-    # an unsplit walk takes k's and w's factors by TMA from this many chunks a sequence: each
-    # descriptor costs its program ~1,100 cycles before its first step (H100 2026-12-07, B1 T512:
-    # the walk's prologue 9,100 of its 34,800 cycles, eight descriptors), which a short walk does
-    # not win back: B1 T512 graph 31.0 → 29.3 µs without the two (30.2 → 28.8 without the norm).
-    # Split walks keep them (B1 T2048, 8 chunks a segment and its warm-ups: 74.0 → 74.8 µs
-    # without); on the H200 they took B1 T32768's walk 775.5 → 762.9 µs (docs/performance.md)
+    # an unsplit narrow-V walk takes k's and w's factors by TMA from this many chunks a
+    # sequence: each descriptor costs its program ~1,100 cycles before its first step (H100
+    # 2026-12-07, B1 T512: the walk's prologue 9,100 of its 34,800 cycles, eight descriptors),
+    # which a short walk does not win back: B1 T512 graph 31.0 → 29.3 µs without the two (30.2 →
+    # 28.8 without the norm). Split and whole-V walks keep them (B1 T2048, whole-V, 8 chunks a
+    # segment and its warm-ups: 74.0 → 74.8 µs without; short whole-V batches not measured); on
+    # the H200 they took B1 T32768's walk 775.5 → 762.9 µs (docs/performance.md)
     tma_factor_chunks: int = 32
 
 
