@@ -6,9 +6,10 @@ archive``, or ``.``, the working tree) runs every case in a process of its own w
 that a machine's drift (clocks, temperature, another tenant) falls on every tree alike.  A case
 is `profile_chunk.py`'s arguments (``T [dtype] [--batch B] [--packed N] [--lens ...]
 [--no-qk-l2norm]``); each is timed as clef's default path, `chunk_gated_delta_rule`, by
-`profile_chunk.per_kernel` (three warm-up calls, twenty under torch.profiler).  Prints, per case,
-kernel and tree, the median over rounds and every round's value (the order of the trees rotates
-each round); ``--json`` writes them.  GPU
+`profile_chunk.per_kernel` (three warm-up calls, twenty under torch.profiler), then the whole call
+by graph replay (`profile_chunk.graph_call_us`: kernels that overlap count once).  Prints, per
+case, kernel (and the kernels summed, and the call's span) and tree, the median over rounds and
+every round's value (the order of the trees rotates each round); ``--json`` writes them.  GPU
 only; the inputs are the same seeded tensors in every tree.
 
     PYTHONPATH=runtime:contract python3 bench/ab_chunk.py main . \\
@@ -33,6 +34,12 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 CHILD = "--child"
+# two figures a call beside each kernel's: the kernels' self times summed, and the call's span by
+# graph replay (`profile_chunk.graph_call_us`), which counts overlapping kernels once: the figure
+# that judges a change in how the launches overlap (a dependent launch starts early and waits,
+# and its wait is inside its own kernel time)
+KERNELS_SUMMED = "kernels summed"
+CALL_SPAN = "call, graph replay"
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -85,7 +92,7 @@ def child(cases: list[list[str]]) -> None:
         )
         times = pc.per_kernel(call)
         name = f"{case}{'' if a.norm else ', no norm'}"
-        print(json.dumps({"case": name, "times": times}), flush=True)
+        print(json.dumps({"case": name, "times": times, "call": pc.graph_call_us(call)}), flush=True)
 
 
 def export(tree: str, into: Path) -> Path:
@@ -126,7 +133,8 @@ def main(argv: list[str]) -> None:
             for tree in a.trees[r % len(a.trees) :] + a.trees[: r % len(a.trees)]:
                 for res in run_tree(roots[tree], a.cases):
                     times: dict[str, float] = res["times"]
-                    for kernel, t_us in [*times.items(), ("total", sum(times.values()))]:
+                    spans = [(KERNELS_SUMMED, sum(times.values())), (CALL_SPAN, res["call"])]
+                    for kernel, t_us in [*times.items(), *spans]:
                         rows[(res["case"], kernel, tree)].append(float(t_us))
                 print(f"round {r + 1}/{a.rounds}: {tree} done", file=sys.stderr, flush=True)
     for (case, kernel, tree), us in sorted(rows.items()):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
+import statistics
 import sys
 from collections import defaultdict
 from collections.abc import Callable
@@ -88,6 +89,34 @@ def per_kernel(fn: Callable[[], object]) -> dict[str, float]:
         if ev.self_device_time_total > 0:
             out[ev.key] += ev.self_device_time_total / CALLS
     return dict(out)
+
+
+def graph_call_us(fn: Callable[[], object], rounds: int = 5) -> float:
+    """GPU µs of one call as a CUDA graph replays it: the median over ``rounds`` of CALLS replays
+    back to back between two events.  Unlike `per_kernel`'s sum, kernels that overlap (a launch
+    that starts before the one ahead of it ends, as a programmatic dependent launch does) count
+    once, and no host time falls between them."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-ups off the capture stream: compiled, planned
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    spans = []
+    for _ in range(rounds):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(CALLS):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        spans.append(start.elapsed_time(end) * 1e3 / CALLS)
+    return statistics.median(spans)
 
 
 def report(name: str, times: dict[str, float]) -> None:
