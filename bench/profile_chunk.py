@@ -28,6 +28,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from clef_runtime.bench.fla_peer import DISPATCH_ENV, load_flashqla
+from clef_runtime.bench.timing import capture_graph
 from clef_runtime.inputs import gdn_inputs
 from clef_runtime.ops import chunk_gated_delta_rule
 from clef_runtime.ops.delta_rule_chunk_split import chunk_gated_delta_rule_split
@@ -96,23 +97,19 @@ def graph_call_us(fn: Callable[[], object], rounds: int = 5) -> float:
     back to back between two events.  Unlike `per_kernel`'s sum, kernels that overlap (a launch
     that starts before the one ahead of it ends, as a programmatic dependent launch does) count
     once, and no host time falls between them."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-ups off the capture stream: compiled, planned
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+
+    def call() -> None:
         fn()
-    graph.replay()
+
+    replay = capture_graph(call, torch.device("cuda"), warmup=3)
+    replay()
     torch.cuda.synchronize()
     spans = []
     for _ in range(rounds):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         for _ in range(CALLS):
-            graph.replay()
+            replay()
         end.record()
         end.synchronize()
         spans.append(start.elapsed_time(end) * 1e3 / CALLS)
